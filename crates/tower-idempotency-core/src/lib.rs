@@ -1,0 +1,29 @@
+//! Core types of `tower-idempotency`: operation records and their states, idempotency keys,
+//! scopes, request fingerprints, the JSON canonicalizer, the [`Store`] trait and the
+//! in-memory [`MemoryStore`].
+//!
+//! Most users depend on the `tower-idempotency` crate, which re-exports everything here.
+//! Store implementers depend on this crate alone and run the
+//! [`conformance`](crate::conformance) suite (feature `conformance`) against their store.
+
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod canonical;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod fingerprint;
+pub mod key;
+pub mod memory;
+pub mod operation;
+pub mod purge;
+pub mod scope;
+pub mod store;
+
+pub use canonical::{CanonicalizeError, canonicalize_json};
+pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
+pub use key::{IdempotencyKey, KeyError};
+pub use memory::{MemoryStore, MemoryStoreConfig};
+pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
+pub use scope::Scope;
+pub use store::{Reservation, ReserveRequest, Store, StoreError};

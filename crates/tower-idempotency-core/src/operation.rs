@@ -1,0 +1,219 @@
+//! The operation record: one accepted `(scope, key)` and what became of it.
+//!
+//! States move `in_progress → completed` (the result is stored) or
+//! `in_progress → unknown` (the lease ran out with no result: a crash, a lost worker). A
+//! record is never deleted because its worker went quiet; only retention (or an explicit
+//! release of a failed attempt) removes it.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use uuid::Uuid;
+
+use crate::{Fingerprint, IdempotencyKey, Scope};
+
+/// Server-generated identifier of an operation (a UUIDv7: unique and time-ordered).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OperationId(Uuid);
+
+impl OperationId {
+    /// A fresh, time-ordered id.
+    pub fn new() -> Self {
+        Self(Uuid::now_v7())
+    }
+
+    /// Wraps an existing UUID (for stores reading ids back).
+    pub const fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+
+    /// The id as a UUID.
+    pub const fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl Default for OperationId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for OperationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OperationId({})", self.0)
+    }
+}
+
+impl fmt::Display for OperationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.hyphenated(), f)
+    }
+}
+
+impl FromStr for OperationId {
+    type Err = uuid::Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::try_parse(s).map(Self)
+    }
+}
+
+/// Identifier of one lease on an operation: the fencing token of the worker that holds it.
+///
+/// Completion and release are accepted only from the holder of the current lease; a worker
+/// whose lease expired and was taken over is refused.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseId(Uuid);
+
+impl LeaseId {
+    /// A fresh lease id.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// Wraps an existing UUID (for stores reading ids back).
+    pub const fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+
+    /// The id as a UUID.
+    pub const fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl Default for LeaseId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseId({})", self.0)
+    }
+}
+
+/// The right to finish one operation, handed out by [`Store::reserve`](crate::Store::reserve).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Scope of the operation.
+    pub scope: Scope,
+    /// Key of the operation.
+    pub key: IdempotencyKey,
+    /// The operation.
+    pub operation_id: OperationId,
+    /// The fencing token.
+    pub lease_id: LeaseId,
+}
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OperationState {
+    /// Reserved; the handler was dispatched and its lease has not run out.
+    InProgress,
+    /// The handler finished and its response is stored.
+    Completed,
+    /// The lease ran out with no result stored: whether the handler's effect happened is
+    /// not known.
+    Unknown,
+}
+
+impl OperationState {
+    /// The wire name: `in_progress`, `completed`, `unknown`.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::InProgress => "in_progress",
+            Self::Completed => "completed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for OperationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OperationState {
+    type Err = UnknownStateName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "in_progress" => Ok(Self::InProgress),
+            "completed" => Ok(Self::Completed),
+            "unknown" => Ok(Self::Unknown),
+            _ => Err(UnknownStateName(s.to_owned())),
+        }
+    }
+}
+
+/// A state name that is not one of `in_progress`, `completed`, `unknown`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown operation state `{0}`")]
+pub struct UnknownStateName(pub String);
+
+/// The handler's response as stored for replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// Headers kept for replay (already filtered: never `Set-Cookie` or hop-by-hop), as
+    /// lowercase name and raw value.
+    pub headers: Vec<(String, Bytes)>,
+    /// The body bytes, or `None` when the body was not kept (it exceeded the response
+    /// buffer limit or streamed without end); such an operation cannot be replayed.
+    pub body: Option<Bytes>,
+}
+
+/// The record of one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operation {
+    /// Server-generated id.
+    pub id: OperationId,
+    /// The scope that owns the key.
+    pub scope: Scope,
+    /// The client's key.
+    pub key: IdempotencyKey,
+    /// Fingerprint of the command that first used the key.
+    pub fingerprint: Fingerprint,
+    /// HTTP method of the request.
+    pub method: String,
+    /// Route template (or path) of the request.
+    pub route: String,
+    /// Current state, as of the store's clock.
+    pub state: OperationState,
+    /// How many times the handler was dispatched for this operation (1, more after a
+    /// take-over of an unknown outcome).
+    pub attempts: u32,
+    /// When the operation was reserved.
+    pub created_at: SystemTime,
+    /// When the result was stored.
+    pub completed_at: Option<SystemTime>,
+    /// When the current lease runs out (in progress only).
+    pub lease_expires_at: Option<SystemTime>,
+    /// When the record may be purged.
+    pub expires_at: Option<SystemTime>,
+    /// How long a completed record is kept.
+    pub retention: Duration,
+    /// The stored response (completed only).
+    pub response: Option<StoredResponse>,
+    /// Whether the whole response body was handed to the transport on first execution.
+    pub delivered: bool,
+    /// How many times the stored response was replayed.
+    pub replays: u64,
+}
+
+impl Operation {
+    /// Time left on the lease at `now`, zero if it already ran out or there is none.
+    pub fn lease_remaining(&self, now: SystemTime) -> Duration {
+        self.lease_expires_at
+            .and_then(|at| at.duration_since(now).ok())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,190 @@
+//! The [`Store`] trait: where operation records live.
+//!
+//! A store's one hard duty is atomic reservation: of any number of concurrent
+//! [`Store::reserve`] calls for one `(scope, key)`, exactly one wins. Everything else
+//! (replay, waiting, fencing, expiry) builds on that. Stores decide lease and retention
+//! expiry by their own clock (a durable store uses the database's `now()`), never by the
+//! caller's.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Scope, StoredResponse};
+
+/// Boxed error used as the source of store errors.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result type of [`Store`] methods.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// What a store can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store cannot be reached (connection refused, pool exhausted, timeout). The layer
+    /// answers `503 store-unavailable` and does not run the handler.
+    #[error("the idempotency store is unavailable")]
+    Unavailable(#[source] BoxError),
+    /// The caller's lease is no longer current: it expired and another worker took the
+    /// operation over, or the record was resolved or released. The caller must not act as
+    /// the owner.
+    #[error("the lease on operation {operation_id} is no longer held")]
+    LeaseLost {
+        /// The operation whose lease was lost.
+        operation_id: OperationId,
+    },
+    /// The store is at its configured capacity and every record in it is still live.
+    #[error("the idempotency store is full ({capacity} live records)")]
+    CapacityExhausted {
+        /// The configured capacity.
+        capacity: usize,
+    },
+    /// Any other backend failure.
+    #[error("the idempotency store failed")]
+    Backend(#[source] BoxError),
+}
+
+/// Everything a store needs to reserve `(scope, key)`.
+#[derive(Debug, Clone)]
+pub struct ReserveRequest {
+    /// Owner of the key.
+    pub scope: Scope,
+    /// The client's key.
+    pub key: IdempotencyKey,
+    /// Fingerprint of the validated command.
+    pub fingerprint: Fingerprint,
+    /// HTTP method, for the record.
+    pub method: String,
+    /// Route template or path, for the record.
+    pub route: String,
+    /// How long the handler may run before its outcome counts as unknown.
+    pub lease: Duration,
+    /// How long a completed record is kept.
+    pub retention: Duration,
+    /// How long an `unknown` record is kept (normally much longer than `retention`, so an
+    /// operator can resolve it).
+    pub unknown_retention: Duration,
+    /// Whether an `unknown` record with the same fingerprint may be taken over and
+    /// executed again (only for routes that declared re-execution safe).
+    pub take_over_unknown: bool,
+}
+
+/// The answer to [`Store::reserve`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub enum Reservation {
+    /// The caller owns the operation and must run the handler, then
+    /// [`complete`](Store::complete), [`release`](Store::release) or
+    /// [`abandon`](Store::abandon) it with the lease.
+    Acquired {
+        /// The record as reserved (state `in_progress`).
+        operation: Operation,
+        /// The fencing token for completion.
+        lease: Lease,
+        /// `true` when an `unknown` record was taken over (a re-execution).
+        takeover: bool,
+    },
+    /// A record already exists. Its fingerprint may differ from the request's (the
+    /// caller answers with a conflict). When it is `completed` with the same
+    /// fingerprint, the store has already counted this call as a replay.
+    Existing(Operation),
+}
+
+/// Durable (or not) home of operation records.
+///
+/// Implementations must pass the conformance suite in
+/// [`conformance`](crate::conformance) (feature `conformance`).
+#[async_trait]
+pub trait Store: Send + Sync + Debug + 'static {
+    /// Atomically reserves `(scope, key)` in state `in_progress`, or returns the record
+    /// that holds it.
+    ///
+    /// No check-then-act: of concurrent calls for one `(scope, key)`, exactly one gets
+    /// [`Reservation::Acquired`]. An `in_progress` record whose lease has run out is
+    /// reported as `unknown`. A completed record returned with a matching fingerprint has
+    /// its replay count incremented in the same step.
+    async fn reserve(&self, request: ReserveRequest) -> Result<Reservation>;
+
+    /// Stores the response and marks the operation `completed`, fenced by the lease.
+    ///
+    /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
+    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation>;
+
+    /// Deletes the reservation so that a retry executes again, fenced by the lease. Only
+    /// for attempts known to have had no effect (a rolled-back transaction, a `5xx` on a
+    /// route whose policy says `release`).
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Marks the operation `unknown` now, fenced by the lease: the handler failed in a way
+    /// that leaves its effect unknown (it panicked, or the service returned an error).
+    async fn abandon(&self, lease: &Lease) -> Result<()>;
+
+    /// Extends the lease by `by` from now (a heartbeat for long handlers), fenced by the
+    /// lease.
+    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()>;
+
+    /// Records that the response of a completed operation was fully handed to the
+    /// transport.
+    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()>;
+
+    /// Loads the record of `(scope, key)`.
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>>;
+
+    /// Loads a record by id; `None` when it does not exist **or belongs to another scope**.
+    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>>;
+
+    /// Waits until the record of `(scope, key)` leaves `in_progress` (completed, unknown
+    /// or gone) or `timeout` passes, then returns it as it stands. Must not busy-poll a
+    /// backend in a tight loop.
+    async fn wait(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        timeout: Duration,
+    ) -> Result<Option<Operation>>;
+
+    /// Deletes at most `batch` records whose retention has ended; returns how many went.
+    /// Never deletes an `in_progress` record or a record whose retention is still running.
+    async fn purge_expired(&self, batch: usize) -> Result<usize>;
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        (**self).reserve(request).await
+    }
+    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
+        (**self).complete(lease, response).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        (**self).release(lease).await
+    }
+    async fn abandon(&self, lease: &Lease) -> Result<()> {
+        (**self).abandon(lease).await
+    }
+    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
+        (**self).extend_lease(lease, by).await
+    }
+    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
+        (**self).mark_delivered(scope, id).await
+    }
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
+        (**self).get(scope, key).await
+    }
+    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
+        (**self).get_by_id(scope, id).await
+    }
+    async fn wait(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        timeout: Duration,
+    ) -> Result<Option<Operation>> {
+        (**self).wait(scope, key, timeout).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<usize> {
+        (**self).purge_expired(batch).await
+    }
+}
