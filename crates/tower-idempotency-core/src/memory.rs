@@ -1,9 +1,1005 @@
-//! The in-memory store. (Being written.)
+//! The in-memory store: the embedded default for a single process, with no setup.
+//!
+//! Records live in sharded maps guarded by short, synchronous locks (never held across an
+//! `.await`); reservation checks and inserts under one shard lock, so of concurrent
+//! reservations for one `(scope, key)` exactly one wins. Memory is bounded: a full store
+//! refuses new keys rather than evict a record that is still live.
+//!
+//! # When to use it
+//!
+//! One process serving the API, tests, demos. Records are lost when the process exits, so
+//! a retry that arrives after a restart executes again; several app instances behind a load
+//! balancer need a shared store (PostgreSQL) instead, or a retry routed to another instance
+//! executes twice.
+//!
+//! # Capacity
+//!
+//! [`MemoryStoreConfig::capacity`] bounds the number of records held. When a new key
+//! arrives at a full store, expired records are purged first; if the store is still full,
+//! [`Store::reserve`] fails with [`StoreError::CapacityExhausted`] and the layer answers
+//! `503` with `Retry-After`. The store never evicts an `in_progress` record or one whose
+//! retention is still running: forgetting a key early would let its retry execute twice,
+//! which is the one thing this crate exists to prevent. Run
+//! [`spawn_purge_task`](crate::purge::spawn_purge_task) so that expired records leave
+//! before the store fills up.
+//!
+//! # Time
+//!
+//! Leases and retention are decided with [`tokio::time::Instant`] (so tests can pause and
+//! advance time); the wall-clock timestamps in [`Operation`] are derived from those
+//! instants and one wall-clock reading taken when the store was created.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use tower_idempotency_core::{
+//!     Fingerprint, IdempotencyKey, MemoryStore, OperationState, Reservation, ReserveRequest,
+//!     Scope, Store, StoredResponse,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::default();
+//! let request = ReserveRequest {
+//!     scope: Scope::new("acct_42"),
+//!     key: IdempotencyKey::new("order-7f3a")?,
+//!     fingerprint: Fingerprint::from_stored("sha256:0123"),
+//!     method: "POST".to_owned(),
+//!     route: "/v1/orders".to_owned(),
+//!     lease: Duration::from_secs(30),
+//!     retention: Duration::from_secs(24 * 3600),
+//!     unknown_retention: Duration::from_secs(7 * 24 * 3600),
+//!     take_over_unknown: false,
+//! };
+//!
+//! // The first reservation wins and must run the handler.
+//! let Reservation::Acquired { lease, .. } = store.reserve(request.clone()).await? else {
+//!     panic!("a fresh key is acquired");
+//! };
+//! let response = StoredResponse { status: 201, headers: vec![], body: Some(Bytes::from("{}")) };
+//! store.complete(&lease, response).await?;
+//!
+//! // A retry with the same fingerprint gets the stored operation, counted as a replay.
+//! let Reservation::Existing(operation) = store.reserve(request).await? else {
+//!     panic!("the key is taken");
+//! };
+//! assert_eq!(operation.state, OperationState::Completed);
+//! assert_eq!(operation.response.map(|r| r.status), Some(201));
+//! assert_eq!(operation.replays, 1);
+//! # Ok(())
+//! # }
+//! ```
 
-/// Placeholder.
-#[derive(Debug, Clone, Default)]
-pub struct MemoryStore;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
 
-/// Placeholder.
-#[derive(Debug, Clone, Default)]
-pub struct MemoryStoreConfig;
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::store::Result;
+use crate::{
+    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, Reservation,
+    ReserveRequest, Scope, Store, StoreError, StoredResponse,
+};
+
+/// Configuration of a [`MemoryStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryStoreConfig {
+    /// Most records held at once, expired ones not yet purged included (default 100 000).
+    pub capacity: usize,
+    /// Number of independently locked shards (default 16; 0 counts as 1).
+    pub shards: usize,
+}
+
+impl Default for MemoryStoreConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 100_000,
+            shards: 16,
+        }
+    }
+}
+
+/// The embedded in-memory [`Store`]. Cheap to clone: clones share the same records.
+///
+/// See the [module documentation](self) for its guarantees and limits.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+type RecordKey = (Scope, IdempotencyKey);
+type Shard<K, V> = Mutex<HashMap<K, V>>;
+
+struct Inner {
+    capacity: usize,
+    records: Box<[Shard<RecordKey, Entry>]>,
+    /// Operation id → its `(scope, key)`, for [`Store::get_by_id`]. Lock order: a records
+    /// shard, then an ids shard; never the other way round.
+    ids: Box<[Shard<OperationId, RecordKey>]>,
+    len: AtomicUsize,
+    /// Set while a reservation purges a full store, so that a burst of reservations
+    /// against a full store does not scan it once per request.
+    purging: AtomicBool,
+    hasher: RandomState,
+    clock: Clock,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner::new(MemoryStoreConfig::default())
+    }
+}
+
+/// One record with the bookkeeping that does not belong in [`Operation`].
+struct Entry {
+    operation: Operation,
+    /// The lease that may still finish the operation: set while `in_progress` and kept when
+    /// the lease merely ran out (a late result is real and is accepted until someone takes
+    /// the operation over); cleared once it is completed or abandoned.
+    lease_id: Option<LeaseId>,
+    created: Instant,
+    lease_expires: Option<Instant>,
+    /// End of retention; `None` while `in_progress`.
+    expires: Option<Instant>,
+    unknown_retention: Duration,
+    notify: Arc<Notify>,
+}
+
+/// Maps the store's monotonic clock onto wall-clock timestamps from a single reading.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    instant: Instant,
+    system: SystemTime,
+}
+
+impl Clock {
+    fn now() -> Self {
+        Self {
+            instant: Instant::now(),
+            system: SystemTime::now(),
+        }
+    }
+
+    fn system_time(&self, at: Instant) -> SystemTime {
+        let since = at.saturating_duration_since(self.instant);
+        self.system.checked_add(since).unwrap_or(self.system)
+    }
+}
+
+/// `now + by`, saturating far in the future instead of overflowing on huge durations.
+fn later(now: Instant, by: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(by.min(FAR)).unwrap_or(now)
+}
+
+/// Locks a shard, recovering from poisoning: every mutation under these locks leaves the
+/// map consistent before anything can panic, so a poisoned map is still a valid one.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Entry {
+    fn is_in_progress(&self) -> bool {
+        self.operation.state == OperationState::InProgress
+    }
+
+    fn is_expired(&self, now: Instant) -> bool {
+        self.expires.is_some_and(|at| at <= now)
+    }
+
+    fn set_expires(&mut self, at: Option<Instant>, clock: &Clock) {
+        self.expires = at;
+        self.operation.expires_at = at.map(|at| clock.system_time(at));
+    }
+
+    fn set_lease_expires(&mut self, at: Option<Instant>, clock: &Clock) {
+        self.lease_expires = at;
+        self.operation.lease_expires_at = at.map(|at| clock.system_time(at));
+    }
+
+    /// Turns an `in_progress` record whose lease ran out into `unknown` and wakes its
+    /// waiters. The lease id stays, so the late worker may still finish it.
+    fn refresh(&mut self, now: Instant, clock: &Clock) {
+        if self.is_in_progress() && self.lease_expires.is_some_and(|at| at <= now) {
+            self.operation.state = OperationState::Unknown;
+            self.set_lease_expires(None, clock);
+            let until = later(self.created, self.unknown_retention);
+            self.set_expires(Some(until), clock);
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Whether `lease` may still act on this record: same operation, same lease id, and
+    /// no result or abandonment recorded since.
+    fn is_held_by(&self, lease: &Lease) -> bool {
+        self.operation.id == lease.operation_id && self.lease_id == Some(lease.lease_id)
+    }
+}
+
+impl Inner {
+    fn new(config: MemoryStoreConfig) -> Self {
+        let shards = config.shards.max(1);
+        Self {
+            capacity: config.capacity,
+            records: (0..shards).map(|_| Mutex::default()).collect(),
+            ids: (0..shards).map(|_| Mutex::default()).collect(),
+            len: AtomicUsize::new(0),
+            purging: AtomicBool::new(false),
+            hasher: RandomState::new(),
+            clock: Clock::now(),
+        }
+    }
+
+    fn shard_of(&self, value: impl Hash, shards: usize) -> usize {
+        // The remainder is below `shards`, which is a usize, so the cast cannot truncate.
+        (self.hasher.hash_one(value) % shards as u64) as usize
+    }
+
+    fn records_for(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+    ) -> MutexGuard<'_, HashMap<RecordKey, Entry>> {
+        lock(&self.records[self.shard_of((scope, key), self.records.len())])
+    }
+
+    fn ids_for(&self, id: OperationId) -> MutexGuard<'_, HashMap<OperationId, RecordKey>> {
+        lock(&self.ids[self.shard_of(id, self.ids.len())])
+    }
+
+    /// Takes one slot of capacity, or reports that none is left.
+    fn take_slot(&self) -> bool {
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.capacity).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn new_entry(&self, request: &ReserveRequest, now: Instant) -> (Entry, Lease) {
+        let id = OperationId::new();
+        let lease_id = LeaseId::new();
+        let lease_expires = later(now, request.lease);
+        let operation = Operation {
+            id,
+            scope: request.scope.clone(),
+            key: request.key.clone(),
+            fingerprint: request.fingerprint.clone(),
+            method: request.method.clone(),
+            route: request.route.clone(),
+            state: OperationState::InProgress,
+            attempts: 1,
+            created_at: self.clock.system_time(now),
+            completed_at: None,
+            lease_expires_at: Some(self.clock.system_time(lease_expires)),
+            expires_at: None,
+            retention: request.retention,
+            response: None,
+            delivered: false,
+            replays: 0,
+        };
+        let lease = Lease {
+            scope: request.scope.clone(),
+            key: request.key.clone(),
+            operation_id: id,
+            lease_id,
+        };
+        let entry = Entry {
+            operation,
+            lease_id: Some(lease_id),
+            created: now,
+            lease_expires: Some(lease_expires),
+            expires: None,
+            unknown_retention: request.unknown_retention,
+            notify: Arc::new(Notify::new()),
+        };
+        (entry, lease)
+    }
+
+    /// The whole reservation decision, under one shard lock; `None` when a new record is
+    /// needed and the store is full.
+    fn try_reserve(&self, request: &ReserveRequest) -> Option<Reservation> {
+        let now = Instant::now();
+        let mut records = self.records_for(&request.scope, &request.key);
+        let record_key = (request.scope.clone(), request.key.clone());
+        if let Some(entry) = records.get_mut(&record_key) {
+            entry.refresh(now, &self.clock);
+            if entry.is_expired(now) {
+                // Retention ended: the key is forgotten and this is a new operation. The
+                // slot is reused, so capacity is not consulted.
+                let (fresh, lease) = self.new_entry(request, now);
+                let operation = fresh.operation.clone();
+                let old = std::mem::replace(entry, fresh);
+                old.notify.notify_waiters();
+                let mut ids = self.ids_for(old.operation.id);
+                ids.remove(&old.operation.id);
+                drop(ids);
+                self.ids_for(operation.id).insert(operation.id, record_key);
+                return Some(Reservation::Acquired {
+                    operation,
+                    lease,
+                    takeover: false,
+                });
+            }
+            let same_fingerprint = entry.operation.fingerprint == request.fingerprint;
+            match entry.operation.state {
+                OperationState::Completed if same_fingerprint => {
+                    entry.operation.replays = entry.operation.replays.saturating_add(1);
+                }
+                OperationState::Unknown if same_fingerprint && request.take_over_unknown => {
+                    return Some(self.take_over(entry, request, now));
+                }
+                _ => {}
+            }
+            return Some(Reservation::Existing(entry.operation.clone()));
+        }
+        if !self.take_slot() {
+            return None;
+        }
+        let (entry, lease) = self.new_entry(request, now);
+        let operation = entry.operation.clone();
+        records.insert(record_key.clone(), entry);
+        self.ids_for(operation.id).insert(operation.id, record_key);
+        Some(Reservation::Acquired {
+            operation,
+            lease,
+            takeover: false,
+        })
+    }
+
+    fn take_over(&self, entry: &mut Entry, request: &ReserveRequest, now: Instant) -> Reservation {
+        let lease_id = LeaseId::new();
+        entry.lease_id = Some(lease_id);
+        entry.unknown_retention = request.unknown_retention;
+        entry.operation.state = OperationState::InProgress;
+        entry.operation.attempts = entry.operation.attempts.saturating_add(1);
+        entry.operation.retention = request.retention;
+        entry.set_lease_expires(Some(later(now, request.lease)), &self.clock);
+        entry.set_expires(None, &self.clock);
+        Reservation::Acquired {
+            operation: entry.operation.clone(),
+            lease: Lease {
+                scope: request.scope.clone(),
+                key: request.key.clone(),
+                operation_id: entry.operation.id,
+                lease_id,
+            },
+            takeover: true,
+        }
+    }
+
+    /// Runs `act` on the record `lease` points at if the lease still holds it; otherwise
+    /// `LeaseLost`. `act` returns whether the record must be deleted.
+    fn with_lease<T>(
+        &self,
+        lease: &Lease,
+        act: impl FnOnce(&mut Entry, Instant, &Clock) -> (T, bool),
+    ) -> Result<T> {
+        let now = Instant::now();
+        let lost = StoreError::LeaseLost {
+            operation_id: lease.operation_id,
+        };
+        let record_key = (lease.scope.clone(), lease.key.clone());
+        let mut records = self.records_for(&lease.scope, &lease.key);
+        let Some(entry) = records.get_mut(&record_key) else {
+            return Err(lost);
+        };
+        entry.refresh(now, &self.clock);
+        if !entry.is_held_by(lease) || entry.is_expired(now) {
+            return Err(lost);
+        }
+        let (value, delete) = act(entry, now, &self.clock);
+        entry.notify.notify_waiters();
+        if delete {
+            records.remove(&record_key);
+            self.ids_for(lease.operation_id).remove(&lease.operation_id);
+            self.len.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(value)
+    }
+
+    /// Reads `(scope, key)` as of now; `None` when absent or past retention.
+    fn read(&self, scope: &Scope, key: &IdempotencyKey) -> Option<Operation> {
+        let now = Instant::now();
+        let mut records = self.records_for(scope, key);
+        let entry = records.get_mut(&(scope.clone(), key.clone()))?;
+        entry.refresh(now, &self.clock);
+        (!entry.is_expired(now)).then(|| entry.operation.clone())
+    }
+
+    /// Deletes up to `batch` records whose retention ended.
+    fn purge(&self, batch: usize) -> usize {
+        let now = Instant::now();
+        let mut purged = 0;
+        for shard in self.records.iter() {
+            if purged >= batch {
+                break;
+            }
+            let mut records = lock(shard);
+            let mut doomed = Vec::new();
+            for (record_key, entry) in records.iter_mut() {
+                if purged + doomed.len() >= batch {
+                    break;
+                }
+                entry.refresh(now, &self.clock);
+                if entry.is_expired(now) {
+                    doomed.push(record_key.clone());
+                }
+            }
+            for record_key in doomed {
+                if let Some(entry) = records.remove(&record_key) {
+                    let id = entry.operation.id;
+                    self.ids_for(id).remove(&id);
+                    self.len.fetch_sub(1, Ordering::AcqRel);
+                    entry.notify.notify_waiters();
+                    purged += 1;
+                }
+            }
+        }
+        purged
+    }
+}
+
+impl MemoryStore {
+    /// Creates an empty store.
+    pub fn new(config: MemoryStoreConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner::new(config)),
+        }
+    }
+
+    /// Number of records held, expired ones not yet purged included.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Acquire)
+    }
+
+    /// Whether the store holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured capacity.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("capacity", &self.inner.capacity)
+            .field("shards", &self.inner.records.len())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        let mut purged = false;
+        loop {
+            match self.inner.try_reserve(&request) {
+                Some(reservation) => return Ok(reservation),
+                None if !purged => {
+                    purged = true;
+                    let inner = &self.inner;
+                    if inner
+                        .purging
+                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        inner.purge(usize::MAX);
+                        inner.purging.store(false, Ordering::Release);
+                    }
+                }
+                None => {
+                    return Err(StoreError::CapacityExhausted {
+                        capacity: self.inner.capacity,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Accepted while the lease is current, and also after it ran out as long as nobody
+    /// took the operation over: the result is real, and storing it turns an `unknown`
+    /// outcome into a replayable one.
+    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
+        self.inner.with_lease(lease, |entry, now, clock| {
+            let retention = entry.operation.retention;
+            entry.lease_id = None;
+            entry.operation.state = OperationState::Completed;
+            entry.operation.response = Some(response);
+            entry.operation.completed_at = Some(clock.system_time(now));
+            entry.set_lease_expires(None, clock);
+            entry.set_expires(Some(later(now, retention)), clock);
+            (entry.operation.clone(), false)
+        })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.with_lease(lease, |_, _, _| ((), true))
+    }
+
+    async fn abandon(&self, lease: &Lease) -> Result<()> {
+        self.inner.with_lease(lease, |entry, _, clock| {
+            entry.lease_id = None;
+            entry.operation.state = OperationState::Unknown;
+            entry.set_lease_expires(None, clock);
+            let until = later(entry.created, entry.unknown_retention);
+            entry.set_expires(Some(until), clock);
+            ((), false)
+        })
+    }
+
+    /// A heartbeat that arrives after the lease ran out (but before a take-over) puts the
+    /// operation back `in_progress`: its worker is evidently still alive.
+    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
+        self.inner.with_lease(lease, |entry, now, clock| {
+            entry.operation.state = OperationState::InProgress;
+            entry.set_lease_expires(Some(later(now, by)), clock);
+            entry.set_expires(None, clock);
+            ((), false)
+        })
+    }
+
+    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
+        let Some((owner, key)) = self.inner.ids_for(id).get(&id).cloned() else {
+            return Ok(());
+        };
+        if owner != *scope {
+            return Ok(());
+        }
+        let mut records = self.inner.records_for(&owner, &key);
+        if let Some(entry) = records.get_mut(&(owner, key)) {
+            if entry.operation.id == id && entry.operation.state == OperationState::Completed {
+                entry.operation.delivered = true;
+            }
+        }
+        Ok(())
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
+        Ok(self.inner.read(scope, key))
+    }
+
+    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
+        let Some((owner, key)) = self.inner.ids_for(id).get(&id).cloned() else {
+            return Ok(None);
+        };
+        if owner != *scope {
+            return Ok(None);
+        }
+        Ok(self
+            .inner
+            .read(&owner, &key)
+            .filter(|operation| operation.id == id))
+    }
+
+    /// Returns the record as it stands once the one seen first leaves `in_progress`: it
+    /// may then be completed, unknown, gone (`None`), or a new operation reserved after a
+    /// release.
+    async fn wait(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        timeout: Duration,
+    ) -> Result<Option<Operation>> {
+        let deadline = later(Instant::now(), timeout);
+        let record_key = (scope.clone(), key.clone());
+        let mut first_id = None;
+        loop {
+            let now = Instant::now();
+            let (notified, lease_expires) = {
+                let mut records = self.inner.records_for(scope, key);
+                let Some(entry) = records.get_mut(&record_key) else {
+                    return Ok(None);
+                };
+                entry.refresh(now, &self.inner.clock);
+                if entry.is_expired(now) {
+                    return Ok(None);
+                }
+                let id = *first_id.get_or_insert(entry.operation.id);
+                if !entry.is_in_progress() || entry.operation.id != id || now >= deadline {
+                    return Ok(Some(entry.operation.clone()));
+                }
+                // Created under the lock: every later `notify_waiters` reaches it.
+                (
+                    Arc::clone(&entry.notify).notified_owned(),
+                    entry.lease_expires,
+                )
+            };
+            let wake_at = lease_expires.map_or(deadline, |at| at.min(deadline));
+            // Whether woken by a change, the lease running out or the deadline, the next
+            // turn re-reads the record and decides.
+            let _ = tokio::time::timeout_at(wake_at, notified).await;
+        }
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<usize> {
+        Ok(self.inner.purge(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::Fingerprint;
+
+    const LEASE: Duration = Duration::from_secs(5);
+    const RETENTION: Duration = Duration::from_secs(60);
+    const UNKNOWN_RETENTION: Duration = Duration::from_secs(600);
+
+    fn request(scope: &str, key: &str, fingerprint: &str) -> ReserveRequest {
+        ReserveRequest {
+            scope: Scope::new(scope),
+            key: IdempotencyKey::new(key).unwrap(),
+            fingerprint: Fingerprint::from_stored(fingerprint),
+            method: "POST".to_owned(),
+            route: "/v1/things".to_owned(),
+            lease: LEASE,
+            retention: RETENTION,
+            unknown_retention: UNKNOWN_RETENTION,
+            take_over_unknown: false,
+        }
+    }
+
+    fn response() -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![("content-type".to_owned(), Bytes::from("application/json"))],
+            body: Some(Bytes::from(r#"{"id":1}"#)),
+        }
+    }
+
+    async fn acquire(store: &MemoryStore, request: ReserveRequest) -> (Operation, Lease) {
+        match store.reserve(request).await.unwrap() {
+            Reservation::Acquired {
+                operation,
+                lease,
+                takeover: false,
+            } => (operation, lease),
+            other => panic!("expected a fresh acquisition, got {other:?}"),
+        }
+    }
+
+    fn existing(reservation: Reservation) -> Operation {
+        match reservation {
+            Reservation::Existing(operation) => operation,
+            other => panic!("expected an existing record, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timestamps_follow_the_store_clock() {
+        let store = MemoryStore::default();
+        let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+        assert_eq!(op.lease_expires_at, Some(op.created_at + LEASE));
+        assert_eq!(op.expires_at, None);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let done = store.complete(&lease, response()).await.unwrap();
+        let completed_at = done.completed_at.unwrap();
+        assert_eq!(completed_at, op.created_at + Duration::from_secs(2));
+        assert_eq!(done.expires_at, Some(completed_at + RETENTION));
+        assert_eq!(done.lease_expires_at, None);
+        assert_eq!(
+            store.get(&Scope::new("a"), &op.key).await.unwrap(),
+            Some(done)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_lease_reads_unknown_and_a_late_result_is_still_accepted() {
+        let store = MemoryStore::default();
+        let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+        tokio::time::advance(LEASE).await;
+        let seen = store.get(&op.scope, &op.key).await.unwrap().unwrap();
+        assert_eq!(seen.state, OperationState::Unknown);
+        assert_eq!(seen.lease_expires_at, None);
+        assert_eq!(seen.expires_at, Some(op.created_at + UNKNOWN_RETENTION));
+        // Nobody took it over, so the worker's real result still lands.
+        let done = store.complete(&lease, response()).await.unwrap();
+        assert_eq!(done.state, OperationState::Completed);
+        assert_eq!(done.attempts, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn late_heartbeat_revives_an_expired_lease() {
+        let store = MemoryStore::default();
+        let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+        tokio::time::advance(LEASE * 2).await;
+        store.extend_lease(&lease, LEASE).await.unwrap();
+        let seen = store.get(&op.scope, &op.key).await.unwrap().unwrap();
+        assert_eq!(seen.state, OperationState::InProgress);
+        assert_eq!(seen.lease_expires_at, Some(op.created_at + LEASE * 3));
+        assert_eq!(seen.expires_at, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn take_over_fences_the_old_lease() {
+        let store = MemoryStore::default();
+        let (op, old) = acquire(&store, request("a", "k", "fp")).await;
+        tokio::time::advance(LEASE).await;
+        let takeover = ReserveRequest {
+            take_over_unknown: true,
+            ..request("a", "k", "fp")
+        };
+        let Reservation::Acquired {
+            operation,
+            lease,
+            takeover: true,
+        } = store.reserve(takeover.clone()).await.unwrap()
+        else {
+            panic!("an unknown record with the same fingerprint is taken over");
+        };
+        assert_eq!(operation.id, op.id);
+        assert_eq!(operation.attempts, 2);
+        assert_ne!(lease.lease_id, old.lease_id);
+        let lost = |r: Result<()>| matches!(r, Err(StoreError::LeaseLost { operation_id }) if operation_id == op.id);
+        assert!(store.complete(&old, response()).await.is_err());
+        assert!(lost(store.release(&old).await));
+        assert!(lost(store.abandon(&old).await));
+        assert!(lost(store.extend_lease(&old, LEASE).await));
+        // A second take-over while the first runs finds it in progress.
+        let again = existing(store.reserve(takeover).await.unwrap());
+        assert_eq!(again.state, OperationState::InProgress);
+        assert_eq!(again.attempts, 2);
+        store.complete(&lease, response()).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandoned_operation_is_unknown_and_fenced() {
+        let store = MemoryStore::default();
+        let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+        store.abandon(&lease).await.unwrap();
+        let seen = store.get(&op.scope, &op.key).await.unwrap().unwrap();
+        assert_eq!(seen.state, OperationState::Unknown);
+        assert_eq!(seen.expires_at, Some(op.created_at + UNKNOWN_RETENTION));
+        assert!(matches!(
+            store.complete(&lease, response()).await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_wakes_on_completion_without_the_clock_moving() {
+        let store = MemoryStore::default();
+        let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+        let start = Instant::now();
+        let waiter = tokio::spawn({
+            let store = store.clone();
+            let (scope, key) = (op.scope.clone(), op.key.clone());
+            async move { store.wait(&scope, &key, Duration::from_secs(3600)).await }
+        });
+        tokio::task::yield_now().await;
+        store.complete(&lease, response()).await.unwrap();
+        let seen = waiter.await.unwrap().unwrap().unwrap();
+        assert_eq!(seen.state, OperationState::Completed);
+        // Paused time only moves when every task sleeps: the waiter was woken, not timed out.
+        assert_eq!(Instant::now(), start);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_wakes_when_the_lease_runs_out() {
+        let store = MemoryStore::default();
+        let (op, _lease) = acquire(&store, request("a", "k", "fp")).await;
+        let start = Instant::now();
+        let seen = store
+            .wait(&op.scope, &op.key, Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.state, OperationState::Unknown);
+        assert_eq!(Instant::now() - start, LEASE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_returns_the_record_at_the_deadline() {
+        let store = MemoryStore::default();
+        let (op, _lease) = acquire(&store, request("a", "k", "fp")).await;
+        let start = Instant::now();
+        let seen = store
+            .wait(&op.scope, &op.key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.state, OperationState::InProgress);
+        assert_eq!(Instant::now() - start, Duration::from_secs(1));
+        assert_eq!(
+            store
+                .wait(&op.scope, &IdempotencyKey::new("other").unwrap(), LEASE)
+                .await
+                .unwrap(),
+            None
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_store_refuses_new_keys_and_frees_up_once_records_expire() {
+        let store = MemoryStore::new(MemoryStoreConfig {
+            capacity: 2,
+            shards: 1,
+        });
+        let (_, first) = acquire(&store, request("a", "1", "fp")).await;
+        let (second, _) = acquire(&store, request("a", "2", "fp")).await;
+        let refused = store.reserve(request("a", "3", "fp")).await;
+        assert!(
+            matches!(refused, Err(StoreError::CapacityExhausted { capacity: 2 })),
+            "{refused:?}"
+        );
+        // Keys already held still answer.
+        assert_eq!(
+            existing(store.reserve(request("a", "2", "fp")).await.unwrap()).id,
+            second.id
+        );
+
+        store.complete(&first, response()).await.unwrap();
+        tokio::time::advance(RETENTION).await;
+        // The completed record's retention ended: the store purges it to make room.
+        acquire(&store, request("a", "3", "fp")).await;
+        assert_eq!(store.len(), 2);
+        assert_eq!(
+            store
+                .get(&Scope::new("a"), &IdempotencyKey::new("1").unwrap())
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(
+            store
+                .get(&Scope::new("a"), &IdempotencyKey::new("2").unwrap())
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn purge_respects_batch_and_spares_live_records() {
+        let store = MemoryStore::new(MemoryStoreConfig {
+            capacity: 100,
+            shards: 4,
+        });
+        for i in 0..5 {
+            let (_, lease) = acquire(&store, request("a", &format!("done-{i}"), "fp")).await;
+            store.complete(&lease, response()).await.unwrap();
+        }
+        let (running, _) = acquire(&store, request("a", "running", "fp")).await;
+        let long = ReserveRequest {
+            lease: Duration::from_secs(3600),
+            ..request("a", "long", "fp")
+        };
+        let (long_running, _) = acquire(&store, long).await;
+        tokio::time::advance(RETENTION).await;
+        assert_eq!(store.purge_expired(2).await.unwrap(), 2);
+        assert_eq!(store.purge_expired(100).await.unwrap(), 3);
+        assert_eq!(store.purge_expired(100).await.unwrap(), 0);
+        assert_eq!(store.len(), 2);
+        let unknown = store
+            .get(&running.scope, &running.key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(unknown.state, OperationState::Unknown);
+        let live = store
+            .get(&long_running.scope, &long_running.key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(live.state, OperationState::InProgress);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_key_is_a_new_operation() {
+        let store = MemoryStore::default();
+        let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+        store.complete(&lease, response()).await.unwrap();
+        tokio::time::advance(RETENTION).await;
+        assert_eq!(store.get(&op.scope, &op.key).await.unwrap(), None);
+        let (fresh, _) = acquire(&store, request("a", "k", "other")).await;
+        assert_ne!(fresh.id, op.id);
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.get_by_id(&op.scope, op.id).await.unwrap(), None);
+        assert_eq!(
+            store
+                .get_by_id(&op.scope, fresh.id)
+                .await
+                .unwrap()
+                .map(|o| o.id),
+            Some(fresh.id)
+        );
+    }
+
+    #[tokio::test]
+    async fn scopes_do_not_see_each_other() {
+        let store = MemoryStore::default();
+        let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+        let (other, _) = acquire(&store, request("b", "k", "fp")).await;
+        assert_ne!(op.id, other.id);
+        store.complete(&lease, response()).await.unwrap();
+        assert_eq!(
+            store.get_by_id(&Scope::new("b"), op.id).await.unwrap(),
+            None
+        );
+        store.mark_delivered(&Scope::new("b"), op.id).await.unwrap();
+        assert!(
+            !store
+                .get_by_id(&op.scope, op.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .delivered
+        );
+        store.mark_delivered(&op.scope, op.id).await.unwrap();
+        assert!(
+            store
+                .get_by_id(&op.scope, op.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .delivered
+        );
+    }
+
+    #[tokio::test]
+    async fn huge_durations_saturate_instead_of_panicking() {
+        let store = MemoryStore::default();
+        let huge = ReserveRequest {
+            lease: Duration::MAX,
+            retention: Duration::MAX,
+            unknown_retention: Duration::MAX,
+            ..request("a", "k", "fp")
+        };
+        let (op, lease) = acquire(&store, huge).await;
+        store.extend_lease(&lease, Duration::MAX).await.unwrap();
+        let done = store.complete(&lease, response()).await.unwrap();
+        assert!(done.expires_at.unwrap() > op.created_at);
+        let _ = store.wait(&op.scope, &op.key, Duration::MAX).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_poisoned_shard_keeps_working() {
+        let store = MemoryStore::new(MemoryStoreConfig {
+            capacity: 10,
+            shards: 1,
+        });
+        let poisoner = store.clone();
+        let outcome = std::thread::spawn(move || {
+            let _guard = poisoner.inner.records[0].lock();
+            panic!("poison the shard");
+        })
+        .join();
+        assert!(outcome.is_err());
+        assert!(store.inner.records[0].is_poisoned());
+        let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+        store.complete(&lease, response()).await.unwrap();
+        assert_eq!(
+            store.get(&op.scope, &op.key).await.unwrap().unwrap().state,
+            OperationState::Completed
+        );
+    }
+
+    #[test]
+    fn debug_shows_size_not_records() {
+        let store = MemoryStore::new(MemoryStoreConfig {
+            capacity: 7,
+            shards: 0,
+        });
+        assert_eq!(
+            format!("{store:?}"),
+            "MemoryStore { capacity: 7, shards: 1, len: 0 }"
+        );
+    }
+}
