@@ -1,0 +1,354 @@
+//! The demo's write commands and their validation, as plain functions over JSON.
+//!
+//! The same `normalize_*` functions run twice on purpose: inside the idempotency layer as
+//! the route's normalizer (so the fingerprint describes the command the handler will
+//! execute, defaults applied, and invalid commands are refused with `422` before anything
+//! is stored) and inside the handlers (so `--no-idempotency` refuses exactly the same
+//! requests). Normalizing is idempotent: a normalized command normalizes to itself.
+//! Unknown fields are refused, never ignored, so that a typo cannot pass as a different
+//! command with the same fingerprint.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::problem::Problem;
+
+/// Largest `amount_minor` accepted: the largest integer a double holds exactly, so that the
+/// amount means the same to every JSON reader.
+pub const MAX_AMOUNT_MINOR: u64 = (1 << 53) - 1;
+
+/// A validated `POST /v1/tickets` command.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewTicket {
+    /// Project the ticket belongs to.
+    pub project: String,
+    /// One-line summary.
+    pub title: String,
+    /// `low`, `normal` or `high`.
+    pub priority: String,
+    /// Free text.
+    pub description: Option<String>,
+    /// Id of the upstream event that caused the ticket; one ticket per event per account.
+    pub source_event_id: Option<String>,
+}
+
+/// A validated `POST /v1/payments` command.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewPayment {
+    /// Amount in the currency's minor unit (cents), at least 1.
+    pub amount_minor: u64,
+    /// ISO 4217 code: three uppercase letters.
+    pub currency: String,
+    /// The invoice being paid; each invoice is paid at most once per account.
+    pub invoice_ref: String,
+    /// Who is paid.
+    pub payee: String,
+}
+
+/// A validated `POST /v1/deploys` command.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewDeploy {
+    /// Service to deploy.
+    pub service: String,
+    /// Target environment.
+    pub environment: String,
+    /// Immutable artifact digest, `sha256:<64 lowercase hex>`.
+    pub artifact: String,
+}
+
+/// Validates a ticket command and applies its defaults (`priority: "normal"`; `null`
+/// optional fields are dropped).
+///
+/// ```
+/// let mut command = serde_json::json!({"project": "ops", "title": "Disk full"});
+/// demo::commands::normalize_ticket(&mut command).unwrap();
+/// assert_eq!(command["priority"], "normal");
+///
+/// let mut bad = serde_json::json!({"project": "ops", "title": "x", "priority": "urgent"});
+/// let problem = demo::commands::normalize_ticket(&mut bad).unwrap_err();
+/// assert_eq!(problem.status(), 422);
+/// ```
+pub fn normalize_ticket(command: &mut Value) -> Result<(), Problem> {
+    let object = as_object(
+        command,
+        &[
+            "project",
+            "title",
+            "priority",
+            "description",
+            "source_event_id",
+        ],
+    )?;
+    required_text(object, "project")?;
+    required_text(object, "title")?;
+    drop_null(object, "priority");
+    match object.get("priority") {
+        None => {
+            object.insert("priority".to_owned(), Value::from("normal"));
+        }
+        Some(Value::String(p)) if matches!(p.as_str(), "low" | "normal" | "high") => {}
+        Some(_) => {
+            return Err(Problem::invalid_command(
+                "priority must be one of \"low\", \"normal\", \"high\"",
+            ));
+        }
+    }
+    drop_null(object, "description");
+    if let Some(description) = object.get("description")
+        && !description.is_string()
+    {
+        return Err(Problem::invalid_command("description must be a string"));
+    }
+    drop_null(object, "source_event_id");
+    if object.contains_key("source_event_id") {
+        required_text(object, "source_event_id")?;
+    }
+    Ok(())
+}
+
+/// Validates a payment command: `amount_minor` a JSON integer in
+/// `1..=`[`MAX_AMOUNT_MINOR`] (`1.5` and `"100"` are refused), `currency` three uppercase
+/// ASCII letters, `invoice_ref` and `payee` non-blank strings.
+///
+/// ```
+/// let mut ok = serde_json::json!(
+///     {"amount_minor": 1250, "currency": "EUR", "invoice_ref": "INV-1", "payee": "ACME"});
+/// assert!(demo::commands::normalize_payment(&mut ok).is_ok());
+///
+/// let mut fractional = serde_json::json!(
+///     {"amount_minor": 1.5, "currency": "EUR", "invoice_ref": "INV-1", "payee": "ACME"});
+/// assert!(demo::commands::normalize_payment(&mut fractional).is_err());
+/// ```
+pub fn normalize_payment(command: &mut Value) -> Result<(), Problem> {
+    let object = as_object(
+        command,
+        &["amount_minor", "currency", "invoice_ref", "payee"],
+    )?;
+    match object.get("amount_minor") {
+        Some(Value::Number(n))
+            if n.as_u64()
+                .is_some_and(|a| (1..=MAX_AMOUNT_MINOR).contains(&a)) => {}
+        Some(Value::Number(_)) => {
+            return Err(Problem::invalid_command(format!(
+                "amount_minor must be an integer between 1 and {MAX_AMOUNT_MINOR} (minor units, e.g. cents)"
+            )));
+        }
+        Some(_) => {
+            return Err(Problem::invalid_command(
+                "amount_minor must be a JSON integer, not a string or other value",
+            ));
+        }
+        None => return Err(Problem::invalid_command("amount_minor is required")),
+    }
+    match object.get("currency") {
+        Some(Value::String(c)) if c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()) => {}
+        Some(_) => {
+            return Err(Problem::invalid_command(
+                "currency must be three uppercase letters (ISO 4217), e.g. \"EUR\"",
+            ));
+        }
+        None => return Err(Problem::invalid_command("currency is required")),
+    }
+    required_text(object, "invoice_ref")?;
+    required_text(object, "payee")?;
+    Ok(())
+}
+
+/// Validates a deploy command: `service` and `environment` non-blank strings, `artifact`
+/// an immutable digest `sha256:<64 lowercase hex>`. Mutable references (`latest`, a branch
+/// or tag name) are refused: redeploying "the same" command must deploy the same bits.
+///
+/// ```
+/// let mut mutable = serde_json::json!(
+///     {"service": "api", "environment": "prod", "artifact": "registry/api:latest"});
+/// let problem = demo::commands::normalize_deploy(&mut mutable).unwrap_err();
+/// assert!(problem.detail().contains("immutable"));
+/// ```
+pub fn normalize_deploy(command: &mut Value) -> Result<(), Problem> {
+    let object = as_object(command, &["service", "environment", "artifact"])?;
+    required_text(object, "service")?;
+    required_text(object, "environment")?;
+    match object.get("artifact") {
+        Some(Value::String(a)) if is_sha256_digest(a) => Ok(()),
+        Some(Value::String(a)) => Err(Problem::invalid_command(format!(
+            "artifact must be an immutable digest `sha256:<64 lowercase hex>`; `{}` is a mutable reference",
+            truncate(a, 80)
+        ))),
+        Some(_) => Err(Problem::invalid_command(
+            "artifact must be a string `sha256:<64 lowercase hex>`",
+        )),
+        None => Err(Problem::invalid_command("artifact is required")),
+    }
+}
+
+/// Parses a request body into a typed command: JSON (else `422 invalid-json`), then the
+/// route's normalizer, then the typed fields (else `422 invalid-command`).
+pub fn parse_command<T: DeserializeOwned>(
+    body: &[u8],
+    normalize: fn(&mut Value) -> Result<(), Problem>,
+) -> Result<T, Problem> {
+    let mut value: Value = serde_json::from_slice(body)
+        .map_err(|e| Problem::invalid_json(format!("the body is not valid JSON: {e}")))?;
+    normalize(&mut value)?;
+    serde_json::from_value(value).map_err(|e| Problem::invalid_command(e.to_string()))
+}
+
+fn as_object<'a>(
+    command: &'a mut Value,
+    allowed: &[&str],
+) -> Result<&'a mut Map<String, Value>, Problem> {
+    let Value::Object(object) = command else {
+        return Err(Problem::invalid_command(
+            "the command must be a JSON object",
+        ));
+    };
+    if let Some(unknown) = object.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Problem::invalid_command(format!(
+            "unknown field `{}`; allowed fields: {}",
+            truncate(unknown, 80),
+            allowed.join(", ")
+        )));
+    }
+    Ok(object)
+}
+
+fn required_text(object: &Map<String, Value>, field: &str) -> Result<(), Problem> {
+    match object.get(field) {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(()),
+        Some(Value::String(_)) => Err(Problem::invalid_command(format!(
+            "{field} must not be blank"
+        ))),
+        Some(_) => Err(Problem::invalid_command(format!(
+            "{field} must be a string"
+        ))),
+        None => Err(Problem::invalid_command(format!("{field} is required"))),
+    }
+}
+
+fn drop_null(object: &mut Map<String, Value>, field: &str) {
+    if object.get(field).is_some_and(Value::is_null) {
+        object.remove(field);
+    }
+}
+
+fn is_sha256_digest(artifact: &str) -> bool {
+    artifact.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+fn truncate(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+        None => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn ticket_defaults_and_idempotence() {
+        let mut command = json!({"project": "ops", "title": "t", "description": null});
+        normalize_ticket(&mut command).unwrap();
+        assert_eq!(
+            command,
+            json!({"project": "ops", "title": "t", "priority": "normal"})
+        );
+        let once = command.clone();
+        normalize_ticket(&mut command).unwrap();
+        assert_eq!(command, once, "normalizing twice changes nothing");
+    }
+
+    #[test]
+    fn ticket_refusals() {
+        for bad in [
+            json!([]),
+            json!({"title": "t"}),
+            json!({"project": "", "title": "t"}),
+            json!({"project": "  ", "title": "t"}),
+            json!({"project": 1, "title": "t"}),
+            json!({"project": "p", "title": "t", "priority": "urgent"}),
+            json!({"project": "p", "title": "t", "description": 3}),
+            json!({"project": "p", "title": "t", "source_event_id": ""}),
+            json!({"project": "p", "title": "t", "assignee": "me"}),
+        ] {
+            let mut command = bad.clone();
+            let problem = normalize_ticket(&mut command).unwrap_err();
+            assert_eq!(problem.slug(), "invalid-command", "{bad}");
+        }
+    }
+
+    #[test]
+    fn payment_amounts() {
+        let payment = |amount: Value| json!({"amount_minor": amount, "currency": "EUR", "invoice_ref": "I", "payee": "P"});
+        for ok in [json!(1), json!(100), json!(MAX_AMOUNT_MINOR)] {
+            assert!(normalize_payment(&mut payment(ok.clone())).is_ok(), "{ok}");
+        }
+        for bad in [
+            json!(0),
+            json!(-5),
+            json!(1.5),
+            json!(100.0),
+            json!("100"),
+            json!(null),
+            json!(MAX_AMOUNT_MINOR + 1),
+        ] {
+            assert!(
+                normalize_payment(&mut payment(bad.clone())).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn payment_fields() {
+        for bad in [
+            json!({"amount_minor": 1, "currency": "eur", "invoice_ref": "I", "payee": "P"}),
+            json!({"amount_minor": 1, "currency": "EURO", "invoice_ref": "I", "payee": "P"}),
+            json!({"amount_minor": 1, "currency": "EUR", "invoice_ref": "", "payee": "P"}),
+            json!({"amount_minor": 1, "currency": "EUR", "invoice_ref": "I"}),
+            json!({"amount_minor": 1, "currency": "EUR", "invoice_ref": "I", "payee": "P", "memo": "x"}),
+        ] {
+            assert!(normalize_payment(&mut bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn deploy_artifacts() {
+        let deploy =
+            |artifact: &str| json!({"service": "api", "environment": "prod", "artifact": artifact});
+        assert!(normalize_deploy(&mut deploy(DIGEST)).is_ok());
+        for bad in [
+            "latest",
+            "main",
+            "registry/api:latest",
+            "sha256:abc",
+            &DIGEST.to_uppercase(),
+            &format!("{DIGEST}0"),
+        ] {
+            assert!(normalize_deploy(&mut deploy(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parse_command_distinguishes_json_from_command_errors() {
+        let err = parse_command::<NewTicket>(b"{not json", normalize_ticket).unwrap_err();
+        assert_eq!(err.slug(), "invalid-json");
+        let err = parse_command::<NewTicket>(br#"{"project": "p"}"#, normalize_ticket).unwrap_err();
+        assert_eq!(err.slug(), "invalid-command");
+        let ticket =
+            parse_command::<NewTicket>(br#"{"project": "p", "title": "t"}"#, normalize_ticket)
+                .unwrap();
+        assert_eq!(ticket.priority, "normal");
+    }
+}

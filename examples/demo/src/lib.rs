@@ -1,0 +1,132 @@
+//! The demo server: a small write API (tickets, payments, deploys) whose write routes are
+//! guarded by `tower-idempotency`, used by the README's curl tour, the integration tests and
+//! benchmarks.
+//!
+//! Invariants: every write handler performs its write, then sleeps
+//! [`Config::handler_delay`], then answers; the idempotency layer and the handlers validate
+//! commands with the same functions ([`commands`]), so `--no-idempotency` refuses exactly
+//! what the guarded server refuses. Authentication is a stand-in ([`auth`]): the bearer
+//! token is the account.
+//!
+//! Run it in-process, e.g. from a test:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), demo::DemoError> {
+//! let config = demo::Config { listen: "127.0.0.1:0".parse().unwrap(), ..Default::default() };
+//! let listener = tokio::net::TcpListener::bind(config.listen).await?;
+//! let addr = listener.local_addr()?;
+//! tokio::spawn(async move { demo::serve(&config, listener, std::future::pending()).await });
+//! println!("serving on http://{addr}");
+//! # Ok(()) }
+//! ```
+
+pub mod auth;
+pub mod commands;
+pub mod config;
+pub mod ledger;
+pub mod problem;
+pub mod routes;
+
+use std::future::Future;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+
+pub use crate::auth::Account;
+pub use crate::config::{Config, USAGE};
+pub use crate::ledger::Ledger;
+pub use crate::problem::Problem;
+use crate::routes::AppState;
+
+/// Largest request body accepted, in bytes (1 MiB); larger bodies get `413`.
+pub const BODY_LIMIT: usize = 1024 * 1024;
+
+/// Why the demo could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DemoError {
+    /// A database URL was given, but this build has no PostgreSQL store yet.
+    #[error(
+        "PostgreSQL support lands with the PostgreSQL store; run without --database-url / DATABASE_URL"
+    )]
+    PostgresUnsupported,
+    /// Binding or serving failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Builds the demo's router for `config`: `/healthz` (no authentication), the write and
+/// list routes and, unless idempotency is off, the status routes under `/operations`.
+pub async fn app(config: &Config) -> Result<Router, DemoError> {
+    if config.database_url.is_some() {
+        return Err(DemoError::PostgresUnsupported);
+    }
+    let state = AppState {
+        ledger: Ledger::new(),
+        handler_delay: config.handler_delay,
+    };
+    let api: Router<AppState> = Router::new()
+        .route(
+            "/v1/tickets",
+            post(routes::create_ticket).get(routes::list_tickets),
+        )
+        .route(
+            "/v1/payments",
+            post(routes::create_payment).get(routes::list_payments),
+        )
+        .route(
+            "/v1/deploys",
+            post(routes::create_deploy).get(routes::list_deploys),
+        );
+    let api = api
+        // Without the layer this is what enforces the body limit; with it, the layer
+        // answers first (before anything is stored) and this never triggers.
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        // Outermost, so that the layer and the status routes see the `Scope` it inserts.
+        .layer(axum::middleware::from_fn(auth::authenticate))
+        .with_state(state);
+    Ok(Router::new()
+        .route("/healthz", get(routes::healthz))
+        .merge(api))
+}
+
+/// Serves the demo on `listener` until `shutdown` completes, then finishes in-flight
+/// requests and returns.
+pub async fn serve(
+    config: &Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DemoError> {
+    let router = app(config).await?;
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Completes on ctrl-c or, on Unix, SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            // Without a ctrl-c handler only SIGTERM can stop us; do not stop right away.
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,82 @@
+//! The `demo` binary's process contract: it prints `listening on http://ADDR` once it
+//! accepts connections, serves `/healthz`, and exits 0 on SIGTERM.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn demo() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_demo"));
+    command
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    command
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn prints_its_address_serves_and_stops_on_sigterm() {
+    let mut child = demo()
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(DEADLINE, lines.next_line())
+        .await
+        .expect("the demo printed nothing in time")
+        .unwrap()
+        .expect("the demo closed stdout without printing its address");
+    let base = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+    assert!(
+        !base.ends_with(":0"),
+        "the real bound port is printed: {base}"
+    );
+
+    let client = reqwest::Client::builder()
+        .timeout(DEADLINE)
+        .build()
+        .unwrap();
+    let health = client.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let anonymous = client
+        .get(format!("{base}/v1/tickets"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+
+    let pid = child.id().unwrap().to_string();
+    let kill = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(kill.success());
+    let status = tokio::time::timeout(DEADLINE, child.wait())
+        .await
+        .expect("the demo did not stop after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+#[tokio::test]
+async fn help_exits_zero_and_bad_arguments_exit_two() {
+    let help = demo().arg("--help").output().await.unwrap();
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--handler-delay-ms"));
+
+    let bad = demo().arg("--lease-ms").arg("soon").output().await.unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--lease-ms"));
+}
