@@ -1,1 +1,56 @@
-//! placeholder
+//! The PostgreSQL [`Store`](tower_idempotency_core::Store) for `tower-idempotency`: the
+//! store to run when several stateless app instances must agree on which request executes.
+//!
+//! Reservation is one `INSERT … ON CONFLICT … RETURNING` round trip keyed by
+//! `(scope, idempotency_key)`; completion, release, abandonment and lease extension are
+//! fenced by the lease id; every lease and expiry decision uses the database's `now()`; a
+//! lease that runs out turns the record `unknown`, never deletes it. Connection failures
+//! surface as [`StoreError::Unavailable`](tower_idempotency_core::StoreError::Unavailable)
+//! (the layer answers `503` without running the handler) and the pool recovers by itself
+//! once PostgreSQL is back.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_idempotency_core::purge::spawn_purge_task;
+//! use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! // Quick start: defaults, schema `public`.
+//! let store = PostgresStore::connect("postgres://app@localhost/app").await?;
+//! store.migrate().await?; // safe to run from every instance at start-up
+//!
+//! // Or spelled out: a dedicated schema, a bigger pool, tighter timeouts.
+//! let store = PostgresStore::from_config(&PostgresStoreConfig {
+//!     schema: "idempotency".to_owned(),
+//!     max_connections: 32,
+//!     connect_timeout: Duration::from_secs(1),
+//!     ..PostgresStoreConfig::new("postgres://app@localhost/app")
+//! })?;
+//! store.migrate().await?;
+//!
+//! // Delete expired records in the background, 500 at a time.
+//! let _purge = spawn_purge_task(store.clone(), Duration::from_secs(60), 500);
+//! // Hand `store` to the idempotency layer.
+//! # Ok(()) }
+//! ```
+//!
+//! The schema, every statement and why it is safe under concurrency, sizing, retention and
+//! the operator CLI (`tower-idempotency`) are described in `docs/postgres.md`.
+
+#![deny(missing_docs)]
+
+pub mod admin;
+mod config;
+mod error;
+mod migrate;
+mod row;
+mod sql;
+mod store;
+
+pub use admin::{Resolution, ResolutionRecord, ResolveOutcome, UnknownResolution};
+pub use config::{ConfigError, PostgresStoreConfig};
+pub use migrate::{MIGRATIONS, Migration};
+pub use store::{ConnectError, PostgresStore};
+
+/// Re-exported so users can build their own pool (TLS, hooks) without a version mismatch.
+pub use deadpool_postgres;

@@ -1,0 +1,181 @@
+//! Configuration of a [`PostgresStore`](crate::PostgresStore): where the database is, which
+//! schema holds the tables, and how long to wait before calling the store unavailable.
+//!
+//! The timeouts are what makes an outage answer fast: a request must get its
+//! `503 store-unavailable` in about a second, not hang for the operating system's TCP
+//! timeout. The schema name is validated here because it is the one piece of SQL text the
+//! store builds from configuration (every value travels as a bind parameter).
+
+use std::fmt;
+use std::time::Duration;
+
+/// Settings of a [`PostgresStore`](crate::PostgresStore), as a plain struct.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency_postgres::PostgresStoreConfig;
+///
+/// let config = PostgresStoreConfig {
+///     schema: "idempotency".to_owned(),
+///     max_connections: 32,
+///     ..PostgresStoreConfig::new("postgres://app@db.internal/app")
+/// };
+/// assert_eq!(config.connect_timeout, Duration::from_secs(2));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresStoreConfig {
+    /// Connection string, as a URL (`postgres://user:pass@host:5432/db`) or in
+    /// `key=value` form. Used by [`PostgresStore::from_config`](crate::PostgresStore::from_config)
+    /// and [`PostgresStore::connect`](crate::PostgresStore::connect); ignored when an
+    /// existing pool is handed to [`PostgresStore::new`](crate::PostgresStore::new).
+    pub url: String,
+    /// Schema that holds the tables (created by `migrate()` if missing). A plain SQL
+    /// identifier: ASCII letters, digits and `_`, not starting with a digit, at most 63
+    /// bytes. Default `public`.
+    pub schema: String,
+    /// Largest number of connections the pool opens. Default 16.
+    pub max_connections: usize,
+    /// How long opening one connection may take before the store reports itself
+    /// unavailable. Default 2 s.
+    pub connect_timeout: Duration,
+    /// How long a request may wait for a free pooled connection. Default 2 s.
+    pub wait_timeout: Duration,
+    /// Upper bound on one store call (checking out a connection and its query). Past it the
+    /// call fails as unavailable. Default 5 s.
+    pub query_timeout: Duration,
+    /// First pause of [`Store::wait`](tower_idempotency_core::Store::wait) between two reads
+    /// of an in-progress record. Default 5 ms; the pause doubles up to `poll_max`.
+    pub poll_initial: Duration,
+    /// Longest pause of [`Store::wait`](tower_idempotency_core::Store::wait) between two
+    /// reads. Default 100 ms.
+    pub poll_max: Duration,
+}
+
+impl PostgresStoreConfig {
+    /// The defaults, connecting to `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for PostgresStoreConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            schema: "public".to_owned(),
+            max_connections: 16,
+            connect_timeout: Duration::from_secs(2),
+            wait_timeout: Duration::from_secs(2),
+            query_timeout: Duration::from_secs(5),
+            poll_initial: Duration::from_millis(5),
+            poll_max: Duration::from_millis(100),
+        }
+    }
+}
+
+impl fmt::Debug for PostgresStoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL may carry a password.
+        f.debug_struct("PostgresStoreConfig")
+            .field("url", &redact_url(&self.url))
+            .field("schema", &self.schema)
+            .field("max_connections", &self.max_connections)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("query_timeout", &self.query_timeout)
+            .field("poll_initial", &self.poll_initial)
+            .field("poll_max", &self.poll_max)
+            .finish()
+    }
+}
+
+/// Why a store could not be built from its configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The schema name is not a plain SQL identifier.
+    #[error(
+        "invalid schema name `{0}`: use ASCII letters, digits and `_`, not starting with a digit, at most 63 bytes"
+    )]
+    InvalidSchema(String),
+    /// The connection string could not be parsed.
+    #[error("invalid database URL")]
+    InvalidUrl(#[source] tokio_postgres::Error),
+    /// A setting is out of range (a zero pool size, a zero timeout).
+    #[error("invalid setting: {0}")]
+    InvalidSetting(&'static str),
+    /// The connection pool could not be built.
+    #[error("could not build the connection pool")]
+    Pool(#[source] deadpool_postgres::BuildError),
+}
+
+/// Whether `name` is a plain, unquoted-safe SQL identifier.
+pub(crate) fn is_identifier(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && !bytes[0].is_ascii_digit()
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+}
+
+/// The URL with any password replaced by `***`, for logs and `Debug`.
+pub(crate) fn redact_url(url: &str) -> String {
+    if let Some(scheme_end) = url.find("://") {
+        let rest = &url[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let authority = &rest[..authority_end];
+        if let Some(at) = authority.rfind('@') {
+            let userinfo = &authority[..at];
+            if let Some(colon) = userinfo.find(':') {
+                return format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &url[scheme_end + 3 + at..]
+                );
+            }
+        }
+        return url.to_owned();
+    }
+    // key=value form: hide the value of `password=`.
+    url.split_whitespace()
+        .map(|pair| {
+            if pair.starts_with("password=") {
+                "password=***"
+            } else {
+                pair
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers() {
+        for ok in ["public", "idempotency", "_x", "a1_b2", &"s".repeat(63)] {
+            assert!(is_identifier(ok), "{ok}");
+        }
+        for bad in ["", "1abc", "a-b", "a b", "a\"b", "é", "public;drop", &"s".repeat(64)] {
+            assert!(!is_identifier(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/app?sslmode=require"),
+            "postgres://app:***@db:5432/app?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://app@db/app"), "postgres://app@db/app");
+        assert_eq!(redact_url("postgresql:///app?host=/run/pg"), "postgresql:///app?host=/run/pg");
+        assert_eq!(redact_url("host=db user=app password=x dbname=app"), "host=db user=app password=*** dbname=app");
+        assert!(!format!("{:?}", PostgresStoreConfig::new("postgres://u:pw@h/d")).contains("pw@"));
+    }
+}

@@ -1,0 +1,78 @@
+//! Mapping of PostgreSQL and pool failures onto [`StoreError`].
+//!
+//! The split matters to callers: [`StoreError::Unavailable`] makes the layer answer
+//! `503 store-unavailable` without running the handler, so every failure that means "the
+//! database cannot be reached right now" (refused or dropped connections, an exhausted pool,
+//! a server shutting down, a timeout) maps there. Everything else — a constraint the store
+//! did not expect, a missing table — is [`StoreError::Backend`].
+
+use tower_idempotency_core::StoreError;
+use tower_idempotency_core::store::BoxError;
+
+/// SQLSTATE classes and codes that mean the server cannot serve us now.
+fn is_unavailable_code(code: &str) -> bool {
+    // 08: connection exception; 53: insufficient resources (too many connections, out of
+    // memory or disk); 57P01-57P05: admin/crash shutdown, cannot connect now, idle session
+    // timeout; 40P01 is not here: a deadlock is a backend failure worth seeing.
+    code.starts_with("08") || code.starts_with("53") || matches!(code, "57P01" | "57P02" | "57P03" | "57P05")
+}
+
+/// Display prefixes of `tokio_postgres` errors that come from the program, not the network.
+const CLIENT_BUGS: &[&str] = &[
+    "error serializing",
+    "error deserializing",
+    "invalid column",
+    "expected ",
+    "query returned an unexpected number of",
+    "invalid connection string",
+    "invalid configuration",
+];
+
+/// Whether a `tokio_postgres` error means the database is unreachable rather than that a
+/// statement failed.
+pub(crate) fn is_unavailable(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    match error.code() {
+        Some(code) => is_unavailable_code(code.code()),
+        // No SQLSTATE: the error came from the client side. Conversion and usage errors
+        // (a column or parameter mismatch) are bugs; everything else — I/O on the socket, a
+        // failed connect, a protocol error on a broken stream, "connection closed" — means
+        // the server cannot be talked to.
+        None => {
+            let text = error.to_string();
+            !CLIENT_BUGS.iter().any(|prefix| text.starts_with(prefix))
+        }
+    }
+}
+
+/// Converts a statement or connection error.
+pub(crate) fn from_pg(error: tokio_postgres::Error) -> StoreError {
+    if is_unavailable(&error) {
+        StoreError::Unavailable(Box::new(error))
+    } else {
+        StoreError::Backend(Box::new(error))
+    }
+}
+
+/// Converts a failure to check out a pooled connection. Every such failure means no
+/// connection is to be had right now, except a misconfigured pool (no runtime for its
+/// timeouts), which is a bug and reported as a backend failure.
+pub(crate) fn from_pool(error: deadpool_postgres::PoolError) -> StoreError {
+    match error {
+        deadpool_postgres::PoolError::NoRuntimeSpecified => StoreError::Backend(Box::new(error)),
+        other => StoreError::Unavailable(Box::new(other)),
+    }
+}
+
+/// The error for a store call that ran past its time bound.
+pub(crate) fn timed_out(what: &'static str) -> StoreError {
+    let error: BoxError = format!("{what} did not finish within the store's query timeout").into();
+    StoreError::Unavailable(error)
+}
+
+/// A row that the store's own schema should never produce.
+pub(crate) fn corrupt(what: String) -> StoreError {
+    StoreError::Backend(what.into())
+}

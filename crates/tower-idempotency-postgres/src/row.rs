@@ -1,0 +1,104 @@
+//! Decoding of result rows into core types.
+//!
+//! The one rule applied here rather than in SQL: an `in_progress` row whose lease ran out by
+//! the database's clock (`db_now`, read in the same statement) is reported as `unknown`.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use tokio_postgres::Row;
+use tower_idempotency_core::{
+    Fingerprint, IdempotencyKey, Operation, OperationId, OperationState, Scope, StoredResponse, StoreError,
+};
+use uuid::Uuid;
+
+use crate::admin::{Resolution, ResolutionRecord};
+use crate::error::{corrupt, from_pg};
+
+/// A decoded operation row with the database clock it was read at.
+#[derive(Debug, Clone)]
+pub(crate) struct OperationRow {
+    pub(crate) operation: Operation,
+    pub(crate) lease_id: Option<Uuid>,
+    pub(crate) db_now: SystemTime,
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, column: &str) -> Result<T, StoreError> {
+    row.try_get(column).map_err(from_pg)
+}
+
+pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
+    let db_now: SystemTime = get(row, "db_now")?;
+    let state_name: String = get(row, "state")?;
+    let lease_expires_at: Option<SystemTime> = get(row, "lease_expires_at")?;
+    let mut state: OperationState = state_name
+        .parse()
+        .map_err(|_| corrupt(format!("unexpected operation state `{state_name}`")))?;
+    if state == OperationState::InProgress && lease_expires_at.is_none_or(|at| at <= db_now) {
+        state = OperationState::Unknown;
+    }
+    let key_text: String = get(row, "idempotency_key")?;
+    let key = IdempotencyKey::new(&key_text).map_err(|err| corrupt(format!("stored key is invalid: {err}")))?;
+    let retention_us: i64 = get(row, "retention_us")?;
+    let attempts: i32 = get(row, "attempts")?;
+    let replays: i64 = get(row, "replays")?;
+    let response = match (state, get::<Option<i32>>(row, "response_status")?) {
+        (OperationState::Completed, Some(status)) => {
+            let names: Vec<String> = get::<Option<Vec<String>>>(row, "response_header_names")?.unwrap_or_default();
+            let values: Vec<Vec<u8>> =
+                get::<Option<Vec<Vec<u8>>>>(row, "response_header_values")?.unwrap_or_default();
+            let body: Option<Vec<u8>> = get(row, "response_body")?;
+            Some(StoredResponse {
+                status: u16::try_from(status).map_err(|_| corrupt(format!("stored status {status} out of range")))?,
+                headers: names.into_iter().zip(values.into_iter().map(Bytes::from)).collect(),
+                body: body.map(Bytes::from),
+            })
+        }
+        _ => None,
+    };
+    let operation = Operation {
+        id: OperationId::from_uuid(get(row, "operation_id")?),
+        scope: Scope::new(get::<String>(row, "scope")?),
+        key,
+        fingerprint: Fingerprint::from_stored(get::<String>(row, "fingerprint")?),
+        method: get(row, "method")?,
+        route: get(row, "route")?,
+        state,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        created_at: get(row, "created_at")?,
+        completed_at: get(row, "completed_at")?,
+        lease_expires_at,
+        expires_at: Some(get(row, "expires_at")?),
+        retention: Duration::from_micros(u64::try_from(retention_us).unwrap_or(0)),
+        response,
+        delivered: get(row, "delivered")?,
+        replays: u64::try_from(replays).unwrap_or(0),
+    };
+    Ok(OperationRow {
+        operation,
+        lease_id: get(row, "lease_id")?,
+        db_now,
+    })
+}
+
+pub(crate) fn resolution(row: &Row) -> Result<ResolutionRecord, StoreError> {
+    let name: String = get(row, "resolution")?;
+    let resolution = name
+        .parse::<Resolution>()
+        .map_err(|_| corrupt(format!("unexpected resolution `{name}`")))?;
+    let key_text: String = get(row, "idempotency_key")?;
+    let attempts: i32 = get(row, "attempts")?;
+    Ok(ResolutionRecord {
+        operation_id: OperationId::from_uuid(get(row, "operation_id")?),
+        scope: Scope::new(get::<String>(row, "scope")?),
+        key: IdempotencyKey::new(&key_text).map_err(|err| corrupt(format!("stored key is invalid: {err}")))?,
+        fingerprint: Fingerprint::from_stored(get::<String>(row, "fingerprint")?),
+        method: get(row, "method")?,
+        route: get(row, "route")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        created_at: get(row, "created_at")?,
+        resolution,
+        reason: get(row, "reason")?,
+        resolved_at: get(row, "resolved_at")?,
+    })
+}

@@ -1,0 +1,410 @@
+//! [`PostgresStore`]: the [`Store`] over a `deadpool-postgres` pool.
+//!
+//! Every trait method is one statement (one round trip) on a pooled connection, bounded by
+//! the configured query timeout; connection and pool failures come back as
+//! [`StoreError::Unavailable`]. The pool verifies a connection before handing it out again,
+//! so after a PostgreSQL restart broken connections are dropped and new ones opened without
+//! any action from the application.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+use tower_idempotency_core::store::Result;
+use tower_idempotency_core::{
+    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, Reservation, ReserveRequest, Scope,
+    Store, StoreError, StoredResponse,
+};
+
+use crate::config::{ConfigError, PostgresStoreConfig, is_identifier};
+use crate::error::{from_pg, from_pool, timed_out};
+use crate::row::{self, OperationRow};
+use crate::sql::Queries;
+
+/// Longest span the store writes into an interval (100 years): anything longer is treated as
+/// "forever" and keeps the arithmetic far from overflow.
+const MAX_SPAN: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A duration as whole microseconds for an interval parameter.
+pub(crate) fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.min(MAX_SPAN).as_micros()).unwrap_or(i64::MAX)
+}
+
+/// The PostgreSQL [`Store`]. Cheap to clone: clones share one pool.
+///
+/// See the [crate docs](crate) for setup and `docs/postgres.md` for the schema and the
+/// reasoning behind each statement.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) schema: String,
+    pub(crate) queries: Queries,
+    query_timeout: Duration,
+    poll_initial: Duration,
+    poll_max: Duration,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = self.inner.pool.status();
+        f.debug_struct("PostgresStore")
+            .field("schema", &self.inner.schema)
+            .field("pool_size", &status.size)
+            .field("pool_max_size", &status.max_size)
+            .field("query_timeout", &self.inner.query_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Builds a store over an existing pool (for TLS, custom hooks or a pool shared with
+    /// the application). `config.schema` and the timeouts of `config` apply; its URL and
+    /// pool settings are ignored.
+    ///
+    /// Configure the pool with [`RecyclingMethod::Verified`] (or `Clean`) and wait/create
+    /// timeouts, as [`PostgresStore::from_config`] does, so that an outage is reported fast
+    /// and recovered from by itself.
+    pub fn new(pool: Pool, config: &PostgresStoreConfig) -> Result<Self, ConfigError> {
+        if !is_identifier(&config.schema) {
+            return Err(ConfigError::InvalidSchema(config.schema.clone()));
+        }
+        if config.query_timeout.is_zero() {
+            return Err(ConfigError::InvalidSetting("query_timeout must be positive"));
+        }
+        if config.poll_initial.is_zero() || config.poll_max < config.poll_initial {
+            return Err(ConfigError::InvalidSetting(
+                "poll_initial must be positive and at most poll_max",
+            ));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                schema: config.schema.clone(),
+                queries: Queries::new(&config.schema),
+                query_timeout: config.query_timeout,
+                poll_initial: config.poll_initial,
+                poll_max: config.poll_max,
+            }),
+        })
+    }
+
+    /// Builds the pool described by `config` (without TLS) and a store over it. Opens no
+    /// connection yet: the application may start while the database is down.
+    ///
+    /// Must be called inside a Tokio runtime (the pool's timeouts use it).
+    pub fn from_config(config: &PostgresStoreConfig) -> Result<Self, ConfigError> {
+        if config.max_connections == 0 {
+            return Err(ConfigError::InvalidSetting("max_connections must be positive"));
+        }
+        if config.connect_timeout.is_zero() || config.wait_timeout.is_zero() {
+            return Err(ConfigError::InvalidSetting("connect_timeout and wait_timeout must be positive"));
+        }
+        let mut pg_config: tokio_postgres::Config = config.url.parse().map_err(ConfigError::InvalidUrl)?;
+        pg_config.connect_timeout(config.connect_timeout);
+        if pg_config.get_application_name().is_none() {
+            pg_config.application_name("tower-idempotency");
+        }
+        let manager = Manager::from_config(
+            pg_config,
+            NoTls,
+            ManagerConfig {
+                // Verified: a pooled connection answers a trivial query before reuse, so a
+                // connection killed by a server restart is discarded instead of failing a
+                // request.
+                recycling_method: RecyclingMethod::Verified,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.max_connections)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(config.wait_timeout))
+            .create_timeout(Some(config.connect_timeout))
+            .recycle_timeout(Some(config.connect_timeout))
+            .build()
+            .map_err(ConfigError::Pool)?;
+        Self::new(pool, config)
+    }
+
+    /// Connects to `url` with the default configuration and checks that the database
+    /// answers.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency_postgres::PostgresStore;
+    ///
+    /// let store = PostgresStore::connect("postgres://app@localhost/app").await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        let store = Self::from_config(&PostgresStoreConfig::new(url))?;
+        store.ping().await?;
+        Ok(store)
+    }
+
+    /// Checks that a connection can be had and the database answers.
+    pub async fn ping(&self) -> Result<()> {
+        self.bounded("ping", async {
+            let client = self.client().await?;
+            client.simple_query("").await.map_err(from_pg)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Applies the embedded migrations (see [`MIGRATIONS`](crate::MIGRATIONS)) that have not
+    /// run yet, in one transaction under an advisory lock: safe to call from every instance
+    /// at start-up. Returns the versions this call applied.
+    pub async fn migrate(&self) -> Result<Vec<i32>> {
+        let mut client = self.client().await?;
+        crate::migrate::run(&mut client, &self.inner.schema).await
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The schema holding the tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client> {
+        self.inner.pool.get().await.map_err(from_pool)
+    }
+
+    /// Runs `call` within the query timeout.
+    pub(crate) async fn bounded<T>(&self, what: &'static str, call: impl Future<Output = Result<T>>) -> Result<T> {
+        match tokio::time::timeout(self.inner.query_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(what)),
+        }
+    }
+
+    /// One prepared statement returning rows.
+    pub(crate) async fn query(
+        &self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        self.bounded(what, async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(sql).await.map_err(from_pg)?;
+            client.query(&statement, params).await.map_err(from_pg)
+        })
+        .await
+    }
+
+    /// One prepared statement returning the number of rows it touched.
+    pub(crate) async fn execute(&self, what: &'static str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        self.bounded(what, async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(sql).await.map_err(from_pg)?;
+            client.execute(&statement, params).await.map_err(from_pg)
+        })
+        .await
+    }
+
+    async fn read_one(&self, what: &'static str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<OperationRow>> {
+        self.query(what, sql, params).await?.first().map(row::operation).transpose()
+    }
+
+    async fn get_row(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<OperationRow>> {
+        self.read_one("get", &self.inner.queries.get, &[&scope.as_str(), &key.as_str()])
+            .await
+    }
+
+    /// A fenced write that touched no row: the caller's lease is not current.
+    fn lease_lost(what: &'static str, lease: &Lease) -> StoreError {
+        tracing::warn!(
+            operation_id = %lease.operation_id,
+            scope = %lease.scope,
+            action = what,
+            "idempotency lease lost: the operation was taken over, resolved or released; refusing the stale worker"
+        );
+        StoreError::LeaseLost {
+            operation_id: lease.operation_id,
+        }
+    }
+
+    async fn fenced(&self, what: &'static str, sql: &str, lease: &Lease, extra: &[&(dyn ToSql + Sync)]) -> Result<()> {
+        let operation_id = lease.operation_id.as_uuid();
+        let lease_id = lease.lease_id.as_uuid();
+        let (scope, key) = (lease.scope.as_str(), lease.key.as_str());
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&scope, &key, &operation_id, &lease_id];
+        params.extend_from_slice(extra);
+        match self.execute(what, sql, &params).await? {
+            0 => Err(Self::lease_lost(what, lease)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Why [`PostgresStore::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The configuration was refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database could not be reached or did not answer.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        let operation_id = OperationId::new();
+        let lease_id = LeaseId::new();
+        let (op_uuid, lease_uuid) = (operation_id.as_uuid(), lease_id.as_uuid());
+        let params: [&(dyn ToSql + Sync); 11] = [
+            &request.scope.as_str(),
+            &request.key.as_str(),
+            &op_uuid,
+            &request.fingerprint.as_str(),
+            &request.method.as_str(),
+            &request.route.as_str(),
+            &lease_uuid,
+            &micros(request.lease),
+            &micros(request.retention),
+            &micros(request.unknown_retention),
+            &request.take_over_unknown,
+        ];
+        let Some(row) = self.read_one("reserve", &self.inner.queries.reserve, &params).await? else {
+            return Err(StoreError::Backend("reserve returned no row".into()));
+        };
+        if row.lease_id == Some(lease_uuid) {
+            let takeover = row.operation.id != operation_id;
+            if takeover {
+                tracing::info!(
+                    operation_id = %row.operation.id,
+                    attempts = row.operation.attempts,
+                    "taking over an idempotent operation whose outcome was unknown"
+                );
+            }
+            let lease = Lease {
+                scope: request.scope,
+                key: request.key,
+                operation_id: row.operation.id,
+                lease_id,
+            };
+            Ok(Reservation::Acquired {
+                operation: row.operation,
+                lease,
+                takeover,
+            })
+        } else {
+            Ok(Reservation::Existing(row.operation))
+        }
+    }
+
+    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
+        let operation_id = lease.operation_id.as_uuid();
+        let lease_id = lease.lease_id.as_uuid();
+        let status = i32::from(response.status);
+        let names: Vec<&str> = response.headers.iter().map(|(name, _)| name.as_str()).collect();
+        let values: Vec<&[u8]> = response.headers.iter().map(|(_, value)| value.as_ref()).collect();
+        let body: Option<&[u8]> = response.body.as_deref();
+        let params: [&(dyn ToSql + Sync); 8] = [
+            &lease.scope.as_str(),
+            &lease.key.as_str(),
+            &operation_id,
+            &lease_id,
+            &status,
+            &names,
+            &values,
+            &body,
+        ];
+        match self.read_one("complete", &self.inner.queries.complete, &params).await? {
+            Some(row) => Ok(row.operation),
+            None => Err(Self::lease_lost("complete", lease)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.fenced("release", &self.inner.queries.release, lease, &[]).await
+    }
+
+    async fn abandon(&self, lease: &Lease) -> Result<()> {
+        self.fenced("abandon", &self.inner.queries.abandon, lease, &[]).await
+    }
+
+    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
+        let by = micros(by);
+        self.fenced("extend_lease", &self.inner.queries.extend_lease, lease, &[&by])
+            .await
+    }
+
+    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
+        let id = id.as_uuid();
+        self.execute("mark_delivered", &self.inner.queries.mark_delivered, &[&scope.as_str(), &id])
+            .await?;
+        Ok(())
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
+        Ok(self.get_row(scope, key).await?.map(|row| row.operation))
+    }
+
+    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
+        let id = id.as_uuid();
+        Ok(self
+            .read_one("get_by_id", &self.inner.queries.get_by_id, &[&scope.as_str(), &id])
+            .await?
+            .map(|row| row.operation))
+    }
+
+    /// Polls with back-off (see `docs/postgres.md` for why polling rather than
+    /// LISTEN/NOTIFY): the pause starts at `poll_initial`, doubles up to `poll_max`, and never
+    /// runs past the caller's deadline or the record's lease end, so a completion is seen
+    /// within one pause and a lapsed lease as soon as it lapses.
+    async fn wait(&self, scope: &Scope, key: &IdempotencyKey, timeout: Duration) -> Result<Option<Operation>> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = self.inner.poll_initial;
+        loop {
+            let Some(row) = self.get_row(scope, key).await? else {
+                return Ok(None);
+            };
+            if row.operation.state != OperationState::InProgress {
+                return Ok(Some(row.operation));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Some(row.operation));
+            }
+            let lease_left = lease_left(&row.operation, row.db_now);
+            // Wake just after the lease ends so the lapse is observed, not before it.
+            let sleep = pause
+                .min(deadline - now)
+                .min(lease_left + Duration::from_millis(1));
+            tokio::time::sleep(sleep).await;
+            pause = (pause * 2).min(self.inner.poll_max);
+        }
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<usize> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        let deleted = self.execute("purge_expired", &self.inner.queries.purge, &[&limit]).await?;
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+}
+
+/// Time left on the lease of `operation` by the database clock `db_now`.
+fn lease_left(operation: &Operation, db_now: SystemTime) -> Duration {
+    operation.lease_remaining(db_now)
+}
