@@ -1,1 +1,97 @@
-//! placeholder
+//! Make write APIs safe to retry.
+//!
+//! Clients retry: a timeout does not tell them whether the server did nothing, finished,
+//! or is still working. `tower-idempotency` is a tower [`Layer`](tower::Layer) for axum
+//! and hyper services: the client names one intended action with an `Idempotency-Key`,
+//! and the layer makes sure that action happens at most once.
+//!
+//! For each guarded request (`POST`, `PUT`, `PATCH`, `DELETE`) the layer
+//!
+//! 1. reads the key and the caller's [`Scope`] (from your authentication);
+//! 2. buffers the body and computes a [`Fingerprint`] of its *meaning* (JSON in RFC 8785
+//!    canonical form, so member order and whitespace do not matter);
+//! 3. **atomically reserves** `(scope, key)` in the [`Store`] before the handler runs;
+//! 4. runs the handler, stores its status, headers and body, and answers;
+//! 5. answers a retry with the stored response (`Idempotent-Replayed: true`), a retry of
+//!    a still-running request by waiting for it, and a reused key with a different body
+//!    with `409 fingerprint-mismatch`.
+//!
+//! Refusals are RFC 9457 problem responses (see [`problem::Rejection`]); the inner
+//! service's error type is never changed.
+//!
+//! # Example
+//!
+//! ```
+//! use axum::{Router, body::Body, routing::post};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore, RoutePolicy, Scope};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let idempotency = IdempotencyLayer::new(MemoryStore::default())
+//!     // Production: the account your authentication middleware established.
+//!     .with_scope(|_parts| Some(Scope::new("acct_1")))
+//!     .with_default_policy(RoutePolicy::required());
+//!
+//! let app = Router::new()
+//!     .route("/v1/payments", post(|| async { (StatusCode::CREATED, "pay_1") }))
+//!     .layer(idempotency.clone())
+//!     .merge(idempotency.status_router());
+//!
+//! let request = || {
+//!     Request::post("/v1/payments")
+//!         .header("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+//!         .header("content-type", "application/json")
+//!         .body(Body::from(r#"{"amount_minor": 500}"#))
+//!         .unwrap()
+//! };
+//!
+//! let first = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! assert!(first.headers().contains_key("operation-id"));
+//!
+//! let retry = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(retry.status(), StatusCode::CREATED);
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//!
+//! let no_key = Request::post("/v1/payments").body(Body::empty()).unwrap();
+//! assert_eq!(app.oneshot(no_key).await.unwrap().status(), StatusCode::BAD_REQUEST);
+//! # }
+//! ```
+//!
+//! # Crate layout
+//!
+//! - [`IdempotencyLayer`] / [`IdempotencyService`]: the middleware and its builder.
+//! - [`policy`]: per-route [`RoutePolicy`].
+//! - [`problem`]: the refusals and their problem responses.
+//! - [`body`]: the request and response body types the middleware uses.
+//! - the core types, re-exported from `tower-idempotency-core`: [`Store`],
+//!   [`MemoryStore`], [`Operation`], [`IdempotencyKey`], [`Scope`],
+//!   [`canonicalize_json`], …
+//!
+//! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints and
+//! [`IdempotencyLayer::status_router`].
+
+#![deny(missing_docs)]
+
+pub mod body;
+mod flow;
+mod headers;
+mod layer;
+pub mod policy;
+pub mod problem;
+mod request_fingerprint;
+mod service;
+#[cfg(feature = "axum")]
+mod status;
+
+pub use layer::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer, OPERATION_ID};
+pub use policy::{
+    CommandRejection, ConfigError, KeyRequirement, RoutePolicy, ServerErrorPolicy,
+    StoreFailurePolicy, UnknownOutcomePolicy,
+};
+pub use service::{IdempotencyService, ResponseFuture};
+#[cfg(feature = "axum")]
+pub use status::operation_json;
+pub use tower_idempotency_core::*;

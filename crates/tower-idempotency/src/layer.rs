@@ -1,0 +1,262 @@
+//! [`IdempotencyLayer`]: the builder that holds the store, the scope extractor and the
+//! route policies, and wraps services in [`IdempotencyService`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use http::{HeaderName, Method, request::Parts};
+use tower::Layer;
+use tower_idempotency_core::{Fingerprinter, Scope, Store};
+
+use crate::headers::{DEFAULT_STORED_HEADERS, NEVER_STORED};
+use crate::policy::{ConfigError, RoutePolicy};
+use crate::problem::DEFAULT_PROBLEM_BASE;
+use crate::service::IdempotencyService;
+
+pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
+
+/// The `Idempotency-Key` header name.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Response header naming the operation: `Operation-Id: <uuid>`.
+pub const OPERATION_ID: HeaderName = HeaderName::from_static("operation-id");
+/// Response header on replays: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Everything a service instance shares, behind one `Arc`.
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) scope: ScopeFn,
+    pub(crate) default_policy: RoutePolicy,
+    pub(crate) routes: HashMap<String, Vec<(Method, RoutePolicy)>>,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) header_name: HeaderName,
+    pub(crate) fingerprinter: Fingerprinter,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) guarded_methods: Vec<Method>,
+    pub(crate) problem_base: String,
+    pub(crate) status_path: String,
+}
+
+impl Shared {
+    pub(crate) fn policy_for(&self, method: &Method, route: &str) -> &RoutePolicy {
+        self.routes
+            .get(route)
+            .and_then(|policies| policies.iter().find(|(m, _)| m == method))
+            .map_or(&self.default_policy, |(_, policy)| policy)
+    }
+
+    pub(crate) fn guards(&self, method: &Method) -> bool {
+        self.guarded_methods.contains(method)
+    }
+}
+
+/// A tower [`Layer`] that makes the wrapped write endpoints safe to retry.
+///
+/// Built with [`IdempotencyLayer::new`] and `with_*` methods; cheap to clone (one `Arc`).
+/// See the [crate documentation](crate) for the behaviour and an axum example.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore, RoutePolicy};
+///
+/// let layer = IdempotencyLayer::new(MemoryStore::default())
+///     .with_default_policy(RoutePolicy::required().with_lease(Duration::from_secs(30)))
+///     .with_body_limit(256 * 1024);
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &self.shared.store)
+            .field("default_policy", &self.shared.default_policy)
+            .field("routes", &self.shared.routes.keys().collect::<Vec<_>>())
+            .field("body_limit", &self.shared.body_limit)
+            .field("response_limit", &self.shared.response_limit)
+            .field("header_name", &self.shared.header_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer over `store`, with the defaults: key required on `POST`, `PUT`, `PATCH`
+    /// and `DELETE`; [`RoutePolicy::required`]; 1 MiB request and response limits; the
+    /// scope read from a [`Scope`] in the request extensions (put there by your
+    /// authentication middleware); SHA-256 fingerprints.
+    pub fn new(store: impl Store) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// Like [`IdempotencyLayer::new`], for a store that is already shared.
+    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                scope: Arc::new(|parts: &Parts| parts.extensions.get::<Scope>().cloned()),
+                default_policy: RoutePolicy::required(),
+                routes: HashMap::new(),
+                body_limit: 1024 * 1024,
+                response_limit: 1024 * 1024,
+                header_name: IDEMPOTENCY_KEY,
+                fingerprinter: Fingerprinter::sha256(),
+                stored_headers: DEFAULT_STORED_HEADERS
+                    .iter()
+                    .map(|h| HeaderName::from_static(h))
+                    .collect(),
+                guarded_methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
+                problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+                status_path: "/operations".to_owned(),
+            }),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Shared)) -> Self {
+        // Builders run before the layer is shared; clone the config only if it already is.
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => f(shared),
+            None => {
+                let s = &*self.shared;
+                let mut copy = Shared {
+                    store: s.store.clone(),
+                    scope: s.scope.clone(),
+                    default_policy: s.default_policy.clone(),
+                    routes: s.routes.clone(),
+                    body_limit: s.body_limit,
+                    response_limit: s.response_limit,
+                    header_name: s.header_name.clone(),
+                    fingerprinter: s.fingerprinter.clone(),
+                    stored_headers: s.stored_headers.clone(),
+                    guarded_methods: s.guarded_methods.clone(),
+                    problem_base: s.problem_base.clone(),
+                    status_path: s.status_path.clone(),
+                };
+                f(&mut copy);
+                self.shared = Arc::new(copy);
+            }
+        }
+        self
+    }
+
+    /// Derives the scope (account, tenant) from the request. Return `None` for a request
+    /// without an authenticated principal: it is refused with `401 missing-scope`.
+    ///
+    /// Derive the scope from what your authentication established, never from a header
+    /// the client chooses freely: the scope is what keeps one tenant's keys away from
+    /// another's.
+    pub fn with_scope<F>(self, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<Scope> + Send + Sync + 'static,
+    {
+        self.edit(|s| s.scope = Arc::new(scope))
+    }
+
+    /// The policy for guarded routes that have none of their own.
+    pub fn with_default_policy(self, policy: RoutePolicy) -> Self {
+        self.edit(|s| s.default_policy = policy)
+    }
+
+    /// The policy for one method on one route. `route` is the route template as
+    /// registered with axum (`/v1/tickets/{id}`); without axum, the request path.
+    pub fn with_route_policy(self, method: Method, route: &str, policy: RoutePolicy) -> Self {
+        self.edit(|s| {
+            let entry = s.routes.entry(route.to_owned()).or_default();
+            entry.retain(|(m, _)| *m != method);
+            entry.push((method, policy));
+        })
+    }
+
+    /// Largest request body accepted on guarded requests (default 1 MiB); larger ones
+    /// are refused with `413 body-too-large` before anything is stored.
+    pub fn with_body_limit(self, bytes: usize) -> Self {
+        self.edit(|s| s.body_limit = bytes)
+    }
+
+    /// Largest response body stored for replay (default 1 MiB). A larger response is
+    /// still sent in full to the first caller, but only its status is stored; a retry
+    /// gets `409 response-not-replayable` instead of a different answer or a re-run.
+    pub fn with_response_limit(self, bytes: usize) -> Self {
+        self.edit(|s| s.response_limit = bytes)
+    }
+
+    /// The request header that carries the key (default `Idempotency-Key`).
+    pub fn with_header_name(self, name: HeaderName) -> Self {
+        self.edit(|s| s.header_name = name)
+    }
+
+    /// How fingerprints are digested (default SHA-256; HMAC-SHA256 with a server secret
+    /// for bodies that may carry low-entropy secrets).
+    pub fn with_fingerprinter(self, fingerprinter: Fingerprinter) -> Self {
+        self.edit(|s| s.fingerprinter = fingerprinter)
+    }
+
+    /// The methods that are guarded (default `POST`, `PUT`, `PATCH`, `DELETE`); other
+    /// methods pass through untouched.
+    pub fn with_guarded_methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.edit(|s| s.guarded_methods = methods)
+    }
+
+    /// The response headers stored and replayed (default: `content-type`,
+    /// `content-language`, `content-location`, `content-disposition`, `location`, `etag`,
+    /// `last-modified`, `cache-control`, `expires`, `vary`, `link`, `retry-after`).
+    ///
+    /// Fails for `Set-Cookie` and hop-by-hop headers, which are never replayed.
+    pub fn with_stored_headers<I, N>(self, names: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = N>,
+        N: AsRef<str>,
+    {
+        let mut headers = Vec::new();
+        for name in names {
+            let name = name.as_ref();
+            let parsed = HeaderName::try_from(name)
+                .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))?;
+            if NEVER_STORED.contains(&parsed.as_str()) {
+                return Err(ConfigError::ForbiddenStoredHeader(
+                    parsed.as_str().to_owned(),
+                ));
+            }
+            headers.push(parsed);
+        }
+        Ok(self.edit(|s| s.stored_headers = headers))
+    }
+
+    /// Base of problem `type` URIs (default
+    /// [`DEFAULT_PROBLEM_BASE`](crate::problem::DEFAULT_PROBLEM_BASE)); the slug is
+    /// appended.
+    pub fn with_problem_base(self, base: impl Into<String>) -> Self {
+        let base = base.into();
+        self.edit(|s| s.problem_base = base)
+    }
+
+    /// Where the status routes are mounted (default `/operations`); used for the
+    /// `status_url` in problems and by [`IdempotencyLayer::status_router`].
+    pub fn with_status_path(self, path: impl Into<String>) -> Self {
+        let path = path.into().trim_end_matches('/').to_owned();
+        self.edit(|s| s.status_path = path)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.shared.store
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.shared.clone())
+    }
+}

@@ -1,0 +1,358 @@
+//! Per-route policy: whether a key is required, how long things are kept, how long a
+//! duplicate waits, and what to do with server errors, unknown outcomes and store outages.
+//!
+//! There is no single global TTL: a payment and a search export want different answers,
+//! so every knob lives on a [`RoutePolicy`] attached to the layer as the default or to one
+//! route.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+
+/// Whether a guarded route demands an `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyRequirement {
+    /// A request without a key is refused with `400 missing-idempotency-key`.
+    Required,
+    /// A request without a key passes through unguarded; nothing is stored.
+    Optional,
+}
+
+/// What happens when the handler answers with a `5xx` status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerErrorPolicy {
+    /// Store the `5xx` and replay it to retries (the attempt may have had an effect).
+    Store,
+    /// Delete the reservation so that a retry executes again. Only safe when a failed
+    /// attempt provably had no effect (for example its transaction rolled back).
+    Release,
+}
+
+/// What happens when a retry finds an operation whose lease ran out with no result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnknownOutcomePolicy {
+    /// Answer `409 outcome-unknown` pointing at the status route; a person or a
+    /// reconciliation job decides.
+    Conflict,
+    /// Take the operation over and run the handler again. Only for routes whose handler is
+    /// safe to re-run after a crash (naturally idempotent, or transactional).
+    Reexecute,
+}
+
+/// What happens when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreFailurePolicy {
+    /// Answer `503 store-unavailable` without running the handler (the default: a write
+    /// that cannot be protected is not performed).
+    FailClosed,
+    /// Run the handler unprotected and log a warning. Only for routes where a duplicate is
+    /// cheaper than an outage.
+    FailOpen,
+}
+
+/// A refusal from a command normalizer: the body is valid JSON but not a valid command.
+/// The layer answers `422 invalid-command` with this detail; nothing is stored and the
+/// handler does not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandRejection {
+    detail: String,
+}
+
+impl CommandRejection {
+    /// A rejection with a human-readable reason (sent to the client as `detail`).
+    pub fn new(detail: impl Into<String>) -> Self {
+        Self {
+            detail: detail.into(),
+        }
+    }
+
+    /// The reason.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+}
+
+impl fmt::Display for CommandRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for CommandRejection {}
+
+/// Invalid layer or policy configuration, refused when it is built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A header that must never enter a fingerprint (credentials, cookies, tracing,
+    /// idempotency headers).
+    #[error("header `{0}` must not be part of a fingerprint")]
+    ForbiddenFingerprintHeader(String),
+    /// A header that must never be stored and replayed (`Set-Cookie`, hop-by-hop headers).
+    #[error("header `{0}` must not be stored for replay")]
+    ForbiddenStoredHeader(String),
+    /// A string that is not a valid header name.
+    #[error("`{0}` is not a valid header name")]
+    InvalidHeaderName(String),
+}
+
+pub(crate) type Normalizer =
+    Arc<dyn Fn(&mut serde_json::Value) -> Result<(), CommandRejection> + Send + Sync>;
+
+/// How one route (or, as the default, every guarded route) is protected.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::policy::{RoutePolicy, ServerErrorPolicy};
+///
+/// let payments = RoutePolicy::required()
+///     .with_lease(Duration::from_secs(30))
+///     .with_retention(Duration::from_secs(7 * 24 * 3600))
+///     .with_server_errors(ServerErrorPolicy::Store);
+/// assert_eq!(payments.lease(), Duration::from_secs(30));
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct RoutePolicy {
+    pub(crate) key: KeyRequirement,
+    pub(crate) retention: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) unknown_retention: Duration,
+    pub(crate) server_errors: ServerErrorPolicy,
+    pub(crate) unknown_outcome: UnknownOutcomePolicy,
+    pub(crate) store_failure: StoreFailurePolicy,
+    pub(crate) fingerprint_headers: Arc<[HeaderName]>,
+    pub(crate) normalizer: Option<Normalizer>,
+}
+
+impl fmt::Debug for RoutePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoutePolicy")
+            .field("key", &self.key)
+            .field("retention", &self.retention)
+            .field("lease", &self.lease)
+            .field("wait", &self.wait)
+            .field("unknown_retention", &self.unknown_retention)
+            .field("server_errors", &self.server_errors)
+            .field("unknown_outcome", &self.unknown_outcome)
+            .field("store_failure", &self.store_failure)
+            .field("fingerprint_headers", &self.fingerprint_headers)
+            .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
+            .finish()
+    }
+}
+
+impl Default for RoutePolicy {
+    fn default() -> Self {
+        Self::required()
+    }
+}
+
+/// Headers that never enter a fingerprint: credentials, cookies, tracing and idempotency
+/// headers. They vary between retries of one intent, or are secrets.
+const NEVER_FINGERPRINTED: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "idempotency-key",
+    "traceparent",
+    "tracestate",
+    "baggage",
+    "x-request-id",
+    "x-amzn-trace-id",
+    "x-b3-traceid",
+    "x-b3-spanid",
+    "x-cloud-trace-context",
+];
+
+impl RoutePolicy {
+    /// Key required; retention 24 h, lease 60 s, wait 10 s, unknown outcomes kept 7 days;
+    /// `5xx` stored; unknown outcomes answered with `409`; fail closed.
+    pub fn required() -> Self {
+        Self {
+            key: KeyRequirement::Required,
+            retention: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(60),
+            wait: Duration::from_secs(10),
+            unknown_retention: Duration::from_secs(7 * 24 * 3600),
+            server_errors: ServerErrorPolicy::Store,
+            unknown_outcome: UnknownOutcomePolicy::Conflict,
+            store_failure: StoreFailurePolicy::FailClosed,
+            fingerprint_headers: Arc::from(Vec::new()),
+            normalizer: None,
+        }
+    }
+
+    /// Like [`RoutePolicy::required`], but a request without a key passes through
+    /// unguarded.
+    pub fn optional() -> Self {
+        Self {
+            key: KeyRequirement::Optional,
+            ..Self::required()
+        }
+    }
+
+    /// How long a completed operation is kept and replayed.
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long the handler may run before its outcome counts as unknown. Set it above
+    /// the handler's worst-case latency.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long a duplicate waits for an in-progress original before answering
+    /// `409 request-in-progress`. Zero answers at once.
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// How long an operation with an unknown outcome stays visible.
+    pub fn with_unknown_retention(mut self, retention: Duration) -> Self {
+        self.unknown_retention = retention;
+        self
+    }
+
+    /// What to do with `5xx` answers.
+    pub fn with_server_errors(mut self, policy: ServerErrorPolicy) -> Self {
+        self.server_errors = policy;
+        self
+    }
+
+    /// What to do when a retry finds an unknown outcome.
+    pub fn with_unknown_outcome(mut self, policy: UnknownOutcomePolicy) -> Self {
+        self.unknown_outcome = policy;
+        self
+    }
+
+    /// What to do when the store is unreachable.
+    pub fn with_store_failure(mut self, policy: StoreFailurePolicy) -> Self {
+        self.store_failure = policy;
+        self
+    }
+
+    /// Request headers whose values are part of the fingerprint (for example
+    /// `content-language` when it changes what the handler does).
+    ///
+    /// Fails for headers that must never be fingerprinted: `Authorization`, cookies,
+    /// tracing and idempotency headers.
+    ///
+    /// ```
+    /// use tower_idempotency::policy::RoutePolicy;
+    ///
+    /// assert!(RoutePolicy::required().with_fingerprint_headers(["x-tenant-region"]).is_ok());
+    /// assert!(RoutePolicy::required().with_fingerprint_headers(["Authorization"]).is_err());
+    /// ```
+    pub fn with_fingerprint_headers<I, N>(mut self, names: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = N>,
+        N: AsRef<str>,
+    {
+        let mut headers = Vec::new();
+        for name in names {
+            let name = name.as_ref();
+            let parsed = HeaderName::try_from(name)
+                .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))?;
+            if NEVER_FINGERPRINTED.contains(&parsed.as_str()) {
+                return Err(ConfigError::ForbiddenFingerprintHeader(
+                    parsed.as_str().to_owned(),
+                ));
+            }
+            headers.push(parsed);
+        }
+        headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        headers.dedup();
+        self.fingerprint_headers = headers.into();
+        Ok(self)
+    }
+
+    /// A command normalizer for JSON bodies: it runs on the parsed body before anything
+    /// is stored, and the fingerprint is taken of what it leaves. Use it to apply
+    /// defaults, drop server-assigned fields and reject invalid or unknown fields, so that
+    /// two requests meaning the same command share a fingerprint. An `Err` answers
+    /// `422 invalid-command`. The handler still receives the original body.
+    pub fn with_normalizer<F>(mut self, normalizer: F) -> Self
+    where
+        F: Fn(&mut serde_json::Value) -> Result<(), CommandRejection> + Send + Sync + 'static,
+    {
+        self.normalizer = Some(Arc::new(normalizer));
+        self
+    }
+
+    /// Whether a key is required.
+    pub fn key_requirement(&self) -> KeyRequirement {
+        self.key
+    }
+
+    /// The retention of completed operations.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The in-progress lease.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The bound on waiting for an in-progress original.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_conservative() {
+        let p = RoutePolicy::default();
+        assert_eq!(p.key, KeyRequirement::Required);
+        assert_eq!(p.server_errors, ServerErrorPolicy::Store);
+        assert_eq!(p.unknown_outcome, UnknownOutcomePolicy::Conflict);
+        assert_eq!(p.store_failure, StoreFailurePolicy::FailClosed);
+        assert!(p.unknown_retention > p.retention);
+        assert_eq!(RoutePolicy::optional().key, KeyRequirement::Optional);
+    }
+
+    #[test]
+    fn fingerprint_headers_refuse_secrets_and_tracing() {
+        for name in [
+            "authorization",
+            "Cookie",
+            "traceparent",
+            "Idempotency-Key",
+            "proxy-authorization",
+        ] {
+            assert!(
+                matches!(
+                    RoutePolicy::required().with_fingerprint_headers([name]),
+                    Err(ConfigError::ForbiddenFingerprintHeader(_))
+                ),
+                "{name}"
+            );
+        }
+        assert!(matches!(
+            RoutePolicy::required().with_fingerprint_headers(["bad header"]),
+            Err(ConfigError::InvalidHeaderName(_))
+        ));
+        let p = RoutePolicy::required()
+            .with_fingerprint_headers(["X-B", "x-a", "x-b"])
+            .unwrap();
+        let names: Vec<_> = p.fingerprint_headers.iter().map(|h| h.as_str()).collect();
+        assert_eq!(names, ["x-a", "x-b"]);
+    }
+}

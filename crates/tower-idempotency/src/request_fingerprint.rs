@@ -1,0 +1,182 @@
+//! Turning a buffered request into a [`Fingerprint`]: method, route template, scope,
+//! canonical query, allow-listed headers and the body in canonical form (RFC 8785 for
+//! JSON, raw bytes plus content type otherwise). See `docs/fingerprint.md`.
+
+use bytes::Bytes;
+use http::{header, request::Parts};
+use tower_idempotency_core::canonical::{canonicalize_value, parse_json};
+use tower_idempotency_core::fingerprint::{FingerprintBody, FingerprintInput, canonical_query};
+use tower_idempotency_core::{Fingerprint, Fingerprinter, Scope, canonicalize_json};
+
+use crate::policy::RoutePolicy;
+use crate::problem::Rejection;
+
+/// Whether a media type is JSON: `application/json` or any `+json` suffix.
+fn is_json(essence: &str) -> bool {
+    essence == "application/json" || essence.ends_with("+json")
+}
+
+fn content_type_essence(parts: &Parts) -> String {
+    parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default()
+}
+
+pub(crate) fn fingerprint(
+    fingerprinter: &Fingerprinter,
+    policy: &RoutePolicy,
+    parts: &Parts,
+    route: &str,
+    scope: &Scope,
+    body: &Bytes,
+) -> Result<Fingerprint, Rejection> {
+    let essence = content_type_essence(parts);
+    let canonical;
+    let body = if body.is_empty() {
+        FingerprintBody::Empty
+    } else if is_json(&essence) {
+        canonical = match &policy.normalizer {
+            None => canonicalize_json(body).map_err(Rejection::InvalidJson)?,
+            Some(normalize) => {
+                let mut value = parse_json(body).map_err(Rejection::InvalidJson)?;
+                normalize(&mut value).map_err(Rejection::InvalidCommand)?;
+                canonicalize_value(&value)
+            }
+        };
+        FingerprintBody::CanonicalJson(&canonical)
+    } else {
+        FingerprintBody::Raw {
+            content_type: &essence,
+            bytes: body,
+        }
+    };
+    let query = canonical_query(parts.uri.query().unwrap_or(""));
+    let mut headers = Vec::new();
+    for name in policy.fingerprint_headers.iter() {
+        for value in parts.headers.get_all(name) {
+            headers.push((
+                name.as_str().to_owned(),
+                value.as_bytes().trim_ascii().to_vec(),
+            ));
+        }
+    }
+    Ok(fingerprinter.fingerprint(&FingerprintInput {
+        method: parts.method.as_str(),
+        route,
+        scope: scope.as_str(),
+        query: &query,
+        headers: &headers,
+        body,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn fp(
+        policy: &RoutePolicy,
+        uri: &str,
+        ct: Option<&str>,
+        body: &'static [u8],
+    ) -> Result<Fingerprint, Rejection> {
+        let mut builder = Request::post(uri).header("authorization", "Bearer secret-1");
+        if let Some(ct) = ct {
+            builder = builder.header("content-type", ct);
+        }
+        let (parts, ()) = builder.body(()).unwrap().into_parts();
+        fingerprint(
+            &Fingerprinter::sha256(),
+            policy,
+            &parts,
+            "/v1/x",
+            &Scope::new("a"),
+            &Bytes::from_static(body),
+        )
+    }
+
+    #[test]
+    fn json_meaning_not_bytes() {
+        let p = RoutePolicy::required();
+        let a = fp(&p, "/v1/x", Some("application/json"), br#"{"a":1,"b":"x"}"#).unwrap();
+        let b = fp(
+            &p,
+            "/v1/x",
+            Some("application/json; charset=utf-8"),
+            b"{ \"b\" : \"\\u0078\", \"a\" : 1.0 }",
+        )
+        .unwrap();
+        assert_eq!(a, b);
+        let c = fp(&p, "/v1/x", Some("application/json"), br#"{"a":2,"b":"x"}"#).unwrap();
+        assert_ne!(a, c);
+        let vendor = fp(
+            &p,
+            "/v1/x",
+            Some("application/vnd.api+json"),
+            br#"{"b":"x","a":1}"#,
+        )
+        .unwrap();
+        assert_eq!(a, vendor);
+    }
+
+    #[test]
+    fn raw_bodies_include_content_type() {
+        let p = RoutePolicy::required();
+        let a = fp(&p, "/v1/x", Some("text/plain"), b"hello").unwrap();
+        let b = fp(&p, "/v1/x", Some("text/csv"), b"hello").unwrap();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn query_order_does_not_matter() {
+        let p = RoutePolicy::required();
+        let a = fp(&p, "/v1/x?a=1&b=2", None, b"").unwrap();
+        let b = fp(&p, "/v1/x?b=2&a=1", None, b"").unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, fp(&p, "/v1/x?a=1", None, b"").unwrap());
+    }
+
+    #[test]
+    fn invalid_json_is_rejected() {
+        let p = RoutePolicy::required();
+        assert!(matches!(
+            fp(&p, "/v1/x", Some("application/json"), br#"{"a":1,"a":2}"#),
+            Err(Rejection::InvalidJson(_))
+        ));
+    }
+
+    #[test]
+    fn normalizer_defines_the_command() {
+        let p = RoutePolicy::required().with_normalizer(|v| {
+            let obj = v
+                .as_object_mut()
+                .ok_or_else(|| crate::policy::CommandRejection::new("expected an object"))?;
+            obj.entry("priority").or_insert("normal".into());
+            obj.remove("client_note");
+            Ok(())
+        });
+        let a = fp(&p, "/v1/x", Some("application/json"), br#"{"t":"x"}"#).unwrap();
+        let b = fp(
+            &p,
+            "/v1/x",
+            Some("application/json"),
+            br#"{"t":"x","priority":"normal","client_note":"hi"}"#,
+        )
+        .unwrap();
+        assert_eq!(a, b);
+        assert!(matches!(
+            fp(&p, "/v1/x", Some("application/json"), b"[1]"),
+            Err(Rejection::InvalidCommand(_))
+        ));
+    }
+}

@@ -1,0 +1,211 @@
+//! The generated status routes: `GET /operations/{operation_id}` and
+//! `GET /operations?idempotency_key=…`.
+//!
+//! They answer with the operation record as JSON, to the owning scope only: an operation
+//! of another scope is indistinguishable from one that does not exist (`404`, never
+//! `403`, so ids cannot be probed across tenants).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::extract::{Path, Request};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http::{HeaderValue, StatusCode, header};
+use serde_json::{Value, json};
+use tower_idempotency_core::{IdempotencyKey, Operation, OperationId};
+
+use crate::IdempotencyLayer;
+use crate::layer::Shared;
+use crate::problem::Rejection;
+
+impl IdempotencyLayer {
+    /// The status routes, mounted at the status path (default `/operations`), scoped with
+    /// the layer's scope extractor. Merge them into your router inside your
+    /// authentication middleware.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let idempotency = IdempotencyLayer::new(MemoryStore::default());
+    /// let app: Router = Router::new()
+    ///     .route("/v1/tickets", post(|| async { "created" }))
+    ///     .layer(idempotency.clone())
+    ///     .merge(idempotency.status_router());
+    /// # let _ = app;
+    /// ```
+    pub fn status_router<S>(&self) -> Router<S>
+    where
+        S: Clone + Send + Sync + 'static,
+    {
+        let shared = self.shared().clone();
+        let by_id = {
+            let shared = shared.clone();
+            move |Path(id): Path<String>, request: Request| async move {
+                by_id(&shared, &id, request).await
+            }
+        };
+        let by_key = move |request: Request| async move { by_key(&shared, request).await };
+        let path = self.shared().status_path.clone();
+        Router::new()
+            .route(&format!("{path}/{{operation_id}}"), get(by_id))
+            .route(&path, get(by_key))
+    }
+}
+
+fn not_found(shared: &Shared) -> Response {
+    let body = json!({
+        "type": format!("{}operation-not-found", shared.problem_base),
+        "title": "Operation not found",
+        "status": 404,
+        "detail": "no operation with this id or key exists for this principal",
+    });
+    problem(StatusCode::NOT_FOUND, body)
+}
+
+fn problem(status: StatusCode, body: Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+fn refuse(shared: &Shared, rejection: Rejection) -> Response {
+    rejection
+        .to_response(&shared.problem_base, &shared.status_path)
+        .map(axum::body::Body::from)
+}
+
+async fn by_id(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
+    let (parts, _) = request.into_parts();
+    let Some(scope) = (shared.scope)(&parts).filter(|s| s.is_valid()) else {
+        return refuse(shared, Rejection::MissingScope);
+    };
+    let Ok(id) = id.parse::<OperationId>() else {
+        return not_found(shared);
+    };
+    match shared.store.get_by_id(&scope, id).await {
+        Ok(Some(operation)) => render(&operation),
+        Ok(None) => not_found(shared),
+        Err(error) => {
+            tracing::error!(error = %error, "status lookup failed");
+            refuse(shared, Rejection::StoreUnavailable)
+        }
+    }
+}
+
+async fn by_key(shared: &Arc<Shared>, request: Request) -> Response {
+    let (parts, _) = request.into_parts();
+    let Some(scope) = (shared.scope)(&parts).filter(|s| s.is_valid()) else {
+        return refuse(shared, Rejection::MissingScope);
+    };
+    let raw = parts.uri.query().unwrap_or("").split('&').find_map(|pair| {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (name == "idempotency_key").then_some(value)
+    });
+    let Some(raw) = raw else {
+        return refuse(shared, Rejection::MissingKey);
+    };
+    let decoded = match percent_decode(raw) {
+        Some(decoded) => decoded,
+        None => {
+            return refuse(
+                shared,
+                Rejection::InvalidKey(tower_idempotency_core::KeyError::InvalidCharacter {
+                    position: 0,
+                }),
+            );
+        }
+    };
+    let key = match IdempotencyKey::parse_header(&decoded) {
+        Ok(key) => key,
+        Err(error) => return refuse(shared, Rejection::InvalidKey(error)),
+    };
+    match shared.store.get(&scope, &key).await {
+        Ok(Some(operation)) => render(&operation),
+        Ok(None) => not_found(shared),
+        Err(error) => {
+            tracing::error!(error = %error, "status lookup failed");
+            refuse(shared, Rejection::StoreUnavailable)
+        }
+    }
+}
+
+/// Decodes `%XX` escapes and `+` (a query value); `None` on a broken escape.
+fn percent_decode(raw: &str) -> Option<Vec<u8>> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3)?;
+                let text = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(text, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+fn timestamp(at: Option<SystemTime>) -> Value {
+    at.map_or(Value::Null, |at| {
+        Value::String(humantime::format_rfc3339_millis(at).to_string())
+    })
+}
+
+/// The JSON form of an operation record served by the status routes.
+pub fn operation_json(operation: &Operation) -> Value {
+    json!({
+        "operation_id": operation.id.to_string(),
+        "idempotency_key": operation.key.as_str(),
+        "state": operation.state.as_str(),
+        "method": operation.method,
+        "route": operation.route,
+        "created_at": timestamp(Some(operation.created_at)),
+        "completed_at": timestamp(operation.completed_at),
+        "lease_expires_at": timestamp(operation.lease_expires_at),
+        "expires_at": timestamp(operation.expires_at),
+        "response_status": operation.response.as_ref().map(|r| r.status),
+        "response_stored": operation.response.as_ref().map(|r| r.body.is_some()),
+        "attempts": operation.attempts,
+        "replays": operation.replays,
+        "delivered": operation.delivered,
+    })
+}
+
+fn render(operation: &Operation) -> Response {
+    let mut response = (StatusCode::OK, operation_json(operation).to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn decodes_query_values() {
+        assert_eq!(percent_decode("a%2Fb").as_deref(), Some(&b"a/b"[..]));
+        assert_eq!(percent_decode("%22k%22").as_deref(), Some(&b"\"k\""[..]));
+        assert_eq!(percent_decode("a+b").as_deref(), Some(&b"a b"[..]));
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%2"), None);
+    }
+}
