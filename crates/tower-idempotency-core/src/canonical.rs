@@ -1,11 +1,852 @@
-//! RFC 8785 (JCS) canonicalization of I-JSON. (Being written.)
+//! RFC 8785 (JCS) canonicalization of I-JSON request bodies, the JSON half of a fingerprint.
+//! Invariant: two bodies get the same canonical bytes exactly when they mean the same JSON value,
+//! and input that is not I-JSON (duplicate names, lone surrogates, numbers a double cannot carry)
+//! is rejected with a typed [`CanonicalizeError`], never silently collapsed.
+//!
+//! The parser is a small recursive-descent parser over the raw bytes rather than `serde_json`:
+//! `serde_json` keeps the last of two duplicate member names without telling anyone, and once a
+//! number is parsed it cannot tell `1e30` or `9007199254740993.0` from a plain integer literal —
+//! and the precision rule below depends on exactly that distinction.
+//!
+//! # What is accepted
+//!
+//! * Strict RFC 8259 grammar: no leading zeros, no trailing commas, no `NaN`/`Infinity`, no
+//!   comments, no byte-order mark, whitespace is space, tab, CR and LF only, raw control
+//!   characters inside strings are rejected. The input must be UTF-8 and one value long.
+//! * Nesting up to [`MAX_DEPTH`] arrays/objects; deeper input is [`CanonicalizeError::TooDeep`]
+//!   (checked before recursing, so hostile input cannot overflow the stack).
+//! * Strings: escapes are decoded, `\uD83D\uDE00` pairs combine, an escaped lone surrogate is
+//!   [`CanonicalizeError::LoneSurrogate`]. Member names that are equal after decoding
+//!   (`{"a":1,"\u0061":2}`) are [`CanonicalizeError::DuplicateMember`].
+//! * Numbers are rounded to the nearest double (`str::parse::<f64>`, correctly rounded), then:
+//!   - a literal whose value rounds to ±infinity is [`CanonicalizeError::OutOfRange`];
+//!   - a literal with a non-zero digit that rounds to zero (`1e-400`) is also `OutOfRange`:
+//!     JCS would print `0`, merging it with a real zero, and I-JSON forbids such numbers;
+//!   - a literal written as a plain integer (no `.`, no exponent) that a double does not hold
+//!     exactly (`9007199254740993`) is [`CanonicalizeError::ImpreciseInteger`]: handlers read
+//!     such ids and amounts exactly, so collapsing them would merge two different commands.
+//!     The check is exact integer arithmetic on the digits, bounded by the double range;
+//!   - every other number follows JCS to the letter, double rounding included
+//!     (`333333333.33333329` → `333333333.3333333`, `1E30` → `1e+30`, `-0.0` → `0`).
+//!
+//! # Output
+//!
+//! RFC 8785: no whitespace; members sorted by the UTF-16 code units of their names; strings
+//! escape only `"`, `\` and U+0000–U+001F (`\b \t \n \f \r`, otherwise `\u00xx`), everything
+//! else is literal UTF-8; numbers in ECMAScript `Number.prototype.toString` form (via `ryu-js`).
+//!
+//! ```
+//! use tower_idempotency_core::canonical::canonicalize_json;
+//!
+//! let a = canonicalize_json(br#"{ "b": [1.50, 2e0], "a": "\u00e9" }"#).unwrap();
+//! let b = canonicalize_json(r#"{"a":"é","b":[1.5,2]}"#.as_bytes()).unwrap();
+//! assert_eq!(a, b);
+//! assert_eq!(a, r#"{"a":"é","b":[1.5,2]}"#.as_bytes());
+//! assert!(canonicalize_json(br#"{"id": 9007199254740993}"#).is_err());
+//! ```
 
-/// Placeholder.
-#[derive(Debug, thiserror::Error)]
-#[error("not yet")]
-pub struct CanonicalizeError;
+use std::borrow::Cow;
+use std::cmp::Ordering;
 
-/// Placeholder.
-pub fn canonicalize_json(_bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
-    Err(CanonicalizeError)
+use serde_json::{Map, Number, Value};
+
+/// The deepest nesting of arrays and objects accepted; one more level is
+/// [`CanonicalizeError::TooDeep`].
+pub const MAX_DEPTH: usize = 128;
+
+/// How many characters of a member name or number literal an error message keeps.
+const ERROR_EXCERPT_CHARS: usize = 40;
+
+/// Why a body is not canonicalizable I-JSON. Offsets are byte offsets into the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CanonicalizeError {
+    /// The bytes do not follow the JSON grammar.
+    #[error("invalid JSON at byte {offset}: {reason}")]
+    Syntax {
+        /// Where the grammar was violated.
+        offset: usize,
+        /// What was expected or found.
+        reason: &'static str,
+    },
+    /// The input is not UTF-8.
+    #[error("invalid UTF-8 at byte {offset}")]
+    InvalidUtf8 {
+        /// The first byte that is not part of a valid UTF-8 sequence.
+        offset: usize,
+    },
+    /// An object has two members with the same name (compared after unescaping).
+    #[error("duplicate member name {name:?} at byte {offset}")]
+    DuplicateMember {
+        /// The repeated name, cut to about 40 characters.
+        name: String,
+        /// Where the later occurrence starts.
+        offset: usize,
+    },
+    /// A `\uXXXX` escape names half of a surrogate pair without the other half.
+    #[error("lone surrogate escape at byte {offset}")]
+    LoneSurrogate {
+        /// Where the escape starts.
+        offset: usize,
+    },
+    /// A plain integer literal that a double cannot hold exactly, e.g. `9007199254740993`.
+    #[error("integer {literal} at byte {offset} is not exactly representable as a double")]
+    ImpreciseInteger {
+        /// The literal, cut to about 40 characters.
+        literal: String,
+        /// Where the literal starts.
+        offset: usize,
+    },
+    /// A number that overflows to infinity or underflows to zero as a double.
+    #[error("number at byte {offset} is outside the range of a double")]
+    OutOfRange {
+        /// Where the literal starts.
+        offset: usize,
+    },
+    /// Arrays and objects nested deeper than `max` levels.
+    #[error("nesting deeper than {max} levels at byte {offset}")]
+    TooDeep {
+        /// The limit, [`MAX_DEPTH`].
+        max: usize,
+        /// Where the first level too deep opens.
+        offset: usize,
+    },
+    /// Something other than whitespace follows the value.
+    #[error("unexpected data after the JSON value at byte {offset}")]
+    TrailingData {
+        /// Where the extra data starts.
+        offset: usize,
+    },
+}
+
+impl CanonicalizeError {
+    /// A stable kebab-case code for this kind of error, suitable for problem bodies and metrics:
+    /// `syntax`, `invalid-utf8`, `duplicate-member`, `lone-surrogate`, `imprecise-integer`,
+    /// `out-of-range`, `too-deep` or `trailing-data`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Syntax { .. } => "syntax",
+            Self::InvalidUtf8 { .. } => "invalid-utf8",
+            Self::DuplicateMember { .. } => "duplicate-member",
+            Self::LoneSurrogate { .. } => "lone-surrogate",
+            Self::ImpreciseInteger { .. } => "imprecise-integer",
+            Self::OutOfRange { .. } => "out-of-range",
+            Self::TooDeep { .. } => "too-deep",
+            Self::TrailingData { .. } => "trailing-data",
+        }
+    }
+
+    /// The byte offset the error points at.
+    pub fn offset(&self) -> usize {
+        match self {
+            Self::Syntax { offset, .. }
+            | Self::InvalidUtf8 { offset }
+            | Self::DuplicateMember { offset, .. }
+            | Self::LoneSurrogate { offset }
+            | Self::ImpreciseInteger { offset, .. }
+            | Self::OutOfRange { offset }
+            | Self::TooDeep { offset, .. }
+            | Self::TrailingData { offset } => *offset,
+        }
+    }
+}
+
+/// Validates `bytes` as I-JSON and returns its RFC 8785 canonical form.
+///
+/// ```
+/// use tower_idempotency_core::canonical::{CanonicalizeError, canonicalize_json};
+///
+/// assert_eq!(canonicalize_json(b"[1E30, 4.50, -0.0]").unwrap(), b"[1e+30,4.5,0]");
+/// let err = canonicalize_json(br#"{"a":1,"\u0061":2}"#).unwrap_err();
+/// assert_eq!(err.code(), "duplicate-member");
+/// ```
+pub fn canonicalize_json(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
+    let node = parse_document(bytes)?;
+    // Canonical output is almost never longer than the input (numbers like `1e20` are the
+    // exception), so one allocation of the input's size usually suffices.
+    let mut out = Vec::with_capacity(bytes.len());
+    write_node(&mut out, &node, &mut ryu_js::Buffer::new());
+    Ok(out)
+}
+
+/// Validates `bytes` exactly like [`canonicalize_json`] and returns the parsed value, for
+/// routes that normalize the command before it is fingerprinted with [`canonicalize_value`].
+///
+/// Plain integer literals that fit `i64`/`u64` become integer numbers, every other number
+/// an `f64` (the double the literal rounds to).
+pub fn parse_json(bytes: &[u8]) -> Result<Value, CanonicalizeError> {
+    parse_document(bytes).map(node_into_value)
+}
+
+/// The RFC 8785 canonical form of an already-built value (typically a normalizer's output).
+///
+/// Numbers follow JCS: every number is taken as a double, so an `i64`/`u64` beyond 2^53 is
+/// rounded — a normalizer that emits such integers should emit them as strings. Members are
+/// re-sorted by UTF-16 code units whatever the map's own order. A non-finite number (possible
+/// only with `serde_json`'s `arbitrary_precision`) is written as `null`, as `serde_json` does.
+/// Recursion follows the value's depth; values built from [`parse_json`] are at most
+/// [`MAX_DEPTH`] deep.
+pub fn canonicalize_value(value: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    write_value(&mut out, value, &mut ryu_js::Buffer::new());
+    out
+}
+
+/// A parsed value that borrows unescaped strings and verbatim numbers from the input.
+#[derive(Debug)]
+enum Node<'a> {
+    Null,
+    Bool(bool),
+    /// A short plain integer whose canonical form is its own spelling.
+    SmallInt {
+        literal: &'a str,
+        value: i64,
+    },
+    /// Any other number; `integer` records that it was written as a plain integer.
+    Number {
+        value: f64,
+        integer: bool,
+    },
+    String(Cow<'a, str>),
+    Array(Vec<Node<'a>>),
+    /// Members sorted by [`cmp_utf16`], names unique.
+    Object(Vec<Member<'a>>),
+}
+
+#[derive(Debug)]
+struct Member<'a> {
+    name: Cow<'a, str>,
+    /// Offset of the name's opening quote, for duplicate reports.
+    offset: usize,
+    value: Node<'a>,
+}
+
+/// Plain integers with at most this many digits are below 2^53: exact, and printed by
+/// ECMAScript exactly as written.
+const SMALL_INT_DIGITS: usize = 15;
+
+fn parse_document(bytes: &[u8]) -> Result<Node<'_>, CanonicalizeError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| CanonicalizeError::InvalidUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    let mut parser = Parser {
+        text,
+        bytes,
+        pos: 0,
+    };
+    parser.skip_whitespace();
+    let node = parser.parse_value(0)?;
+    parser.skip_whitespace();
+    if parser.pos < bytes.len() {
+        return Err(CanonicalizeError::TrailingData { offset: parser.pos });
+    }
+    Ok(node)
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn syntax(&self, reason: &'static str) -> CanonicalizeError {
+        CanonicalizeError::Syntax {
+            offset: self.pos,
+            reason,
+        }
+    }
+
+    fn skip_whitespace(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// `depth` is the number of arrays/objects enclosing this value.
+    fn parse_value(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+        match self.peek() {
+            None => Err(self.syntax("unexpected end of input")),
+            Some(b'{') => self.parse_object(self.enter(depth)?),
+            Some(b'[') => self.parse_array(self.enter(depth)?),
+            Some(b'"') => Ok(Node::String(self.parse_string()?)),
+            Some(b't') => self.parse_literal(b"true", Node::Bool(true)),
+            Some(b'f') => self.parse_literal(b"false", Node::Bool(false)),
+            Some(b'n') => self.parse_literal(b"null", Node::Null),
+            Some(b'-' | b'0'..=b'9') => self.parse_number(),
+            Some(_) => Err(self.syntax("expected a JSON value")),
+        }
+    }
+
+    fn enter(&self, depth: usize) -> Result<usize, CanonicalizeError> {
+        if depth >= MAX_DEPTH {
+            return Err(CanonicalizeError::TooDeep {
+                max: MAX_DEPTH,
+                offset: self.pos,
+            });
+        }
+        Ok(depth + 1)
+    }
+
+    fn parse_literal(
+        &mut self,
+        word: &'static [u8],
+        node: Node<'a>,
+    ) -> Result<Node<'a>, CanonicalizeError> {
+        if self.bytes[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            Ok(node)
+        } else {
+            Err(self.syntax("expected a JSON value"))
+        }
+    }
+
+    fn parse_array(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+        self.pos += 1; // '['
+        self.skip_whitespace();
+        let mut items = Vec::new();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(Node::Array(items));
+        }
+        loop {
+            items.push(self.parse_value(depth)?);
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                    if self.peek() == Some(b']') {
+                        return Err(self.syntax("trailing comma in array"));
+                    }
+                }
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Node::Array(items));
+                }
+                None => return Err(self.syntax("unexpected end of input in array")),
+                Some(_) => return Err(self.syntax("expected ',' or ']' in array")),
+            }
+        }
+    }
+
+    fn parse_object(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+        self.pos += 1; // '{'
+        self.skip_whitespace();
+        let mut members = Vec::new();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Node::Object(members));
+        }
+        loop {
+            match self.peek() {
+                Some(b'"') => {}
+                Some(b'}') if !members.is_empty() => {
+                    return Err(self.syntax("trailing comma in object"));
+                }
+                None => return Err(self.syntax("unexpected end of input in object")),
+                Some(_) => return Err(self.syntax("expected a member name")),
+            }
+            let offset = self.pos;
+            let name = self.parse_string()?;
+            self.skip_whitespace();
+            if self.peek() != Some(b':') {
+                return Err(self.syntax("expected ':' after member name"));
+            }
+            self.pos += 1;
+            self.skip_whitespace();
+            let value = self.parse_value(depth)?;
+            members.push(Member {
+                name,
+                offset,
+                value,
+            });
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                }
+                Some(b'}') => {
+                    self.pos += 1;
+                    break;
+                }
+                None => return Err(self.syntax("unexpected end of input in object")),
+                Some(_) => return Err(self.syntax("expected ',' or '}' in object")),
+            }
+        }
+        // Sorting first turns duplicate detection into a scan of neighbours; the sort is
+        // stable, so the later of two equal names is the second of the pair.
+        members.sort_by(|a, b| cmp_utf16(&a.name, &b.name));
+        if let Some(pair) = members.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(CanonicalizeError::DuplicateMember {
+                name: excerpt(&pair[1].name),
+                offset: pair[1].offset,
+            });
+        }
+        Ok(Node::Object(members))
+    }
+
+    fn parse_string(&mut self) -> Result<Cow<'a, str>, CanonicalizeError> {
+        let start = self.pos + 1; // after '"'
+        let mut i = start;
+        // Fast path: no escapes, borrow from the input.
+        loop {
+            match self.bytes.get(i) {
+                None => {
+                    self.pos = i;
+                    return Err(self.syntax("unterminated string"));
+                }
+                Some(&b) if !STRING_SPECIAL[usize::from(b)] => i += 1,
+                Some(b'"') => {
+                    self.pos = i + 1;
+                    return self.slice(start, i).map(Cow::Borrowed);
+                }
+                Some(b'\\') => break,
+                Some(_) => {
+                    self.pos = i;
+                    return Err(self.syntax("control character in string"));
+                }
+            }
+        }
+        let mut owned = String::with_capacity(i - start + 16);
+        owned.push_str(self.slice(start, i)?);
+        let mut run = i;
+        loop {
+            match self.bytes.get(i) {
+                None => {
+                    self.pos = i;
+                    return Err(self.syntax("unterminated string"));
+                }
+                Some(&b) if !STRING_SPECIAL[usize::from(b)] => i += 1,
+                Some(b'"') => {
+                    owned.push_str(self.slice(run, i)?);
+                    self.pos = i + 1;
+                    return Ok(Cow::Owned(owned));
+                }
+                Some(b'\\') => {
+                    owned.push_str(self.slice(run, i)?);
+                    i = self.parse_escape(i, &mut owned)?;
+                    run = i;
+                }
+                Some(_) => {
+                    self.pos = i;
+                    return Err(self.syntax("control character in string"));
+                }
+            }
+        }
+    }
+
+    /// Decodes the escape starting at the backslash at `at` into `out`; returns the offset
+    /// just past it.
+    fn parse_escape(&mut self, at: usize, out: &mut String) -> Result<usize, CanonicalizeError> {
+        let decoded = match self.bytes.get(at + 1) {
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'u') => return self.parse_unicode_escape(at, out),
+            _ => {
+                self.pos = at;
+                return Err(self.syntax("invalid escape in string"));
+            }
+        };
+        out.push(decoded);
+        Ok(at + 2)
+    }
+
+    fn parse_unicode_escape(
+        &mut self,
+        at: usize,
+        out: &mut String,
+    ) -> Result<usize, CanonicalizeError> {
+        let unit = self.hex4(at + 2)?;
+        let lone = CanonicalizeError::LoneSurrogate { offset: at };
+        let scalar = match unit {
+            0xD800..=0xDBFF => {
+                if self.bytes.get(at + 6..at + 8) != Some(b"\\u") {
+                    return Err(lone);
+                }
+                let low = self.hex4(at + 8)?;
+                if !(0xDC00..=0xDFFF).contains(&low) {
+                    return Err(lone);
+                }
+                let scalar =
+                    0x10000 + ((u32::from(unit) - 0xD800) << 10) + (u32::from(low) - 0xDC00);
+                out.push(char::from_u32(scalar).ok_or(lone)?);
+                return Ok(at + 12);
+            }
+            0xDC00..=0xDFFF => return Err(lone),
+            _ => u32::from(unit),
+        };
+        out.push(char::from_u32(scalar).ok_or(lone)?);
+        Ok(at + 6)
+    }
+
+    fn hex4(&mut self, at: usize) -> Result<u16, CanonicalizeError> {
+        let mut value: u16 = 0;
+        for k in 0..4 {
+            let digit = match self.bytes.get(at + k) {
+                Some(&b @ b'0'..=b'9') => b - b'0',
+                Some(&b @ b'a'..=b'f') => b - b'a' + 10,
+                Some(&b @ b'A'..=b'F') => b - b'A' + 10,
+                _ => {
+                    self.pos = at + k;
+                    return Err(self.syntax("expected four hex digits in \\u escape"));
+                }
+            };
+            value = (value << 4) | u16::from(digit);
+        }
+        Ok(value)
+    }
+
+    fn slice(&self, start: usize, end: usize) -> Result<&'a str, CanonicalizeError> {
+        // Both ends sit next to ASCII bytes, so they are always char boundaries.
+        self.text.get(start..end).ok_or(CanonicalizeError::Syntax {
+            offset: start,
+            reason: "string boundary inside a character",
+        })
+    }
+
+    fn parse_number(&mut self) -> Result<Node<'a>, CanonicalizeError> {
+        let start = self.pos;
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.pos += 1;
+        }
+        let int_start = self.pos;
+        let mut small: i64 = 0;
+        match self.peek() {
+            Some(b'0') => {
+                self.pos += 1;
+                if let Some(b'0'..=b'9') = self.peek() {
+                    return Err(self.syntax("leading zeros are not allowed"));
+                }
+            }
+            Some(b'1'..=b'9') => {
+                while let Some(b @ b'0'..=b'9') = self.peek() {
+                    if self.pos - int_start < SMALL_INT_DIGITS {
+                        small = small * 10 + i64::from(b - b'0');
+                    }
+                    self.pos += 1;
+                }
+            }
+            _ => return Err(self.syntax("expected a digit")),
+        }
+        let int_end = self.pos;
+        let mut integer = true;
+        if self.peek() == Some(b'.') {
+            integer = false;
+            self.pos += 1;
+            self.digits("expected a digit after '.'")?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            integer = false;
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            self.digits("expected a digit in the exponent")?;
+        }
+        let int_digits = &self.bytes[int_start..int_end];
+        if integer && int_digits.len() <= SMALL_INT_DIGITS && !(negative && small == 0) {
+            let literal = self.slice(start, int_end)?;
+            let value = if negative { -small } else { small };
+            return Ok(Node::SmallInt { literal, value });
+        }
+        let literal = self.slice(start, self.pos)?;
+        let value: f64 = literal.parse().map_err(|_| CanonicalizeError::Syntax {
+            offset: start,
+            reason: "invalid number",
+        })?;
+        if !value.is_finite() {
+            return Err(CanonicalizeError::OutOfRange { offset: start });
+        }
+        if value == 0.0 {
+            // Only the mantissa counts: `0e5` is zero, `1e-400` is not.
+            let mantissa_end = literal
+                .bytes()
+                .position(|b| b == b'e' || b == b'E')
+                .map_or(self.pos, |p| start + p);
+            if self.bytes[int_start..mantissa_end]
+                .iter()
+                .any(|b| matches!(b, b'1'..=b'9'))
+            {
+                return Err(CanonicalizeError::OutOfRange { offset: start });
+            }
+        } else if integer && !integer_is_exact(int_digits) {
+            return Err(CanonicalizeError::ImpreciseInteger {
+                literal: excerpt(literal),
+                offset: start,
+            });
+        }
+        Ok(Node::Number { value, integer })
+    }
+
+    fn digits(&mut self, reason: &'static str) -> Result<(), CanonicalizeError> {
+        if !matches!(self.peek(), Some(b'0'..=b'9')) {
+            return Err(self.syntax(reason));
+        }
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes that end the fast scan of a string: the quote, the backslash, control characters.
+static STRING_SPECIAL: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = true;
+        b += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};
+
+/// Whether the decimal integer `digits` (ASCII digits, no sign, no leading zeros) is exactly
+/// some double: `odd · 2^k` with `odd < 2^53` and the whole below 2^1024.
+fn integer_is_exact(digits: &[u8]) -> bool {
+    if digits.len() <= 38 {
+        // 38 decimal digits always fit a u128.
+        let n = digits
+            .iter()
+            .fold(0u128, |n, d| n * 10 + u128::from(d - b'0'));
+        if n == 0 {
+            return true;
+        }
+        let bits = 128 - n.leading_zeros();
+        return bits - n.trailing_zeros() <= 53;
+    }
+    integer_is_exact_big(digits)
+}
+
+/// 10^309 is the smallest power of ten above f64::MAX; a longer plain integer is never a
+/// double, and bounding the length keeps the conversion below linear-times-constant.
+const MAX_EXACT_DIGITS: usize = 309;
+/// Base-2^32 limbs enough for 10^309 (< 2^1027).
+const LIMBS: usize = 34;
+
+fn integer_is_exact_big(digits: &[u8]) -> bool {
+    if digits.len() > MAX_EXACT_DIGITS {
+        return false;
+    }
+    let mut limbs = [0u32; LIMBS]; // little-endian
+    let mut used = 0usize;
+    for chunk in digits.chunks(9) {
+        let mut multiplier = 1u64;
+        let mut carry = 0u64;
+        for d in chunk {
+            multiplier *= 10;
+            carry = carry * 10 + u64::from(d - b'0');
+        }
+        for limb in &mut limbs[..used] {
+            let t = u64::from(*limb) * multiplier + carry;
+            *limb = t as u32; // low half; the high half carries on
+            carry = t >> 32;
+        }
+        if carry != 0 {
+            let Some(slot) = limbs.get_mut(used) else {
+                return false;
+            };
+            *slot = carry as u32;
+            used += 1;
+        }
+    }
+    let Some(lowest) = limbs[..used].iter().position(|&l| l != 0) else {
+        return true; // zero
+    };
+    let trailing = lowest as u32 * 32 + limbs[lowest].trailing_zeros();
+    let top = used - 1; // limbs[top] != 0: a carry only lands when non-zero
+    let bits = top as u32 * 32 + (32 - limbs[top].leading_zeros());
+    bits <= 1024 && bits - trailing <= 53
+}
+
+/// Orders strings by their UTF-16 code units (RFC 8785 §3.2.3) without transcoding.
+///
+/// UTF-8 byte order is code point order, and UTF-16 order differs from it only where a
+/// supplementary character (a surrogate pair, UTF-8 lead byte `F0`–`F4`) meets one of
+/// U+E000–U+FFFF (lead byte `EE`/`EF`): the surrogates sort first. At the first differing
+/// byte both strings are at the same position of the same character structure, so looking
+/// at those two bytes decides it.
+fn cmp_utf16(a: &str, b: &str) -> Ordering {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    match a.iter().zip(b).find(|(x, y)| x != y) {
+        None => a.len().cmp(&b.len()),
+        Some((&x, &y)) => {
+            if x >= 0xEE && y >= 0xEE && ((x >= 0xF0) != (y >= 0xF0)) {
+                y.cmp(&x)
+            } else {
+                x.cmp(&y)
+            }
+        }
+    }
+}
+
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(ERROR_EXCERPT_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+fn write_node(out: &mut Vec<u8>, node: &Node<'_>, ryu: &mut ryu_js::Buffer) {
+    match node {
+        Node::Null => out.extend_from_slice(b"null"),
+        Node::Bool(true) => out.extend_from_slice(b"true"),
+        Node::Bool(false) => out.extend_from_slice(b"false"),
+        Node::SmallInt { literal, .. } => out.extend_from_slice(literal.as_bytes()),
+        Node::Number { value, .. } => write_f64(out, *value, ryu),
+        Node::String(s) => write_string(out, s),
+        Node::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_node(out, item, ryu);
+            }
+            out.push(b']');
+        }
+        Node::Object(members) => {
+            out.push(b'{');
+            for (i, member) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(out, &member.name);
+                out.push(b':');
+                write_node(out, &member.value, ryu);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+fn write_value(out: &mut Vec<u8>, value: &Value, ryu: &mut ryu_js::Buffer) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(n) => match number_as_f64(n) {
+            Some(v) if v.is_finite() => write_f64(out, v, ryu),
+            _ => out.extend_from_slice(b"null"),
+        },
+        Value::String(s) => write_string(out, s),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(out, item, ryu);
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            // The map iterates in UTF-8 byte order (or insertion order with
+            // `preserve_order`); JCS wants UTF-16 order.
+            let mut members: Vec<(&String, &Value)> = map.iter().collect();
+            members.sort_by(|a, b| cmp_utf16(a.0, b.0));
+            out.push(b'{');
+            for (i, (name, item)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(out, name);
+                out.push(b':');
+                write_value(out, item, ryu);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+fn number_as_f64(n: &Number) -> Option<f64> {
+    // `as` rounds to nearest, ties to even: the double JCS would see.
+    if let Some(u) = n.as_u64() {
+        Some(u as f64)
+    } else if let Some(i) = n.as_i64() {
+        Some(i as f64)
+    } else {
+        n.as_f64()
+    }
+}
+
+fn write_f64(out: &mut Vec<u8>, value: f64, ryu: &mut ryu_js::Buffer) {
+    if value == 0.0 {
+        out.push(b'0'); // both zeros
+    } else {
+        out.extend_from_slice(ryu.format_finite(value).as_bytes());
+    }
+}
+
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    let mut run = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if !STRING_SPECIAL[usize::from(b)] {
+            continue;
+        }
+        out.extend_from_slice(&bytes[run..i]);
+        run = i + 1;
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x09 => out.extend_from_slice(b"\\t"),
+            0x0A => out.extend_from_slice(b"\\n"),
+            0x0C => out.extend_from_slice(b"\\f"),
+            0x0D => out.extend_from_slice(b"\\r"),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xF)]);
+            }
+        }
+    }
+    out.extend_from_slice(&bytes[run..]);
+    out.push(b'"');
+}
+
+fn node_into_value(node: Node<'_>) -> Value {
+    match node {
+        Node::Null => Value::Null,
+        Node::Bool(b) => Value::Bool(b),
+        Node::SmallInt { value, .. } => Value::from(value),
+        Node::Number { value, integer } => {
+            // An exact plain integer stays an integer, so normalizers can read ids with
+            // `as_u64`; 2^64 and -2^63 are exact doubles, hence the half-open bounds.
+            if integer && (0.0..18_446_744_073_709_551_616.0).contains(&value) {
+                Value::from(value as u64)
+            } else if integer && (-9_223_372_036_854_775_808.0..0.0).contains(&value) {
+                Value::from(value as i64)
+            } else {
+                Number::from_f64(value).map_or(Value::Null, Value::Number)
+            }
+        }
+        Node::String(s) => Value::String(s.into_owned()),
+        Node::Array(items) => Value::Array(items.into_iter().map(node_into_value).collect()),
+        Node::Object(members) => {
+            let mut map = Map::new();
+            for member in members {
+                map.insert(member.name.into_owned(), node_into_value(member.value));
+            }
+            Value::Object(map)
+        }
+    }
 }
