@@ -1,0 +1,519 @@
+//! Behaviour of the layer over the memory store, driven with `tower::ServiceExt::oneshot`.
+//! (Real-HTTP tests live in the workspace `tests` package.)
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::routing::post;
+use http::{Request, Response, StatusCode};
+use serde_json::Value;
+use tower::ServiceExt;
+use tower_idempotency::{
+    IdempotencyLayer, MemoryStore, OperationState, RoutePolicy, Scope, ServerErrorPolicy, Store,
+    UnknownOutcomePolicy,
+};
+
+fn app(
+    policy: RoutePolicy,
+    delay: Duration,
+    status: StatusCode,
+) -> (Router, Arc<AtomicUsize>, MemoryStore) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::default();
+    let layer = IdempotencyLayer::new(store.clone())
+        .with_scope(|parts| {
+            parts
+                .headers
+                .get("x-account")
+                .and_then(|v| v.to_str().ok())
+                .map(Scope::new)
+        })
+        .with_default_policy(policy);
+    let counter = calls.clone();
+    let router = Router::new()
+        .route(
+            "/v1/things",
+            post(move |body: String| {
+                let counter = counter.clone();
+                async move {
+                    let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                    tokio::time::sleep(delay).await;
+                    (
+                        status,
+                        [("set-cookie", "session=abc")],
+                        format!("call {n}: {body}"),
+                    )
+                }
+            }),
+        )
+        .layer(layer.clone())
+        .merge(layer.status_router());
+    (router, calls, store)
+}
+
+fn post_req(key: Option<&str>, account: &str, body: &str) -> Request<Body> {
+    let mut builder = Request::post("/v1/things")
+        .header("content-type", "application/json")
+        .header("x-account", account);
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body.to_owned())).unwrap()
+}
+
+async fn text(response: Response<Body>) -> String {
+    String::from_utf8(
+        to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap()
+}
+
+async fn problem(response: Response<Body>) -> Value {
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    serde_json::from_str(&text(response).await).unwrap()
+}
+
+#[tokio::test]
+async fn executes_once_then_replays_without_cookies() {
+    let (app, calls, _) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+    let first = app
+        .clone()
+        .oneshot(post_req(Some("k1"), "a", r#"{"x":1}"#))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().contains_key("set-cookie"));
+    let id = first.headers()["operation-id"].clone();
+    let first_body = text(first).await;
+
+    let retry = app
+        .clone()
+        .oneshot(post_req(Some("k1"), "a", "{ \"x\" : 1.0 }"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.headers()["operation-id"], id);
+    assert!(!retry.headers().contains_key("set-cookie"));
+    assert_eq!(text(retry).await, first_body);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn different_body_is_a_conflict_without_the_original() {
+    let (app, calls, _) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+    app.clone()
+        .oneshot(post_req(Some("k"), "a", r#"{"x":1}"#))
+        .await
+        .unwrap();
+    let conflict = app
+        .oneshot(post_req(Some("k"), "a", r#"{"x":2}"#))
+        .await
+        .unwrap();
+    assert_eq!(conflict.status(), StatusCode::CONFLICT);
+    let body = problem(conflict).await;
+    assert!(
+        body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/fingerprint-mismatch")
+    );
+    assert_eq!(body["state"], "completed");
+    assert!(!body.to_string().contains("call 1"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn rejected_requests_store_nothing() {
+    let (app, calls, store) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+    let cases = [
+        (
+            post_req(None, "a", "{}"),
+            StatusCode::BAD_REQUEST,
+            "missing-idempotency-key",
+        ),
+        (
+            post_req(Some("has space"), "a", "{}"),
+            StatusCode::BAD_REQUEST,
+            "invalid-idempotency-key",
+        ),
+        (
+            post_req(Some("k"), "a", r#"{"a":1,"a":2}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-json",
+        ),
+        (
+            post_req(Some("k"), "a", "{"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-json",
+        ),
+        (
+            post_req(Some("k"), "a", "[9007199254740993]"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-json",
+        ),
+        (
+            post_req(Some("k"), "", "{}"),
+            StatusCode::UNAUTHORIZED,
+            "missing-scope",
+        ),
+    ];
+    for (request, status, slug) in cases {
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), status, "{slug}");
+        let body = problem(response).await;
+        assert!(body["type"].as_str().unwrap().ends_with(slug), "{body}");
+    }
+    let big = "x".repeat(2 * 1024 * 1024);
+    let response = app
+        .clone()
+        .oneshot(post_req(Some("k"), "a", &big))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(store.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_copies_execute_once() {
+    let (app, calls, _) = app(
+        RoutePolicy::required(),
+        Duration::from_millis(200),
+        StatusCode::CREATED,
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let response = app
+                .oneshot(post_req(Some("same"), "a", r#"{"x":1}"#))
+                .await
+                .unwrap();
+            (response.status(), text(response).await)
+        }));
+    }
+    let mut bodies = Vec::new();
+    for task in tasks {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        bodies.push(body);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(bodies.iter().all(|b| b == &bodies[0]));
+}
+
+#[tokio::test]
+async fn in_progress_past_the_wait_bound_is_409_with_retry_after() {
+    let policy = RoutePolicy::required().with_wait(Duration::from_millis(50));
+    let (app, _, _) = app(policy, Duration::from_millis(500), StatusCode::CREATED);
+    let original = tokio::spawn(app.clone().oneshot(post_req(Some("k"), "a", "{}")));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let dup = app
+        .clone()
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(dup.status(), StatusCode::CONFLICT);
+    assert!(dup.headers().contains_key("retry-after"));
+    let body = problem(dup).await;
+    assert!(
+        body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/request-in-progress")
+    );
+    assert_eq!(
+        original.await.unwrap().unwrap().status(),
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_request_still_completes_and_replays() {
+    let (app, calls, store) = app(
+        RoutePolicy::required(),
+        Duration::from_millis(200),
+        StatusCode::CREATED,
+    );
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        app.clone().oneshot(post_req(Some("k"), "a", "{}")),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the client gave up before the handler finished"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let op = store
+        .get(&Scope::new("a"), &"k".parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(op.state, OperationState::Completed);
+    assert!(!op.delivered, "nobody read the first response");
+    let retry = app.oneshot(post_req(Some("k"), "a", "{}")).await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn delivered_is_recorded_when_the_body_is_read() {
+    let (app, _, store) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+    let response = app.oneshot(post_req(Some("k"), "a", "{}")).await.unwrap();
+    text(response).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let op = store
+        .get(&Scope::new("a"), &"k".parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(op.delivered);
+}
+
+#[tokio::test]
+async fn server_errors_are_stored_or_released_by_policy() {
+    let (stored, calls, _) = app(
+        RoutePolicy::required(),
+        Duration::ZERO,
+        StatusCode::BAD_GATEWAY,
+    );
+    stored
+        .clone()
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    let retry = stored
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let policy = RoutePolicy::required().with_server_errors(ServerErrorPolicy::Release);
+    let (released, calls, _) = app(policy, Duration::ZERO, StatusCode::BAD_GATEWAY);
+    released
+        .clone()
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    let retry = released
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    assert!(!retry.headers().contains_key("idempotent-replayed"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn unknown_outcome_is_409_or_reexecuted_by_policy() {
+    let short = RoutePolicy::required()
+        .with_lease(Duration::from_millis(100))
+        .with_wait(Duration::ZERO);
+    let (app_conflict, calls, _) = app(
+        short.clone(),
+        Duration::from_millis(600),
+        StatusCode::CREATED,
+    );
+    let original = tokio::spawn(app_conflict.clone().oneshot(post_req(Some("k"), "a", "{}")));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let retry = app_conflict
+        .clone()
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    let body = problem(retry).await;
+    assert!(
+        body["type"].as_str().unwrap().ends_with("/outcome-unknown"),
+        "{body}"
+    );
+    assert!(
+        body["status_url"]
+            .as_str()
+            .unwrap()
+            .starts_with("/operations/")
+    );
+    original.await.unwrap().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let reexecute = short.with_unknown_outcome(UnknownOutcomePolicy::Reexecute);
+    let (app_re, calls, _) = app(reexecute, Duration::from_millis(600), StatusCode::CREATED);
+    let original = tokio::spawn(app_re.clone().oneshot(post_req(Some("k"), "a", "{}")));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let retry = app_re
+        .clone()
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    original.await.unwrap().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn scopes_are_independent_and_status_is_private() {
+    let (app, calls, _) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+    let a = app
+        .clone()
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    let b = app
+        .clone()
+        .oneshot(post_req(Some("k"), "b", "{}"))
+        .await
+        .unwrap();
+    assert!(!b.headers().contains_key("idempotent-replayed"));
+    assert_ne!(a.headers()["operation-id"], b.headers()["operation-id"]);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let id = a.headers()["operation-id"].to_str().unwrap().to_owned();
+    let get = |account: &str, uri: String| {
+        Request::get(uri)
+            .header("x-account", account)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let own = app
+        .clone()
+        .oneshot(get("a", format!("/operations/{id}")))
+        .await
+        .unwrap();
+    assert_eq!(own.status(), StatusCode::OK);
+    let json: Value = serde_json::from_str(&text(own).await).unwrap();
+    assert_eq!(json["operation_id"], id);
+    assert_eq!(json["state"], "completed");
+    assert_eq!(json["response_status"], 201);
+    assert_eq!(json["route"], "/v1/things");
+    let other = app
+        .clone()
+        .oneshot(get("b", format!("/operations/{id}")))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::NOT_FOUND);
+    let by_key = app
+        .clone()
+        .oneshot(get("a", "/operations?idempotency_key=k".into()))
+        .await
+        .unwrap();
+    assert_eq!(by_key.status(), StatusCode::OK);
+    let missing = app
+        .oneshot(get("c", "/operations?idempotency_key=k".into()))
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn safe_methods_and_optional_keys_pass_through() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let app = Router::new()
+        .route(
+            "/x",
+            post(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { "ok" }
+            })
+            .get(|| async { "read" }),
+        )
+        .layer(
+            IdempotencyLayer::new(MemoryStore::default())
+                .with_scope(|_| Some(Scope::global()))
+                .with_default_policy(RoutePolicy::optional()),
+        );
+    let get = app
+        .clone()
+        .oneshot(Request::get("/x").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(get.status(), StatusCode::OK);
+    for _ in 0..2 {
+        let post = app
+            .clone()
+            .oneshot(Request::post("/x").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(post.status(), StatusCode::OK);
+        assert!(!post.headers().contains_key("operation-id"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn large_responses_are_not_replayed_as_something_else() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let app = Router::new()
+        .route(
+            "/export",
+            post(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { "y".repeat(4096) }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(MemoryStore::default())
+                .with_scope(|_| Some(Scope::global()))
+                .with_response_limit(1024),
+        );
+    let req = || {
+        Request::post("/export")
+            .header("idempotency-key", "e")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = app.clone().oneshot(req()).await.unwrap();
+    assert_eq!(text(first).await.len(), 4096);
+    let retry = app.oneshot(req()).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    assert!(
+        problem(retry).await["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/response-not-replayable")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_full_store_answers_503_without_running_the_handler() {
+    let full = MemoryStore::new(tower_idempotency::MemoryStoreConfig {
+        capacity: 0,
+        ..Default::default()
+    });
+    let app = |policy: RoutePolicy| {
+        Router::new().route("/x", post(|| async { "ran" })).layer(
+            IdempotencyLayer::new(full.clone())
+                .with_scope(|_| Some(Scope::global()))
+                .with_default_policy(policy),
+        )
+    };
+    let req = || {
+        Request::post("/x")
+            .header("idempotency-key", "k")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let closed = app(RoutePolicy::required()).oneshot(req()).await.unwrap();
+    assert_eq!(closed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(closed.headers().contains_key("retry-after"));
+    assert!(
+        problem(closed).await["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/store-full")
+    );
+}
