@@ -1,0 +1,46 @@
+//! The store conformance suite against the PostgreSQL store, on a real server (a throwaway
+//! cluster unless `DATABASE_URL` is set).
+
+use integration_tests::pg::test_database;
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_store_passes_the_conformance_suite() {
+    let db = test_database().await;
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        // The suite races 48 reservations at once; let them overlap in the database.
+        max_connections: 24,
+        ..PostgresStoreConfig::new(db.url())
+    })
+    .unwrap();
+    store.migrate().await.unwrap();
+    tower_idempotency_core::conformance::run_all(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_store_passes_the_conformance_suite_in_a_custom_schema() {
+    let db = test_database().await;
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        schema: "idem_custom".to_owned(),
+        ..PostgresStoreConfig::new(db.url())
+    })
+    .unwrap();
+    store.migrate().await.unwrap();
+    // A representative subset: the statements are the same, only the names differ.
+    use tower_idempotency_core::conformance as suite;
+    suite::reserve_is_atomic_under_concurrency(&store).await;
+    suite::take_over_unknown_same_fingerprint_only(&store).await;
+    suite::purge_removes_only_expired(&store).await;
+    let client = tokio_postgres::connect(db.url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(client.1);
+    let in_public: i64 = client
+        .0
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name LIKE 'idempotency_%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(in_public, 0, "a custom schema must keep the tables out of `public`");
+}
