@@ -78,7 +78,10 @@ impl Drop for TestDatabase {
         // Best effort, on a thread of its own: Drop cannot await, and the test's runtime
         // may be shutting down.
         let _ = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
                 return;
             };
             runtime.block_on(async move {
@@ -133,8 +136,13 @@ impl TestCluster {
     /// for the second or two `initdb` takes. Panics with installation advice when PostgreSQL
     /// cannot be found or started.
     pub fn launch() -> Self {
-        let bindir = find_bindir().unwrap_or_else(|| panic!("no PostgreSQL server binaries found. {INSTALL_HINT}"));
-        let run_as = if running_as_root() { Some("postgres".to_owned()) } else { None };
+        let bindir = find_bindir()
+            .unwrap_or_else(|| panic!("no PostgreSQL server binaries found. {INSTALL_HINT}"));
+        let run_as = if running_as_root() {
+            Some("postgres".to_owned())
+        } else {
+            None
+        };
         let mut last_failure = String::new();
         // A port picked as free may be taken before the server binds it; try a few.
         for _ in 0..3 {
@@ -154,10 +162,12 @@ impl TestCluster {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
         if let Some(user) = run_as {
-            let (uid, gid) =
-                account_ids(user).ok_or_else(|| format!("running as root and there is no `{user}` system account"))?;
+            let (uid, gid) = account_ids(user).ok_or_else(|| {
+                format!("running as root and there is no `{user}` system account")
+            })?;
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
                 .map_err(|err| format!("cannot hand {} to `{user}`: {err}", dir.display()))?;
         }
@@ -241,14 +251,17 @@ impl TestCluster {
 
     fn pg_ctl(&self, args: &[&str]) {
         let data = self.dir.join("data");
-        let status = as_user(self.run_as.as_deref(), &self.bindir.join("pg_ctl").to_string_lossy())
-            .arg("-D")
-            .arg(&data)
-            .args(args)
-            .current_dir(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let status = as_user(
+            self.run_as.as_deref(),
+            &self.bindir.join("pg_ctl").to_string_lossy(),
+        )
+        .arg("-D")
+        .arg(&data)
+        .args(args)
+        .current_dir(&self.dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
         match status {
             Ok(status) if status.success() => {}
             other => panic!(
@@ -261,7 +274,11 @@ impl TestCluster {
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
-        let guard = self.guard.get_mut().map(Option::take).unwrap_or_else(|poisoned| poisoned.into_inner().take());
+        let guard = self
+            .guard
+            .get_mut()
+            .map(Option::take)
+            .unwrap_or_else(|poisoned| poisoned.into_inner().take());
         if let Some((mut child, mut stdin)) = guard {
             // Closing the pipe tells the guard to stop the server and delete the directory.
             let _ = stdin.flush();
@@ -284,9 +301,9 @@ async fn admin_client(url: &str) -> Result<tokio_postgres::Client, tokio_postgre
 }
 
 async fn create_database(admin_url: &str, name: &str) {
-    let client = admin_client(admin_url)
-        .await
-        .unwrap_or_else(|err| panic!("cannot connect to the test PostgreSQL server: {err}. {INSTALL_HINT}"));
+    let client = admin_client(admin_url).await.unwrap_or_else(|err| {
+        panic!("cannot connect to the test PostgreSQL server: {err}. {INSTALL_HINT}")
+    });
     client
         .batch_execute(&format!("CREATE DATABASE \"{name}\""))
         .await
@@ -299,10 +316,15 @@ fn with_database(url: &str, name: &str) -> String {
         let after = scheme_end + 3;
         let rest = &url[after..];
         let query_at = rest.find('?').map_or(url.len(), |i| after + i);
-        let path_at = rest[..query_at - after].find('/').map_or(query_at, |i| after + i);
+        let path_at = rest[..query_at - after]
+            .find('/')
+            .map_or(query_at, |i| after + i);
         format!("{}/{name}{}", &url[..path_at], &url[query_at..])
     } else {
-        let kept: Vec<&str> = url.split_whitespace().filter(|pair| !pair.starts_with("dbname=")).collect();
+        let kept: Vec<&str> = url
+            .split_whitespace()
+            .filter(|pair| !pair.starts_with("dbname="))
+            .collect();
         format!("{} dbname={name}", kept.join(" "))
     }
 }
@@ -329,7 +351,11 @@ fn account_ids(user: &str) -> Option<(u32, u32)> {
 }
 
 fn command_output(program: &str, args: &[&str]) -> Option<String> {
-    let output = Command::new(program).args(args).stderr(Stdio::null()).output().ok()?;
+    let output = Command::new(program)
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
     output
         .status
         .success()
@@ -337,12 +363,18 @@ fn command_output(program: &str, args: &[&str]) -> Option<String> {
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// A directory holding `initdb`, `pg_ctl` and `postgres`.
 fn find_bindir() -> Option<PathBuf> {
-    let complete = |dir: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|bin| dir.join(bin).is_file());
+    let complete = |dir: &Path| {
+        ["initdb", "pg_ctl", "postgres"]
+            .iter()
+            .all(|bin| dir.join(bin).is_file())
+    };
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(dir) = std::env::var("PG_BINDIR") {
         candidates.push(dir.into());
@@ -387,9 +419,21 @@ mod tests {
 
     #[test]
     fn replaces_the_database_in_urls() {
-        assert_eq!(with_database("postgres://u@h:5432/app", "t"), "postgres://u@h:5432/t");
-        assert_eq!(with_database("postgres://u@h:5432", "t"), "postgres://u@h:5432/t");
-        assert_eq!(with_database("postgres://u@h/app?sslmode=disable", "t"), "postgres://u@h/t?sslmode=disable");
-        assert_eq!(with_database("host=h user=u dbname=app", "t"), "host=h user=u dbname=t");
+        assert_eq!(
+            with_database("postgres://u@h:5432/app", "t"),
+            "postgres://u@h:5432/t"
+        );
+        assert_eq!(
+            with_database("postgres://u@h:5432", "t"),
+            "postgres://u@h:5432/t"
+        );
+        assert_eq!(
+            with_database("postgres://u@h/app?sslmode=disable", "t"),
+            "postgres://u@h/t?sslmode=disable"
+        );
+        assert_eq!(
+            with_database("host=h user=u dbname=app", "t"),
+            "host=h user=u dbname=t"
+        );
     }
 }

@@ -31,7 +31,9 @@ async fn postgres_store_passes_the_conformance_suite_in_a_custom_schema() {
     suite::reserve_is_atomic_under_concurrency(&store).await;
     suite::take_over_unknown_same_fingerprint_only(&store).await;
     suite::purge_removes_only_expired(&store).await;
-    let client = tokio_postgres::connect(db.url(), tokio_postgres::NoTls).await.unwrap();
+    let client = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(client.1);
     let in_public: i64 = client
         .0
@@ -42,5 +44,8 @@ async fn postgres_store_passes_the_conformance_suite_in_a_custom_schema() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(in_public, 0, "a custom schema must keep the tables out of `public`");
+    assert_eq!(
+        in_public, 0,
+        "a custom schema must keep the tables out of `public`"
+    );
 }

@@ -12,7 +12,9 @@ use std::str::FromStr;
 use std::time::SystemTime;
 
 use tower_idempotency_core::store::Result;
-use tower_idempotency_core::{Fingerprint, IdempotencyKey, Operation, OperationId, OperationState, Scope};
+use tower_idempotency_core::{
+    Fingerprint, IdempotencyKey, Operation, OperationId, OperationState, Scope,
+};
 
 use crate::PostgresStore;
 use crate::row;
@@ -125,7 +127,11 @@ impl PostgresStore {
 
     /// Lists up to `limit` operations in `state`, across scopes: `unknown` and `in_progress`
     /// oldest first, `completed` newest first.
-    pub async fn list_operations(&self, state: OperationState, limit: usize) -> Result<Vec<Operation>> {
+    pub async fn list_operations(
+        &self,
+        state: OperationState,
+        limit: usize,
+    ) -> Result<Vec<Operation>> {
         let queries = &self.inner.queries;
         let sql = match state {
             OperationState::Unknown => &queries.list_unknown,
@@ -144,7 +150,12 @@ impl PostgresStore {
     /// a reason. The lease is revoked in the same statement, so a worker that is somehow
     /// still running gets [`StoreError::LeaseLost`](tower_idempotency_core::StoreError) if
     /// it tries to finish.
-    pub async fn resolve(&self, id: OperationId, resolution: Resolution, reason: &str) -> Result<ResolveOutcome> {
+    pub async fn resolve(
+        &self,
+        id: OperationId,
+        resolution: Resolution,
+        reason: &str,
+    ) -> Result<ResolveOutcome> {
         let queries = &self.inner.queries;
         let sql = match resolution {
             Resolution::Failed => &queries.resolve_failed,

@@ -118,7 +118,9 @@ pub(crate) fn is_identifier(name: &str) -> bool {
     !bytes.is_empty()
         && bytes.len() <= 63
         && !bytes[0].is_ascii_digit()
-        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
 }
 
 /// The URL with any password replaced by `***`, for logs and `Debug`.
@@ -162,7 +164,16 @@ mod tests {
         for ok in ["public", "idempotency", "_x", "a1_b2", &"s".repeat(63)] {
             assert!(is_identifier(ok), "{ok}");
         }
-        for bad in ["", "1abc", "a-b", "a b", "a\"b", "é", "public;drop", &"s".repeat(64)] {
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "a\"b",
+            "é",
+            "public;drop",
+            &"s".repeat(64),
+        ] {
             assert!(!is_identifier(bad), "{bad}");
         }
     }
@@ -174,8 +185,14 @@ mod tests {
             "postgres://app:***@db:5432/app?sslmode=require"
         );
         assert_eq!(redact_url("postgres://app@db/app"), "postgres://app@db/app");
-        assert_eq!(redact_url("postgresql:///app?host=/run/pg"), "postgresql:///app?host=/run/pg");
-        assert_eq!(redact_url("host=db user=app password=x dbname=app"), "host=db user=app password=*** dbname=app");
+        assert_eq!(
+            redact_url("postgresql:///app?host=/run/pg"),
+            "postgresql:///app?host=/run/pg"
+        );
+        assert_eq!(
+            redact_url("host=db user=app password=x dbname=app"),
+            "host=db user=app password=*** dbname=app"
+        );
         assert!(!format!("{:?}", PostgresStoreConfig::new("postgres://u:pw@h/d")).contains("pw@"));
     }
 }

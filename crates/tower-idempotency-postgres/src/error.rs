@@ -14,7 +14,9 @@ fn is_unavailable_code(code: &str) -> bool {
     // 08: connection exception; 53: insufficient resources (too many connections, out of
     // memory or disk); 57P01-57P05: admin/crash shutdown, cannot connect now, idle session
     // timeout; 40P01 is not here: a deadlock is a backend failure worth seeing.
-    code.starts_with("08") || code.starts_with("53") || matches!(code, "57P01" | "57P02" | "57P03" | "57P05")
+    code.starts_with("08")
+        || code.starts_with("53")
+        || matches!(code, "57P01" | "57P02" | "57P03" | "57P05")
 }
 
 /// Display prefixes of `tokio_postgres` errors that come from the program, not the network.

@@ -59,12 +59,17 @@ pub(crate) async fn run(client: &mut Client, schema: &str) -> Result<Vec<i32>, S
     // Look before creating: `CREATE SCHEMA IF NOT EXISTS` demands the database-level CREATE
     // privilege even when the schema exists, which an app role often lacks.
     let exists = tx
-        .query_opt("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1", &[&schema])
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1",
+            &[&schema],
+        )
         .await
         .map_err(from_pg)?
         .is_some();
     if !exists {
-        tx.batch_execute(&format!("CREATE SCHEMA \"{schema}\"")).await.map_err(from_pg)?;
+        tx.batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
+            .await
+            .map_err(from_pg)?;
     }
     tx.batch_execute(&format!(
         "SET LOCAL search_path TO \"{schema}\";
@@ -111,7 +116,11 @@ mod tests {
     fn migrations_are_ordered_and_named_by_version() {
         for (index, migration) in MIGRATIONS.iter().enumerate() {
             assert_eq!(migration.version, i32::try_from(index + 1).unwrap());
-            assert!(migration.name.starts_with(&format!("{:04}_", migration.version)));
+            assert!(
+                migration
+                    .name
+                    .starts_with(&format!("{:04}_", migration.version))
+            );
             assert!(!migration.sql.trim().is_empty());
         }
     }

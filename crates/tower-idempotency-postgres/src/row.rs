@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use tokio_postgres::Row;
 use tower_idempotency_core::{
-    Fingerprint, IdempotencyKey, Operation, OperationId, OperationState, Scope, StoredResponse, StoreError,
+    Fingerprint, IdempotencyKey, Operation, OperationId, OperationState, Scope, StoreError,
+    StoredResponse,
 };
 use uuid::Uuid;
 
@@ -23,7 +24,10 @@ pub(crate) struct OperationRow {
     pub(crate) db_now: SystemTime,
 }
 
-fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, column: &str) -> Result<T, StoreError> {
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    column: &str,
+) -> Result<T, StoreError> {
     row.try_get(column).map_err(from_pg)
 }
 
@@ -38,19 +42,25 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
         state = OperationState::Unknown;
     }
     let key_text: String = get(row, "idempotency_key")?;
-    let key = IdempotencyKey::new(&key_text).map_err(|err| corrupt(format!("stored key is invalid: {err}")))?;
+    let key = IdempotencyKey::new(&key_text)
+        .map_err(|err| corrupt(format!("stored key is invalid: {err}")))?;
     let retention_us: i64 = get(row, "retention_us")?;
     let attempts: i32 = get(row, "attempts")?;
     let replays: i64 = get(row, "replays")?;
     let response = match (state, get::<Option<i32>>(row, "response_status")?) {
         (OperationState::Completed, Some(status)) => {
-            let names: Vec<String> = get::<Option<Vec<String>>>(row, "response_header_names")?.unwrap_or_default();
+            let names: Vec<String> =
+                get::<Option<Vec<String>>>(row, "response_header_names")?.unwrap_or_default();
             let values: Vec<Vec<u8>> =
                 get::<Option<Vec<Vec<u8>>>>(row, "response_header_values")?.unwrap_or_default();
             let body: Option<Vec<u8>> = get(row, "response_body")?;
             Some(StoredResponse {
-                status: u16::try_from(status).map_err(|_| corrupt(format!("stored status {status} out of range")))?,
-                headers: names.into_iter().zip(values.into_iter().map(Bytes::from)).collect(),
+                status: u16::try_from(status)
+                    .map_err(|_| corrupt(format!("stored status {status} out of range")))?,
+                headers: names
+                    .into_iter()
+                    .zip(values.into_iter().map(Bytes::from))
+                    .collect(),
                 body: body.map(Bytes::from),
             })
         }
@@ -91,7 +101,8 @@ pub(crate) fn resolution(row: &Row) -> Result<ResolutionRecord, StoreError> {
     Ok(ResolutionRecord {
         operation_id: OperationId::from_uuid(get(row, "operation_id")?),
         scope: Scope::new(get::<String>(row, "scope")?),
-        key: IdempotencyKey::new(&key_text).map_err(|err| corrupt(format!("stored key is invalid: {err}")))?,
+        key: IdempotencyKey::new(&key_text)
+            .map_err(|err| corrupt(format!("stored key is invalid: {err}")))?,
         fingerprint: Fingerprint::from_stored(get::<String>(row, "fingerprint")?),
         method: get(row, "method")?,
         route: get(row, "route")?,

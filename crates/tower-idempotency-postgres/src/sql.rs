@@ -17,13 +17,15 @@ const COLUMNS: &str = "operation_id, scope, idempotency_key, fingerprint, method
 /// The row's retention has ended and nothing holds it: it is as good as absent (purge will
 /// delete it; a new reservation replaces it). An in-progress row never qualifies while its
 /// lease is live.
-const EXPIRED: &str = "(o.expires_at <= now() AND (o.state <> 'in_progress' OR o.lease_expires_at <= now()))";
+const EXPIRED: &str =
+    "(o.expires_at <= now() AND (o.state <> 'in_progress' OR o.lease_expires_at <= now()))";
 
 /// The row is `in_progress` but its lease ran out: its outcome is unknown.
 const LAPSED: &str = "(o.state = 'in_progress' AND o.lease_expires_at <= now())";
 
 /// The row is unknown: marked so, or its lease lapsed.
-const UNKNOWN: &str = "(o.state = 'unknown' OR (o.state = 'in_progress' AND o.lease_expires_at <= now()))";
+const UNKNOWN: &str =
+    "(o.state = 'unknown' OR (o.state = 'in_progress' AND o.lease_expires_at <= now()))";
 
 /// A microsecond count parameter as an interval.
 fn micros(param: &str) -> String {
@@ -66,7 +68,9 @@ impl Queries {
         let take = format!(
             "(NOT {EXPIRED} AND $11::boolean AND o.fingerprint = excluded.fingerprint AND {UNKNOWN})"
         );
-        let replay = format!("(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = excluded.fingerprint)");
+        let replay = format!(
+            "(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = excluded.fingerprint)"
+        );
         // One statement decides every case. The conflict branch always updates (often to
         // the same values) so that RETURNING yields the row as it now stands, including a
         // row committed by a concurrent reserve after this statement's snapshot; a

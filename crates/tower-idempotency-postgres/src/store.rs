@@ -17,8 +17,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
-    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, Reservation, ReserveRequest, Scope,
-    Store, StoreError, StoredResponse,
+    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, Reservation,
+    ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
 
 use crate::config::{ConfigError, PostgresStoreConfig, is_identifier};
@@ -78,7 +78,9 @@ impl PostgresStore {
             return Err(ConfigError::InvalidSchema(config.schema.clone()));
         }
         if config.query_timeout.is_zero() {
-            return Err(ConfigError::InvalidSetting("query_timeout must be positive"));
+            return Err(ConfigError::InvalidSetting(
+                "query_timeout must be positive",
+            ));
         }
         if config.poll_initial.is_zero() || config.poll_max < config.poll_initial {
             return Err(ConfigError::InvalidSetting(
@@ -103,12 +105,17 @@ impl PostgresStore {
     /// Must be called inside a Tokio runtime (the pool's timeouts use it).
     pub fn from_config(config: &PostgresStoreConfig) -> Result<Self, ConfigError> {
         if config.max_connections == 0 {
-            return Err(ConfigError::InvalidSetting("max_connections must be positive"));
+            return Err(ConfigError::InvalidSetting(
+                "max_connections must be positive",
+            ));
         }
         if config.connect_timeout.is_zero() || config.wait_timeout.is_zero() {
-            return Err(ConfigError::InvalidSetting("connect_timeout and wait_timeout must be positive"));
+            return Err(ConfigError::InvalidSetting(
+                "connect_timeout and wait_timeout must be positive",
+            ));
         }
-        let mut pg_config: tokio_postgres::Config = config.url.parse().map_err(ConfigError::InvalidUrl)?;
+        let mut pg_config: tokio_postgres::Config =
+            config.url.parse().map_err(ConfigError::InvalidUrl)?;
         pg_config.connect_timeout(config.connect_timeout);
         if pg_config.get_application_name().is_none() {
             pg_config.application_name("tower-idempotency");
@@ -184,7 +191,11 @@ impl PostgresStore {
     }
 
     /// Runs `call` within the query timeout.
-    pub(crate) async fn bounded<T>(&self, what: &'static str, call: impl Future<Output = Result<T>>) -> Result<T> {
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &'static str,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         match tokio::time::timeout(self.inner.query_timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(timed_out(what)),
@@ -207,7 +218,12 @@ impl PostgresStore {
     }
 
     /// One prepared statement returning the number of rows it touched.
-    pub(crate) async fn execute(&self, what: &'static str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+    pub(crate) async fn execute(
+        &self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64> {
         self.bounded(what, async {
             let client = self.client().await?;
             let statement = client.prepare_cached(sql).await.map_err(from_pg)?;
@@ -216,13 +232,26 @@ impl PostgresStore {
         .await
     }
 
-    async fn read_one(&self, what: &'static str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<OperationRow>> {
-        self.query(what, sql, params).await?.first().map(row::operation).transpose()
+    async fn read_one(
+        &self,
+        what: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<OperationRow>> {
+        self.query(what, sql, params)
+            .await?
+            .first()
+            .map(row::operation)
+            .transpose()
     }
 
     async fn get_row(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<OperationRow>> {
-        self.read_one("get", &self.inner.queries.get, &[&scope.as_str(), &key.as_str()])
-            .await
+        self.read_one(
+            "get",
+            &self.inner.queries.get,
+            &[&scope.as_str(), &key.as_str()],
+        )
+        .await
     }
 
     /// A fenced write that touched no row: the caller's lease is not current.
@@ -238,7 +267,13 @@ impl PostgresStore {
         }
     }
 
-    async fn fenced(&self, what: &'static str, sql: &str, lease: &Lease, extra: &[&(dyn ToSql + Sync)]) -> Result<()> {
+    async fn fenced(
+        &self,
+        what: &'static str,
+        sql: &str,
+        lease: &Lease,
+        extra: &[&(dyn ToSql + Sync)],
+    ) -> Result<()> {
         let operation_id = lease.operation_id.as_uuid();
         let lease_id = lease.lease_id.as_uuid();
         let (scope, key) = (lease.scope.as_str(), lease.key.as_str());
@@ -282,7 +317,10 @@ impl Store for PostgresStore {
             &micros(request.unknown_retention),
             &request.take_over_unknown,
         ];
-        let Some(row) = self.read_one("reserve", &self.inner.queries.reserve, &params).await? else {
+        let Some(row) = self
+            .read_one("reserve", &self.inner.queries.reserve, &params)
+            .await?
+        else {
             return Err(StoreError::Backend("reserve returned no row".into()));
         };
         if row.lease_id == Some(lease_uuid) {
@@ -314,8 +352,16 @@ impl Store for PostgresStore {
         let operation_id = lease.operation_id.as_uuid();
         let lease_id = lease.lease_id.as_uuid();
         let status = i32::from(response.status);
-        let names: Vec<&str> = response.headers.iter().map(|(name, _)| name.as_str()).collect();
-        let values: Vec<&[u8]> = response.headers.iter().map(|(_, value)| value.as_ref()).collect();
+        let names: Vec<&str> = response
+            .headers
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        let values: Vec<&[u8]> = response
+            .headers
+            .iter()
+            .map(|(_, value)| value.as_ref())
+            .collect();
         let body: Option<&[u8]> = response.body.as_deref();
         let params: [&(dyn ToSql + Sync); 8] = [
             &lease.scope.as_str(),
@@ -327,30 +373,44 @@ impl Store for PostgresStore {
             &values,
             &body,
         ];
-        match self.read_one("complete", &self.inner.queries.complete, &params).await? {
+        match self
+            .read_one("complete", &self.inner.queries.complete, &params)
+            .await?
+        {
             Some(row) => Ok(row.operation),
             None => Err(Self::lease_lost("complete", lease)),
         }
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.fenced("release", &self.inner.queries.release, lease, &[]).await
+        self.fenced("release", &self.inner.queries.release, lease, &[])
+            .await
     }
 
     async fn abandon(&self, lease: &Lease) -> Result<()> {
-        self.fenced("abandon", &self.inner.queries.abandon, lease, &[]).await
+        self.fenced("abandon", &self.inner.queries.abandon, lease, &[])
+            .await
     }
 
     async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
         let by = micros(by);
-        self.fenced("extend_lease", &self.inner.queries.extend_lease, lease, &[&by])
-            .await
+        self.fenced(
+            "extend_lease",
+            &self.inner.queries.extend_lease,
+            lease,
+            &[&by],
+        )
+        .await
     }
 
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
         let id = id.as_uuid();
-        self.execute("mark_delivered", &self.inner.queries.mark_delivered, &[&scope.as_str(), &id])
-            .await?;
+        self.execute(
+            "mark_delivered",
+            &self.inner.queries.mark_delivered,
+            &[&scope.as_str(), &id],
+        )
+        .await?;
         Ok(())
     }
 
@@ -361,7 +421,11 @@ impl Store for PostgresStore {
     async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
         let id = id.as_uuid();
         Ok(self
-            .read_one("get_by_id", &self.inner.queries.get_by_id, &[&scope.as_str(), &id])
+            .read_one(
+                "get_by_id",
+                &self.inner.queries.get_by_id,
+                &[&scope.as_str(), &id],
+            )
             .await?
             .map(|row| row.operation))
     }
@@ -370,7 +434,12 @@ impl Store for PostgresStore {
     /// LISTEN/NOTIFY): the pause starts at `poll_initial`, doubles up to `poll_max`, and never
     /// runs past the caller's deadline or the record's lease end, so a completion is seen
     /// within one pause and a lapsed lease as soon as it lapses.
-    async fn wait(&self, scope: &Scope, key: &IdempotencyKey, timeout: Duration) -> Result<Option<Operation>> {
+    async fn wait(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        timeout: Duration,
+    ) -> Result<Option<Operation>> {
         let deadline = Instant::now() + timeout;
         let mut pause = self.inner.poll_initial;
         loop {
@@ -399,7 +468,9 @@ impl Store for PostgresStore {
             return Ok(0);
         }
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        let deleted = self.execute("purge_expired", &self.inner.queries.purge, &[&limit]).await?;
+        let deleted = self
+            .execute("purge_expired", &self.inner.queries.purge, &[&limit])
+            .await?;
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 }

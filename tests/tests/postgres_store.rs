@@ -1,0 +1,568 @@
+//! PostgreSQL store behaviour beyond the conformance suite: several app instances (independent
+//! pools) on one database, fencing across instances, migrations racing, purge boundaries,
+//! expired records, error classification and operator resolutions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use integration_tests::pg::test_database;
+use tokio::sync::Barrier;
+use tower_idempotency_core::{
+    Fingerprint, IdempotencyKey, OperationState, Reservation, ReserveRequest, Scope, Store,
+    StoreError, StoredResponse,
+};
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig, Resolution, ResolveOutcome};
+use uuid::Uuid;
+
+async fn store(url: &str) -> PostgresStore {
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        max_connections: 8,
+        ..PostgresStoreConfig::new(url)
+    })
+    .unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+fn request(scope: &Scope, key: &str, fingerprint: &str) -> ReserveRequest {
+    ReserveRequest {
+        scope: scope.clone(),
+        key: IdempotencyKey::new(key).unwrap(),
+        fingerprint: Fingerprint::from_stored(fingerprint),
+        method: "POST".to_owned(),
+        route: "/v1/payments".to_owned(),
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(600),
+        unknown_retention: Duration::from_secs(3600),
+        take_over_unknown: false,
+    }
+}
+
+fn response(body: &str) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![
+            (
+                "content-type".to_owned(),
+                Bytes::from_static(b"application/json"),
+            ),
+            // Header values need not be UTF-8; the store keeps raw bytes.
+            ("x-raw".to_owned(), Bytes::from_static(b"\xff\x00ok")),
+        ],
+        body: Some(Bytes::from(body.to_owned())),
+    }
+}
+
+fn fresh_scope() -> Scope {
+    Scope::new(format!("acct_{}", Uuid::new_v4().simple()))
+}
+
+async fn sql_count(url: &str, sql: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_racing_fifty_copies_execute_once() {
+    let db = test_database().await;
+    // Two app instances: independent pools, nothing shared in process.
+    let instances = [store(db.url()).await, store(db.url()).await];
+    let scope = fresh_scope();
+    let barrier = Arc::new(Barrier::new(50));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let instance = instances[i % 2].clone();
+        let barrier = Arc::clone(&barrier);
+        let request = request(&scope, "race-1", "sha256:race");
+        tasks.spawn(async move {
+            barrier.wait().await;
+            instance.reserve(request).await.unwrap()
+        });
+    }
+    let mut winners = Vec::new();
+    let mut ids = std::collections::HashSet::new();
+    while let Some(reservation) = tasks.join_next().await {
+        match reservation.unwrap() {
+            Reservation::Acquired {
+                operation, lease, ..
+            } => {
+                ids.insert(operation.id);
+                winners.push(lease);
+            }
+            Reservation::Existing(operation) => {
+                assert_eq!(operation.state, OperationState::InProgress);
+                ids.insert(operation.id);
+            }
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one of 50 racing reservations may execute"
+    );
+    assert_eq!(ids.len(), 1, "every racer must see the one operation");
+
+    // The winner finishes on its instance; the other instance replays it.
+    let lease = winners.pop().unwrap();
+    instances[0]
+        .complete(&lease, response(r#"{"id":"pay_1"}"#))
+        .await
+        .unwrap();
+    match instances[1]
+        .reserve(request(&scope, "race-1", "sha256:race"))
+        .await
+        .unwrap()
+    {
+        Reservation::Existing(operation) => {
+            assert_eq!(operation.state, OperationState::Completed);
+            assert_eq!(operation.response, Some(response(r#"{"id":"pay_1"}"#)));
+            assert_eq!(operation.replays, 1);
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert_eq!(
+        sql_count(db.url(), "SELECT count(*) FROM idempotency_operations").await,
+        1,
+        "one row for one key"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_worker_on_another_instance_is_refused_after_a_takeover() {
+    let db = test_database().await;
+    let (a, b) = (store(db.url()).await, store(db.url()).await);
+    let scope = fresh_scope();
+    let short = ReserveRequest {
+        lease: Duration::from_millis(200),
+        ..request(&scope, "deploy-7", "sha256:deploy")
+    };
+    let Reservation::Acquired { lease: stale, .. } = a.reserve(short).await.unwrap() else {
+        panic!("fresh key must be acquired");
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let takeover = ReserveRequest {
+        take_over_unknown: true,
+        ..request(&scope, "deploy-7", "sha256:deploy")
+    };
+    let Reservation::Acquired {
+        lease: current,
+        takeover: true,
+        operation,
+    } = b.reserve(takeover).await.unwrap()
+    else {
+        panic!("the unknown operation must be taken over");
+    };
+    assert_eq!(operation.attempts, 2);
+
+    // The first worker wakes up late and tries to finish: refused, record untouched.
+    let late = a.complete(&stale, response("stale")).await;
+    assert!(
+        matches!(late, Err(StoreError::LeaseLost { .. })),
+        "{late:?}"
+    );
+    assert!(matches!(
+        a.release(&stale).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    let read = b.get(&scope, &stale.key).await.unwrap().unwrap();
+    assert_eq!(read.state, OperationState::InProgress);
+    assert_eq!(read.response, None);
+
+    let done = b.complete(&current, response("current")).await.unwrap();
+    assert_eq!(done.response, Some(response("current")));
+}
+
+#[tokio::test]
+async fn concurrent_migrations_apply_each_file_once() {
+    let db = test_database().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let store = PostgresStore::from_config(&PostgresStoreConfig::new(db.url())).unwrap();
+        tasks.spawn(async move { store.migrate().await.unwrap() });
+    }
+    let mut applied = Vec::new();
+    while let Some(versions) = tasks.join_next().await {
+        applied.extend(versions.unwrap());
+    }
+    applied.sort_unstable();
+    let expected: Vec<i32> = tower_idempotency_postgres::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(
+        applied, expected,
+        "each migration applied exactly once across racing instances"
+    );
+    assert_eq!(
+        sql_count(
+            db.url(),
+            "SELECT count(*) FROM idempotency_schema_migrations"
+        )
+        .await,
+        i64::try_from(expected.len()).unwrap()
+    );
+    // Re-applying is a no-op, and the SQL files themselves are idempotent too.
+    let store = store(db.url()).await;
+    assert!(store.migrate().await.unwrap().is_empty());
+    let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    for migration in tower_idempotency_postgres::MIGRATIONS {
+        client.batch_execute(migration.sql).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn purge_deletes_only_expired_rows_in_bounded_batches() {
+    let db = test_database().await;
+    let store = store(db.url()).await;
+    let scope = fresh_scope();
+    let short = Duration::from_millis(200);
+    // 25 completed records whose retention runs out, and one of each kind that must stay.
+    for i in 0..25 {
+        let req = ReserveRequest {
+            retention: short,
+            ..request(&scope, &format!("old-{i}"), "sha256:a")
+        };
+        let Reservation::Acquired { lease, .. } = store.reserve(req).await.unwrap() else {
+            panic!()
+        };
+        store.complete(&lease, response("old")).await.unwrap();
+    }
+    let Reservation::Acquired { lease, .. } = store
+        .reserve(request(&scope, "fresh", "sha256:a"))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    store.complete(&lease, response("fresh")).await.unwrap();
+    // Lease lapsed, unknown retention long: kept for an operator.
+    let lapsed = ReserveRequest {
+        lease: short,
+        ..request(&scope, "lapsed", "sha256:a")
+    };
+    let _ = store.reserve(lapsed).await.unwrap();
+    // Running, with a short unknown retention: never purged while its lease is live.
+    let running = ReserveRequest {
+        unknown_retention: short,
+        ..request(&scope, "running", "sha256:a")
+    };
+    let _ = store.reserve(running).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    assert_eq!(store.purge_expired(10).await.unwrap(), 10);
+    assert_eq!(store.purge_expired(10).await.unwrap(), 10);
+    assert_eq!(store.purge_expired(10).await.unwrap(), 5);
+    assert_eq!(store.purge_expired(10).await.unwrap(), 0);
+    assert_eq!(store.purge_expired(0).await.unwrap(), 0);
+    let left = sql_count(db.url(), "SELECT count(*) FROM idempotency_operations").await;
+    assert_eq!(left, 3, "fresh, lapsed and running records stay");
+    for (key, state) in [
+        ("fresh", OperationState::Completed),
+        ("lapsed", OperationState::Unknown),
+        ("running", OperationState::InProgress),
+    ] {
+        let read = store
+            .get(&scope, &IdempotencyKey::new(key).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read.state, state, "{key}");
+    }
+}
+
+#[tokio::test]
+async fn an_expired_record_is_replaced_by_a_new_reservation_before_purge() {
+    let db = test_database().await;
+    let store = store(db.url()).await;
+    let scope = fresh_scope();
+    let req = ReserveRequest {
+        retention: Duration::from_millis(200),
+        ..request(&scope, "k", "sha256:first")
+    };
+    let Reservation::Acquired {
+        operation: first,
+        lease,
+        ..
+    } = store.reserve(req).await.unwrap()
+    else {
+        panic!()
+    };
+    store.complete(&lease, response("first")).await.unwrap();
+    store.mark_delivered(&scope, first.id).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        store.get(&scope, &lease.key).await.unwrap(),
+        None,
+        "expired reads as absent"
+    );
+    // Past retention the key is free again, even for another command: no mismatch, and
+    // nothing of the old record (response, counters) leaks into the new one.
+    match store
+        .reserve(request(&scope, "k", "sha256:second"))
+        .await
+        .unwrap()
+    {
+        Reservation::Acquired {
+            operation,
+            takeover,
+            ..
+        } => {
+            assert!(!takeover);
+            assert_ne!(operation.id, first.id);
+            assert_eq!(operation.fingerprint.as_str(), "sha256:second");
+            assert_eq!(
+                (operation.attempts, operation.replays, operation.delivered),
+                (1, 0, false)
+            );
+            assert_eq!(operation.response, None);
+            assert_eq!(operation.completed_at, None);
+        }
+        other => panic!("an expired record must not block its key: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bodies_and_headers_round_trip_exactly() {
+    let db = test_database().await;
+    let store = store(db.url()).await;
+    let scope = fresh_scope();
+    let body: Vec<u8> = (0..=255u8).cycle().take(200_000).collect();
+    let stored = StoredResponse {
+        status: 202,
+        headers: vec![
+            ("a".to_owned(), Bytes::from_static(b"1")),
+            ("a".to_owned(), Bytes::from_static(b"2")),
+            ("empty".to_owned(), Bytes::new()),
+        ],
+        body: Some(Bytes::from(body)),
+    };
+    let Reservation::Acquired { lease, .. } = store
+        .reserve(request(&scope, "bin", "sha256:b"))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    store.complete(&lease, stored.clone()).await.unwrap();
+    let read = store.get(&scope, &lease.key).await.unwrap().unwrap();
+    assert_eq!(
+        read.response,
+        Some(stored),
+        "status, repeated headers in order, binary body"
+    );
+
+    // A response whose body was not kept stays "not replayable", not an empty body.
+    let unkept = StoredResponse {
+        status: 200,
+        headers: Vec::new(),
+        body: None,
+    };
+    let Reservation::Acquired { lease, .. } = store
+        .reserve(request(&scope, "big", "sha256:b"))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    store.complete(&lease, unkept.clone()).await.unwrap();
+    let read = store.get(&scope, &lease.key).await.unwrap().unwrap();
+    assert_eq!(read.response, Some(unkept));
+}
+
+#[tokio::test]
+async fn a_missing_schema_is_a_backend_error_not_an_outage() {
+    let db = test_database().await;
+    // No migrate(): the tables do not exist. That is a deployment bug, not "try later".
+    let store = PostgresStore::from_config(&PostgresStoreConfig::new(db.url())).unwrap();
+    let error = store
+        .reserve(request(&fresh_scope(), "k", "sha256:x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Backend(_)), "{error:?}");
+}
+
+#[tokio::test]
+async fn nothing_listening_is_unavailable() {
+    // A port nobody listens on: connection refused → Unavailable (the layer's 503).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        connect_timeout: Duration::from_millis(500),
+        ..PostgresStoreConfig::new(format!("postgres://postgres@127.0.0.1:{port}/none"))
+    })
+    .unwrap();
+    let error = tokio::time::timeout(
+        Duration::from_secs(20),
+        store.reserve(request(&fresh_scope(), "k", "sha256:x")),
+    )
+    .await
+    .expect("an unreachable store must answer, not hang")
+    .unwrap_err();
+    assert!(matches!(error, StoreError::Unavailable(_)), "{error:?}");
+    assert!(matches!(
+        PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/none")).await,
+        Err(tower_idempotency_postgres::ConnectError::Store(
+            StoreError::Unavailable(_)
+        ))
+    ));
+}
+
+#[tokio::test]
+async fn invalid_configuration_is_refused_up_front() {
+    for schema in ["", "1x", "a-b", "x\"; DROP TABLE y; --"] {
+        let config = PostgresStoreConfig {
+            schema: schema.to_owned(),
+            ..PostgresStoreConfig::new("postgres://localhost/x")
+        };
+        assert!(
+            matches!(
+                PostgresStore::from_config(&config),
+                Err(tower_idempotency_postgres::ConfigError::InvalidSchema(_))
+            ),
+            "{schema:?}"
+        );
+    }
+    assert!(PostgresStore::from_config(&PostgresStoreConfig::new("postgres://[bad")).is_err());
+}
+
+#[tokio::test]
+async fn operator_resolutions_fence_the_old_worker_and_are_recorded() {
+    let db = test_database().await;
+    let store = store(db.url()).await;
+    let scope = fresh_scope();
+    let short = |key: &str| ReserveRequest {
+        lease: Duration::from_millis(200),
+        ..request(&scope, key, "sha256:r")
+    };
+    let Reservation::Acquired {
+        operation: failed_op,
+        lease: failed_lease,
+        ..
+    } = store.reserve(short("fail")).await.unwrap()
+    else {
+        panic!()
+    };
+    let Reservation::Acquired {
+        operation: done_op,
+        lease: done_lease,
+        ..
+    } = store.reserve(short("done")).await.unwrap()
+    else {
+        panic!()
+    };
+    let Reservation::Acquired {
+        operation: live_op, ..
+    } = store
+        .reserve(request(&scope, "live", "sha256:r"))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let unknown = store
+        .list_operations(OperationState::Unknown, 100)
+        .await
+        .unwrap();
+    let ids: Vec<_> = unknown.iter().map(|op| op.id).collect();
+    assert!(ids.contains(&failed_op.id) && ids.contains(&done_op.id) && !ids.contains(&live_op.id));
+
+    // A running operation cannot be resolved.
+    let refused = store
+        .resolve(live_op.id, Resolution::Failed, "no")
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, ResolveOutcome::NotUnknown(_)),
+        "{refused:?}"
+    );
+    let missing = store
+        .resolve(
+            tower_idempotency_core::OperationId::new(),
+            Resolution::Failed,
+            "no",
+        )
+        .await
+        .unwrap();
+    assert_eq!(missing, ResolveOutcome::NotFound);
+
+    // failed: the row goes (a retry executes again), the decision stays on record.
+    let ResolveOutcome::Resolved(record) = store
+        .resolve(
+            failed_op.id,
+            Resolution::Failed,
+            "payment provider shows no charge",
+        )
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        (record.resolution, record.reason.as_str()),
+        (Resolution::Failed, "payment provider shows no charge")
+    );
+    assert!(matches!(
+        store.complete(&failed_lease, response("late")).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    assert_eq!(store.find_operation(failed_op.id).await.unwrap(), None);
+    assert_eq!(
+        store.find_resolution(failed_op.id).await.unwrap(),
+        Some(record)
+    );
+    assert!(matches!(
+        store
+            .reserve(request(&scope, "fail", "sha256:r"))
+            .await
+            .unwrap(),
+        Reservation::Acquired {
+            takeover: false,
+            ..
+        }
+    ));
+
+    // completed: the row stays, completed without a stored response; retries do not run.
+    let ResolveOutcome::Resolved(record) = store
+        .resolve(done_op.id, Resolution::Completed, "ledger shows the entry")
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(record.resolution, Resolution::Completed);
+    assert!(matches!(
+        store.complete(&done_lease, response("late")).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    match store
+        .reserve(request(&scope, "done", "sha256:r"))
+        .await
+        .unwrap()
+    {
+        Reservation::Existing(operation) => {
+            assert_eq!(operation.state, OperationState::Completed);
+            assert_eq!(operation.response, None);
+        }
+        other => panic!("a resolved-completed operation must not run again: {other:?}"),
+    }
+    // Resolving twice is refused: it is no longer unknown.
+    assert!(matches!(
+        store
+            .resolve(done_op.id, Resolution::Failed, "changed my mind")
+            .await
+            .unwrap(),
+        ResolveOutcome::NotUnknown(_)
+    ));
+}
