@@ -13,7 +13,7 @@ use axum::extract::Request;
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tower_idempotency_core::Scope;
+use tower_idempotency::Scope;
 
 use crate::problem::Problem;
 

@@ -28,11 +28,15 @@ pub mod problem;
 pub mod routes;
 
 use std::future::Future;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::http::Method;
 use axum::routing::{get, post};
+use serde_json::Value;
 use tokio::net::TcpListener;
+use tower_idempotency::{CommandRejection, IdempotencyLayer, MemoryStore, RoutePolicy, Store};
 
 pub use crate::auth::Account;
 pub use crate::config::{Config, USAGE};
@@ -59,6 +63,9 @@ pub enum DemoError {
 
 /// Builds the demo's router for `config`: `/healthz` (no authentication), the write and
 /// list routes and, unless idempotency is off, the status routes under `/operations`.
+///
+/// Without a database URL the idempotency store is an in-memory [`MemoryStore`] with a
+/// purge task (so this must run inside a Tokio runtime).
 pub async fn app(config: &Config) -> Result<Router, DemoError> {
     if config.database_url.is_some() {
         return Err(DemoError::PostgresUnsupported);
@@ -80,6 +87,16 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
             "/v1/deploys",
             post(routes::create_deploy).get(routes::list_deploys),
         );
+    let api = if config.idempotency {
+        let store = MemoryStore::default();
+        tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+        let idempotency = idempotency_layer(config, store);
+        // `GET`s pass through the layer untouched; only writes are guarded.
+        api.layer(idempotency.clone())
+            .merge(idempotency.status_router())
+    } else {
+        api
+    };
     let api = api
         // Without the layer this is what enforces the body limit; with it, the layer
         // answers first (before anything is stored) and this never triggers.
@@ -90,6 +107,43 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
     Ok(Router::new()
         .route("/healthz", get(routes::healthz))
         .merge(api))
+}
+
+/// How often the in-memory store's expired records are purged, and how many at a time.
+const PURGE_PERIOD: Duration = Duration::from_secs(60);
+const PURGE_BATCH: usize = 1000;
+
+/// The idempotency layer of the demo: every write route requires a key, with the
+/// configured lease and wait bound, and runs its command validation as the route's
+/// normalizer, so invalid commands are refused before anything is stored and the
+/// fingerprint describes the command with its defaults applied.
+pub fn idempotency_layer(config: &Config, store: impl Store) -> IdempotencyLayer {
+    let policy = RoutePolicy::required()
+        .with_lease(config.lease)
+        .with_wait(config.wait);
+    let with = |normalize: fn(&mut Value) -> Result<(), Problem>| {
+        policy.clone().with_normalizer(move |command: &mut Value| {
+            normalize(command).map_err(|problem| CommandRejection::new(problem.detail()))
+        })
+    };
+    IdempotencyLayer::new(store)
+        .with_body_limit(BODY_LIMIT)
+        .with_default_policy(policy.clone())
+        .with_route_policy(
+            Method::POST,
+            "/v1/tickets",
+            with(commands::normalize_ticket),
+        )
+        .with_route_policy(
+            Method::POST,
+            "/v1/payments",
+            with(commands::normalize_payment),
+        )
+        .with_route_policy(
+            Method::POST,
+            "/v1/deploys",
+            with(commands::normalize_deploy),
+        )
 }
 
 /// Serves the demo on `listener` until `shutdown` completes, then finishes in-flight

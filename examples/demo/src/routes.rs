@@ -176,6 +176,6 @@ fn is_json(headers: &HeaderMap) -> bool {
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    // The same test the idempotency layer uses to decide a body is JSON.
+    essence == "application/json" || essence.ends_with("+json")
 }
