@@ -23,6 +23,15 @@
 //! [`spawn_purge_task`](crate::purge::spawn_purge_task) so that expired records leave
 //! before the store fills up.
 //!
+//! # Leases
+//!
+//! An `in_progress` record whose lease ran out reads (and is stored) as `unknown`. Its
+//! lease stays current until someone takes the operation over: a result that arrives late
+//! is real, so [`Store::complete`] still accepts it, turning an unknown outcome into a
+//! replayable one (and a late [`Store::extend_lease`] puts it back `in_progress`). A take-
+//! over, completion, abandonment or release ends the lease; after that every call with it
+//! fails with [`StoreError::LeaseLost`].
+//!
 //! # Time
 //!
 //! Leases and retention are decided with [`tokio::time::Instant`] (so tests can pause and
