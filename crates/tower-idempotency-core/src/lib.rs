@@ -4,7 +4,7 @@
 //!
 //! Most users depend on the `tower-idempotency` crate, which re-exports everything here.
 //! Store implementers depend on this crate alone and run the
-//! [`conformance`](crate::conformance) suite (feature `conformance`) against their store.
+//! `conformance` suite (feature `conformance`) against their store.
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
