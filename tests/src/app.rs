@@ -1,0 +1,251 @@
+//! Serving apps on `127.0.0.1:0` for the HTTP tests, and a small client over real HTTP.
+//!
+//! Every server gets its own OS-chosen port and lives until its [`TestServer`] is dropped,
+//! so tests run in parallel without sharing state. Nothing here fakes HTTP: requests go
+//! through reqwest, the kernel's loopback and hyper, as in production.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::{Method, RequestBuilder};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+/// Upper bound on any single HTTP exchange in the tests: generous, so a loaded machine is
+/// slow rather than failing, yet a hang still ends the test.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A server on a loopback port, stopped when dropped.
+#[derive(Debug)]
+pub struct TestServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl TestServer {
+    /// Serves `router` on `127.0.0.1:0`. Connection info is attached so handlers can use
+    /// `ConnectInfo`.
+    pub async fn start(router: axum::Router) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(
+                listener,
+                router.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+            .unwrap();
+        });
+        Self { addr, task }
+    }
+
+    /// Serves the demo router built from `config` (its `listen` address is ignored: the
+    /// port is picked by the OS).
+    pub async fn demo(config: demo::Config) -> Self {
+        Self::start(demo::app(&config).await.unwrap()).await
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// A client that authenticates as `account` (`Authorization: Bearer <account>`).
+    pub fn client(&self, account: &str) -> Client {
+        Client::new(self, Some(account))
+    }
+
+    /// A client that sends no `Authorization` header.
+    pub fn anonymous(&self) -> Client {
+        Client::new(self, None)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The demo's configuration for tests: defaults, on `127.0.0.1:0`.
+pub fn demo_config() -> demo::Config {
+    demo::Config {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..demo::Config::default()
+    }
+}
+
+/// A fresh idempotency key.
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// A fresh account name, so tests never see each other's records.
+pub fn new_account() -> String {
+    format!("acct_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// An HTTP client bound to one server and one account.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    account: Option<String>,
+}
+
+impl Client {
+    fn new(server: &TestServer, account: Option<&str>) -> Self {
+        Self {
+            http: Self::builder().build().unwrap(),
+            base: server.url(""),
+            account: account.map(str::to_owned),
+        }
+    }
+
+    /// The reqwest builder every client starts from (no proxy, [`REQUEST_TIMEOUT`]).
+    pub fn builder() -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(REQUEST_TIMEOUT)
+    }
+
+    /// The same client with a different reqwest client underneath (e.g. a short timeout).
+    pub fn with_http(mut self, http: reqwest::Client) -> Self {
+        self.http = http;
+        self
+    }
+
+    /// A request to `path`, authenticated as this client's account.
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.account {
+            Some(account) => request.bearer_auth(account),
+            None => request,
+        }
+    }
+
+    /// `POST path` with a JSON body, and `Idempotency-Key: key` when given.
+    pub async fn post(&self, path: &str, key: Option<&str>, body: impl Into<String>) -> Reply {
+        let mut request = self
+            .request(Method::POST, path)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body.into());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        Reply::from(request.send().await.unwrap()).await
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> Reply {
+        Reply::from(self.request(Method::GET, path).send().await.unwrap()).await
+    }
+
+    /// `GET path`, answering the body as JSON after asserting status 200.
+    pub async fn get_json(&self, path: &str) -> Value {
+        let reply = self.get(path).await;
+        assert_eq!(reply.status, 200, "GET {path}: {}", reply.text());
+        reply.json()
+    }
+}
+
+/// A fully read response.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Status code.
+    pub status: u16,
+    /// Response headers.
+    pub headers: HeaderMap,
+    /// Body bytes, exactly as received.
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// Reads a whole reqwest response.
+    pub async fn from(response: reqwest::Response) -> Self {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.unwrap().to_vec();
+        Self {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// The body as JSON (panics if it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.text()))
+    }
+
+    /// The body as text, for failure messages.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The `Operation-Id` header.
+    pub fn operation_id(&self) -> Option<&str> {
+        self.header("operation-id")
+    }
+
+    /// Whether `Idempotent-Replayed: true` is present.
+    pub fn is_replay(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+
+    /// Asserts an RFC 9457 problem with `status` whose `type` URI ends in `/slug`, and
+    /// returns its JSON.
+    #[track_caller]
+    pub fn assert_problem(&self, status: u16, slug: &str) -> Value {
+        assert_eq!(
+            self.status,
+            status,
+            "expected {status} {slug}, got: {}",
+            self.text()
+        );
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "problem content type for {slug}"
+        );
+        let json = self.json();
+        let type_uri = json["type"].as_str().unwrap_or_default();
+        assert!(
+            type_uri.ends_with(&format!("/{slug}")),
+            "problem type {type_uri:?} should end with /{slug}: {json}"
+        );
+        assert_eq!(json["status"], status, "problem status member: {json}");
+        json
+    }
+}
+
+/// Polls `probe` until it yields `Some`, or panics with `what` after `deadline`. For
+/// conditions that become true eventually (a background completion), instead of sleeping
+/// a fixed time.
+pub async fn eventually<T, F, Fut>(deadline: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(start.elapsed() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
