@@ -401,7 +401,7 @@ fn find_bindir() -> Option<PathBuf> {
                 Some((version, entry.path().join("bin")))
             })
             .collect();
-        versions.sort_by(|a, b| b.0.cmp(&a.0));
+        versions.sort_by_key(|(version, _)| std::cmp::Reverse(*version));
         candidates.extend(versions.into_iter().map(|(_, dir)| dir));
     }
     candidates.into_iter().find(|dir| complete(dir))

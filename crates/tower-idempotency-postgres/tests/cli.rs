@@ -1,0 +1,351 @@
+//! The `tower-idempotency` operator CLI, run as the built binary against a real PostgreSQL
+//! (the workspace's throwaway-cluster harness, or `DATABASE_URL`).
+
+#[allow(dead_code)]
+#[path = "../../../tests/src/pg.rs"]
+mod pg;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::Value;
+use tower_idempotency_core::{
+    Fingerprint, IdempotencyKey, OperationId, OperationState, Reservation, ReserveRequest, Scope,
+    Store,
+};
+use tower_idempotency_postgres::PostgresStore;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tower-idempotency");
+
+/// Runs the CLI with `args` and no `DATABASE_URL` unless given in `env`.
+fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("TOWER_IDEMPOTENCY_SCHEMA");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|err| panic!("not JSON ({err}): {}", stdout(output)))
+}
+
+fn request(scope: &Scope, key: &str, lease: Duration) -> ReserveRequest {
+    ReserveRequest {
+        scope: scope.clone(),
+        key: IdempotencyKey::new(key).unwrap(),
+        fingerprint: Fingerprint::from_stored("sha256:cli"),
+        method: "POST".to_owned(),
+        route: "/v1/deploys".to_owned(),
+        lease,
+        retention: Duration::from_secs(600),
+        unknown_retention: Duration::from_secs(3600),
+        take_over_unknown: false,
+    }
+}
+
+async fn acquire(store: &PostgresStore, request: ReserveRequest) -> OperationId {
+    match store.reserve(request).await.unwrap() {
+        Reservation::Acquired { operation, .. } => operation.id,
+        other => panic!("expected a fresh reservation, got {other:?}"),
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_before_touching_a_database() {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["show"],
+        &["show", "a", "b"],
+        &["list", "--limit", "0"],
+        &["list", "--bogus", "1"],
+        &["find", "--scope", "s"],
+        &[
+            "resolve",
+            "0190b3c2-0000-7000-8000-000000000000",
+            "--as",
+            "failed",
+        ],
+        &[
+            "resolve",
+            "0190b3c2-0000-7000-8000-000000000000",
+            "--as",
+            "maybe",
+            "--reason",
+            "x",
+        ],
+        &[
+            "resolve",
+            "0190b3c2-0000-7000-8000-000000000000",
+            "--as",
+            "failed",
+            "--reason",
+            "  ",
+        ],
+        &["migrate", "--scope", "s"],
+        &["list", "--database-url"],
+    ] {
+        let out = cli(
+            args,
+            &[("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")],
+        );
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).is_empty(), "{args:?} must explain itself");
+    }
+    // No database configured at all is a usage error too.
+    let out = cli(&["list"], &[]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("DATABASE_URL"), "{}", stderr(&out));
+    // A bad schema name is refused.
+    let out = cli(
+        &["--schema", "a;b", "list"],
+        &[("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+
+    for help in [&["help"][..], &["--help"], &["list", "-h"]] {
+        let out = cli(help, &[]);
+        assert_eq!(code(&out), 0);
+        assert!(stdout(&out).contains("EXIT CODES"), "{help:?}");
+    }
+}
+
+#[test]
+fn an_unreachable_database_exits_3() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/none");
+    for args in [&["migrate"][..], &["list"], &["purge"]] {
+        let out = cli(args, &[("DATABASE_URL", &url)]);
+        assert_eq!(code(&out), 3, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("unreachable"), "{}", stderr(&out));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_against_a_real_database() {
+    let db = pg::test_database().await;
+    let url = db.url().to_owned();
+    let with_url = |args: &[&str]| {
+        let mut all = vec!["--database-url", url.as_str()];
+        all.extend_from_slice(args);
+        cli(&all, &[])
+    };
+
+    // migrate: applies, then reports up to date; DATABASE_URL works as well as the flag.
+    let out = with_url(&["migrate"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("applied migrations [1, 2]"),
+        "{}",
+        stdout(&out)
+    );
+    let out = cli(&["migrate"], &[("DATABASE_URL", &url)]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("up to date"), "{}", stdout(&out));
+
+    let store = PostgresStore::connect(&url).await.unwrap();
+    let scope = Scope::new("acct_cli");
+    let lapsed_a = acquire(
+        &store,
+        request(&scope, "deploy-a", Duration::from_millis(200)),
+    )
+    .await;
+    let lapsed_b = acquire(
+        &store,
+        request(&scope, "deploy-b", Duration::from_millis(200)),
+    )
+    .await;
+    let running = acquire(&store, request(&scope, "deploy-c", Duration::from_secs(60))).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    // list --state unknown: the lapsed ones, not the running one.
+    let out = with_url(&["list", "--state", "unknown"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let listed = stdout(&out);
+    assert!(listed.starts_with("operation_id\tstate"), "{listed}");
+    assert!(
+        listed.contains(&lapsed_a.to_string()) && listed.contains(&lapsed_b.to_string()),
+        "{listed}"
+    );
+    assert!(!listed.contains(&running.to_string()), "{listed}");
+    let out = with_url(&["list", "--state", "unknown", "--limit", "1"]);
+    assert_eq!(
+        stdout(&out).lines().count(),
+        2,
+        "header and one row: {}",
+        stdout(&out)
+    );
+    let out = with_url(&["list", "--state", "in_progress"]);
+    assert!(
+        stdout(&out).contains(&running.to_string()),
+        "{}",
+        stdout(&out)
+    );
+
+    // show / find.
+    let out = with_url(&["show", &lapsed_a.to_string()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let shown = json(&out);
+    assert_eq!(shown["operation"]["state"], "unknown");
+    assert_eq!(shown["operation"]["key"], "deploy-a");
+    assert_eq!(shown["operation"]["scope"], "acct_cli");
+    assert_eq!(shown["resolution"], Value::Null);
+    let out = with_url(&["find", "--scope", "acct_cli", "--key", "deploy-c"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json(&out)["operation"]["operation_id"], running.to_string());
+    assert_eq!(json(&out)["operation"]["state"], "in_progress");
+
+    // Not found → 1; malformed id → 2.
+    let out = with_url(&["show", &OperationId::new().to_string()]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let out = with_url(&["find", "--scope", "acct_cli", "--key", "nope"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let out = with_url(&["find", "--scope", "other", "--key", "deploy-c"]);
+    assert_eq!(code(&out), 1, "scopes stay separate: {}", stdout(&out));
+    let out = with_url(&["show", "not-a-uuid"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let out = with_url(&[
+        "resolve",
+        &OperationId::new().to_string(),
+        "--as",
+        "failed",
+        "--reason",
+        "x",
+    ]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+
+    // A running operation cannot be resolved → 4, and is left alone.
+    let out = with_url(&[
+        "resolve",
+        &running.to_string(),
+        "--as",
+        "failed",
+        "--reason",
+        "impatient",
+    ]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    assert!(stderr(&out).contains("in_progress"), "{}", stderr(&out));
+
+    // resolve --as failed: the key is free again; the decision stays on record.
+    let out = with_url(&[
+        "resolve",
+        &lapsed_a.to_string(),
+        "--as",
+        "failed",
+        "--reason",
+        "rollback confirmed in logs",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json(&out)["resolution"]["resolution"], "failed");
+    let out = with_url(&["show", &lapsed_a.to_string()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let shown = json(&out);
+    assert_eq!(shown["operation"], Value::Null);
+    assert_eq!(shown["resolution"]["reason"], "rollback confirmed in logs");
+    assert!(matches!(
+        store
+            .reserve(request(&scope, "deploy-a", Duration::from_secs(60)))
+            .await
+            .unwrap(),
+        Reservation::Acquired { .. }
+    ));
+
+    // resolve --as completed: stays completed, never re-run; a second resolve is refused.
+    let out = with_url(&[
+        "resolve",
+        &lapsed_b.to_string(),
+        "--as=completed",
+        "--reason=deploy is live",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = with_url(&["show", &lapsed_b.to_string()]);
+    let shown = json(&out);
+    assert_eq!(shown["operation"]["state"], "completed");
+    assert_eq!(shown["operation"]["response"], Value::Null);
+    assert_eq!(shown["resolution"]["resolution"], "completed");
+    assert_eq!(shown["resolution"]["reason"], "deploy is live");
+    let existing = store
+        .get(&scope, &IdempotencyKey::new("deploy-b").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(existing.state, OperationState::Completed);
+    let out = with_url(&[
+        "resolve",
+        &lapsed_b.to_string(),
+        "--as",
+        "failed",
+        "--reason",
+        "again",
+    ]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+
+    // purge: removes what expired, nothing else.
+    let short = ReserveRequest {
+        retention: Duration::from_millis(100),
+        ..request(&scope, "short-lived", Duration::from_secs(60))
+    };
+    let Reservation::Acquired { lease, .. } = store.reserve(short).await.unwrap() else {
+        panic!()
+    };
+    store
+        .complete(
+            &lease,
+            tower_idempotency_core::StoredResponse {
+                status: 200,
+                headers: Vec::new(),
+                body: Some(bytes::Bytes::from_static(b"ok")),
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let out = with_url(&["purge", "--batch", "1"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("purged 1 expired record"),
+        "{}",
+        stdout(&out)
+    );
+    let out = with_url(&["find", "--scope", "acct_cli", "--key", "deploy-b"]);
+    assert_eq!(
+        code(&out),
+        0,
+        "unexpired records survive the purge: {}",
+        stderr(&out)
+    );
+
+    // A custom schema through --schema.
+    let out = with_url(&["--schema", "ops", "migrate"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = with_url(&["--schema", "ops", "list"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).lines().count(),
+        1,
+        "a fresh schema lists nothing: {}",
+        stdout(&out)
+    );
+}
