@@ -1,0 +1,293 @@
+//! The demo's own contract over real HTTP (domain rules, the `--no-idempotency` baseline
+//! refusing exactly what the guarded server refuses), and header hygiene of replays on a
+//! small app of its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::routing::post;
+use integration_tests::app::{Client, TestServer, demo_config, new_account, new_key};
+use serde_json::{Value, json};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, RoutePolicy, Scope};
+
+fn digest() -> String {
+    format!("sha256:{}", "0123456789abcdef".repeat(4))
+}
+
+fn payment(invoice: &str) -> String {
+    json!({"amount_minor": 1250, "currency": "EUR", "invoice_ref": invoice, "payee": "ACME GmbH"})
+        .to_string()
+}
+
+async fn count(client: &Client, collection: &str) -> usize {
+    client.get_json(&format!("/v1/{collection}")).await[collection]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_source_event_returns_the_existing_ticket_even_under_a_new_key() {
+    let server = TestServer::demo(demo_config()).await;
+    let client = server.client(&new_account());
+    let body = r#"{"project":"ops","title":"Pager: db-1 down","source_event_id":"evt_123"}"#;
+    let first = client.post("/v1/tickets", Some(&new_key()), body).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.json()["created"], true);
+
+    let key = new_key();
+    let again = client.post("/v1/tickets", Some(&key), body).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert!(!again.is_replay(), "a new key is a new operation");
+    assert_eq!(again.json()["created"], false);
+    assert_eq!(again.json()["id"], first.json()["id"]);
+    let replay = client.post("/v1/tickets", Some(&key), body).await;
+    assert!(replay.is_replay());
+    assert_eq!((replay.status, &replay.body), (200, &again.body));
+    assert_eq!(count(&client, "tickets").await, 1);
+
+    // Another account's event of the same id is its own ticket.
+    let other = server.client(&new_account());
+    assert_eq!(
+        other.post("/v1/tickets", Some(&key), body).await.status,
+        201
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invoice_is_paid_once_and_the_refusal_is_replayed() {
+    let server = TestServer::demo(demo_config()).await;
+    let client = server.client(&new_account());
+    let paid = client
+        .post("/v1/payments", Some(&new_key()), payment("INV-7"))
+        .await;
+    assert_eq!(paid.status, 201, "{}", paid.text());
+    let payment_json = paid.json();
+    assert!(payment_json["id"].as_str().unwrap().starts_with("pay_"));
+    assert_eq!(payment_json["amount_minor"], 1250);
+
+    let key = new_key();
+    let twice = client
+        .post("/v1/payments", Some(&key), payment("INV-7"))
+        .await;
+    let problem = twice.assert_problem(409, "invoice-already-paid");
+    assert!(problem["detail"].as_str().unwrap().contains("INV-7"));
+    assert!(
+        twice.operation_id().is_some(),
+        "a handler's 4xx is an operation outcome"
+    );
+    let replay = client
+        .post("/v1/payments", Some(&key), payment("INV-7"))
+        .await;
+    assert!(replay.is_replay());
+    assert_eq!((replay.status, &replay.body), (409, &twice.body));
+    assert_eq!(count(&client, "payments").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploys_need_an_immutable_artifact() {
+    let server = TestServer::demo(demo_config()).await;
+    let client = server.client(&new_account());
+    let mutable = json!({"service": "api", "environment": "prod", "artifact": "api:latest"});
+    client
+        .post("/v1/deploys", Some(&new_key()), mutable.to_string())
+        .await
+        .assert_problem(422, "invalid-command");
+    let pinned = json!({"service": "api", "environment": "prod", "artifact": digest()});
+    let deploy = client
+        .post("/v1/deploys", Some(&new_key()), pinned.to_string())
+        .await;
+    assert_eq!(deploy.status, 201, "{}", deploy.text());
+    assert!(deploy.json()["id"].as_str().unwrap().starts_with("dep_"));
+    let list = client.get_json("/v1/deploys").await;
+    assert_eq!(list["deploys"][0]["artifact"], digest());
+    assert_eq!(count(&client, "deploys").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_must_be_sent_as_json() {
+    let server = TestServer::demo(demo_config()).await;
+    let client = server.client(&new_account());
+    let reply = integration_tests::app::Reply::from(
+        client
+            .request(reqwest::Method::POST, "/v1/tickets")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("idempotency-key", new_key())
+            .body(r#"{"project":"ops","title":"t"}"#)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    reply.assert_problem(415, "unsupported-media-type");
+    assert_eq!(count(&client, "tickets").await, 0);
+}
+
+/// Requests both servers must answer alike, as (path, body, status, slug).
+fn refusals() -> Vec<(&'static str, String, u16, &'static str)> {
+    let ticket = |v: Value| v.to_string();
+    vec![
+        (
+            "/v1/tickets",
+            "{\"project\":".to_owned(),
+            422,
+            "invalid-json",
+        ),
+        (
+            "/v1/tickets",
+            ticket(json!({"project": "p", "title": "t", "priority": "asap"})),
+            422,
+            "invalid-command",
+        ),
+        (
+            "/v1/tickets",
+            ticket(json!({"project": "p", "title": "t", "extra": 1})),
+            422,
+            "invalid-command",
+        ),
+        (
+            "/v1/payments",
+            ticket(
+                json!({"amount_minor": 1.5, "currency": "EUR", "invoice_ref": "I", "payee": "P"}),
+            ),
+            422,
+            "invalid-command",
+        ),
+        (
+            "/v1/payments",
+            ticket(
+                json!({"amount_minor": "100", "currency": "EUR", "invoice_ref": "I", "payee": "P"}),
+            ),
+            422,
+            "invalid-command",
+        ),
+        (
+            "/v1/deploys",
+            ticket(json!({"service": "a", "environment": "e", "artifact": "main"})),
+            422,
+            "invalid-command",
+        ),
+        (
+            "/v1/tickets",
+            format!(
+                r#"{{"project":"p","title":"t","description":"{}"}}"#,
+                "x".repeat(demo::BODY_LIMIT)
+            ),
+            413,
+            "body-too-large",
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_idempotency_the_same_routes_refuse_the_same_requests() {
+    let guarded = TestServer::demo(demo_config()).await;
+    let baseline = TestServer::demo(demo::Config {
+        idempotency: false,
+        ..demo_config()
+    })
+    .await;
+    let account = new_account();
+    for (path, body, status, slug) in refusals() {
+        let expected = guarded
+            .client(&account)
+            .post(path, Some(&new_key()), body.clone())
+            .await;
+        expected.assert_problem(status, slug);
+        let got = baseline
+            .client(&account)
+            .post(path, None, body.clone())
+            .await;
+        got.assert_problem(status, slug);
+    }
+    let client = baseline.client(&account);
+    assert_eq!(count(&client, "tickets").await, 0);
+
+    // The baseline has no protection: a retry executes again.
+    let ticket = r#"{"project":"ops","title":"t"}"#;
+    for _ in 0..2 {
+        let reply = client.post("/v1/tickets", Some(&new_key()), ticket).await;
+        assert_eq!(reply.status, 201);
+        assert!(reply.operation_id().is_none());
+    }
+    assert_eq!(count(&client, "tickets").await, 2);
+    let first = client.post("/v1/payments", None, payment("INV-1")).await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    client
+        .post("/v1/payments", None, payment("INV-1"))
+        .await
+        .assert_problem(409, "invoice-already-paid");
+    assert_eq!(
+        client.get("/operations?idempotency_key=k").await.status,
+        404
+    );
+    server_requires_auth(&baseline).await;
+}
+
+async fn server_requires_auth(server: &TestServer) {
+    server
+        .anonymous()
+        .post("/v1/tickets", None, r#"{"project":"ops","title":"t"}"#)
+        .await
+        .assert_problem(401, "unauthorized");
+    assert_eq!(server.anonymous().get("/healthz").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_never_resend_set_cookie_or_unlisted_headers() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let idempotency = IdempotencyLayer::new(MemoryStore::default())
+        .with_scope(|_| Some(Scope::new("tenant-1")))
+        .with_default_policy(RoutePolicy::required());
+    let handler = {
+        let executions = executions.clone();
+        move || async move {
+            executions.fetch_add(1, Ordering::SeqCst);
+            (
+                StatusCode::CREATED,
+                [
+                    (header::SET_COOKIE, "session=s3cr3t; HttpOnly"),
+                    (header::LOCATION, "/v1/sessions/1"),
+                    (header::HeaderName::from_static("x-debug-node"), "node-7"),
+                    (header::CONTENT_TYPE, "text/plain"),
+                ],
+                "session opened",
+            )
+        }
+    };
+    let app = Router::new()
+        .route("/v1/sessions", post(handler))
+        .layer(idempotency.clone())
+        .merge(idempotency.status_router());
+    let server = TestServer::start(app).await;
+    let client = server.anonymous();
+    let key = new_key();
+
+    let first = client.post("/v1/sessions", Some(&key), "{}").await;
+    assert_eq!(first.status, 201);
+    assert!(
+        first.header("set-cookie").is_some(),
+        "the original response is untouched"
+    );
+    assert_eq!(first.header("x-debug-node"), Some("node-7"));
+
+    let replay = client.post("/v1/sessions", Some(&key), "{}").await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(
+        replay.header("set-cookie"),
+        None,
+        "a replay must not mint a session"
+    );
+    assert_eq!(
+        replay.header("x-debug-node"),
+        None,
+        "only allow-listed headers are replayed"
+    );
+    assert_eq!(replay.header("location"), Some("/v1/sessions/1"));
+    assert_eq!(replay.header("content-type"), Some("text/plain"));
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
