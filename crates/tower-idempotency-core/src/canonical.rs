@@ -197,11 +197,9 @@ pub fn canonicalize_value(value: &Value) -> Vec<u8> {
 enum Node<'a> {
     Null,
     Bool(bool),
-    /// A short plain integer whose canonical form is its own spelling.
-    SmallInt {
-        literal: &'a str,
-        value: i64,
-    },
+    /// A number whose canonical form is a prefix of its own spelling (see
+    /// [`Parser::verbatim_spelling`]): that prefix.
+    Verbatim(&'a str),
     /// Any other number; `integer` records that it was written as a plain integer.
     Number {
         value: f64,
@@ -221,9 +219,10 @@ struct Member<'a> {
     value: Node<'a>,
 }
 
-/// Plain integers with at most this many digits are below 2^53: exact, and printed by
-/// ECMAScript exactly as written.
-const SMALL_INT_DIGITS: usize = 15;
+/// A decimal with at most this many significant digits is the shortest spelling of the
+/// double nearest to it: every 15-digit decimal survives the trip to a double and back
+/// (`f64::DIGITS`), so no shorter decimal can round to the same double.
+const SHORT_DIGITS: usize = f64::DIGITS as usize;
 
 fn parse_document(bytes: &[u8]) -> Result<Node<'_>, CanonicalizeError> {
     let text = std::str::from_utf8(bytes).map_err(|e| CanonicalizeError::InvalidUtf8 {
@@ -523,7 +522,6 @@ impl<'a> Parser<'a> {
             self.pos += 1;
         }
         let int_start = self.pos;
-        let mut small: i64 = 0;
         match self.peek() {
             Some(b'0') => {
                 self.pos += 1;
@@ -532,10 +530,7 @@ impl<'a> Parser<'a> {
                 }
             }
             Some(b'1'..=b'9') => {
-                while let Some(b @ b'0'..=b'9') = self.peek() {
-                    if self.pos - int_start < SMALL_INT_DIGITS {
-                        small = small * 10 + i64::from(b - b'0');
-                    }
+                while let Some(b'0'..=b'9') = self.peek() {
                     self.pos += 1;
                 }
             }
@@ -548,6 +543,7 @@ impl<'a> Parser<'a> {
             self.pos += 1;
             self.digits("expected a digit after '.'")?;
         }
+        let frac_end = self.pos;
         if let Some(b'e' | b'E') = self.peek() {
             integer = false;
             self.pos += 1;
@@ -556,12 +552,12 @@ impl<'a> Parser<'a> {
             }
             self.digits("expected a digit in the exponent")?;
         }
-        let int_digits = &self.bytes[int_start..int_end];
-        if integer && int_digits.len() <= SMALL_INT_DIGITS && !(negative && small == 0) {
-            let literal = self.slice(start, int_end)?;
-            let value = if negative { -small } else { small };
-            return Ok(Node::SmallInt { literal, value });
+        if frac_end == self.pos {
+            if let Some(spelling) = self.verbatim_spelling(start, int_start, int_end, frac_end) {
+                return Ok(Node::Verbatim(spelling));
+            }
         }
+        let int_digits = &self.bytes[int_start..int_end];
         let literal = self.slice(start, self.pos)?;
         let value: f64 = literal.parse().map_err(|_| CanonicalizeError::Syntax {
             offset: start,
@@ -589,6 +585,47 @@ impl<'a> Parser<'a> {
             });
         }
         Ok(Node::Number { value, integer })
+    }
+
+    /// The canonical spelling of a number literal without exponent, when it can be had
+    /// without a round trip through `f64`: for a zero, `0`; for a literal with at most
+    /// [`SHORT_DIGITS`] significant digits and a magnitude in [1e-6, 1e21), the literal
+    /// without trailing fraction zeros (and without the `.` if nothing follows it). That is
+    /// ECMAScript's spelling of the nearest double: its digits are the shortest that round
+    /// to it, and in that range `Number::toString` writes plain decimal notation.
+    fn verbatim_spelling(
+        &self,
+        start: usize,
+        int_start: usize,
+        int_end: usize,
+        frac_end: usize,
+    ) -> Option<&'a str> {
+        let int = self.bytes.get(int_start..int_end)?;
+        if int.len() > SHORT_DIGITS {
+            return None;
+        }
+        let frac = self.bytes.get(int_end + 1..frac_end).unwrap_or_default();
+        let kept_frac = frac.iter().rposition(|&b| b != b'0').map_or(0, |p| p + 1);
+        let significant = if int == b"0" {
+            let Some(leading_zeros) = frac.iter().position(|&b| b != b'0') else {
+                return self.text.get(int_start..int_end); // zero, either sign: "0"
+            };
+            if leading_zeros > 5 {
+                return None; // below 1e-6: exponent notation
+            }
+            kept_frac - leading_zeros
+        } else {
+            int.len() + kept_frac
+        };
+        if significant > SHORT_DIGITS {
+            return None;
+        }
+        let end = if kept_frac == 0 {
+            int_end
+        } else {
+            int_end + 1 + kept_frac
+        };
+        self.text.get(start..end)
     }
 
     fn digits(&mut self, reason: &'static str) -> Result<(), CanonicalizeError> {
@@ -706,7 +743,7 @@ fn write_node(out: &mut Vec<u8>, node: &Node<'_>, ryu: &mut ryu_js::Buffer) {
         Node::Null => out.extend_from_slice(b"null"),
         Node::Bool(true) => out.extend_from_slice(b"true"),
         Node::Bool(false) => out.extend_from_slice(b"false"),
-        Node::SmallInt { literal, .. } => out.extend_from_slice(literal.as_bytes()),
+        Node::Verbatim(spelling) => out.extend_from_slice(spelling.as_bytes()),
         Node::Number { value, .. } => write_f64(out, *value, ryu),
         Node::String(s) => write_string(out, s),
         Node::Array(items) => {
@@ -827,7 +864,16 @@ fn node_into_value(node: Node<'_>) -> Value {
     match node {
         Node::Null => Value::Null,
         Node::Bool(b) => Value::Bool(b),
-        Node::SmallInt { value, .. } => Value::from(value),
+        Node::Verbatim(spelling) => {
+            // At most 15 digits: an integer spelling fits i64, a decimal one is the spelling
+            // of its double.
+            let number = if spelling.contains('.') {
+                spelling.parse().ok().and_then(Number::from_f64)
+            } else {
+                spelling.parse::<i64>().ok().map(Number::from)
+            };
+            number.map_or(Value::Null, Value::Number)
+        }
         Node::Number { value, integer } => {
             // An exact plain integer stays an integer, so normalizers can read ids with
             // `as_u64`; 2^64 and -2^63 are exact doubles, hence the half-open bounds.
@@ -909,6 +955,31 @@ mod tests {
             b in "[a\u{e000}-\u{e002}\u{fffd}\u{10000}\u{10ffff}\u{1f600}]{0,4}",
         ) {
             prop_assert_eq!(cmp_utf16(&a, &b), a.encode_utf16().cmp(b.encode_utf16()));
+        }
+
+        #[test]
+        fn verbatim_spelling_matches_the_double_round_trip(
+            literal in prop_oneof![
+                "-?(0|[1-9][0-9]{0,16})(\\.[0-9]{1,20})?",
+                "-?(0|[1-9]0{0,5}[0-9]{0,10})(\\.0{0,7}[0-9]{0,10}0{0,3})?",
+                "-?(0|[1-9][0-9]{0,14})\\.[0-9]{1,15}",
+                // 15–18 significant digits where doubles are 1/8 apart: spellings differ.
+                "[1-9][0-9]{13,14}\\.[0-9]{1,3}",
+            ]
+        ) {
+            let value: f64 = literal.parse().unwrap();
+            let expected = if value == 0.0 {
+                "0".to_owned()
+            } else {
+                ryu_js::Buffer::new().format(value).to_owned()
+            };
+            match canonicalize_json(literal.as_bytes()) {
+                Ok(out) => prop_assert_eq!(String::from_utf8(out).unwrap(), expected),
+                Err(e) => {
+                    prop_assert!(!literal.contains('.'), "{}: {}", literal, e);
+                    prop_assert_eq!(e.code(), "imprecise-integer");
+                }
+            }
         }
 
         #[test]
