@@ -70,6 +70,17 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
     if config.database_url.is_some() {
         return Err(DemoError::PostgresUnsupported);
     }
+    let store = MemoryStore::default();
+    if config.idempotency {
+        tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+    }
+    Ok(router(config, store))
+}
+
+/// Builds the demo's router over a given idempotency store (ignored when
+/// `config.idempotency` is off). [`app`] picks the store from the configuration; this is
+/// for callers that bring their own (a PostgreSQL store, a store that is down on purpose).
+pub fn router(config: &Config, store: impl Store) -> Router {
     let state = AppState {
         ledger: Ledger::new(),
         handler_delay: config.handler_delay,
@@ -88,8 +99,6 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
             post(routes::create_deploy).get(routes::list_deploys),
         );
     let api = if config.idempotency {
-        let store = MemoryStore::default();
-        tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
         let idempotency = idempotency_layer(config, store);
         // `GET`s pass through the layer untouched; only writes are guarded.
         api.layer(idempotency.clone())
@@ -104,9 +113,9 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
         // Outermost, so that the layer and the status routes see the `Scope` it inserts.
         .layer(axum::middleware::from_fn(auth::authenticate))
         .with_state(state);
-    Ok(Router::new()
+    Router::new()
         .route("/healthz", get(routes::healthz))
-        .merge(api))
+        .merge(api)
 }
 
 /// How often the in-memory store's expired records are purged, and how many at a time.
