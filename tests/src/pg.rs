@@ -156,7 +156,15 @@ impl TestCluster {
 
     fn try_launch(bindir: &Path, run_as: Option<&str>) -> Result<Self, String> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
+        // The server account must be able to reach the directory, and a Unix socket path
+        // must stay under ~100 bytes: a long or private TMPDIR fails either way.
+        let base = std::env::temp_dir();
+        let base = if run_as.is_some() || base.as_os_str().len() > 40 {
+            PathBuf::from("/tmp")
+        } else {
+            base
+        };
+        let dir = base.join(format!(
             "tower-idempotency-pg-{}-{}",
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)

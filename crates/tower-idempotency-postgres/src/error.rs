@@ -13,10 +13,16 @@ use tower_idempotency_core::store::BoxError;
 fn is_unavailable_code(code: &str) -> bool {
     // 08: connection exception; 53: insufficient resources (too many connections, out of
     // memory or disk); 57P01-57P05: admin/crash shutdown, cannot connect now, idle session
-    // timeout; 40P01 is not here: a deadlock is a backend failure worth seeing.
+    // timeout; 57014 / 55P03: a server-side statement or lock timeout fired — the database
+    // is too busy to answer in time, which callers should treat like an outage (retry
+    // later), not like a bug. A deadlock (40P01) is not here: it is a backend failure worth
+    // seeing.
     code.starts_with("08")
         || code.starts_with("53")
-        || matches!(code, "57P01" | "57P02" | "57P03" | "57P05")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "57P05" | "57014" | "55P03"
+        )
 }
 
 /// Display prefixes of `tokio_postgres` errors that come from the program, not the network.
@@ -77,4 +83,24 @@ pub(crate) fn timed_out(what: &'static str) -> StoreError {
 /// A row that the store's own schema should never produce.
 pub(crate) fn corrupt(what: String) -> StoreError {
     StoreError::Backend(what.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_unavailable_code;
+
+    #[test]
+    fn sqlstates_that_mean_try_later() {
+        for code in [
+            "08000", "08006", "08001", "53300", "53100", "57P01", "57P02", "57P03", "57014",
+            "55P03",
+        ] {
+            assert!(is_unavailable_code(code), "{code}");
+        }
+        for code in [
+            "42P01", "23505", "22001", "40P01", "40001", "XX000", "57000",
+        ] {
+            assert!(!is_unavailable_code(code), "{code}");
+        }
+    }
 }

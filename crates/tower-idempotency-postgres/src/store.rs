@@ -100,9 +100,8 @@ impl PostgresStore {
     }
 
     /// Builds the pool described by `config` (without TLS) and a store over it. Opens no
-    /// connection yet: the application may start while the database is down.
-    ///
-    /// Must be called inside a Tokio runtime (the pool's timeouts use it).
+    /// connection yet: the application may start while the database is down. The store's
+    /// calls must run inside a Tokio runtime.
     pub fn from_config(config: &PostgresStoreConfig) -> Result<Self, ConfigError> {
         if config.max_connections == 0 {
             return Err(ConfigError::InvalidSetting(
@@ -440,7 +439,9 @@ impl Store for PostgresStore {
         key: &IdempotencyKey,
         timeout: Duration,
     ) -> Result<Option<Operation>> {
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        // A caller may pass an "infinite" bound; cap it rather than overflow the clock.
+        let deadline = started.checked_add(timeout).unwrap_or(started + MAX_SPAN);
         let mut pause = self.inner.poll_initial;
         loop {
             let Some(row) = self.get_row(scope, key).await? else {
@@ -457,9 +458,9 @@ impl Store for PostgresStore {
             // Wake just after the lease ends so the lapse is observed, not before it.
             let sleep = pause
                 .min(deadline - now)
-                .min(lease_left + Duration::from_millis(1));
+                .min(lease_left.saturating_add(Duration::from_millis(1)));
             tokio::time::sleep(sleep).await;
-            pause = (pause * 2).min(self.inner.poll_max);
+            pause = pause.saturating_mul(2).min(self.inner.poll_max);
         }
     }
 
