@@ -1,7 +1,8 @@
 //! RFC 8785 (JCS) canonicalization of I-JSON request bodies, the JSON half of a fingerprint.
-//! Invariant: two bodies get the same canonical bytes exactly when they mean the same JSON value,
-//! and input that is not I-JSON (duplicate names, lone surrogates, numbers a double cannot carry)
-//! is rejected with a typed [`CanonicalizeError`], never silently collapsed.
+//! Invariant: two bodies get the same canonical bytes exactly when they mean the same JSON
+//! value (numbers compared as doubles), and input that is not I-JSON (duplicate names, lone
+//! surrogates, numbers a double cannot carry) is rejected with a typed [`CanonicalizeError`],
+//! never silently collapsed.
 //!
 //! The parser is a small recursive-descent parser over the raw bytes rather than `serde_json`:
 //! `serde_json` keeps the last of two duplicate member names without telling anyone, and once a
@@ -34,6 +35,10 @@
 //! RFC 8785: no whitespace; members sorted by the UTF-16 code units of their names; strings
 //! escape only `"`, `\` and U+0000–U+001F (`\b \t \n \f \r`, otherwise `\u00xx`), everything
 //! else is literal UTF-8; numbers in ECMAScript `Number.prototype.toString` form (via `ryu-js`).
+//!
+//! The output is a fingerprint input, and not always valid input in turn: JCS spells doubles
+//! from 2^53 up to 1e21 as zero-padded integers (2^68 → `295147905179352830000`) that are not
+//! themselves doubles, so the precision rule refuses them when they come back as literals.
 //!
 //! ```
 //! use tower_idempotency_core::canonical::canonicalize_json;
