@@ -309,11 +309,14 @@ fn replay<ResB: Body>(
     operation: Operation,
     waited: bool,
 ) -> Response<ResponseBody<ResB>> {
+    // Completed without a response: an operator resolved it. Completed without a body:
+    // the response was too large to keep. Either way there is nothing true to replay.
     let Some(stored) = operation.response else {
         return refuse(
             shared,
-            Rejection::OutcomeUnknown {
+            Rejection::ResponseNotReplayable {
                 operation_id: operation.id,
+                status: None,
             },
         );
     };
@@ -322,7 +325,7 @@ fn replay<ResB: Body>(
             shared,
             Rejection::ResponseNotReplayable {
                 operation_id: operation.id,
-                status: stored.status,
+                status: Some(stored.status),
             },
         );
     };

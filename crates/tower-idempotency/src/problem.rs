@@ -44,6 +44,10 @@ pub enum Rejection {
     /// The JSON body is not valid I-JSON. `422 invalid-json`.
     #[error("the request body is not valid JSON: {0}")]
     InvalidJson(CanonicalizeError),
+    /// The route takes JSON commands (it has a normalizer) and the body is not JSON.
+    /// `415 unsupported-media-type`.
+    #[error("this route takes a JSON body (Content-Type: application/json)")]
+    UnsupportedMediaType,
     /// The route's normalizer refused the command. `422 invalid-command`.
     #[error("the command is invalid: {0}")]
     InvalidCommand(CommandRejection),
@@ -70,14 +74,15 @@ pub enum Rejection {
         /// The operation whose outcome is unknown.
         operation_id: OperationId,
     },
-    /// The original response was too large (or streamed) to store, so it cannot be
-    /// replayed. `409 response-not-replayable`.
+    /// The original response was too large (or streamed) to store, or an operator
+    /// resolved the operation as completed without a response, so it cannot be replayed.
+    /// `409 response-not-replayable`.
     #[error("the original response was not stored and cannot be replayed")]
     ResponseNotReplayable {
         /// The completed operation.
         operation_id: OperationId,
-        /// Its stored status.
-        status: u16,
+        /// The original status, when it is known.
+        status: Option<u16>,
     },
     /// The store cannot be reached; the handler did not run. `503 store-unavailable`.
     #[error("the idempotency store is unavailable")]
@@ -104,6 +109,7 @@ impl Rejection {
             }
             Self::MissingScope => StatusCode::UNAUTHORIZED,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InvalidJson(_) | Self::InvalidCommand(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::FingerprintMismatch { .. }
             | Self::RequestInProgress { .. }
@@ -121,6 +127,7 @@ impl Rejection {
             Self::InvalidKey(_) | Self::RepeatedKey => "invalid-idempotency-key",
             Self::MissingScope => "missing-scope",
             Self::BodyTooLarge { .. } => "body-too-large",
+            Self::UnsupportedMediaType => "unsupported-media-type",
             Self::BodyReadFailed => "body-read-failed",
             Self::InvalidJson(_) => "invalid-json",
             Self::InvalidCommand(_) => "invalid-command",
@@ -141,6 +148,7 @@ impl Rejection {
             Self::InvalidKey(_) | Self::RepeatedKey => "Invalid Idempotency-Key",
             Self::MissingScope => "No principal to scope the key",
             Self::BodyTooLarge { .. } => "Request body too large",
+            Self::UnsupportedMediaType => "Unsupported media type",
             Self::BodyReadFailed => "Request body unreadable",
             Self::InvalidJson(_) => "Invalid JSON",
             Self::InvalidCommand(_) => "Invalid command",

@@ -41,7 +41,12 @@ pub(crate) fn fingerprint(
 ) -> Result<Fingerprint, Rejection> {
     let essence = content_type_essence(parts);
     let canonical;
-    let body = if body.is_empty() {
+    // A route with a normalizer takes JSON commands only: any other body would bypass the
+    // validation and be stored under the key as whatever the handler answers to it.
+    if policy.normalizer.is_some() && !is_json(&essence) {
+        return Err(Rejection::UnsupportedMediaType);
+    }
+    let body = if body.is_empty() && policy.normalizer.is_none() {
         FingerprintBody::Empty
     } else if is_json(&essence) {
         canonical = match &policy.normalizer {
@@ -177,6 +182,18 @@ mod tests {
         assert!(matches!(
             fp(&p, "/v1/x", Some("application/json"), b"[1]"),
             Err(Rejection::InvalidCommand(_))
+        ));
+        assert!(matches!(
+            fp(&p, "/v1/x", Some("text/plain"), br#"{"t":"x"}"#),
+            Err(Rejection::UnsupportedMediaType)
+        ));
+        assert!(matches!(
+            fp(&p, "/v1/x", None, b""),
+            Err(Rejection::UnsupportedMediaType)
+        ));
+        assert!(matches!(
+            fp(&p, "/v1/x", Some("application/json"), b""),
+            Err(Rejection::InvalidJson(_))
         ));
     }
 }
