@@ -37,6 +37,7 @@ use axum::routing::{get, post};
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tower_idempotency::{CommandRejection, IdempotencyLayer, MemoryStore, RoutePolicy, Store};
+use tower_idempotency_postgres::{ConnectError, PostgresStore};
 
 pub use crate::auth::Account;
 pub use crate::config::{Config, USAGE};
@@ -51,11 +52,9 @@ pub const BODY_LIMIT: usize = 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DemoError {
-    /// A database URL was given, but this build has no PostgreSQL store yet.
-    #[error(
-        "PostgreSQL support lands with the PostgreSQL store; run without --database-url / DATABASE_URL"
-    )]
-    PostgresUnsupported,
+    /// The PostgreSQL store could not be reached or migrated.
+    #[error("cannot use the PostgreSQL store")]
+    Postgres(#[from] tower_idempotency_postgres::ConnectError),
     /// Binding or serving failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -64,17 +63,29 @@ pub enum DemoError {
 /// Builds the demo's router for `config`: `/healthz` (no authentication), the write and
 /// list routes and, unless idempotency is off, the status routes under `/operations`.
 ///
-/// Without a database URL the idempotency store is an in-memory [`MemoryStore`] with a
-/// purge task (so this must run inside a Tokio runtime).
+/// Without a database URL the idempotency store is an in-memory [`MemoryStore`]; with one,
+/// a [`PostgresStore`] (migrated at start, safe when several demos start at once). Either
+/// way a purge task runs, so this must run inside a Tokio runtime.
 pub async fn app(config: &Config) -> Result<Router, DemoError> {
-    if config.database_url.is_some() {
-        return Err(DemoError::PostgresUnsupported);
+    match &config.database_url {
+        Some(url) if config.idempotency => {
+            let store = PostgresStore::connect(url).await?;
+            store.migrate().await.map_err(ConnectError::from)?;
+            tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+            Ok(router(config, store))
+        }
+        _ => {
+            let store = MemoryStore::default();
+            if config.idempotency {
+                tower_idempotency::purge::spawn_purge_task(
+                    store.clone(),
+                    PURGE_PERIOD,
+                    PURGE_BATCH,
+                );
+            }
+            Ok(router(config, store))
+        }
     }
-    let store = MemoryStore::default();
-    if config.idempotency {
-        tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
-    }
-    Ok(router(config, store))
 }
 
 /// Builds the demo's router over a given idempotency store (ignored when
