@@ -10,7 +10,7 @@ use tower::Layer;
 use tower_idempotency_core::{Fingerprinter, Scope, Store};
 
 use crate::headers::{DEFAULT_STORED_HEADERS, NEVER_STORED};
-use crate::policy::{ConfigError, RoutePolicy};
+use crate::policy::{ConfigError, RoutePolicy, header_names};
 use crate::problem::DEFAULT_PROBLEM_BASE;
 use crate::service::IdempotencyService;
 
@@ -213,18 +213,7 @@ impl IdempotencyLayer {
         I: IntoIterator<Item = N>,
         N: AsRef<str>,
     {
-        let mut headers = Vec::new();
-        for name in names {
-            let name = name.as_ref();
-            let parsed = HeaderName::try_from(name)
-                .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))?;
-            if NEVER_STORED.contains(&parsed.as_str()) {
-                return Err(ConfigError::ForbiddenStoredHeader(
-                    parsed.as_str().to_owned(),
-                ));
-            }
-            headers.push(parsed);
-        }
+        let headers = header_names(names, NEVER_STORED, ConfigError::ForbiddenStoredHeader)?;
         Ok(self.edit(|s| s.stored_headers = headers))
     }
 

@@ -261,18 +261,11 @@ impl RoutePolicy {
         I: IntoIterator<Item = N>,
         N: AsRef<str>,
     {
-        let mut headers = Vec::new();
-        for name in names {
-            let name = name.as_ref();
-            let parsed = HeaderName::try_from(name)
-                .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))?;
-            if NEVER_FINGERPRINTED.contains(&parsed.as_str()) {
-                return Err(ConfigError::ForbiddenFingerprintHeader(
-                    parsed.as_str().to_owned(),
-                ));
-            }
-            headers.push(parsed);
-        }
+        let mut headers = header_names(
+            names,
+            NEVER_FINGERPRINTED,
+            ConfigError::ForbiddenFingerprintHeader,
+        )?;
         headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         headers.dedup();
         self.fingerprint_headers = headers.into();
@@ -311,6 +304,30 @@ impl RoutePolicy {
     pub fn wait(&self) -> Duration {
         self.wait
     }
+}
+
+/// Parses configured header names, refusing invalid ones and any in `forbidden`.
+pub(crate) fn header_names<I, N>(
+    names: I,
+    forbidden: &[&str],
+    refuse: fn(String) -> ConfigError,
+) -> Result<Vec<HeaderName>, ConfigError>
+where
+    I: IntoIterator<Item = N>,
+    N: AsRef<str>,
+{
+    names
+        .into_iter()
+        .map(|name| {
+            let name = name.as_ref();
+            let parsed = HeaderName::try_from(name)
+                .map_err(|_| ConfigError::InvalidHeaderName(name.to_owned()))?;
+            if forbidden.contains(&parsed.as_str()) {
+                return Err(refuse(parsed.as_str().to_owned()));
+            }
+            Ok(parsed)
+        })
+        .collect()
 }
 
 #[cfg(test)]
