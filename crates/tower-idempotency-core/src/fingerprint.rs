@@ -168,7 +168,10 @@ fn feed(update: &mut dyn FnMut(&[u8]), input: &FingerprintInput<'_>) {
     match input.body {
         FingerprintBody::Empty => field(b'E', b""),
         FingerprintBody::CanonicalJson(bytes) => field(b'J', bytes),
-        FingerprintBody::Raw { content_type, bytes } => {
+        FingerprintBody::Raw {
+            content_type,
+            bytes,
+        } => {
             field(b'C', content_type.as_bytes());
             field(b'B', bytes);
         }
@@ -224,10 +227,21 @@ mod tests {
     #[test]
     fn fields_are_not_ambiguous() {
         let f = Fingerprinter::sha256();
-        let a = FingerprintInput { route: "/v1/xa", scope: "", ..input(FingerprintBody::Empty) };
-        let b = FingerprintInput { route: "/v1/x", scope: "aa", ..input(FingerprintBody::Empty) };
+        let a = FingerprintInput {
+            route: "/v1/xa",
+            scope: "",
+            ..input(FingerprintBody::Empty)
+        };
+        let b = FingerprintInput {
+            route: "/v1/x",
+            scope: "aa",
+            ..input(FingerprintBody::Empty)
+        };
         assert_ne!(f.fingerprint(&a), f.fingerprint(&b));
-        let raw = input(FingerprintBody::Raw { content_type: "", bytes: b"{}" });
+        let raw = input(FingerprintBody::Raw {
+            content_type: "",
+            bytes: b"{}",
+        });
         let json = input(FingerprintBody::CanonicalJson(b"{}"));
         assert_ne!(f.fingerprint(&raw), f.fingerprint(&json));
     }
@@ -248,9 +262,14 @@ mod tests {
     #[test]
     fn known_vector_is_stable() {
         // Pinned: changing the v1 encoding would turn every stored key into a mismatch.
-        let fp = Fingerprinter::sha256().fingerprint(&input(FingerprintBody::CanonicalJson(b"{\"a\":1}")));
+        let fp = Fingerprinter::sha256()
+            .fingerprint(&input(FingerprintBody::CanonicalJson(b"{\"a\":1}")));
         assert_eq!(fp.as_str().len(), "sha256:".len() + 64);
-        assert_eq!(fp, Fingerprinter::sha256().fingerprint(&input(FingerprintBody::CanonicalJson(b"{\"a\":1}"))));
+        assert_eq!(
+            fp,
+            Fingerprinter::sha256()
+                .fingerprint(&input(FingerprintBody::CanonicalJson(b"{\"a\":1}")))
+        );
     }
 
     #[test]

@@ -40,7 +40,9 @@ pub enum KeyError {
         len: usize,
     },
     /// The key holds a character outside visible ASCII (`0x21..=0x7E`).
-    #[error("the idempotency key contains a character outside visible ASCII at position {position}")]
+    #[error(
+        "the idempotency key contains a character outside visible ASCII at position {position}"
+    )]
     InvalidCharacter {
         /// Zero-based byte position of the first offending character in the key.
         position: usize,
@@ -71,11 +73,11 @@ impl IdempotencyKey {
             let text = std::str::from_utf8(value).map_err(|_| KeyError::MalformedString {
                 reason: "not ASCII".to_owned(),
             })?;
-            let item = sfv::Parser::new(text)
-                .parse::<sfv::Item>()
-                .map_err(|err| KeyError::MalformedString {
+            let item = sfv::Parser::new(text).parse::<sfv::Item>().map_err(|err| {
+                KeyError::MalformedString {
                     reason: err.to_string(),
-                })?;
+                }
+            })?;
             if !item.params.is_empty() {
                 return Err(KeyError::MalformedString {
                     reason: "parameters are not allowed on an idempotency key".to_owned(),
@@ -90,7 +92,8 @@ impl IdempotencyKey {
         } else {
             validate(value)?;
             // validate() proved every byte is visible ASCII.
-            let text = std::str::from_utf8(value).map_err(|_| KeyError::InvalidCharacter { position: 0 })?;
+            let text = std::str::from_utf8(value)
+                .map_err(|_| KeyError::InvalidCharacter { position: 0 })?;
             Ok(Self(Arc::from(text)))
         }
     }
@@ -155,8 +158,14 @@ mod tests {
         let every_visible: String = (0x21u8..=0x7e).map(char::from).collect();
         let cases: &[(&[u8], Result<&str, KeyError>)] = &[
             (b"abc", Ok("abc")),
-            (b"550e8400-e29b-41d4-a716-446655440000", Ok("550e8400-e29b-41d4-a716-446655440000")),
-            (br#""550e8400-e29b-41d4-a716-446655440000""#, Ok("550e8400-e29b-41d4-a716-446655440000")),
+            (
+                b"550e8400-e29b-41d4-a716-446655440000",
+                Ok("550e8400-e29b-41d4-a716-446655440000"),
+            ),
+            (
+                br#""550e8400-e29b-41d4-a716-446655440000""#,
+                Ok("550e8400-e29b-41d4-a716-446655440000"),
+            ),
             (b"  padded\t", Ok("padded")),
             (br#""with\"quote\"and\\""#, Ok(r#"with"quote"and\"#)),
             (b"a\"b", Ok("a\"b")),
@@ -166,17 +175,33 @@ mod tests {
             (b"   ", Err(KeyError::Empty)),
             (br#""""#, Err(KeyError::Empty)),
             (too_long.as_bytes(), Err(KeyError::TooLong { len: 256 })),
-            (b"has space", Err(KeyError::InvalidCharacter { position: 3 })),
-            (br#""has space""#, Err(KeyError::InvalidCharacter { position: 3 })),
-            (b"tab\there", Err(KeyError::InvalidCharacter { position: 3 })),
-            ("é".as_bytes(), Err(KeyError::InvalidCharacter { position: 0 })),
+            (
+                b"has space",
+                Err(KeyError::InvalidCharacter { position: 3 }),
+            ),
+            (
+                br#""has space""#,
+                Err(KeyError::InvalidCharacter { position: 3 }),
+            ),
+            (
+                b"tab\there",
+                Err(KeyError::InvalidCharacter { position: 3 }),
+            ),
+            (
+                "é".as_bytes(),
+                Err(KeyError::InvalidCharacter { position: 0 }),
+            ),
             (b"nul\0", Err(KeyError::InvalidCharacter { position: 3 })),
             (b"del\x7f", Err(KeyError::InvalidCharacter { position: 3 })),
         ];
         for (input, expected) in cases {
             let got = IdempotencyKey::parse_header(input);
             match expected {
-                Ok(key) => assert_eq!(got.as_ref().map(IdempotencyKey::as_str), Ok(*key), "{input:?}"),
+                Ok(key) => assert_eq!(
+                    got.as_ref().map(IdempotencyKey::as_str),
+                    Ok(*key),
+                    "{input:?}"
+                ),
                 Err(err) => assert_eq!(got.as_ref().err(), Some(err), "{input:?}"),
             }
         }
@@ -191,7 +216,10 @@ mod tests {
             br#""bad \x escape""#,
         ] {
             assert!(
-                matches!(IdempotencyKey::parse_header(input), Err(KeyError::MalformedString { .. })),
+                matches!(
+                    IdempotencyKey::parse_header(input),
+                    Err(KeyError::MalformedString { .. })
+                ),
                 "{:?}",
                 String::from_utf8_lossy(input)
             );

@@ -11,7 +11,11 @@ use crate::Store;
 /// stopping. Abort the returned handle to stop it.
 ///
 /// Must be called inside a Tokio runtime.
-pub fn spawn_purge_task<S: Store + Clone>(store: S, period: Duration, batch: usize) -> JoinHandle<()> {
+pub fn spawn_purge_task<S: Store + Clone>(
+    store: S,
+    period: Duration,
+    batch: usize,
+) -> JoinHandle<()> {
     let batch = batch.max(1);
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(period);
