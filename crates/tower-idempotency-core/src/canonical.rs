@@ -203,8 +203,12 @@ enum Node<'a> {
     Null,
     Bool(bool),
     /// A number whose canonical form is a prefix of its own spelling (see
-    /// [`Parser::verbatim_spelling`]): that prefix.
-    Verbatim(&'a str),
+    /// [`Parser::verbatim_spelling`]): that prefix, and whether the literal was written as
+    /// a plain integer.
+    Verbatim {
+        spelling: &'a str,
+        integer: bool,
+    },
     /// Any other number; `integer` records that it was written as a plain integer.
     Number {
         value: f64,
@@ -559,7 +563,7 @@ impl<'a> Parser<'a> {
         }
         if frac_end == self.pos {
             if let Some(spelling) = self.verbatim_spelling(start, int_start, int_end, frac_end) {
-                return Ok(Node::Verbatim(spelling));
+                return Ok(Node::Verbatim { spelling, integer });
             }
         }
         let int_digits = &self.bytes[int_start..int_end];
@@ -748,7 +752,7 @@ fn write_node(out: &mut Vec<u8>, node: &Node<'_>, ryu: &mut ryu_js::Buffer) {
         Node::Null => out.extend_from_slice(b"null"),
         Node::Bool(true) => out.extend_from_slice(b"true"),
         Node::Bool(false) => out.extend_from_slice(b"false"),
-        Node::Verbatim(spelling) => out.extend_from_slice(spelling.as_bytes()),
+        Node::Verbatim { spelling, .. } => out.extend_from_slice(spelling.as_bytes()),
         Node::Number { value, .. } => write_f64(out, *value, ryu),
         Node::String(s) => write_string(out, s),
         Node::Array(items) => {
@@ -869,10 +873,12 @@ fn node_into_value(node: Node<'_>) -> Value {
     match node {
         Node::Null => Value::Null,
         Node::Bool(b) => Value::Bool(b),
-        Node::Verbatim(spelling) => {
+        Node::Verbatim { spelling, integer } => {
             // At most 15 digits: an integer spelling fits i64, a decimal one is the spelling
-            // of its double.
-            let number = if spelling.contains('.') {
+            // of its double. A literal written with a fraction (`500.0`) stays a double even
+            // when its canonical spelling has none, so a normalizer sees what a handler
+            // parsing the same body sees.
+            let number = if !integer || spelling.contains('.') {
                 spelling.parse().ok().and_then(Number::from_f64)
             } else {
                 spelling.parse::<i64>().ok().map(Number::from)
@@ -914,6 +920,15 @@ mod tests {
         digits
             .parse::<f64>()
             .is_ok_and(|v| v.is_finite() && format!("{v:.0}") == digits)
+    }
+
+    #[test]
+    fn parse_json_keeps_the_written_number_kind() {
+        let value = parse_json(br#"{"a":500,"b":500.0,"c":5e2,"d":12.50}"#).unwrap();
+        assert!(value["a"].is_i64());
+        assert!(value["b"].is_f64(), "500.0 is written with a fraction");
+        assert!(value["c"].is_f64());
+        assert_eq!(value["d"].as_f64(), Some(12.5));
     }
 
     #[test]

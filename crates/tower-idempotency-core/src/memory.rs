@@ -155,7 +155,6 @@ struct Entry {
     /// the lease merely ran out (a late result is real and is accepted until someone takes
     /// the operation over); cleared once it is completed or abandoned.
     lease_id: Option<LeaseId>,
-    created: Instant,
     lease_expires: Option<Instant>,
     /// End of retention; `None` while `in_progress`.
     expires: Option<Instant>,
@@ -218,10 +217,15 @@ impl Entry {
     /// Turns an `in_progress` record whose lease ran out into `unknown` and wakes its
     /// waiters. The lease id stays, so the late worker may still finish it.
     fn refresh(&mut self, now: Instant, clock: &Clock) {
-        if self.is_in_progress() && self.lease_expires.is_some_and(|at| at <= now) {
+        if let Some(lapsed) = self
+            .lease_expires
+            .filter(|at| self.is_in_progress() && *at <= now)
+        {
             self.operation.state = OperationState::Unknown;
             self.set_lease_expires(None, clock);
-            let until = later(self.created, self.unknown_retention);
+            // Counted from the moment the outcome became unknown, so a short unknown
+            // retention can never make an unknown outcome vanish as soon as it appears.
+            let until = later(lapsed, self.unknown_retention);
             self.set_expires(Some(until), clock);
             self.notify.notify_waiters();
         }
@@ -305,7 +309,6 @@ impl Inner {
         let entry = Entry {
             operation,
             lease_id: Some(lease_id),
-            created: now,
             lease_expires: Some(lease_expires),
             expires: None,
             unknown_retention: request.unknown_retention,
@@ -541,11 +544,11 @@ impl Store for MemoryStore {
     }
 
     async fn abandon(&self, lease: &Lease) -> Result<()> {
-        self.inner.with_lease(lease, |entry, _, clock| {
+        self.inner.with_lease(lease, |entry, now, clock| {
             entry.lease_id = None;
             entry.operation.state = OperationState::Unknown;
             entry.set_lease_expires(None, clock);
-            let until = later(entry.created, entry.unknown_retention);
+            let until = later(now, entry.unknown_retention);
             entry.set_expires(Some(until), clock);
             ((), false)
         })
@@ -717,7 +720,11 @@ mod tests {
         let seen = store.get(&op.scope, &op.key).await.unwrap().unwrap();
         assert_eq!(seen.state, OperationState::Unknown);
         assert_eq!(seen.lease_expires_at, None);
-        assert_eq!(seen.expires_at, Some(op.created_at + UNKNOWN_RETENTION));
+        // Unknown retention runs from the moment the lease lapsed.
+        assert_eq!(
+            seen.expires_at,
+            Some(op.created_at + LEASE + UNKNOWN_RETENTION)
+        );
         // Nobody took it over, so the worker's real result still lands.
         let done = store.complete(&lease, response()).await.unwrap();
         assert_eq!(done.state, OperationState::Completed);
