@@ -291,3 +291,34 @@ async fn replays_never_resend_set_cookie_or_unlisted_headers() {
     assert_eq!(replay.header("content-type"), Some("text/plain"));
     assert_eq!(executions.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_amount_written_with_a_fraction_is_refused_before_anything_is_stored() {
+    // `500.0` and `500` share a canonical form, so the refusal must come from the command
+    // validation before reservation; otherwise the corrected retry would replay a 422.
+    let server = TestServer::demo(demo_config()).await;
+    let client = server.client(&new_account());
+    let key = new_key();
+    let fractional =
+        r#"{"amount_minor": 500.0, "currency": "EUR", "invoice_ref": "inv-500", "payee": "ACME"}"#;
+    let refused = client.post("/v1/payments", Some(&key), fractional).await;
+    refused.assert_problem(422, "invalid-command");
+    assert_eq!(
+        client
+            .get(&format!("/operations?idempotency_key={key}"))
+            .await
+            .status,
+        404,
+        "nothing stored for a refused command"
+    );
+    let corrected = client
+        .post(
+            "/v1/payments",
+            Some(&key),
+            fractional.replace("500.0", "500"),
+        )
+        .await;
+    assert_eq!(corrected.status, 201, "{}", corrected.text());
+    assert!(!corrected.is_replay());
+    assert_eq!(count(&client, "payments").await, 1);
+}

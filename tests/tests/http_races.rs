@@ -91,9 +91,17 @@ async fn past_the_wait_bound_a_retry_is_409_request_in_progress() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_lease_is_409_outcome_unknown_pointing_at_the_status_route() {
-    // The handler outlives its lease by far, so the retry lands while the outcome is
-    // genuinely unknown: the effect happened, the result was not recorded.
-    let server = demo_with(10_000, 200, 10_000).await;
+    // The handler outlives its lease by far and nothing renews it (as when its worker
+    // died), so the retry lands while the outcome is genuinely unknown: the effect
+    // happened, the result was not recorded.
+    let server = TestServer::demo(demo::Config {
+        handler_delay: Duration::from_millis(10_000),
+        lease: Duration::from_millis(200),
+        wait: Duration::from_millis(10_000),
+        heartbeat: false,
+        ..demo_config()
+    })
+    .await;
     let client = server.client(&new_account());
     let key = new_key();
     let _original = tokio::spawn({

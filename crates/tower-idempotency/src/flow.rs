@@ -6,20 +6,22 @@
 //! store is down); once dispatched, the handler and the storing of its result run in a
 //! spawned task, so a client that disconnects cannot cancel them.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
+use futures_util::future::{Either, select};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header, request::Parts};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::{
-    IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest, StoreError,
-    StoredResponse,
+    Fingerprint, IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest,
+    StoreError, StoredResponse,
 };
 use tracing::{Instrument, Span, field};
 
@@ -171,31 +173,73 @@ where
         ),
     };
 
-    let deadline = Instant::now() + policy.wait;
+    // From here on the request is valid and nothing may cancel what follows: a server drops
+    // this future when the client disconnects, and a reservation made without its handler
+    // running would block the key until its lease ran out. So reservation, execution and
+    // the storing of the result run in one detached task.
+    let decision = decide(
+        shared.clone(),
+        policy,
+        inner,
+        parts,
+        body,
+        request,
+        fingerprint,
+    );
+    match tokio::spawn(decision.instrument(Span::current())).await {
+        Ok(answer) => answer,
+        Err(error) => {
+            tracing::error!(error = %error, "the idempotency decision task failed");
+            Ok(refuse(&shared, Rejection::StoreUnavailable))
+        }
+    }
+}
+
+async fn decide<S, B, ResB>(
+    shared: Arc<Shared>,
+    policy: RoutePolicy,
+    inner: S,
+    parts: Parts,
+    body: Bytes,
+    request: ReserveRequest,
+    fingerprint: Fingerprint,
+) -> Answer<ResB, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Send + 'static,
+{
+    let started = Instant::now();
+    let deadline = started.checked_add(policy.wait).unwrap_or(started);
     let mut waited = false;
     // Each round asks the store again, so a replay after waiting is counted, and a
     // reservation that was released while we waited is won afresh.
-    for _ in 0..4 {
-        let started = Instant::now();
+    loop {
+        let asked = Instant::now();
         let reservation = shared.store.reserve(request.clone()).await;
-        Span::current().record("store_ms", started.elapsed().as_secs_f64() * 1000.0);
+        Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
         let reservation = match reservation {
             Ok(reservation) => reservation,
             Err(StoreError::CapacityExhausted { capacity }) => {
                 tracing::warn!(capacity, "idempotency store full");
                 return Ok(refuse(&shared, Rejection::StoreFull));
             }
+            Err(StoreError::Unavailable(error))
+                if policy.store_failure == StoreFailurePolicy::FailOpen =>
+            {
+                Span::current().record("decision", "bypassed");
+                tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
+                let request = Request::from_parts(parts, RequestBody::buffered(body));
+                return inner
+                    .oneshot(request)
+                    .await
+                    .map(|r| r.map(ResponseBody::inner));
+            }
             Err(error) => {
-                if policy.store_failure == StoreFailurePolicy::FailOpen {
-                    Span::current().record("decision", "bypassed");
-                    tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
-                    let request = Request::from_parts(parts, RequestBody::buffered(body));
-                    return inner
-                        .oneshot(request)
-                        .await
-                        .map(|r| r.map(ResponseBody::inner));
-                }
-                tracing::error!(error = %error, source = ?std::error::Error::source(&error), "idempotency store unavailable; handler not run");
+                tracing::error!(error = %error, source = ?std::error::Error::source(&error), "idempotency store failed; handler not run");
                 return Ok(refuse(&shared, Rejection::StoreUnavailable));
             }
         };
@@ -206,7 +250,7 @@ where
                 takeover,
             } => {
                 Span::current().record("operation_id", field::display(operation.id));
-                return execute(shared, policy, inner, parts, body, lease, takeover).await;
+                return execute(&shared, &policy, inner, parts, body, lease, takeover).await;
             }
             Reservation::Existing(operation) => operation,
         };
@@ -228,10 +272,18 @@ where
                     return Ok(refuse(&shared, in_progress(&operation)));
                 }
                 waited = true;
-                match shared.store.wait(&scope, &key, remaining).await {
-                    Ok(Some(current)) if current.state == OperationState::InProgress => {
+                match shared
+                    .store
+                    .wait(&request.scope, &request.key, remaining)
+                    .await
+                {
+                    Ok(Some(current))
+                        if current.state == OperationState::InProgress
+                            && Instant::now() >= deadline =>
+                    {
                         return Ok(refuse(&shared, in_progress(&current)));
                     }
+                    // Completed, unknown, released, or replaced by a new attempt: ask again.
                     Ok(_) => continue,
                     Err(error) => {
                         tracing::error!(error = %error, "idempotency store failed while waiting");
@@ -249,8 +301,6 @@ where
             }
         }
     }
-    // Only reached when the record keeps changing under us (released, re-reserved).
-    Ok(refuse(&shared, Rejection::StoreUnavailable))
 }
 
 fn in_progress(operation: &Operation) -> Rejection {
@@ -357,8 +407,8 @@ fn replay<ResB: Body>(
 }
 
 async fn execute<S, B, ResB>(
-    shared: Arc<Shared>,
-    policy: RoutePolicy,
+    shared: &Arc<Shared>,
+    policy: &RoutePolicy,
     inner: S,
     parts: Parts,
     body: Bytes,
@@ -375,40 +425,57 @@ where
 {
     let decision = if takeover { "re-executed" } else { "executed" };
     Span::current().record("decision", decision);
-    let request = Request::from_parts(parts, RequestBody::buffered(body));
-    let task_shared = shared.clone();
-    let task_lease = lease.clone();
-    // The handler and the storing of its result run detached: a server drops this future
-    // when the client disconnects, and that must not lose a result that has an effect.
-    let task = tokio::spawn(
-        async move {
-            let call = AssertUnwindSafe(inner.oneshot(request))
-                .catch_unwind()
-                .await;
-            match call {
-                Ok(Ok(response)) => Some(Ok(
-                    finish(&task_shared, &policy, &task_lease, response).await
-                )),
-                Ok(Err(error)) => {
-                    abandon(&task_shared, &task_lease, "the service returned an error").await;
-                    Some(Err(error))
+    let mut request = Request::from_parts(parts, RequestBody::buffered(body));
+    // Handlers can key their own side effects by the operation (outbound idempotency keys).
+    request.extensions_mut().insert(lease.operation_id);
+    let call = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
+    match with_heartbeat(call, shared, &lease, policy).await {
+        Ok(Ok(response)) => Ok(finish(shared, policy, &lease, response).await),
+        Ok(Err(error)) => {
+            abandon(shared, &lease, "the service returned an error").await;
+            Err(error)
+        }
+        Err(_panic) => {
+            abandon(shared, &lease, "the handler panicked").await;
+            Ok(refuse(
+                shared,
+                Rejection::HandlerFailed {
+                    operation_id: lease.operation_id,
+                },
+            ))
+        }
+    }
+}
+
+/// Runs `work` while extending the lease every third of its length, so a slow but healthy
+/// handler never reads as `unknown`; only a worker that died stops renewing.
+async fn with_heartbeat<F: Future>(
+    work: F,
+    shared: &Shared,
+    lease: &Lease,
+    policy: &RoutePolicy,
+) -> F::Output {
+    if !policy.heartbeat {
+        return work.await;
+    }
+    let period = (policy.lease / 3).max(Duration::from_millis(10));
+    let beat = async {
+        loop {
+            tokio::time::sleep(period).await;
+            match shared.store.extend_lease(lease, policy.lease).await {
+                Ok(()) => {}
+                Err(StoreError::LeaseLost { operation_id }) => {
+                    tracing::warn!(%operation_id, "lease lost while the handler runs; stopping the heartbeat");
+                    break;
                 }
-                Err(_panic) => {
-                    abandon(&task_shared, &task_lease, "the handler panicked").await;
-                    None
-                }
+                Err(error) => tracing::warn!(error = %error, "could not extend the lease"),
             }
         }
-        .instrument(Span::current()),
-    );
-    match task.await {
-        Ok(Some(result)) => result,
-        Ok(None) | Err(_) => Ok(refuse(
-            &shared,
-            Rejection::HandlerFailed {
-                operation_id: lease.operation_id,
-            },
-        )),
+        std::future::pending::<()>().await;
+    };
+    match select(pin!(work), pin!(beat)).await {
+        Either::Left((output, _)) => output,
+        Either::Right(((), work)) => work.await,
     }
 }
 

@@ -228,7 +228,15 @@ impl IdempotencyLayer {
     /// Where the status routes are mounted (default `/operations`); used for the
     /// `status_url` in problems and by [`IdempotencyLayer::status_router`].
     pub fn with_status_path(self, path: impl Into<String>) -> Self {
-        let path = path.into().trim_end_matches('/').to_owned();
+        // Stored without a trailing slash and with a leading one, so `{path}/{id}` and the
+        // router's templates are always well formed ("" means the root).
+        let path = path.into();
+        let trimmed = path.trim_matches('/');
+        let path = if trimmed.is_empty() {
+            String::new()
+        } else {
+            format!("/{trimmed}")
+        };
         self.edit(|s| s.status_path = path)
     }
 
@@ -237,6 +245,7 @@ impl IdempotencyLayer {
         &self.shared.store
     }
 
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }

@@ -128,6 +128,7 @@ pub struct RoutePolicy {
     pub(crate) server_errors: ServerErrorPolicy,
     pub(crate) unknown_outcome: UnknownOutcomePolicy,
     pub(crate) store_failure: StoreFailurePolicy,
+    pub(crate) heartbeat: bool,
     pub(crate) fingerprint_headers: Arc<[HeaderName]>,
     pub(crate) normalizer: Option<Normalizer>,
 }
@@ -143,6 +144,7 @@ impl fmt::Debug for RoutePolicy {
             .field("server_errors", &self.server_errors)
             .field("unknown_outcome", &self.unknown_outcome)
             .field("store_failure", &self.store_failure)
+            .field("heartbeat", &self.heartbeat)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
             .finish()
@@ -174,8 +176,9 @@ const NEVER_FINGERPRINTED: &[&str] = &[
 ];
 
 impl RoutePolicy {
-    /// Key required; retention 24 h, lease 60 s, wait 10 s, unknown outcomes kept 7 days;
-    /// `5xx` stored; unknown outcomes answered with `409`; fail closed.
+    /// Key required; retention 24 h, lease 60 s renewed by a heartbeat, wait 10 s, unknown
+    /// outcomes kept 7 days; `5xx` stored; unknown outcomes answered with `409`; fail
+    /// closed.
     pub fn required() -> Self {
         Self {
             key: KeyRequirement::Required,
@@ -186,6 +189,7 @@ impl RoutePolicy {
             server_errors: ServerErrorPolicy::Store,
             unknown_outcome: UnknownOutcomePolicy::Conflict,
             store_failure: StoreFailurePolicy::FailClosed,
+            heartbeat: true,
             fingerprint_headers: Arc::from(Vec::new()),
             normalizer: None,
         }
@@ -206,17 +210,28 @@ impl RoutePolicy {
         self
     }
 
-    /// How long the handler may run before its outcome counts as unknown. Set it above
-    /// the handler's worst-case latency.
+    /// How long an operation stays `in_progress` without news from its worker before its
+    /// outcome counts as unknown. While the handler runs, the layer renews the lease every
+    /// third of this length (see [`RoutePolicy::with_heartbeat`]), so it bounds how long a
+    /// crashed worker blocks retries, not how long a handler may take.
     pub fn with_lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.lease = lease.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether the layer renews the lease while the handler runs (default `true`).
+    /// Without it the lease must exceed the handler's worst-case latency, or slow requests
+    /// read as `unknown` to their retries.
+    pub fn with_heartbeat(mut self, heartbeat: bool) -> Self {
+        self.heartbeat = heartbeat;
         self
     }
 
     /// How long a duplicate waits for an in-progress original before answering
-    /// `409 request-in-progress`. Zero answers at once.
+    /// `409 request-in-progress`. Zero answers at once; values above one hour are capped
+    /// at one hour.
     pub fn with_wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
+        self.wait = wait.min(Duration::from_secs(3600));
         self
     }
 

@@ -51,7 +51,7 @@ impl IdempotencyLayer {
         let path = self.shared().status_path.clone();
         Router::new()
             .route(&format!("{path}/{{operation_id}}"), get(by_id))
-            .route(&path, get(by_key))
+            .route(if path.is_empty() { "/" } else { &path }, get(by_key))
     }
 }
 

@@ -318,7 +318,10 @@ async fn server_errors_are_stored_or_released_by_policy() {
 
 #[tokio::test]
 async fn unknown_outcome_is_409_or_reexecuted_by_policy() {
+    // Without the heartbeat, a handler slower than its lease reads unknown to a retry,
+    // exactly as one whose worker died would.
     let short = RoutePolicy::required()
+        .with_heartbeat(false)
         .with_lease(Duration::from_millis(100))
         .with_wait(Duration::ZERO);
     let (app_conflict, calls, _) = app(
@@ -360,6 +363,71 @@ async fn unknown_outcome_is_409_or_reexecuted_by_policy() {
     assert_eq!(retry.status(), StatusCode::CREATED);
     original.await.unwrap().unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn the_heartbeat_keeps_a_slow_handler_in_progress() {
+    let policy = RoutePolicy::required()
+        .with_lease(Duration::from_millis(150))
+        .with_wait(Duration::ZERO);
+    let (app, calls, store) = app(policy, Duration::from_millis(700), StatusCode::CREATED);
+    let original = tokio::spawn(app.clone().oneshot(post_req(Some("k"), "a", "{}")));
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let op = store
+        .get(&Scope::new("a"), &"k".parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        op.state,
+        OperationState::InProgress,
+        "renewed three lease lengths in"
+    );
+    let retry = app
+        .clone()
+        .oneshot(post_req(Some("k"), "a", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    assert!(
+        problem(retry).await["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/request-in-progress")
+    );
+    assert_eq!(
+        original.await.unwrap().unwrap().status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn handlers_see_their_operation_id() {
+    let app = Router::new()
+        .route(
+            "/x",
+            post(
+                |axum::Extension(id): axum::Extension<tower_idempotency::OperationId>| async move {
+                    id.to_string()
+                },
+            ),
+        )
+        .layer(IdempotencyLayer::new(MemoryStore::default()).with_scope(|_| Some(Scope::global())));
+    let response = app
+        .oneshot(
+            Request::post("/x")
+                .header("idempotency-key", "k")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let header = response.headers()["operation-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(text(response).await, header);
 }
 
 #[tokio::test]

@@ -12,14 +12,17 @@ demo: a small write API (tickets, payments, deploys) guarded by tower-idempotenc
 
 USAGE:
     demo [--listen ADDR] [--database-url URL] [--handler-delay-ms N] [--lease-ms N]
-         [--wait-ms N] [--no-idempotency]
+         [--wait-ms N] [--no-heartbeat] [--no-idempotency]
 
 OPTIONS:
     --listen ADDR           address to listen on (default 127.0.0.1:3000; port 0 picks one)
     --database-url URL      PostgreSQL store; without it (and without DATABASE_URL) the
                             in-memory store is used and data lives in this process only
     --handler-delay-ms N    every write handler sleeps N ms after its write (default 0)
-    --lease-ms N            in-progress lease of an operation (default 60000)
+    --lease-ms N            in-progress lease of an operation (default 60000); renewed
+                            every third of it while the handler runs
+    --no-heartbeat          do not renew leases: a handler slower than its lease reads
+                            as an unknown outcome (for demonstrating that case)
     --wait-ms N             how long a duplicate waits for an in-progress original
                             (default 10000)
     --no-idempotency        same routes without the idempotency layer (baseline)
@@ -46,6 +49,9 @@ pub struct Config {
     /// How long a duplicate request waits for an in-progress original before answering
     /// `409 request-in-progress`.
     pub wait: Duration,
+    /// Whether the layer renews leases while handlers run (`--no-heartbeat` turns it
+    /// off, so that a slow handler shows the unknown-outcome case without a crash).
+    pub heartbeat: bool,
     /// Whether write routes are guarded by the idempotency layer (`--no-idempotency`
     /// turns it off, as a baseline).
     pub idempotency: bool,
@@ -59,6 +65,7 @@ impl Default for Config {
             handler_delay: Duration::ZERO,
             lease: Duration::from_secs(60),
             wait: Duration::from_secs(10),
+            heartbeat: true,
             idempotency: true,
         }
     }
@@ -124,6 +131,7 @@ impl Config {
                 }
                 "--wait-ms" => config.wait = millis("--wait-ms", &value("--wait-ms")?)?,
                 "--no-idempotency" if inline.is_none() => config.idempotency = false,
+                "--no-heartbeat" if inline.is_none() => config.heartbeat = false,
                 "-h" | "--help" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
             }

@@ -140,6 +140,7 @@ const PURGE_BATCH: usize = 1000;
 pub fn idempotency_layer(config: &Config, store: impl Store) -> IdempotencyLayer {
     let policy = RoutePolicy::required()
         .with_lease(config.lease)
+        .with_heartbeat(config.heartbeat)
         .with_wait(config.wait);
     let with = |normalize: fn(&mut Value) -> Result<(), Problem>| {
         policy.clone().with_normalizer(move |command: &mut Value| {
