@@ -95,3 +95,11 @@ pub use service::{IdempotencyService, ResponseFuture};
 #[cfg(feature = "axum")]
 pub use status::operation_json;
 pub use tower_idempotency_core::*;
+
+/// The Rust examples in the README and in `docs/`, compiled and run as doctests so they
+/// stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../../../docs/policies.md")]
+#[doc = include_str!("../../../docs/memory-store.md")]
+pub struct DocsExamples;
