@@ -585,3 +585,62 @@ async fn a_full_store_answers_503_without_running_the_handler() {
             .ends_with("/store-full")
     );
 }
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn logs_decisions_but_never_bodies_or_credentials() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // A current-thread runtime keeps every task on this thread, inside the subscriber.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (app, _, _) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+        let request = || {
+            Request::post("/v1/things")
+                .header("content-type", "application/json")
+                .header("authorization", "Bearer s3cret-token")
+                .header("cookie", "session=c00kie-value")
+                .header("x-account", "acct_log")
+                .header("idempotency-key", "log-key")
+                .body(Body::from(r#"{"card_pin":"hunter2"}"#))
+                .unwrap()
+        };
+        text(app.clone().oneshot(request()).await.unwrap()).await;
+        text(app.oneshot(request()).await.unwrap()).await;
+    });
+    let output = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(output.contains(r#"decision="executed""#), "{output}");
+    assert!(output.contains(r#"decision="replayed""#), "{output}");
+    assert!(
+        output.contains("acct_log") && output.contains("log-key"),
+        "{output}"
+    );
+    for secret in ["s3cret-token", "c00kie-value", "hunter2", "call 1"] {
+        assert!(
+            !output.contains(secret),
+            "`{secret}` leaked into the logs:\n{output}"
+        );
+    }
+}
