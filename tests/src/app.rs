@@ -13,6 +13,8 @@ use reqwest::{Method, RequestBuilder};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use crate::pg::{TestDatabase, test_database};
+
 /// Upper bound on any single HTTP exchange in the tests: generous, so a loaded machine is
 /// slow rather than failing, yet a hang still ends the test.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -22,6 +24,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct TestServer {
     addr: SocketAddr,
     task: JoinHandle<()>,
+    /// The database the server's store lives in, kept as long as the server runs.
+    database: Option<TestDatabase>,
 }
 
 impl TestServer {
@@ -38,13 +42,30 @@ impl TestServer {
             .await
             .unwrap();
         });
-        Self { addr, task }
+        Self {
+            addr,
+            task,
+            database: None,
+        }
     }
 
     /// Serves the demo router built from `config` (its `listen` address is ignored: the
     /// port is picked by the OS).
     pub async fn demo(config: demo::Config) -> Self {
         Self::start(demo::app(&config).await.unwrap()).await
+    }
+
+    /// Serves the demo router built from `config` with its idempotency store in a fresh
+    /// PostgreSQL database ([`test_database`]), which lives as long as the server.
+    pub async fn demo_on_postgres(config: demo::Config) -> Self {
+        let database = test_database().await;
+        let config = demo::Config {
+            database_url: Some(database.url().to_owned()),
+            ..config
+        };
+        let mut server = Self::demo(config).await;
+        server.database = Some(database);
+        server
     }
 
     /// The bound address.

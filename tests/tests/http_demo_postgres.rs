@@ -1,10 +1,18 @@
-//! The demo over its PostgreSQL store (`--database-url`): the same contract as in memory,
-//! with the records in a real PostgreSQL shared by two demo instances.
+//! The demo suite (`suites/demo.rs`) against the demo on its PostgreSQL store
+//! (`--database-url`), each test with a fresh database, and two demo instances sharing one
+//! database.
 
 use std::time::Duration;
 
 use integration_tests::app::{TestServer, demo_config, new_account, new_key};
 use integration_tests::pg::test_database;
+
+async fn demo_server(config: demo::Config) -> TestServer {
+    TestServer::demo_on_postgres(config).await
+}
+
+#[path = "suites/demo.rs"]
+mod demo_suite;
 
 const TICKET: &str = r#"{"project":"ops","title":"Rotate the TLS certificate"}"#;
 
@@ -15,46 +23,6 @@ async fn demo_on(url: &str, delay_ms: u64) -> TestServer {
         ..demo_config()
     })
     .await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_replays_and_refuses_over_postgres() {
-    let db = test_database().await;
-    let server = demo_on(db.url(), 0).await;
-    let client = server.client(&new_account());
-    let key = new_key();
-
-    let first = client.post("/v1/tickets", Some(&key), TICKET).await;
-    assert_eq!(first.status, 201, "{}", first.text());
-    let retry = client
-        .post(
-            "/v1/tickets",
-            Some(&key),
-            r#"{ "title" : "Rotate the TLS certificate", "project" : "ops" }"#,
-        )
-        .await;
-    assert_eq!(retry.status, 201);
-    assert!(retry.is_replay());
-    assert_eq!(retry.body, first.body);
-    assert_eq!(retry.operation_id(), first.operation_id());
-
-    let other = client
-        .post(
-            "/v1/tickets",
-            Some(&key),
-            r#"{"project":"ops","title":"Something else"}"#,
-        )
-        .await;
-    other.assert_problem(409, "fingerprint-mismatch");
-
-    let status = client
-        .get_json(&format!("/operations/{}", first.operation_id().unwrap()))
-        .await;
-    assert_eq!(status["state"], "completed");
-    assert_eq!(status["replays"], 1);
-    assert_eq!(status["response_status"], 201);
-    let tickets = client.get_json("/v1/tickets").await;
-    assert_eq!(tickets["tickets"].as_array().unwrap().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
