@@ -1,0 +1,269 @@
+//! The demo binary as OS processes on one PostgreSQL database (`--database-url`): a record
+//! outlives the process that wrote it, and processes sharing a database execute a request
+//! once between them.
+//!
+//! Every process is owned by a [`DemoProcess`], which kills and reaps it when dropped, so a
+//! failing assertion never leaves a server running. Tickets live in each process's memory
+//! (only the idempotency records are in PostgreSQL), so the number of executions is the
+//! sum of the tickets the processes list.
+
+#[allow(dead_code)]
+#[path = "../../../tests/src/pg.rs"]
+mod pg;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Bound on starting a process or on one HTTP exchange: generous, so a loaded machine is
+/// slow rather than failing, yet a hang still ends the test.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+const TICKET: &str = r#"{"project":"ops","title":"Renew the wildcard certificate"}"#;
+
+/// A running `demo` process, killed (SIGKILL) and reaped when dropped.
+struct DemoProcess {
+    child: Child,
+    /// Kept open: the demo's stdout must stay writable for as long as it runs.
+    _stdout: Option<BufReader<ChildStdout>>,
+    base: String,
+}
+
+impl DemoProcess {
+    /// Starts `demo --listen 127.0.0.1:0 --database-url URL ARGS…` and waits for its
+    /// `listening on http://ADDR` line.
+    async fn start(database_url: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_demo"))
+            .args(["--listen", "127.0.0.1:0", "--database-url", database_url])
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        // Owned by the guard from here on: a panic below still kills the process.
+        let mut process = Self {
+            child,
+            _stdout: None,
+            base: String::new(),
+        };
+        // A blocking read on a thread of its own; should it hang, dropping the guard kills
+        // the process, which closes the pipe and ends the read.
+        let read = tokio::task::spawn_blocking(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let read = reader.read_line(&mut line);
+            (reader, line, read)
+        });
+        let (reader, line, read) = tokio::time::timeout(DEADLINE, read)
+            .await
+            .expect("the demo printed nothing in time")
+            .unwrap();
+        process._stdout = Some(reader);
+        read.unwrap();
+        let base = line
+            .trim_end()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| {
+                panic!("the demo did not start (first line {line:?}); its stderr is above")
+            });
+        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+        process.base = base.to_owned();
+        process
+    }
+
+    /// How many tickets `account` has in this process's memory.
+    async fn ticket_count(&self, http: &reqwest::Client, account: &str) -> usize {
+        let response = http
+            .get(format!("{}/v1/tickets", self.base))
+            .bearer_auth(account)
+            .send()
+            .await
+            .unwrap();
+        let reply = Reply::from(response).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply.json()["tickets"].as_array().unwrap().len()
+    }
+
+    /// Kills the process with SIGKILL, as a crash or the OOM killer would: no graceful
+    /// shutdown, nothing flushed.
+    fn kill(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for DemoProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `POST {base}/v1/tickets` as `account` under `key` (owned arguments, so it can be
+/// spawned).
+async fn create_ticket(http: reqwest::Client, base: String, account: String, key: String) -> Reply {
+    let response = http
+        .post(format!("{base}/v1/tickets"))
+        .bearer_auth(account)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(TICKET)
+        .send()
+        .await
+        .unwrap();
+    Reply::from(response).await
+}
+
+/// A fully read response.
+struct Reply {
+    status: u16,
+    replayed: bool,
+    operation_id: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    async fn from(response: reqwest::Response) -> Self {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        };
+        let replayed = header("idempotent-replayed").as_deref() == Some("true");
+        let operation_id = header("operation-id");
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap().to_vec();
+        Self {
+            status,
+            replayed,
+            operation_id,
+            body,
+        }
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|err| panic!("not JSON ({err}): {}", self.text()))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(DEADLINE)
+        .build()
+        .unwrap()
+}
+
+fn fresh(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_the_demo_restarts_replays_the_identical_body() {
+    let db = pg::test_database().await;
+    let http = http();
+    let (account, key) = (fresh("acct"), fresh("key"));
+
+    let first_process = DemoProcess::start(db.url(), &[]).await;
+    let first = create_ticket(
+        http.clone(),
+        first_process.base.clone(),
+        account.clone(),
+        key.clone(),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert!(!first.replayed);
+    assert!(first.operation_id.is_some(), "Operation-Id on the original");
+    assert_eq!(first_process.ticket_count(&http, &account).await, 1);
+    first_process.kill();
+
+    let second_process = DemoProcess::start(db.url(), &[]).await;
+    let retry = create_ticket(
+        http.clone(),
+        second_process.base.clone(),
+        account.clone(),
+        key,
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    assert!(retry.replayed, "Idempotent-Replayed: true");
+    assert_eq!(retry.body, first.body, "byte-identical body");
+    assert_eq!(retry.operation_id, first.operation_id);
+    assert_eq!(
+        second_process.ticket_count(&http, &account).await,
+        0,
+        "the restarted demo answered from the record; it did not run the handler"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_demo_processes_on_one_database_execute_twenty_copies_once() {
+    let db = pg::test_database().await;
+    // The handler delay keeps the original running while the copies arrive, so they
+    // overlap on both processes instead of arriving after the record is complete.
+    let args = ["--handler-delay-ms", "300"];
+    let processes = [
+        DemoProcess::start(db.url(), &args).await,
+        DemoProcess::start(db.url(), &args).await,
+    ];
+    let http = http();
+    let (account, key) = (fresh("acct"), fresh("key"));
+    let copies: Vec<_> = (0..20)
+        .map(|i| {
+            let base = processes[i % 2].base.clone();
+            tokio::spawn(create_ticket(
+                http.clone(),
+                base,
+                account.clone(),
+                key.clone(),
+            ))
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for copy in copies {
+        replies.push(copy.await.unwrap());
+    }
+
+    let originals: Vec<&Reply> = replies
+        .iter()
+        .filter(|reply| reply.status == 201 && !reply.replayed)
+        .collect();
+    assert_eq!(originals.len(), 1, "exactly one copy executed");
+    let original = originals[0];
+    for reply in &replies {
+        match reply.status {
+            201 => {
+                assert_eq!(reply.body, original.body, "every 201 is the original");
+                assert_eq!(reply.operation_id, original.operation_id);
+            }
+            409 => {
+                let problem = reply.json();
+                let kind = problem["type"].as_str().unwrap_or_default();
+                assert!(kind.ends_with("/request-in-progress"), "{problem}");
+            }
+            other => panic!("unexpected {other}: {}", reply.text()),
+        }
+    }
+    let mut executions = 0;
+    for process in &processes {
+        executions += process.ticket_count(&http, &account).await;
+    }
+    assert_eq!(executions, 1, "one execution across both processes");
+}
