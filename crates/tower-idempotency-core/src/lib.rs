@@ -19,6 +19,7 @@ pub mod operation;
 pub mod purge;
 pub mod scope;
 pub mod store;
+pub mod transaction;
 
 pub use canonical::{CanonicalizeError, canonicalize_json};
 pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
@@ -27,3 +28,4 @@ pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
 pub use scope::Scope;
 pub use store::{Reservation, ReserveRequest, Store, StoreError};
+pub use transaction::{OperationTransaction, OperationTx, TransactionAccessError};

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::transaction::OperationTransaction;
 use crate::{Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Scope, StoredResponse};
 
 /// Boxed error used as the source of store errors.
@@ -148,6 +149,22 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Deletes at most `batch` records whose retention has ended; returns how many went.
     /// Never deletes an `in_progress` record or a record whose retention is still running.
     async fn purge_expired(&self, batch: usize) -> Result<usize>;
+
+    /// Opens a database transaction for the operation `lease` holds, for a transactional
+    /// route: the handler writes in it, and [`OperationTransaction::complete`] commits those
+    /// writes together with the stored response and the completion.
+    ///
+    /// `Ok(None)` (the default) means the store has no transactions; the layer then refuses
+    /// transactional routes with `500 transactions-unsupported` instead of running them
+    /// without one. Opening must not lock the operation's record: lease extensions and
+    /// take-overs go on while the handler runs, and the fence is checked at completion.
+    async fn begin_transaction(
+        &self,
+        lease: &Lease,
+    ) -> Result<Option<Box<dyn OperationTransaction>>> {
+        let _ = lease;
+        Ok(None)
+    }
 }
 
 #[async_trait]
@@ -186,5 +203,11 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
         (**self).purge_expired(batch).await
+    }
+    async fn begin_transaction(
+        &self,
+        lease: &Lease,
+    ) -> Result<Option<Box<dyn OperationTransaction>>> {
+        (**self).begin_transaction(lease).await
     }
 }

@@ -46,11 +46,15 @@ mod migrate;
 mod row;
 mod sql;
 mod store;
+mod transaction;
 
 pub use admin::{Resolution, ResolutionRecord, ResolveOutcome, UnknownResolution};
 pub use config::{ConfigError, PostgresStoreConfig};
 pub use migrate::{MIGRATIONS, Migration};
 pub use store::{ConnectError, PostgresStore};
+#[cfg(feature = "axum")]
+pub use transaction::MissingTransaction;
+pub use transaction::{PostgresTransaction, PostgresTx, PostgresTxGuard};
 
 /// Re-exported so users can build their own pool (TLS, hooks) without a version mismatch.
 pub use deadpool_postgres;

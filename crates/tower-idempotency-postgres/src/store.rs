@@ -17,14 +17,15 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
-    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, Reservation,
-    ReserveRequest, Scope, Store, StoreError, StoredResponse,
+    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, OperationTransaction,
+    Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
 
 use crate::config::{ConfigError, PostgresStoreConfig, is_identifier};
 use crate::error::{from_pg, from_pool, timed_out};
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
+use crate::transaction::PostgresTransaction;
 
 /// Longest span the store writes into an interval (100 years): anything longer is treated as
 /// "forever" and keeps the arithmetic far from overflow.
@@ -257,7 +258,7 @@ impl PostgresStore {
     }
 
     /// A fenced write that touched no row: the caller's lease is not current.
-    fn lease_lost(what: &'static str, lease: &Lease) -> StoreError {
+    pub(crate) fn lease_lost(what: &'static str, lease: &Lease) -> StoreError {
         tracing::warn!(
             operation_id = %lease.operation_id,
             scope = %lease.scope,
@@ -285,6 +286,55 @@ impl PostgresStore {
             0 => Err(Self::lease_lost(what, lease)),
             _ => Ok(()),
         }
+    }
+}
+
+/// The bind values of the fenced completion statement (`Queries::complete`), shared by the
+/// plain completion and the transactional one.
+pub(crate) struct Completion<'a> {
+    scope: &'a str,
+    key: &'a str,
+    operation_id: uuid::Uuid,
+    lease_id: uuid::Uuid,
+    status: i32,
+    names: Vec<&'a str>,
+    values: Vec<&'a [u8]>,
+    body: Option<&'a [u8]>,
+}
+
+impl<'a> Completion<'a> {
+    pub(crate) fn new(lease: &'a Lease, response: &'a StoredResponse) -> Self {
+        Self {
+            scope: lease.scope.as_str(),
+            key: lease.key.as_str(),
+            operation_id: lease.operation_id.as_uuid(),
+            lease_id: lease.lease_id.as_uuid(),
+            status: i32::from(response.status),
+            names: response
+                .headers
+                .iter()
+                .map(|(name, _)| name.as_str())
+                .collect(),
+            values: response
+                .headers
+                .iter()
+                .map(|(_, value)| value.as_ref())
+                .collect(),
+            body: response.body.as_deref(),
+        }
+    }
+
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+        [
+            &self.scope,
+            &self.key,
+            &self.operation_id,
+            &self.lease_id,
+            &self.status,
+            &self.names,
+            &self.values,
+            &self.body,
+        ]
     }
 }
 
@@ -351,32 +401,13 @@ impl Store for PostgresStore {
     }
 
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
-        let operation_id = lease.operation_id.as_uuid();
-        let lease_id = lease.lease_id.as_uuid();
-        let status = i32::from(response.status);
-        let names: Vec<&str> = response
-            .headers
-            .iter()
-            .map(|(name, _)| name.as_str())
-            .collect();
-        let values: Vec<&[u8]> = response
-            .headers
-            .iter()
-            .map(|(_, value)| value.as_ref())
-            .collect();
-        let body: Option<&[u8]> = response.body.as_deref();
-        let params: [&(dyn ToSql + Sync); 8] = [
-            &lease.scope.as_str(),
-            &lease.key.as_str(),
-            &operation_id,
-            &lease_id,
-            &status,
-            &names,
-            &values,
-            &body,
-        ];
+        let completion = Completion::new(lease, &response);
         match self
-            .read_one("complete", &self.inner.queries.complete, &params)
+            .read_one(
+                "complete",
+                &self.inner.queries.complete,
+                &completion.params(),
+            )
             .await?
         {
             Some(row) => Ok(row.operation),
@@ -476,6 +507,17 @@ impl Store for PostgresStore {
             .execute("purge_expired", &self.inner.queries.purge, &[&limit])
             .await?;
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    /// Opens a transaction on a connection of its own (see [`PostgresTransaction`]): the
+    /// reservation is already committed, so duplicates and the status route see the
+    /// operation while the handler runs.
+    async fn begin_transaction(
+        &self,
+        lease: &Lease,
+    ) -> Result<Option<Box<dyn OperationTransaction>>> {
+        let transaction = PostgresTransaction::begin(self, lease).await?;
+        Ok(Some(Box::new(transaction)))
     }
 }
 

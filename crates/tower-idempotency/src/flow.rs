@@ -32,7 +32,7 @@ use crate::policy::{KeyRequirement, RoutePolicy, ServerErrorPolicy, StoreFailure
 use crate::problem::Rejection;
 use crate::request_fingerprint::fingerprint;
 
-type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
+pub(crate) type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
 
 pub(crate) async fn run<S, B, ResB>(
     shared: Arc<Shared>,
@@ -78,7 +78,10 @@ fn route_of(parts: &Parts) -> String {
     parts.uri.path().to_owned()
 }
 
-fn refuse<ResB: Body>(shared: &Shared, rejection: Rejection) -> Response<ResponseBody<ResB>> {
+pub(crate) fn refuse<ResB: Body>(
+    shared: &Shared,
+    rejection: Rejection,
+) -> Response<ResponseBody<ResB>> {
     let decision = match rejection {
         Rejection::FingerprintMismatch { .. } | Rejection::RequestInProgress { .. } => "conflict",
         Rejection::OutcomeUnknown { .. } => "unknown",
@@ -423,6 +426,10 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
+    if policy.transactional {
+        return crate::transactional::execute(shared, policy, inner, parts, body, lease, takeover)
+            .await;
+    }
     let decision = if takeover { "re-executed" } else { "executed" };
     Span::current().record("decision", decision);
     let mut request = Request::from_parts(parts, RequestBody::buffered(body));
@@ -449,7 +456,7 @@ where
 
 /// Runs `work` while extending the lease every third of its length, so a slow but healthy
 /// handler never reads as `unknown`; only a worker that died stops renewing.
-async fn with_heartbeat<F: Future>(
+pub(crate) async fn with_heartbeat<F: Future>(
     work: F,
     shared: &Shared,
     lease: &Lease,
@@ -486,13 +493,13 @@ async fn abandon(shared: &Shared, lease: &Lease, why: &'static str) {
     }
 }
 
-enum Buffered<B: Body> {
+pub(crate) enum Buffered<B: Body> {
     Complete(Bytes),
     TooLarge(Bytes, std::pin::Pin<Box<B>>),
     Failed(B::Error),
 }
 
-async fn buffer_response<B: Body<Data = Bytes>>(body: B, limit: usize) -> Buffered<B> {
+pub(crate) async fn buffer_response<B: Body<Data = Bytes>>(body: B, limit: usize) -> Buffered<B> {
     let mut body = Box::pin(body);
     let mut first: Option<Bytes> = None;
     let mut rest = BytesMut::new();
@@ -604,7 +611,7 @@ where
     }
 }
 
-fn log_completion_failure(error: &StoreError) {
+pub(crate) fn log_completion_failure(error: &StoreError) {
     match error {
         StoreError::LeaseLost { operation_id } => tracing::error!(
             %operation_id,

@@ -85,6 +85,7 @@ mod request_fingerprint;
 mod service;
 #[cfg(feature = "axum")]
 mod status;
+mod transactional;
 
 pub use layer::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer, OPERATION_ID};
 pub use policy::{

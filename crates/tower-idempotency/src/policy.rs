@@ -129,6 +129,7 @@ pub struct RoutePolicy {
     pub(crate) unknown_outcome: UnknownOutcomePolicy,
     pub(crate) store_failure: StoreFailurePolicy,
     pub(crate) heartbeat: bool,
+    pub(crate) transactional: bool,
     pub(crate) fingerprint_headers: Arc<[HeaderName]>,
     pub(crate) normalizer: Option<Normalizer>,
 }
@@ -145,6 +146,7 @@ impl fmt::Debug for RoutePolicy {
             .field("unknown_outcome", &self.unknown_outcome)
             .field("store_failure", &self.store_failure)
             .field("heartbeat", &self.heartbeat)
+            .field("transactional", &self.transactional)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
             .finish()
@@ -190,6 +192,7 @@ impl RoutePolicy {
             unknown_outcome: UnknownOutcomePolicy::Conflict,
             store_failure: StoreFailurePolicy::FailClosed,
             heartbeat: true,
+            transactional: false,
             fingerprint_headers: Arc::from(Vec::new()),
             normalizer: None,
         }
@@ -202,6 +205,51 @@ impl RoutePolicy {
             key: KeyRequirement::Optional,
             ..Self::required()
         }
+    }
+
+    /// A transactional route (see [`RoutePolicy::with_transaction`]) with the policies that
+    /// transactions make safe: a `5xx` rolls back and releases the reservation
+    /// ([`ServerErrorPolicy::Release`]), and a retry that finds an attempt whose lease ran
+    /// out executes again ([`UnknownOutcomePolicy::Reexecute`]) — the lapsed attempt either
+    /// committed (then the record is `completed` and the retry replays) or left nothing.
+    /// Otherwise like [`RoutePolicy::required`].
+    ///
+    /// ```
+    /// use tower_idempotency::policy::RoutePolicy;
+    ///
+    /// assert!(RoutePolicy::transactional().is_transactional());
+    /// assert!(!RoutePolicy::required().is_transactional());
+    /// ```
+    pub fn transactional() -> Self {
+        Self {
+            transactional: true,
+            server_errors: ServerErrorPolicy::Release,
+            unknown_outcome: UnknownOutcomePolicy::Reexecute,
+            ..Self::required()
+        }
+    }
+
+    /// Whether the handler runs inside the operation's database transaction (default
+    /// `false`).
+    ///
+    /// On a transactional route the layer opens a transaction through
+    /// [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction) after
+    /// the reservation and puts an [`OperationTx`](tower_idempotency_core::OperationTx) in
+    /// the request extensions. The handler writes through it; the layer then commits those
+    /// writes, the stored response and the completion in one transaction. A `5xx`, a
+    /// service error, a panic or a failed response body rolls back and releases the
+    /// reservation (whatever [`ServerErrorPolicy`] says: nothing was kept, so the retry
+    /// executes again). A store without transactions answers `500
+    /// transactions-unsupported` and runs nothing. [`RoutePolicy::transactional`] also
+    /// sets the unknown-outcome policy that transactions make safe.
+    pub fn with_transaction(mut self, transactional: bool) -> Self {
+        self.transactional = transactional;
+        self
+    }
+
+    /// Whether the handler runs inside the operation's database transaction.
+    pub fn is_transactional(&self) -> bool {
+        self.transactional
     }
 
     /// How long a completed operation is kept and replayed.

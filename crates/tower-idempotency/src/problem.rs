@@ -91,8 +91,25 @@ pub enum Rejection {
     /// `503 store-full` with `Retry-After`.
     #[error("the idempotency store is full")]
     StoreFull,
+    /// The route is transactional but the store has no transactions; nothing ran and
+    /// nothing is kept. `500 transactions-unsupported`.
+    #[error("this route runs in a database transaction and the idempotency store has none")]
+    TransactionsUnsupported,
+    /// The handler of a transactional route answered, but its transaction could not be
+    /// committed (the lease was taken over by a retry, or the database failed). The
+    /// handler's answer is not sent: the operation's record decides what a retry with the
+    /// same key gets — the committed outcome, or a fresh execution when nothing was kept.
+    /// `503 not-committed` with `Retry-After`.
+    #[error(
+        "the operation's transaction could not be committed; retry with the same key to get its outcome"
+    )]
+    NotCommitted {
+        /// The operation.
+        operation_id: OperationId,
+    },
     /// The handler panicked or failed without a response; the outcome is recorded as
-    /// unknown. `500 handler-failed`.
+    /// unknown (on a transactional route: rolled back and released).
+    /// `500 handler-failed`.
     #[error("the handler failed without producing a response")]
     HandlerFailed {
         /// The operation, now `unknown`.
@@ -115,8 +132,12 @@ impl Rejection {
             | Self::RequestInProgress { .. }
             | Self::OutcomeUnknown { .. }
             | Self::ResponseNotReplayable { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable | Self::StoreFull => StatusCode::SERVICE_UNAVAILABLE,
-            Self::HandlerFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::StoreUnavailable | Self::StoreFull | Self::NotCommitted { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::HandlerFailed { .. } | Self::TransactionsUnsupported => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -138,6 +159,8 @@ impl Rejection {
             Self::StoreUnavailable => "store-unavailable",
             Self::StoreFull => "store-full",
             Self::HandlerFailed { .. } => "handler-failed",
+            Self::TransactionsUnsupported => "transactions-unsupported",
+            Self::NotCommitted { .. } => "not-committed",
         }
     }
 
@@ -159,6 +182,8 @@ impl Rejection {
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::StoreFull => "Idempotency store full",
             Self::HandlerFailed { .. } => "Handler failed",
+            Self::TransactionsUnsupported => "Transactions unsupported by the store",
+            Self::NotCommitted { .. } => "Not committed",
         }
     }
 
@@ -227,6 +252,13 @@ impl Rejection {
                     Value::String(format!("{status_path}/{operation_id}")),
                 );
             }
+            Self::NotCommitted { operation_id } => {
+                body.insert(
+                    "operation_id".into(),
+                    Value::String(operation_id.to_string()),
+                );
+                retry_after = Some(1);
+            }
             Self::StoreFull => retry_after = Some(1),
             _ => {}
         }
@@ -286,6 +318,16 @@ mod tests {
                 "outcome-unknown",
             ),
             (Rejection::StoreUnavailable, 503, "store-unavailable"),
+            (
+                Rejection::TransactionsUnsupported,
+                500,
+                "transactions-unsupported",
+            ),
+            (
+                Rejection::NotCommitted { operation_id: id },
+                503,
+                "not-committed",
+            ),
         ];
         for (rejection, status, slug) in cases {
             let response = rejection.to_response(DEFAULT_PROBLEM_BASE, "/operations");

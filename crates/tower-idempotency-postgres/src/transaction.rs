@@ -1,0 +1,312 @@
+//! [`PostgresTransaction`]: the operation's transaction on a transactional route, and
+//! [`PostgresTx`], the handler's way into it (an axum extractor with feature `axum`, or
+//! [`PostgresTx::from_extensions`] for any tower service).
+//!
+//! The transaction owns one pooled connection from `BEGIN` to `COMMIT`/`ROLLBACK`. The
+//! completion `UPDATE` runs inside it, fenced by the lease id: zero rows means the lease was
+//! taken over, and the transaction is rolled back. `BEGIN` locks nothing, so lease
+//! heartbeats and take-overs proceed while the handler runs. A connection is never returned
+//! to the pool with a transaction open: if the transaction is dropped unfinished, the
+//! connection is closed and PostgreSQL rolls it back.
+
+use std::any::Any;
+use std::fmt;
+use std::ops::Deref;
+
+use async_trait::async_trait;
+use deadpool_postgres::{ClientWrapper, Object};
+use tokio::sync::MappedMutexGuard;
+use tower_idempotency_core::store::Result;
+use tower_idempotency_core::{
+    Lease, Operation, OperationId, OperationTransaction, OperationTx, Store, StoreError,
+    StoredResponse, TransactionAccessError,
+};
+
+use crate::error::from_pg;
+use crate::row;
+use crate::store::{Completion, PostgresStore};
+
+/// An open PostgreSQL transaction belonging to one reserved operation. The layer creates
+/// it (through [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction))
+/// and finishes it; handlers reach its connection
+/// through [`PostgresTx`].
+pub struct PostgresTransaction {
+    store: PostgresStore,
+    lease: Lease,
+    /// `None` only while being dropped.
+    client: Option<Object>,
+    /// No transaction is open on `client`: it may go back to the pool.
+    clean: bool,
+}
+
+impl fmt::Debug for PostgresTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresTransaction")
+            .field("operation_id", &self.lease.operation_id)
+            .field("clean", &self.clean)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresTransaction {
+    pub(crate) async fn begin(store: &PostgresStore, lease: &Lease) -> Result<Self> {
+        let client = store.bounded("begin", store.client()).await?;
+        // Built before `BEGIN` is sent, so that a failure or timeout from here on drops a
+        // transaction that closes its connection instead of pooling it mid-transaction.
+        let transaction = Self {
+            store: store.clone(),
+            lease: lease.clone(),
+            client: Some(client),
+            clean: false,
+        };
+        store
+            .bounded("begin", async {
+                transaction
+                    .connection()?
+                    .batch_execute("BEGIN")
+                    .await
+                    .map_err(from_pg)
+            })
+            .await?;
+        Ok(transaction)
+    }
+
+    /// The operation the transaction belongs to.
+    pub fn operation_id(&self) -> OperationId {
+        self.lease.operation_id
+    }
+
+    fn connection(&self) -> Result<&ClientWrapper> {
+        self.client
+            .as_deref()
+            .ok_or_else(|| StoreError::Backend("the operation's transaction is finished".into()))
+    }
+
+    async fn complete_and_commit(&mut self, response: &StoredResponse) -> Result<Operation> {
+        let client = self.connection()?;
+        let completion = Completion::new(&self.lease, response);
+        let statement = client
+            .prepare_cached(&self.store.inner.queries.complete)
+            .await
+            .map_err(from_pg)?;
+        let rows = client
+            .query(&statement, &completion.params())
+            .await
+            .map_err(from_pg)?;
+        let Some(row) = rows.first() else {
+            // Fenced out: a retry took the operation over. Nothing this attempt wrote may
+            // be kept.
+            let rolled_back = client.batch_execute("ROLLBACK").await.is_ok();
+            self.clean = rolled_back;
+            return Err(PostgresStore::lease_lost("complete", &self.lease));
+        };
+        let operation = row::operation(row)?.operation;
+        client.batch_execute("COMMIT").await.map_err(from_pg)?;
+        self.clean = true;
+        Ok(operation)
+    }
+
+    async fn roll_back(&mut self) -> Result<()> {
+        self.connection()?
+            .batch_execute("ROLLBACK")
+            .await
+            .map_err(from_pg)?;
+        self.clean = true;
+        Ok(())
+    }
+}
+
+impl Drop for PostgresTransaction {
+    fn drop(&mut self) {
+        if self.clean {
+            return;
+        }
+        if let Some(object) = self.client.take() {
+            tracing::warn!(
+                operation_id = %self.lease.operation_id,
+                "closing the connection of an unfinished operation transaction; PostgreSQL rolls it back"
+            );
+            // Out of the pool for good: dropping the client closes the connection.
+            drop(Object::take(object));
+        }
+    }
+}
+
+#[async_trait]
+impl OperationTransaction for PostgresTransaction {
+    async fn complete(mut self: Box<Self>, response: StoredResponse) -> Result<Operation> {
+        let store = self.store.clone();
+        // On an error or a timeout `self` is dropped unfinished, which closes the
+        // connection: PostgreSQL rolls back whatever it had not committed.
+        store
+            .bounded("complete", self.complete_and_commit(&response))
+            .await
+    }
+
+    async fn abort(mut self: Box<Self>) -> Result<()> {
+        let store = self.store.clone();
+        let lease = self.lease.clone();
+        if let Err(error) = store.bounded("rollback", self.roll_back()).await {
+            tracing::warn!(error = %error, "ROLLBACK failed; closing the connection instead");
+        }
+        drop(self);
+        store.release(&lease).await
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// The handler's access to the operation's PostgreSQL transaction on a transactional
+/// route.
+///
+/// With feature `axum` it is an extractor (a request without a transaction is answered
+/// `500` with a problem body); from any tower service, use
+/// [`PostgresTx::from_extensions`]. Lock it, write through the connection, and answer:
+/// the layer commits the writes together with the stored response, or rolls them back.
+///
+/// ```no_run
+/// use tower_idempotency_postgres::PostgresTx;
+///
+/// // With feature `axum`: `async fn create_ticket(tx: PostgresTx) -> …`.
+/// async fn create_ticket(tx: PostgresTx) -> Result<u16, Box<dyn std::error::Error>> {
+///     let connection = tx.lock().await?;
+///     connection
+///         .execute("INSERT INTO tickets (title) VALUES ($1)", &[&"Disk full"])
+///         .await?;
+///     Ok(201)
+/// }
+/// ```
+///
+/// Never `COMMIT`, `ROLLBACK` or `BEGIN` on the connection yourself (savepoints are fine):
+/// the layer owns the transaction's boundaries.
+#[derive(Debug, Clone)]
+pub struct PostgresTx {
+    handle: OperationTx,
+}
+
+impl PostgresTx {
+    /// Wraps the layer's handle.
+    pub fn new(handle: OperationTx) -> Self {
+        Self { handle }
+    }
+
+    /// The transaction of the request whose extensions these are, if its route is
+    /// transactional.
+    pub fn from_extensions(extensions: &http::Extensions) -> Option<Self> {
+        extensions.get::<OperationTx>().cloned().map(Self::new)
+    }
+
+    /// The operation the transaction belongs to.
+    pub fn operation_id(&self) -> OperationId {
+        self.handle.operation_id()
+    }
+
+    /// Locks the transaction's connection. Hold the guard while issuing statements and
+    /// drop it before answering: the layer waits for it to commit.
+    ///
+    /// Fails when the layer already finished the transaction, or when the store behind the
+    /// layer is not a [`PostgresStore`].
+    pub async fn lock(&self) -> Result<PostgresTxGuard<'_>, TransactionAccessError> {
+        let transaction = self.handle.lock_as::<PostgresTransaction>().await?;
+        let store = transaction.store.clone();
+        let operation_id = transaction.lease.operation_id;
+        let client = MappedMutexGuard::try_map(transaction, |t| t.client.as_deref_mut())
+            .map_err(|_| TransactionAccessError::Finished)?;
+        Ok(PostgresTxGuard {
+            client,
+            store,
+            operation_id,
+        })
+    }
+}
+
+/// A locked [`PostgresTx`]: dereferences to the pooled connection
+/// ([`deadpool_postgres::ClientWrapper`], which dereferences to
+/// [`tokio_postgres::Client`]), inside the open transaction.
+pub struct PostgresTxGuard<'a> {
+    client: MappedMutexGuard<'a, ClientWrapper>,
+    #[allow(dead_code)] // read by the outbox
+    store: PostgresStore,
+    operation_id: OperationId,
+}
+
+impl fmt::Debug for PostgresTxGuard<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresTxGuard")
+            .field("operation_id", &self.operation_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresTxGuard<'_> {
+    /// The operation the transaction belongs to.
+    pub fn operation_id(&self) -> OperationId {
+        self.operation_id
+    }
+
+    /// The connection, inside the open transaction.
+    pub fn client(&self) -> &ClientWrapper {
+        &self.client
+    }
+}
+
+impl Deref for PostgresTxGuard<'_> {
+    type Target = ClientWrapper;
+
+    fn deref(&self) -> &ClientWrapper {
+        &self.client
+    }
+}
+
+#[cfg(feature = "axum")]
+mod extract {
+    use axum::extract::FromRequestParts;
+    use axum::http::request::Parts;
+    use axum::http::{HeaderValue, StatusCode, header};
+    use axum::response::{IntoResponse, Response};
+
+    use super::PostgresTx;
+
+    /// Rejection of the [`PostgresTx`] extractor: the request carries no operation
+    /// transaction (the route is not transactional, or the idempotency layer is not in
+    /// front of it). Answered `500` with an `application/problem+json` body: this is a
+    /// server configuration mistake, not a client error.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+    #[error("the request carries no operation transaction (is the route transactional?)")]
+    pub struct MissingTransaction;
+
+    impl IntoResponse for MissingTransaction {
+        fn into_response(self) -> Response {
+            tracing::error!("{self}");
+            let body = serde_json::json!({
+                "type": "https://tower-idempotency.dev/problems/transaction-missing",
+                "title": "No operation transaction",
+                "status": 500,
+                "detail": self.to_string(),
+            });
+            let mut response =
+                (StatusCode::INTERNAL_SERVER_ERROR, body.to_string()).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/problem+json"),
+            );
+            response
+        }
+    }
+
+    impl<S: Send + Sync> FromRequestParts<S> for PostgresTx {
+        type Rejection = MissingTransaction;
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _state: &S,
+        ) -> Result<Self, Self::Rejection> {
+            Self::from_extensions(&parts.extensions).ok_or(MissingTransaction)
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+pub use extract::MissingTransaction;

@@ -1,0 +1,420 @@
+//! Transactional routes over a real PostgreSQL: the handler's writes, the stored response and
+//! the completion commit together; a `5xx` or a panic rolls everything back and releases the
+//! reservation; an attempt whose lease was taken over cannot commit; a store without
+//! transactions refuses the route instead of running it unprotected.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http::{Request, StatusCode};
+use integration_tests::pg::test_database;
+use tokio::sync::Notify;
+use tower::ServiceExt;
+use tower_idempotency::{
+    IdempotencyKey, IdempotencyLayer, MemoryStore, OperationState, RoutePolicy, Scope, Store,
+};
+use tower_idempotency_postgres::{PostgresStore, PostgresTx};
+
+const SCOPE: &str = "acct_tx";
+
+/// What the handler does, per attempt (1-based).
+#[derive(Clone, Default)]
+struct Script {
+    attempts: Arc<AtomicUsize>,
+    /// Attempts up to this number answer `500` after writing.
+    fail_until: usize,
+    /// Attempts up to this number panic after writing.
+    panic_until: usize,
+    /// The first attempt signals `entered` after writing, then waits for `proceed`.
+    hold_first: Option<(Arc<Notify>, Arc<Notify>)>,
+    /// Every attempt sleeps this long after writing.
+    sleep: Duration,
+}
+
+async fn create_thing(State(script): State<Script>, tx: PostgresTx) -> Response {
+    let attempt = script.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+    {
+        let connection = tx.lock().await.unwrap();
+        let attempt = i32::try_from(attempt).unwrap();
+        connection
+            .execute(
+                "INSERT INTO things (operation_id, attempt) VALUES ($1, $2)",
+                &[&tx.operation_id().as_uuid(), &attempt],
+            )
+            .await
+            .unwrap();
+    }
+    if attempt == 1
+        && let Some((entered, proceed)) = &script.hold_first
+    {
+        entered.notify_one();
+        proceed.notified().await;
+    }
+    tokio::time::sleep(script.sleep).await;
+    if attempt <= script.panic_until {
+        panic!("handler panics on attempt {attempt}");
+    }
+    if attempt <= script.fail_until {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response();
+    }
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!("{{\"attempt\":{attempt}}}"),
+    )
+        .into_response()
+}
+
+struct Harness {
+    app: Router,
+    store: PostgresStore,
+    db: tokio_postgres::Client,
+    script: Script,
+    _database: integration_tests::pg::TestDatabase,
+}
+
+async fn harness(policy: RoutePolicy, script: Script) -> Harness {
+    let database = test_database().await;
+    let store = PostgresStore::connect(database.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let (db, connection) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    db.batch_execute(
+        "CREATE TABLE things (id bigserial PRIMARY KEY, operation_id uuid NOT NULL, attempt int NOT NULL)",
+    )
+    .await
+    .unwrap();
+    let layer = IdempotencyLayer::new(store.clone())
+        .with_scope(|_| Some(Scope::new(SCOPE)))
+        .with_default_policy(policy);
+    let app = Router::new()
+        .route("/v1/things", post(create_thing))
+        .layer(layer)
+        .with_state(script.clone());
+    Harness {
+        app,
+        store,
+        db,
+        script,
+        _database: database,
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    replayed: bool,
+    body: String,
+}
+
+impl Reply {
+    fn problem_type(&self) -> String {
+        let json: serde_json::Value = serde_json::from_str(&self.body).unwrap();
+        json["type"].as_str().unwrap().to_owned()
+    }
+}
+
+async fn send(app: &Router, key: &str) -> Reply {
+    let request = Request::post("/v1/things")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"name":"thing"}"#))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    Reply {
+        status,
+        replayed,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+impl Harness {
+    async fn things(&self) -> Vec<i32> {
+        self.db
+            .query("SELECT attempt FROM things ORDER BY id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+
+    async fn operation(&self, key: &str) -> Option<tower_idempotency::Operation> {
+        self.store
+            .get(&Scope::new(SCOPE), &IdempotencyKey::new(key).unwrap())
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_response_and_completion_commit_together() {
+    let h = harness(RoutePolicy::transactional(), Script::default()).await;
+    let first = send(&h.app, "k-commit").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(first.body, r#"{"attempt":1}"#);
+    assert_eq!(h.things().await, [1]);
+    let operation = h.operation("k-commit").await.unwrap();
+    assert_eq!(operation.state, OperationState::Completed);
+    let row =
+        h.db.query_one("SELECT operation_id FROM things", &[])
+            .await
+            .unwrap();
+    assert_eq!(
+        row.get::<_, uuid::Uuid>(0),
+        operation.id.as_uuid(),
+        "the handler saw its own operation id"
+    );
+
+    for _ in 0..3 {
+        let retry = send(&h.app, "k-commit").await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(retry.replayed);
+        assert_eq!(retry.body, first.body);
+    }
+    assert_eq!(h.things().await, [1], "retries never execute again");
+    assert_eq!(h.script.attempts.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_rolls_back_releases_and_the_retry_executes() {
+    let script = Script {
+        fail_until: 1,
+        ..Script::default()
+    };
+    let h = harness(RoutePolicy::transactional(), script).await;
+    let failed = send(&h.app, "k-500").await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(failed.body, "boom");
+    assert!(
+        h.things().await.is_empty(),
+        "the failed attempt's write is gone"
+    );
+    assert!(
+        h.operation("k-500").await.is_none(),
+        "the reservation is released"
+    );
+
+    let retry = send(&h.app, "k-500").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert!(!retry.replayed, "the retry executes");
+    assert_eq!(retry.body, r#"{"attempt":2}"#);
+    assert_eq!(h.things().await, [2]);
+    assert_eq!(
+        h.operation("k-500").await.unwrap().state,
+        OperationState::Completed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_rolls_back_and_releases() {
+    let script = Script {
+        panic_until: 1,
+        ..Script::default()
+    };
+    let h = harness(RoutePolicy::transactional(), script).await;
+    let failed = send(&h.app, "k-panic").await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(failed.problem_type().ends_with("/handler-failed"));
+    assert!(h.things().await.is_empty());
+    assert!(h.operation("k-panic").await.is_none());
+
+    let retry = send(&h.app, "k-panic").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert_eq!(h.things().await, [2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_whose_lease_was_taken_over_cannot_commit() {
+    let (entered, proceed) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let script = Script {
+        hold_first: Some((entered.clone(), proceed.clone())),
+        ..Script::default()
+    };
+    // No heartbeat: the first attempt stands for a worker that froze (a long GC pause, a
+    // suspended VM) and whose lease ran out while it held its transaction open.
+    let policy = RoutePolicy::transactional()
+        .with_lease(Duration::from_millis(300))
+        .with_heartbeat(false)
+        .with_wait(Duration::ZERO);
+    let h = harness(policy, script).await;
+
+    let app = h.app.clone();
+    let zombie = tokio::spawn(async move { send(&app, "k-zombie").await });
+    entered.notified().await;
+
+    // Retry until the lease has lapsed and the retry takes the operation over.
+    let takeover = loop {
+        let reply = send(&h.app, "k-zombie").await;
+        match reply.status {
+            StatusCode::CONFLICT => {
+                assert!(reply.problem_type().ends_with("/request-in-progress"));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            _ => break reply,
+        }
+    };
+    assert_eq!(takeover.status, StatusCode::CREATED, "{}", takeover.body);
+    assert_eq!(takeover.body, r#"{"attempt":2}"#);
+
+    // The frozen worker wakes up and tries to commit its write.
+    proceed.notify_one();
+    let zombie = zombie.await.unwrap();
+    assert_eq!(
+        zombie.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        zombie.body
+    );
+    assert!(zombie.problem_type().ends_with("/not-committed"));
+
+    assert_eq!(
+        h.things().await,
+        [2],
+        "only the take-over's write is kept; the zombie's rolled back"
+    );
+    let operation = h.operation("k-zombie").await.unwrap();
+    assert_eq!(operation.state, OperationState::Completed);
+    assert_eq!(operation.attempts, 2);
+    let replay = send(&h.app, "k-zombie").await;
+    assert!(replay.replayed);
+    assert_eq!(replay.body, r#"{"attempt":2}"#);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_blocks_neither_heartbeats_nor_duplicates() {
+    let (entered, proceed) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let script = Script {
+        hold_first: Some((entered.clone(), proceed.clone())),
+        ..Script::default()
+    };
+    // A lease far shorter than the handler: only heartbeats keep it, and they must get
+    // through while the transaction is open.
+    let policy = RoutePolicy::transactional()
+        .with_lease(Duration::from_millis(150))
+        .with_wait(Duration::from_secs(30));
+    let h = harness(policy, script).await;
+    let app = h.app.clone();
+    let first = tokio::spawn(async move { send(&app, "k-slow").await });
+    entered.notified().await;
+
+    // The reservation was committed before the transaction began: it is visible.
+    let app = h.app.clone();
+    let duplicate = tokio::spawn(async move { send(&app, "k-slow").await });
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let operation = h.operation("k-slow").await.unwrap();
+        assert_eq!(
+            operation.state,
+            OperationState::InProgress,
+            "the heartbeat keeps the lease while the transaction is open"
+        );
+    }
+    proceed.notify_one();
+    let first = first.await.unwrap();
+    let duplicate = duplicate.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(duplicate.status, StatusCode::CREATED, "{}", duplicate.body);
+    assert!(duplicate.replayed, "the duplicate waited and replayed");
+    assert_eq!(duplicate.body, first.body);
+    assert_eq!(h.things().await, [1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_tower_service_reaches_the_transaction_through_extensions() {
+    let database = test_database().await;
+    let store = PostgresStore::connect(database.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let (db, connection) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    db.batch_execute("CREATE TABLE notes (body text NOT NULL)")
+        .await
+        .unwrap();
+    let service = tower::service_fn(|request: Request<_>| async move {
+        let tx = PostgresTx::from_extensions(request.extensions()).unwrap();
+        tx.lock()
+            .await
+            .unwrap()
+            .execute("INSERT INTO notes (body) VALUES ('hello')", &[])
+            .await
+            .unwrap();
+        Ok::<_, std::convert::Infallible>(
+            http::Response::builder()
+                .status(201)
+                .body(Body::from("noted"))
+                .unwrap(),
+        )
+    });
+    let layer = IdempotencyLayer::new(store)
+        .with_scope(|_| Some(Scope::new(SCOPE)))
+        .with_default_policy(RoutePolicy::transactional());
+    let service = tower::Layer::layer(&layer, service);
+    let request = || {
+        Request::post("/notes")
+            .header("idempotency-key", "k-plain")
+            .body(Body::from("hello"))
+            .unwrap()
+    };
+    let first = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let again = service.oneshot(request()).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let count: i64 = db
+        .query_one("SELECT count(*) FROM notes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_transactions_refuses_the_route_and_runs_nothing() {
+    let store = MemoryStore::default();
+    let executions = Arc::new(AtomicUsize::new(0));
+    let counted = executions.clone();
+    let app = Router::new()
+        .route(
+            "/v1/things",
+            post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { StatusCode::CREATED }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(store.clone())
+                .with_scope(|_| Some(Scope::new(SCOPE)))
+                .with_default_policy(RoutePolicy::transactional()),
+        );
+    for _ in 0..2 {
+        let reply = send(&app, "k-memory").await;
+        assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(reply.problem_type().ends_with("/transactions-unsupported"));
+    }
+    assert_eq!(
+        executions.load(Ordering::SeqCst),
+        0,
+        "the handler never ran"
+    );
+    let record = store
+        .get(
+            &Scope::new(SCOPE),
+            &IdempotencyKey::new("k-memory").unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(record.is_none(), "nothing is kept");
+}
