@@ -267,3 +267,81 @@ async fn two_demo_processes_on_one_database_execute_twenty_copies_once() {
     }
     assert_eq!(executions, 1, "one execution across both processes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demo_killed_mid_handler_leaves_an_unknown_outcome_not_a_second_execution() {
+    let db = pg::test_database().await;
+    let http = http();
+    let (account, key) = (fresh("acct"), fresh("key"));
+    // The handler performs its write, then sleeps far longer than the lease; the process
+    // dies in that window, between the effect and the recorded result.
+    let first_process = DemoProcess::start(
+        db.url(),
+        &["--handler-delay-ms", "60000", "--lease-ms", "1000"],
+    )
+    .await;
+    // Its client will see the connection drop; that answer is not the point.
+    let _abandoned = tokio::spawn(
+        http.post(format!("{}/v1/tickets", first_process.base))
+            .bearer_auth(account.clone())
+            .header("content-type", "application/json")
+            .header("idempotency-key", key.clone())
+            .body(TICKET)
+            .send(),
+    );
+    operation_state(&http, &first_process, &account, &key, "in_progress").await;
+    first_process.kill();
+
+    let second_process = DemoProcess::start(db.url(), &["--lease-ms", "1000"]).await;
+    // Nobody renews the lease any more: it lapses by the database's clock.
+    let status = operation_state(&http, &second_process, &account, &key, "unknown").await;
+    let retry = create_ticket(
+        http.clone(),
+        second_process.base.clone(),
+        account.clone(),
+        key,
+    )
+    .await;
+    assert_eq!(retry.status, 409, "{}", retry.text());
+    let problem = retry.json();
+    let kind = problem["type"].as_str().unwrap_or_default();
+    assert!(kind.ends_with("/outcome-unknown"), "{problem}");
+    assert_eq!(problem["operation_id"], status["operation_id"]);
+    assert_eq!(
+        second_process.ticket_count(&http, &account).await,
+        0,
+        "an unknown outcome is never executed again by default"
+    );
+}
+
+/// Polls `process`'s status route until the operation under `key` is in `state`, and
+/// returns its status document.
+async fn operation_state(
+    http: &reqwest::Client,
+    process: &DemoProcess,
+    account: &str,
+    key: &str,
+    state: &str,
+) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let response = http
+            .get(format!("{}/operations", process.base))
+            .query(&[("idempotency_key", key)])
+            .bearer_auth(account)
+            .send()
+            .await
+            .unwrap();
+        let reply = Reply::from(response).await;
+        if reply.status == 200 && reply.json()["state"] == state {
+            return reply.json();
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "operation {key} never reached {state}; last answer {}: {}",
+            reply.status,
+            reply.text()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
