@@ -33,6 +33,35 @@ impl OperationId {
     pub const fn as_uuid(&self) -> Uuid {
         self.0
     }
+
+    /// A key for one side effect of this operation — an outbox effect id, the
+    /// idempotency key of an outbound call (`derived_key("charge")`) — stable across
+    /// retries and re-executions of the operation, and different for every `name` and
+    /// every operation.
+    ///
+    /// A UUIDv8 whose bits are the first 16 bytes of SHA-256 over a fixed tag, the
+    /// operation id and `name`: anyone holding the operation id can recompute it, and no
+    /// two (operation, name) pairs share one in practice.
+    ///
+    /// ```
+    /// use tower_idempotency_core::OperationId;
+    ///
+    /// let operation = OperationId::new();
+    /// assert_eq!(operation.derived_key("charge"), operation.derived_key("charge"));
+    /// assert_ne!(operation.derived_key("charge"), operation.derived_key("refund"));
+    /// assert_ne!(operation.derived_key("charge"), OperationId::new().derived_key("charge"));
+    /// ```
+    pub fn derived_key(&self, name: &str) -> Uuid {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(b"tower-idempotency/derived-key/v1\0")
+            .chain_update(self.0.as_bytes())
+            .chain_update(name.as_bytes())
+            .finalize();
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        uuid::Builder::from_custom_bytes(bytes).into_uuid()
+    }
 }
 
 impl Default for OperationId {
@@ -210,10 +239,32 @@ pub struct Operation {
 }
 
 impl Operation {
+    /// A key for one side effect of this operation; see [`OperationId::derived_key`].
+    pub fn derived_key(&self, name: &str) -> Uuid {
+        self.id.derived_key(name)
+    }
+
     /// Time left on the lease at `now`, zero if it already ran out or there is none.
     pub fn lease_remaining(&self, now: SystemTime) -> Duration {
         self.lease_expires_at
             .and_then(|at| at.duration_since(now).ok())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_keys_are_pinned() {
+        // Outbox rows and downstream systems hold these keys: the derivation must never
+        // change between versions.
+        let operation = OperationId::from_uuid(
+            Uuid::parse_str("0190b3c2-7d2e-7a51-9f0e-5a1d2c3b4e5f").unwrap(),
+        );
+        let key = operation.derived_key("charge");
+        assert_eq!(key.get_version_num(), 8);
+        assert_eq!(key.to_string(), "440ca65e-3da7-8a6a-9de4-9ffb90688fb1");
     }
 }

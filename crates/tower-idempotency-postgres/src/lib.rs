@@ -43,6 +43,7 @@ pub mod admin;
 mod config;
 mod error;
 mod migrate;
+pub mod outbox;
 mod row;
 mod sql;
 mod store;
@@ -51,6 +52,7 @@ mod transaction;
 pub use admin::{Resolution, ResolutionRecord, ResolveOutcome, UnknownResolution};
 pub use config::{ConfigError, PostgresStoreConfig};
 pub use migrate::{MIGRATIONS, Migration};
+pub use outbox::{DeliveryError, DispatchReport, DispatcherConfig, Effect, OutboxDispatcher};
 pub use store::{ConnectError, PostgresStore};
 #[cfg(feature = "axum")]
 pub use transaction::MissingTransaction;

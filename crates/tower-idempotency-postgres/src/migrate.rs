@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_resolutions.sql",
         sql: include_str!("../../../migrations/0002_resolutions.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_outbox.sql",
+        sql: include_str!("../../../migrations/0003_outbox.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

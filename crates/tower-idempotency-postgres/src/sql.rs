@@ -51,6 +51,11 @@ pub(crate) struct Queries {
     pub(crate) resolve_failed: String,
     pub(crate) resolve_completed: String,
     pub(crate) resolution: String,
+    pub(crate) outbox_enqueue: String,
+    pub(crate) outbox_claim: String,
+    pub(crate) outbox_delivered: String,
+    pub(crate) outbox_retry: String,
+    pub(crate) outbox_purge: String,
 }
 
 /// Columns of `idempotency_resolutions` read back, decoded by [`crate::row`].
@@ -60,6 +65,7 @@ const RESOLUTION_COLUMNS: &str = "operation_id, scope, idempotency_key, fingerpr
 impl Queries {
     pub(crate) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".idempotency_operations");
+        let outbox = format!("\"{schema}\".idempotency_outbox");
         let r = format!("\"{schema}\".idempotency_resolutions");
         let lease = micros("$8");
         let retention = micros("$9");
@@ -192,6 +198,52 @@ impl Queries {
                  RETURNING {RESOLUTION_COLUMNS}"
             ),
             resolution: format!("SELECT {RESOLUTION_COLUMNS} FROM {r} WHERE operation_id = $1"),
+            // Inside the operation's transaction. A re-execution derives the same effect id
+            // and is absorbed here; the first enqueue's payload stands.
+            outbox_enqueue: format!(
+                "INSERT INTO {outbox} (effect_id, operation_id, scope, name, payload) \
+                 VALUES ($1, $2, $3, $4, $5::text::jsonb) ON CONFLICT (effect_id) DO NOTHING"
+            ),
+            // Claim: lock due rows other dispatchers have not locked, count the attempt and
+            // push the row's due time to the end of the claim, so that it is not due again
+            // unless this dispatcher dies. The outer predicate repeats the inner one: a row
+            // claimed and committed by another dispatcher in between is re-checked, not
+            // claimed twice.
+            outbox_claim: format!(
+                "UPDATE {outbox} AS e SET attempts = e.attempts + 1, claim_id = $1, \
+                     next_attempt_at = now() + {claim} \
+                 WHERE e.effect_id IN ( \
+                     SELECT effect_id FROM {outbox} \
+                     WHERE state = 'pending' AND next_attempt_at <= now() \
+                     ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 AND e.state = 'pending' AND e.next_attempt_at <= now() \
+                 RETURNING e.effect_id, e.operation_id, e.scope, e.name, e.payload::text AS payload, \
+                     e.attempts",
+                claim = micros("$3")
+            ),
+            // Fenced by the claim id: a dispatcher whose claim ran out and was re-claimed
+            // cannot overwrite the new claim's outcome.
+            outbox_delivered: format!(
+                "UPDATE {outbox} SET state = 'delivered', delivered_at = now(), claim_id = NULL, \
+                     last_error = NULL \
+                 WHERE effect_id = $1 AND claim_id = $2"
+            ),
+            outbox_retry: format!(
+                "UPDATE {outbox} AS e SET \
+                     state = CASE WHEN e.attempts >= $3 THEN 'failed' ELSE 'pending' END, \
+                     failed_at = CASE WHEN e.attempts >= $3 THEN now() END, \
+                     next_attempt_at = now() + {backoff}, claim_id = NULL, last_error = $5 \
+                 WHERE e.effect_id = $1 AND e.claim_id = $2 \
+                 RETURNING e.state",
+                backoff = micros("$4")
+            ),
+            outbox_purge: format!(
+                "DELETE FROM {outbox} WHERE effect_id IN ( \
+                     SELECT effect_id FROM {outbox} \
+                     WHERE state = 'delivered' AND delivered_at <= now() - {age} \
+                     LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                age = micros("$1")
+            ),
             reserve,
         }
     }

@@ -18,7 +18,7 @@ use deadpool_postgres::{ClientWrapper, Object};
 use tokio::sync::MappedMutexGuard;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
-    Lease, Operation, OperationId, OperationTransaction, OperationTx, Store, StoreError,
+    Lease, Operation, OperationId, OperationTransaction, OperationTx, Scope, Store, StoreError,
     StoredResponse, TransactionAccessError,
 };
 
@@ -212,12 +212,14 @@ impl PostgresTx {
         let transaction = self.handle.lock_as::<PostgresTransaction>().await?;
         let store = transaction.store.clone();
         let operation_id = transaction.lease.operation_id;
+        let scope = transaction.lease.scope.clone();
         let client = MappedMutexGuard::try_map(transaction, |t| t.client.as_deref_mut())
             .map_err(|_| TransactionAccessError::Finished)?;
         Ok(PostgresTxGuard {
             client,
             store,
             operation_id,
+            scope,
         })
     }
 }
@@ -227,9 +229,9 @@ impl PostgresTx {
 /// [`tokio_postgres::Client`]), inside the open transaction.
 pub struct PostgresTxGuard<'a> {
     client: MappedMutexGuard<'a, ClientWrapper>,
-    #[allow(dead_code)] // read by the outbox
     store: PostgresStore,
     operation_id: OperationId,
+    scope: Scope,
 }
 
 impl fmt::Debug for PostgresTxGuard<'_> {
@@ -249,6 +251,24 @@ impl PostgresTxGuard<'_> {
     /// The connection, inside the open transaction.
     pub fn client(&self) -> &ClientWrapper {
         &self.client
+    }
+
+    /// Enqueues a side effect in the transaction's outbox: it is delivered by an
+    /// [`OutboxDispatcher`](crate::OutboxDispatcher) once, and only if, the operation
+    /// commits. Returns the effect id, [`OperationId::derived_key`] of `name` — the same
+    /// on every re-execution of the operation, so enqueueing again (a re-execution after a
+    /// crash, or a second call with the same name) keeps the one effect. Give each effect
+    /// of an operation its own `name` (`"notify"`, `"charge"`, `"webhook:order-paid"`).
+    pub async fn enqueue(&self, name: &str, payload: &serde_json::Value) -> Result<uuid::Uuid> {
+        crate::outbox::enqueue(
+            &self.client,
+            &self.store,
+            self.operation_id,
+            self.scope.as_str(),
+            name,
+            payload,
+        )
+        .await
     }
 }
 
