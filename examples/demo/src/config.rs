@@ -12,7 +12,7 @@ demo: a small write API (tickets, payments, deploys) guarded by tower-idempotenc
 
 USAGE:
     demo [--listen ADDR] [--database-url URL] [--handler-delay-ms N] [--lease-ms N]
-         [--wait-ms N] [--no-heartbeat] [--no-idempotency]
+         [--wait-ms N] [--no-heartbeat] [--no-idempotency] [--transactional]
 
 OPTIONS:
     --listen ADDR           address to listen on (default 127.0.0.1:3000; port 0 picks one)
@@ -26,6 +26,10 @@ OPTIONS:
     --wait-ms N             how long a duplicate waits for an in-progress original
                             (default 10000)
     --no-idempotency        same routes without the idempotency layer (baseline)
+    --transactional         keep tickets, payments, deploys and notifications in the
+                            PostgreSQL database too (needs a database URL): ticket and
+                            payment writes commit in one transaction with their idempotency
+                            record, and ticket notifications go through the outbox
     -h, --help              print this help
 
 ENVIRONMENT:
@@ -55,6 +59,9 @@ pub struct Config {
     /// Whether write routes are guarded by the idempotency layer (`--no-idempotency`
     /// turns it off, as a baseline).
     pub idempotency: bool,
+    /// Whether the business records live in PostgreSQL, written in the operations'
+    /// transactions (`--transactional`; needs a database URL and the idempotency layer).
+    pub transactional: bool,
 }
 
 impl Default for Config {
@@ -67,6 +74,7 @@ impl Default for Config {
             wait: Duration::from_secs(10),
             heartbeat: true,
             idempotency: true,
+            transactional: false,
         }
     }
 }
@@ -132,9 +140,16 @@ impl Config {
                 "--wait-ms" => config.wait = millis("--wait-ms", &value("--wait-ms")?)?,
                 "--no-idempotency" if inline.is_none() => config.idempotency = false,
                 "--no-heartbeat" if inline.is_none() => config.heartbeat = false,
+                "--transactional" if inline.is_none() => config.transactional = true,
                 "-h" | "--help" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
             }
+        }
+        if config.transactional && !config.idempotency {
+            return Err(
+                "--transactional writes in the idempotency layer's transactions; it cannot be combined with --no-idempotency"
+                    .to_owned(),
+            );
         }
         Ok(config)
     }
@@ -180,6 +195,8 @@ mod tests {
             "--no-idempotency",
         ])
         .unwrap();
+        assert!(!config.transactional);
+        assert!(parse(&["--transactional"]).unwrap().transactional);
         assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());
         assert_eq!(
             config.database_url.as_deref(),
@@ -201,6 +218,8 @@ mod tests {
             &["--wait-ms", "1.5"],
             &["--database-url="],
             &["--no-idempotency=yes"],
+            &["--transactional", "--no-idempotency"],
+            &["--transactional=yes"],
             &["--verbose"],
             &["serve"],
         ] {

@@ -1,11 +1,13 @@
-//! The demo's business state: tickets, payments and deploys, per account, in memory.
+//! The demo's business state: tickets, payments, deploys and ticket notifications, per
+//! account, in memory (the default; `--transactional` keeps them in PostgreSQL instead, see
+//! [`crate::database`]).
 //!
 //! Each write decides and records under one lock, so the business rules (one ticket per
-//! `source_event_id`, one payment per `invoice_ref`) hold even without the idempotency
-//! layer. Those rules are domain deduplication; they complement idempotency keys, they do
-//! not replace them (a retried deploy has no natural key).
+//! `source_event_id`, one payment per `invoice_ref`, one running deploy per environment) hold
+//! even without the idempotency layer. Those rules are domain deduplication; they complement
+//! idempotency keys, they do not replace them (a retried deploy has no natural key).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
@@ -70,6 +72,26 @@ pub struct Deploy {
     pub created_at: String,
 }
 
+/// A ticket notification as the notification sink recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Notification {
+    /// The effect id the notification was delivered under (derived from the operation that
+    /// created the ticket).
+    pub effect_id: String,
+    /// The ticket it announces.
+    pub ticket_id: String,
+    /// How many times the sink received this effect id.
+    pub attempts: u32,
+}
+
+/// Why a deploy was refused: another deploy to the environment is still running.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a deploy to environment {environment} is already running")]
+pub struct EnvironmentLocked {
+    /// The environment.
+    pub environment: String,
+}
+
 /// Why a payment was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invoice {invoice_ref} was already paid by payment {payment_id}")]
@@ -85,6 +107,8 @@ struct Books {
     tickets: Vec<Ticket>,
     payments: Vec<Payment>,
     deploys: Vec<Deploy>,
+    notifications: Vec<Notification>,
+    running_deploys: HashSet<String>,
 }
 
 /// All accounts' records. Cheap to clone (shared).
@@ -100,8 +124,14 @@ impl Ledger {
     }
 
     /// Creates a ticket, or returns the account's existing ticket for the same
-    /// `source_event_id`. The flag is `true` when a ticket was created.
-    pub fn create_ticket(&self, account: &str, command: NewTicket) -> (Ticket, bool) {
+    /// `source_event_id`. The flag is `true` when a ticket was created; only then is a
+    /// notification recorded, under `effect_id`.
+    pub fn create_ticket(
+        &self,
+        account: &str,
+        command: NewTicket,
+        effect_id: uuid::Uuid,
+    ) -> (Ticket, bool) {
         let mut accounts = self.lock();
         let books = accounts.entry(account.to_owned()).or_default();
         if let Some(event) = &command.source_event_id
@@ -122,6 +152,11 @@ impl Ledger {
             created_at: now(),
         };
         books.tickets.push(ticket.clone());
+        books.notifications.push(Notification {
+            effect_id: effect_id.to_string(),
+            ticket_id: ticket.id.clone(),
+            attempts: 1,
+        });
         (ticket, true)
     }
 
@@ -156,9 +191,21 @@ impl Ledger {
         Ok(payment)
     }
 
-    /// Starts a deploy. Every call starts one: deploys have no natural key, which is what
-    /// the idempotency key is for.
-    pub fn start_deploy(&self, account: &str, command: NewDeploy) -> Deploy {
+    /// Starts a deploy and locks its environment until the returned lease is dropped; a
+    /// second deploy to the environment meanwhile is refused. Every other call starts one:
+    /// deploys have no natural key, which is what the idempotency key is for.
+    pub fn start_deploy(
+        &self,
+        account: &str,
+        command: NewDeploy,
+    ) -> Result<(Deploy, EnvironmentLease), EnvironmentLocked> {
+        let mut accounts = self.lock();
+        let books = accounts.entry(account.to_owned()).or_default();
+        if !books.running_deploys.insert(command.environment.clone()) {
+            return Err(EnvironmentLocked {
+                environment: command.environment,
+            });
+        }
         let deploy = Deploy {
             id: new_id("dep"),
             service: command.service,
@@ -167,12 +214,21 @@ impl Ledger {
             status: "started",
             created_at: now(),
         };
+        books.deploys.push(deploy.clone());
+        let lease = EnvironmentLease {
+            ledger: self.clone(),
+            account: account.to_owned(),
+            environment: deploy.environment.clone(),
+        };
+        Ok((deploy, lease))
+    }
+
+    /// The account's ticket notifications, oldest first.
+    pub fn notifications(&self, account: &str) -> Vec<Notification> {
         self.lock()
-            .entry(account.to_owned())
-            .or_default()
-            .deploys
-            .push(deploy.clone());
-        deploy
+            .get(account)
+            .map(|b| b.notifications.clone())
+            .unwrap_or_default()
     }
 
     /// The account's tickets, oldest first.
@@ -206,11 +262,27 @@ impl Ledger {
     }
 }
 
-fn new_id(prefix: &str) -> String {
+/// A running deploy's hold on its environment; dropping it frees the environment.
+#[derive(Debug)]
+pub struct EnvironmentLease {
+    ledger: Ledger,
+    account: String,
+    environment: String,
+}
+
+impl Drop for EnvironmentLease {
+    fn drop(&mut self) {
+        if let Some(books) = self.ledger.lock().get_mut(&self.account) {
+            books.running_deploys.remove(&self.environment);
+        }
+    }
+}
+
+pub(crate) fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
-fn now() -> String {
+pub(crate) fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
@@ -231,17 +303,23 @@ mod tests {
     #[test]
     fn source_event_dedupes_per_account() {
         let ledger = Ledger::new();
-        let (first, created) = ledger.create_ticket("a", ticket(Some("evt_1")));
+        let effect = uuid::Uuid::new_v4();
+        let (first, created) = ledger.create_ticket("a", ticket(Some("evt_1")), effect);
         assert!(created);
         assert!(first.id.starts_with("tkt_") && first.id.len() == 36);
-        let (again, created) = ledger.create_ticket("a", ticket(Some("evt_1")));
+        let (again, created) =
+            ledger.create_ticket("a", ticket(Some("evt_1")), uuid::Uuid::new_v4());
         assert!(!created);
         assert_eq!(again, first);
-        let (_, created) = ledger.create_ticket("b", ticket(Some("evt_1")));
+        let (_, created) = ledger.create_ticket("b", ticket(Some("evt_1")), uuid::Uuid::new_v4());
         assert!(created, "another account has its own events");
-        ledger.create_ticket("a", ticket(None));
-        ledger.create_ticket("a", ticket(None));
+        ledger.create_ticket("a", ticket(None), uuid::Uuid::new_v4());
+        ledger.create_ticket("a", ticket(None), uuid::Uuid::new_v4());
         assert_eq!(ledger.tickets("a").len(), 3);
+        let notifications = ledger.notifications("a");
+        assert_eq!(notifications.len(), 3, "one per created ticket");
+        assert_eq!(notifications[0].effect_id, effect.to_string());
+        assert_eq!(notifications[0].ticket_id, first.id);
         assert_eq!(ledger.tickets("b").len(), 1);
         assert!(ledger.tickets("c").is_empty());
     }
@@ -260,5 +338,22 @@ mod tests {
         assert_eq!(refused.payment_id, paid.id);
         assert!(ledger.capture_payment("b", pay()).is_ok());
         assert_eq!(ledger.payments("a").len(), 1);
+    }
+
+    #[test]
+    fn one_running_deploy_per_environment() {
+        let ledger = Ledger::new();
+        let deploy = |environment: &str| NewDeploy {
+            service: "api".into(),
+            environment: environment.into(),
+            artifact: "sha256:00".into(),
+        };
+        let (_, lease) = ledger.start_deploy("a", deploy("prod")).unwrap();
+        assert!(ledger.start_deploy("a", deploy("prod")).is_err());
+        assert!(ledger.start_deploy("a", deploy("staging")).is_ok());
+        assert!(ledger.start_deploy("b", deploy("prod")).is_ok());
+        drop(lease);
+        assert!(ledger.start_deploy("a", deploy("prod")).is_ok());
+        assert_eq!(ledger.deploys("a").len(), 3);
     }
 }

@@ -5,8 +5,9 @@
 //! Invariants: every write handler performs its write, then sleeps
 //! [`Config::handler_delay`], then answers; the idempotency layer and the handlers validate
 //! commands with the same functions ([`commands`]), so `--no-idempotency` refuses exactly
-//! what the guarded server refuses. Authentication is a stand-in ([`auth`]): the bearer
-//! token is the account.
+//! what the guarded server refuses; the HTTP contract is the same whether the records live
+//! in memory ([`ledger`]) or in PostgreSQL ([`database`], `--transactional`). Authentication
+//! is a stand-in ([`auth`]): the bearer token is the account.
 //!
 //! Run it in-process, e.g. from a test:
 //!
@@ -23,6 +24,7 @@
 pub mod auth;
 pub mod commands;
 pub mod config;
+pub mod database;
 pub mod ledger;
 pub mod problem;
 pub mod routes;
@@ -41,9 +43,10 @@ use tower_idempotency_postgres::{ConnectError, PostgresStore};
 
 pub use crate::auth::Account;
 pub use crate::config::{Config, USAGE};
+use crate::database::Database;
 pub use crate::ledger::Ledger;
 pub use crate::problem::Problem;
-use crate::routes::AppState;
+use crate::routes::{AppState, Records};
 
 /// Largest request body accepted, in bytes (1 MiB); larger bodies get `413`.
 pub const BODY_LIMIT: usize = 1024 * 1024;
@@ -55,6 +58,12 @@ pub enum DemoError {
     /// The PostgreSQL store could not be reached or migrated.
     #[error("cannot use the PostgreSQL store")]
     Postgres(#[from] tower_idempotency_postgres::ConnectError),
+    /// The demo's own tables could not be prepared (`--transactional`).
+    #[error(transparent)]
+    Schema(#[from] crate::database::SchemaError),
+    /// The configuration cannot work (`--transactional` without a database).
+    #[error("{0}")]
+    Config(&'static str),
     /// Binding or serving failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -65,13 +74,26 @@ pub enum DemoError {
 ///
 /// Without a database URL the idempotency store is an in-memory [`MemoryStore`]; with one,
 /// a [`PostgresStore`] (migrated at start, safe when several demos start at once). Either
-/// way a purge task runs, so this must run inside a Tokio runtime.
+/// way a purge task runs, so this must run inside a Tokio runtime. With
+/// [`Config::transactional`] the business records live in that database too, tickets and
+/// payments are transactional routes, and an outbox dispatcher delivers ticket
+/// notifications.
 pub async fn app(config: &Config) -> Result<Router, DemoError> {
+    if config.transactional && (config.database_url.is_none() || !config.idempotency) {
+        return Err(DemoError::Config(
+            "--transactional needs a database URL (--database-url or DATABASE_URL) and the idempotency layer",
+        ));
+    }
     match &config.database_url {
         Some(url) if config.idempotency => {
             let store = PostgresStore::connect(url).await?;
             store.migrate().await.map_err(ConnectError::from)?;
             tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+            if config.transactional {
+                let database = Database::open(&store).await?;
+                database.spawn_dispatcher();
+                return Ok(build(config, store, Records::Postgres(database)));
+            }
             Ok(router(config, store))
         }
         _ => {
@@ -89,11 +111,17 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
 }
 
 /// Builds the demo's router over a given idempotency store (ignored when
-/// `config.idempotency` is off). [`app`] picks the store from the configuration; this is
-/// for callers that bring their own (a PostgreSQL store, a store that is down on purpose).
+/// `config.idempotency` is off), with the business records in memory. [`app`] picks the
+/// store from the configuration; this is for callers that bring their own (a PostgreSQL
+/// store, a store that is down on purpose).
 pub fn router(config: &Config, store: impl Store) -> Router {
+    build(config, store, Records::Memory(Ledger::new()))
+}
+
+fn build(config: &Config, store: impl Store, records: Records) -> Router {
+    let transactional = matches!(records, Records::Postgres(_));
     let state = AppState {
-        ledger: Ledger::new(),
+        records,
         handler_delay: config.handler_delay,
     };
     let api: Router<AppState> = Router::new()
@@ -108,9 +136,10 @@ pub fn router(config: &Config, store: impl Store) -> Router {
         .route(
             "/v1/deploys",
             post(routes::create_deploy).get(routes::list_deploys),
-        );
+        )
+        .route("/v1/notifications", get(routes::list_notifications));
     let api = if config.idempotency {
-        let idempotency = idempotency_layer(config, store);
+        let idempotency = layer(config, store, transactional);
         // `GET`s pass through the layer untouched; only writes are guarded.
         api.layer(idempotency.clone())
             .merge(idempotency.status_router())
@@ -138,12 +167,27 @@ const PURGE_BATCH: usize = 1000;
 /// normalizer, so invalid commands are refused before anything is stored and the
 /// fingerprint describes the command with its defaults applied.
 pub fn idempotency_layer(config: &Config, store: impl Store) -> IdempotencyLayer {
-    let policy = RoutePolicy::required()
-        .with_lease(config.lease)
-        .with_heartbeat(config.heartbeat)
-        .with_wait(config.wait);
-    let with = |normalize: fn(&mut Value) -> Result<(), Problem>| {
-        policy.clone().with_normalizer(move |command: &mut Value| {
+    layer(config, store, false)
+}
+
+/// [`idempotency_layer`], with tickets and payments on transactional routes
+/// ([`RoutePolicy::transactional`]: a `5xx` rolls back and releases, and an attempt whose
+/// lease ran out is executed again) when the records live in PostgreSQL.
+fn layer(config: &Config, store: impl Store, transactional: bool) -> IdempotencyLayer {
+    let tune = |policy: RoutePolicy| {
+        policy
+            .with_lease(config.lease)
+            .with_heartbeat(config.heartbeat)
+            .with_wait(config.wait)
+    };
+    let policy = tune(RoutePolicy::required());
+    let written = if transactional {
+        tune(RoutePolicy::transactional())
+    } else {
+        policy.clone()
+    };
+    let with = |base: &RoutePolicy, normalize: fn(&mut Value) -> Result<(), Problem>| {
+        base.clone().with_normalizer(move |command: &mut Value| {
             normalize(command).map_err(|problem| CommandRejection::new(problem.detail()))
         })
     };
@@ -153,17 +197,17 @@ pub fn idempotency_layer(config: &Config, store: impl Store) -> IdempotencyLayer
         .with_route_policy(
             Method::POST,
             "/v1/tickets",
-            with(commands::normalize_ticket),
+            with(&written, commands::normalize_ticket),
         )
         .with_route_policy(
             Method::POST,
             "/v1/payments",
-            with(commands::normalize_payment),
+            with(&written, commands::normalize_payment),
         )
         .with_route_policy(
             Method::POST,
             "/v1/deploys",
-            with(commands::normalize_deploy),
+            with(&policy, commands::normalize_deploy),
         )
 }
 

@@ -3,7 +3,9 @@
 //! Write handlers validate with the same functions the idempotency layer runs as route
 //! normalizers, perform their write, *then* sleep the configured handler delay, then answer:
 //! the delay puts injected faults (disconnects, lease expiry, crashes) between the effect
-//! and the response, which is exactly the window idempotency keys exist for.
+//! and the response, which is exactly the window idempotency keys exist for. With records in
+//! PostgreSQL, ticket and payment writes go into the operation's transaction and the delay
+//! runs with that transaction still open, so a crash in it leaves nothing behind.
 
 use std::time::Duration;
 
@@ -14,23 +16,40 @@ use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use tower_idempotency::{OperationId, OperationTx};
+use tower_idempotency_postgres::PostgresTx;
 
 use crate::auth::Account;
 use crate::commands::{
     NewDeploy, NewPayment, NewTicket, normalize_deploy, normalize_payment, normalize_ticket,
     parse_command,
 };
-use crate::ledger::Ledger;
+use crate::database::{Database, TICKET_NOTIFICATION};
+use crate::ledger::{EnvironmentLocked, Ledger};
 use crate::problem::Problem;
+
+/// Where the business records live.
+#[derive(Debug, Clone)]
+pub enum Records {
+    /// In this process's memory (the default).
+    Memory(Ledger),
+    /// In PostgreSQL, written in the operations' transactions (`--transactional`).
+    Postgres(Database),
+}
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// Business records.
-    pub ledger: Ledger,
+    pub records: Records,
     /// Sleep after every write, before answering.
     pub handler_delay: Duration,
 }
+
+/// How much longer than the handler delay a deploy's environment lock lasts in PostgreSQL:
+/// the lock is released when the deploy's handler ends, and only a crashed demo leaves it
+/// to expire.
+const DEPLOY_LOCK_MARGIN: Duration = Duration::from_secs(30);
 
 /// `GET /healthz`.
 pub async fn healthz() -> impl IntoResponse {
@@ -38,10 +57,13 @@ pub async fn healthz() -> impl IntoResponse {
 }
 
 /// `POST /v1/tickets`: `201` and the new ticket, or `200` and the existing ticket of the
-/// same `source_event_id`, with `"created"` saying which.
+/// same `source_event_id`, with `"created"` saying which. A new ticket also gets one
+/// notification (`GET /v1/notifications`).
 pub async fn create_ticket(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
+    operation: Option<Extension<OperationId>>,
+    transaction: Option<Extension<OperationTx>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -49,7 +71,28 @@ pub async fn create_ticket(
         Ok(command) => command,
         Err(problem) => return problem.into_response(),
     };
-    let (ticket, created) = state.ledger.create_ticket(account.as_str(), command);
+    let (ticket, created) = match &state.records {
+        Records::Memory(ledger) => {
+            // Without the layer there is no operation to derive the notification's id from.
+            let effect_id = operation.map_or_else(uuid::Uuid::new_v4, |Extension(id)| {
+                id.derived_key(TICKET_NOTIFICATION)
+            });
+            ledger.create_ticket(account.as_str(), command, effect_id)
+        }
+        Records::Postgres(_) => {
+            let Some(Extension(handle)) = transaction else {
+                return no_transaction();
+            };
+            let tx = PostgresTx::new(handle);
+            let Ok(guard) = tx.lock().await else {
+                return internal_error("the operation's transaction is gone");
+            };
+            match Database::create_ticket(&guard, account.as_str(), command).await {
+                Ok(written) => written,
+                Err(error) => return record_failure(&error),
+            }
+        }
+    };
     tracing::info!(ticket_id = %ticket.id, created, "ticket written");
     tokio::time::sleep(state.handler_delay).await;
     let status = if created {
@@ -67,13 +110,37 @@ pub async fn list_tickets(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
 ) -> Response {
-    Json(json!({"tickets": state.ledger.tickets(account.as_str())})).into_response()
+    let tickets = match &state.records {
+        Records::Memory(ledger) => ledger.tickets(account.as_str()),
+        Records::Postgres(db) => match db.tickets(account.as_str()).await {
+            Ok(tickets) => tickets,
+            Err(error) => return record_failure(&error),
+        },
+    };
+    Json(json!({"tickets": tickets})).into_response()
+}
+
+/// `GET /v1/notifications`: the ticket notifications the sink received for the account,
+/// one per effect id.
+pub async fn list_notifications(
+    State(state): State<AppState>,
+    Extension(account): Extension<Account>,
+) -> Response {
+    let notifications = match &state.records {
+        Records::Memory(ledger) => ledger.notifications(account.as_str()),
+        Records::Postgres(db) => match db.notifications(account.as_str()).await {
+            Ok(notifications) => notifications,
+            Err(error) => return record_failure(&error),
+        },
+    };
+    Json(json!({"notifications": notifications})).into_response()
 }
 
 /// `POST /v1/payments`: `201` and the payment, or `409 invoice-already-paid`.
 pub async fn create_payment(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
+    transaction: Option<Extension<OperationTx>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -81,7 +148,22 @@ pub async fn create_payment(
         Ok(command) => command,
         Err(problem) => return problem.into_response(),
     };
-    let outcome = state.ledger.capture_payment(account.as_str(), command);
+    let outcome = match &state.records {
+        Records::Memory(ledger) => ledger.capture_payment(account.as_str(), command),
+        Records::Postgres(_) => {
+            let Some(Extension(handle)) = transaction else {
+                return no_transaction();
+            };
+            let tx = PostgresTx::new(handle);
+            let Ok(guard) = tx.lock().await else {
+                return internal_error("the operation's transaction is gone");
+            };
+            match Database::capture_payment(&guard, account.as_str(), command).await {
+                Ok(outcome) => outcome,
+                Err(error) => return record_failure(&error),
+            }
+        }
+    };
     match &outcome {
         Ok(payment) => tracing::info!(payment_id = %payment.id, "payment captured"),
         Err(refusal) => {
@@ -106,10 +188,19 @@ pub async fn list_payments(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
 ) -> Response {
-    Json(json!({"payments": state.ledger.payments(account.as_str())})).into_response()
+    let payments = match &state.records {
+        Records::Memory(ledger) => ledger.payments(account.as_str()),
+        Records::Postgres(db) => match db.payments(account.as_str()).await {
+            Ok(payments) => payments,
+            Err(error) => return record_failure(&error),
+        },
+    };
+    Json(json!({"payments": payments})).into_response()
 }
 
-/// `POST /v1/deploys`: `201` and the deploy.
+/// `POST /v1/deploys`: `201` and the deploy, or `409 environment-locked` while another
+/// deploy to the same environment of the account is running (its handler has not
+/// answered yet).
 pub async fn create_deploy(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
@@ -120,9 +211,31 @@ pub async fn create_deploy(
         Ok(command) => command,
         Err(problem) => return problem.into_response(),
     };
-    let deploy = state.ledger.start_deploy(account.as_str(), command);
-    tracing::info!(deploy_id = %deploy.id, "deploy started");
-    tokio::time::sleep(state.handler_delay).await;
+    let deploy = match &state.records {
+        Records::Memory(ledger) => match ledger.start_deploy(account.as_str(), command) {
+            Ok((deploy, lease)) => {
+                tracing::info!(deploy_id = %deploy.id, "deploy started");
+                tokio::time::sleep(state.handler_delay).await;
+                drop(lease);
+                deploy
+            }
+            Err(locked) => return environment_locked(&locked),
+        },
+        Records::Postgres(db) => {
+            let hold = state.handler_delay.saturating_add(DEPLOY_LOCK_MARGIN);
+            let deploy = match db.start_deploy(account.as_str(), command, hold).await {
+                Ok(Ok(deploy)) => deploy,
+                Ok(Err(locked)) => return environment_locked(&locked),
+                Err(error) => return record_failure(&error),
+            };
+            tracing::info!(deploy_id = %deploy.id, "deploy started");
+            tokio::time::sleep(state.handler_delay).await;
+            if let Err(error) = db.finish_deploy(account.as_str(), &deploy).await {
+                tracing::warn!(error = %error, "could not free the environment; its lock expires by itself");
+            }
+            deploy
+        }
+    };
     (StatusCode::CREATED, Json(deploy)).into_response()
 }
 
@@ -131,7 +244,46 @@ pub async fn list_deploys(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
 ) -> Response {
-    Json(json!({"deploys": state.ledger.deploys(account.as_str())})).into_response()
+    let deploys = match &state.records {
+        Records::Memory(ledger) => ledger.deploys(account.as_str()),
+        Records::Postgres(db) => match db.deploys(account.as_str()).await {
+            Ok(deploys) => deploys,
+            Err(error) => return record_failure(&error),
+        },
+    };
+    Json(json!({"deploys": deploys})).into_response()
+}
+
+/// A ticket or payment write to PostgreSQL records without the operation's transaction.
+fn no_transaction() -> Response {
+    internal_error(
+        "the route has no operation transaction (is the idempotency layer in front of it?)",
+    )
+}
+
+fn environment_locked(locked: &EnvironmentLocked) -> Response {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "environment-locked",
+        "Environment locked",
+        locked.to_string(),
+    )
+    .into_response()
+}
+
+fn record_failure(error: &dyn std::error::Error) -> Response {
+    tracing::error!(error = %error, source = ?error.source(), "the records could not be read or written");
+    internal_error("the records could not be read or written")
+}
+
+fn internal_error(detail: &str) -> Response {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal-error",
+        "Internal error",
+        detail,
+    )
+    .into_response()
 }
 
 /// Reads a JSON command body: `415` unless the content type is JSON, `413` past the body

@@ -1,0 +1,360 @@
+//! The demo's records in PostgreSQL (`--transactional`): tickets, payments, deploys, the
+//! environment locks and the notification sink, in the tables of `schema.sql`.
+//!
+//! Tickets and payments are written inside the operation's transaction (their routes are
+//! transactional), with the domain rules enforced by unique constraints in that transaction;
+//! a new ticket enqueues its notification in the same transaction, and a dispatcher delivers
+//! it to the sink afterwards. Deploys are not transactional (a deploy is an effect outside the
+//! database); they hold a leased environment lock while they run.
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_postgres::Row;
+use tower_idempotency_postgres::{
+    DeliveryError, DispatcherConfig, Effect, OutboxDispatcher, PostgresStore, PostgresTxGuard,
+};
+
+use crate::commands::{NewDeploy, NewPayment, NewTicket};
+use crate::ledger::{
+    Deploy, EnvironmentLocked, InvoiceAlreadyPaid, Notification, Payment, Ticket, new_id, now,
+};
+
+/// The outbox effect name of a ticket's notification.
+pub const TICKET_NOTIFICATION: &str = "notify-ticket";
+
+type DbError = tokio_postgres::Error;
+
+/// The demo's tables, reached through the idempotency store's pool.
+#[derive(Debug, Clone)]
+pub struct Database {
+    pool: Pool,
+    store: PostgresStore,
+}
+
+/// A failure to prepare the demo's tables at start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot prepare the demo's tables")]
+pub struct SchemaError(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+impl Database {
+    /// Applies `schema.sql` (idempotent, serialized across instances by an advisory lock)
+    /// and returns the records over `store`'s pool.
+    pub async fn open(store: &PostgresStore) -> Result<Self, SchemaError> {
+        let mut client = store
+            .pool()
+            .get()
+            .await
+            .map_err(|e| SchemaError(Box::new(e)))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| SchemaError(Box::new(e)))?;
+        tx.batch_execute(concat!(
+            "SELECT pg_advisory_xact_lock(7165536);\n",
+            include_str!("../schema.sql")
+        ))
+        .await
+        .map_err(|e| SchemaError(Box::new(e)))?;
+        tx.commit().await.map_err(|e| SchemaError(Box::new(e)))?;
+        Ok(Self {
+            pool: store.pool().clone(),
+            store: store.clone(),
+        })
+    }
+
+    /// Starts the outbox dispatcher that delivers ticket notifications to the sink. Every
+    /// instance runs one; they share the work.
+    pub fn spawn_dispatcher(&self) -> JoinHandle<()> {
+        let pool = self.pool.clone();
+        OutboxDispatcher::new(self.store.clone(), move |effect: Effect| {
+            let pool = pool.clone();
+            async move { deliver_notification(&pool, effect).await }
+        })
+        .with_config(DispatcherConfig {
+            poll_interval: Duration::from_millis(100),
+            backoff_initial: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(5),
+            ..DispatcherConfig::default()
+        })
+        .spawn()
+    }
+
+    /// Creates a ticket in the operation's transaction and enqueues its notification, or
+    /// returns the account's ticket with the same `source_event_id` (flag `false`, nothing
+    /// enqueued). The unique constraint decides, so two concurrent operations with one
+    /// event cannot both create: the second waits for the first to commit, then finds it.
+    pub async fn create_ticket(
+        tx: &PostgresTxGuard<'_>,
+        account: &str,
+        command: NewTicket,
+    ) -> Result<(Ticket, bool), RecordError> {
+        let inserted = tx
+            .query_opt(
+                "INSERT INTO demo_tickets (account, id, project, title, priority, description, \
+                     source_event_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (account, source_event_id) DO NOTHING RETURNING *",
+                &[
+                    &account,
+                    &new_id("tkt"),
+                    &command.project,
+                    &command.title,
+                    &command.priority,
+                    &command.description,
+                    &command.source_event_id,
+                    &now(),
+                ],
+            )
+            .await?;
+        if let Some(row) = inserted {
+            let ticket = ticket(&row)?;
+            let payload = json!({"account": account, "ticket_id": ticket.id});
+            tx.enqueue(TICKET_NOTIFICATION, &payload).await?;
+            return Ok((ticket, true));
+        }
+        let existing = tx
+            .query_one(
+                "SELECT * FROM demo_tickets WHERE account = $1 AND source_event_id = $2",
+                &[&account, &command.source_event_id],
+            )
+            .await?;
+        Ok((ticket(&existing)?, false))
+    }
+
+    /// Captures a payment in the operation's transaction unless the account already paid
+    /// the invoice (the unique constraint decides).
+    pub async fn capture_payment(
+        tx: &PostgresTxGuard<'_>,
+        account: &str,
+        command: NewPayment,
+    ) -> Result<Result<Payment, InvoiceAlreadyPaid>, RecordError> {
+        // Validated to at most 2^53 - 1, so it fits.
+        let amount = i64::try_from(command.amount_minor).unwrap_or(i64::MAX);
+        let inserted = tx
+            .query_opt(
+                "INSERT INTO demo_payments (account, id, amount_minor, currency, invoice_ref, \
+                     payee, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (account, invoice_ref) DO NOTHING RETURNING *",
+                &[
+                    &account,
+                    &new_id("pay"),
+                    &amount,
+                    &command.currency,
+                    &command.invoice_ref,
+                    &command.payee,
+                    &now(),
+                ],
+            )
+            .await?;
+        if let Some(row) = inserted {
+            return Ok(Ok(payment(&row)?));
+        }
+        let existing = tx
+            .query_one(
+                "SELECT id FROM demo_payments WHERE account = $1 AND invoice_ref = $2",
+                &[&account, &command.invoice_ref],
+            )
+            .await?;
+        Ok(Err(InvoiceAlreadyPaid {
+            invoice_ref: command.invoice_ref,
+            payment_id: existing.try_get("id")?,
+        }))
+    }
+
+    /// Locks the environment for `hold` (a lease, so a crashed demo frees it), then records
+    /// the deploy. Free the lock with [`Database::finish_deploy`].
+    pub async fn start_deploy(
+        &self,
+        account: &str,
+        command: NewDeploy,
+        hold: Duration,
+    ) -> Result<Result<Deploy, EnvironmentLocked>, RecordError> {
+        let client = self.pool.get().await?;
+        let id = new_id("dep");
+        let hold_ms = i64::try_from(hold.as_millis()).unwrap_or(i64::MAX);
+        let locked = client
+            .query_opt(
+                "INSERT INTO demo_environment_locks AS l (account, environment, deploy_id, locked_until) \
+                 VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond') \
+                 ON CONFLICT (account, environment) DO UPDATE \
+                     SET deploy_id = excluded.deploy_id, locked_until = excluded.locked_until \
+                     WHERE l.locked_until <= now() \
+                 RETURNING deploy_id",
+                &[&account, &command.environment, &id, &hold_ms],
+            )
+            .await?;
+        if locked.is_none() {
+            return Ok(Err(EnvironmentLocked {
+                environment: command.environment,
+            }));
+        }
+        let row = client
+            .query_one(
+                "INSERT INTO demo_deploys (account, id, service, environment, artifact, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING *",
+                &[
+                    &account,
+                    &id,
+                    &command.service,
+                    &command.environment,
+                    &command.artifact,
+                    &now(),
+                ],
+            )
+            .await?;
+        Ok(Ok(deploy(&row)?))
+    }
+
+    /// Frees the environment `deploy` locked.
+    pub async fn finish_deploy(&self, account: &str, deploy: &Deploy) -> Result<(), RecordError> {
+        let client = self.pool.get().await?;
+        client
+            .execute(
+                "DELETE FROM demo_environment_locks \
+                 WHERE account = $1 AND environment = $2 AND deploy_id = $3",
+                &[&account, &deploy.environment, &deploy.id],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The account's tickets, oldest first.
+    pub async fn tickets(&self, account: &str) -> Result<Vec<Ticket>, RecordError> {
+        self.list(
+            "SELECT * FROM demo_tickets WHERE account = $1 ORDER BY seq",
+            account,
+            ticket,
+        )
+        .await
+    }
+
+    /// The account's payments, oldest first.
+    pub async fn payments(&self, account: &str) -> Result<Vec<Payment>, RecordError> {
+        self.list(
+            "SELECT * FROM demo_payments WHERE account = $1 ORDER BY seq",
+            account,
+            payment,
+        )
+        .await
+    }
+
+    /// The account's deploys, oldest first.
+    pub async fn deploys(&self, account: &str) -> Result<Vec<Deploy>, RecordError> {
+        self.list(
+            "SELECT * FROM demo_deploys WHERE account = $1 ORDER BY seq",
+            account,
+            deploy,
+        )
+        .await
+    }
+
+    /// The notifications the sink received for the account, one per effect id, oldest
+    /// first.
+    pub async fn notifications(&self, account: &str) -> Result<Vec<Notification>, RecordError> {
+        self.list(
+            "SELECT * FROM demo_notifications WHERE account = $1 ORDER BY seq",
+            account,
+            notification,
+        )
+        .await
+    }
+
+    async fn list<T>(
+        &self,
+        sql: &str,
+        account: &str,
+        decode: fn(&Row) -> Result<T, DbError>,
+    ) -> Result<Vec<T>, RecordError> {
+        let client = self.pool.get().await?;
+        let rows = client.query(sql, &[&account]).await?;
+        Ok(rows.iter().map(decode).collect::<Result<_, _>>()?)
+    }
+}
+
+/// A database failure in a demo handler (answered `500`; on a transactional route the
+/// operation's transaction rolls back).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// No pooled connection.
+    #[error("no database connection")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// A statement failed.
+    #[error("a database statement failed")]
+    Statement(#[from] tokio_postgres::Error),
+    /// The notification could not be enqueued.
+    #[error("the outbox refused the notification")]
+    Outbox(#[from] tower_idempotency::StoreError),
+}
+
+/// The sink: records the notification under its effect id. A redelivery of the same effect
+/// (a dispatcher that lost its claim) counts as an attempt and is never a second
+/// notification.
+async fn deliver_notification(pool: &Pool, effect: Effect) -> Result<(), DeliveryError> {
+    let (Some(account), Some(ticket_id)) = (
+        effect.payload["account"].as_str(),
+        effect.payload["ticket_id"].as_str(),
+    ) else {
+        return Err(DeliveryError::permanent(
+            "a ticket notification needs account and ticket_id",
+        ));
+    };
+    let client = pool.get().await.map_err(DeliveryError::retry)?;
+    client
+        .execute(
+            "INSERT INTO demo_notifications (effect_id, account, ticket_id) VALUES ($1, $2, $3) \
+             ON CONFLICT (effect_id) DO UPDATE SET attempts = demo_notifications.attempts + 1",
+            &[&effect.effect_id, &account, &ticket_id],
+        )
+        .await
+        .map_err(DeliveryError::retry)?;
+    Ok(())
+}
+
+fn ticket(row: &Row) -> Result<Ticket, DbError> {
+    Ok(Ticket {
+        id: row.try_get("id")?,
+        project: row.try_get("project")?,
+        title: row.try_get("title")?,
+        priority: row.try_get("priority")?,
+        description: row.try_get("description")?,
+        source_event_id: row.try_get("source_event_id")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn payment(row: &Row) -> Result<Payment, DbError> {
+    let amount: i64 = row.try_get("amount_minor")?;
+    Ok(Payment {
+        id: row.try_get("id")?,
+        amount_minor: u64::try_from(amount).unwrap_or(0),
+        currency: row.try_get("currency")?,
+        invoice_ref: row.try_get("invoice_ref")?,
+        payee: row.try_get("payee")?,
+        status: "captured",
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn deploy(row: &Row) -> Result<Deploy, DbError> {
+    Ok(Deploy {
+        id: row.try_get("id")?,
+        service: row.try_get("service")?,
+        environment: row.try_get("environment")?,
+        artifact: row.try_get("artifact")?,
+        status: "started",
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn notification(row: &Row) -> Result<Notification, DbError> {
+    let effect_id: uuid::Uuid = row.try_get("effect_id")?;
+    let attempts: i32 = row.try_get("attempts")?;
+    Ok(Notification {
+        effect_id: effect_id.to_string(),
+        ticket_id: row.try_get("ticket_id")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+    })
+}

@@ -1,0 +1,392 @@
+//! The demo with its records in PostgreSQL (`--transactional`), over real HTTP: tickets and
+//! payments written in the operation's transaction, domain rules as constraints inside it,
+//! one notification per new ticket through the outbox, environment locks for deploys, and
+//! the failure cases transactions make safe (a `5xx`, a lapsed lease).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use integration_tests::app::{
+    Client, Reply, TestServer, demo_config, eventually, new_account, new_key,
+};
+use integration_tests::pg::{TestDatabase, test_database};
+use serde_json::{Value, json};
+use tower_idempotency::OperationId;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const TICKET: &str = r#"{"project":"ops","title":"Rotate the TLS certificate"}"#;
+
+async fn transactional_demo(db: &TestDatabase, config: demo::Config) -> TestServer {
+    TestServer::demo(demo::Config {
+        database_url: Some(db.url().to_owned()),
+        transactional: true,
+        ..config
+    })
+    .await
+}
+
+async fn sql(db: &TestDatabase) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {
+    db.query_one(query, &[]).await.unwrap().get(0)
+}
+
+async fn list(client: &Client, collection: &str) -> Vec<Value> {
+    client.get_json(&format!("/v1/{collection}")).await[collection]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The notification effect id the demo derives from the operation that created a ticket.
+fn notification_id(reply: &Reply) -> String {
+    OperationId::from_str(reply.operation_id().unwrap())
+        .unwrap()
+        .derived_key("notify-ticket")
+        .to_string()
+}
+
+/// Polls until the account's notifications number `n`, and returns them.
+async fn notifications(client: &Client, n: usize) -> Vec<Value> {
+    eventually(DEADLINE, &format!("{n} notification(s)"), || async {
+        let all = list(client, "notifications").await;
+        (all.len() == n).then_some(all)
+    })
+    .await
+}
+
+async fn until_state(client: &Client, key: &str, state: &str) -> Value {
+    let path = format!("/operations?idempotency_key={key}");
+    eventually(DEADLINE, &format!("operation {key} {state}"), || async {
+        let reply = client.get(&path).await;
+        (reply.status == 200 && reply.json()["state"] == state).then(|| reply.json())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_commits_with_its_notification_and_retries_replay() {
+    let db = test_database().await;
+    let server = transactional_demo(&db, demo_config()).await;
+    let client = server.client(&new_account());
+    let key = new_key();
+    let first = client.post("/v1/tickets", Some(&key), TICKET).await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert_eq!(first.json()["created"], true);
+    for _ in 0..3 {
+        let retry = client.post("/v1/tickets", Some(&key), TICKET).await;
+        assert!(retry.is_replay());
+        assert_eq!(retry.body, first.body);
+    }
+    let tickets = list(&client, "tickets").await;
+    assert_eq!(tickets.len(), 1);
+    assert_eq!(tickets[0]["id"], first.json()["id"]);
+
+    let delivered = notifications(&client, 1).await;
+    assert_eq!(
+        delivered[0],
+        json!({"effect_id": notification_id(&first), "ticket_id": first.json()["id"], "attempts": 1})
+    );
+    let sql = sql(&db).await;
+    assert_eq!(
+        count(&sql, "SELECT count(*) FROM idempotency_outbox").await,
+        1
+    );
+    assert_eq!(count(&sql, "SELECT count(*) FROM demo_tickets").await, 1);
+    // Another account sees none of it.
+    let stranger = server.client(&new_account());
+    assert!(list(&stranger, "notifications").await.is_empty());
+    assert!(list(&stranger, "tickets").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_source_event_is_one_ticket_even_when_two_keys_race() {
+    let db = test_database().await;
+    let server = transactional_demo(
+        &db,
+        demo::Config {
+            handler_delay: Duration::from_millis(500),
+            ..demo_config()
+        },
+    )
+    .await;
+    let client = server.client(&new_account());
+    let ticket = r#"{"project":"ops","title":"Pager storm","source_event_id":"evt_42"}"#;
+    let racers: Vec<_> = (0..2)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.post("/v1/tickets", Some(&new_key()), ticket).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    let mut ids = Vec::new();
+    for racer in racers {
+        let reply = racer.await.unwrap();
+        statuses.push(reply.status);
+        ids.push(reply.json()["id"].clone());
+        assert_eq!(reply.json()["created"], reply.status == 201);
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200, 201],
+        "the constraint decided; the loser found the winner's ticket"
+    );
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(list(&client, "tickets").await.len(), 1);
+    assert_eq!(
+        notifications(&client, 1).await.len(),
+        1,
+        "one ticket, one notification"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invoice_is_paid_once_by_constraint() {
+    let db = test_database().await;
+    let server = transactional_demo(&db, demo_config()).await;
+    let client = server.client(&new_account());
+    let payment = r#"{"amount_minor":1250,"currency":"EUR","invoice_ref":"INV-7","payee":"ACME"}"#;
+    let paid = client.post("/v1/payments", Some(&new_key()), payment).await;
+    assert_eq!(paid.status, 201, "{}", paid.text());
+    let again = client.post("/v1/payments", Some(&new_key()), payment).await;
+    let problem = again.assert_problem(409, "invoice-already-paid");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains(paid.json()["id"].as_str().unwrap())
+    );
+    let payments = list(&client, "payments").await;
+    assert_eq!(payments, [paid.json()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_500_rolls_back_the_ticket_and_its_notification_and_the_retry_executes() {
+    let db = test_database().await;
+    let server = transactional_demo(&db, demo_config()).await;
+    let client = server.client(&new_account());
+    let sql = sql(&db).await;
+    // The database refuses this one ticket: the handler answers 500 after the write began.
+    sql.batch_execute(
+        "ALTER TABLE demo_tickets ADD CONSTRAINT refuse_for_test CHECK (title <> 'Refused')",
+    )
+    .await
+    .unwrap();
+    let key = new_key();
+    let body = r#"{"project":"ops","title":"Refused"}"#;
+    let failed = client.post("/v1/tickets", Some(&key), body).await;
+    failed.assert_problem(500, "internal-error");
+    assert_eq!(count(&sql, "SELECT count(*) FROM demo_tickets").await, 0);
+    assert_eq!(
+        count(&sql, "SELECT count(*) FROM idempotency_outbox").await,
+        0
+    );
+    let status = client
+        .get(&format!("/operations?idempotency_key={key}"))
+        .await;
+    assert_eq!(
+        status.status,
+        404,
+        "the reservation was released: {}",
+        status.text()
+    );
+
+    sql.batch_execute("ALTER TABLE demo_tickets DROP CONSTRAINT refuse_for_test")
+        .await
+        .unwrap();
+    let retry = client.post("/v1/tickets", Some(&key), body).await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    assert!(!retry.is_replay(), "the retry executed");
+    assert_eq!(list(&client, "tickets").await.len(), 1);
+    let delivered = notifications(&client, 1).await;
+    assert_eq!(delivered[0]["effect_id"], notification_id(&retry));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_attempt_is_executed_again_and_commits_nothing_itself() {
+    // The original outlives its lease with nobody renewing it, as when its worker froze.
+    // The retry takes over and executes; when the original wakes up, its commit is fenced.
+    let db = test_database().await;
+    let server = transactional_demo(
+        &db,
+        demo::Config {
+            handler_delay: Duration::from_millis(1_500),
+            lease: Duration::from_millis(200),
+            heartbeat: false,
+            ..demo_config()
+        },
+    )
+    .await;
+    let client = server.client(&new_account());
+    let key = new_key();
+    let original = tokio::spawn({
+        let (client, key) = (client.clone(), key.clone());
+        async move { client.post("/v1/tickets", Some(&key), TICKET).await }
+    });
+    until_state(&client, &key, "unknown").await;
+    let retry = client.post("/v1/tickets", Some(&key), TICKET).await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    assert!(!retry.is_replay());
+
+    let original = original.await.unwrap();
+    original.assert_problem(503, "not-committed");
+    let status = until_state(&client, &key, "completed").await;
+    assert_eq!(status["attempts"], 2);
+    assert_eq!(
+        list(&client, "tickets").await.len(),
+        1,
+        "only the take-over's ticket"
+    );
+    let delivered = notifications(&client, 1).await;
+    assert_eq!(delivered[0]["ticket_id"], retry.json()["id"]);
+    let replay = client.post("/v1/tickets", Some(&key), TICKET).await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.body, retry.body);
+}
+
+/// Deploys to one environment of one account are refused while one is running; other
+/// environments and accounts are not affected.
+async fn environment_lock_contract(server: &TestServer) {
+    let account = new_account();
+    let client = server.client(&account);
+    let deploy = |environment: &str| {
+        json!({
+            "service": "api",
+            "environment": environment,
+            "artifact": format!("sha256:{}", "ab".repeat(32)),
+        })
+        .to_string()
+    };
+    let prod_key = new_key();
+    let running = tokio::spawn({
+        let (client, key, body) = (client.clone(), prod_key.clone(), deploy("prod"));
+        async move { client.post("/v1/deploys", Some(&key), body).await }
+    });
+    until_state(&client, &prod_key, "in_progress").await;
+    // Give the handler its moment to take the lock after the reservation.
+    eventually(DEADLINE, "the running deploy is listed", || async {
+        (list(&client, "deploys").await.len() == 1).then_some(())
+    })
+    .await;
+
+    let second = client
+        .post("/v1/deploys", Some(&new_key()), deploy("prod"))
+        .await;
+    second.assert_problem(409, "environment-locked");
+    let elsewhere = client
+        .post("/v1/deploys", Some(&new_key()), deploy("staging"))
+        .await;
+    assert_eq!(elsewhere.status, 201, "{}", elsewhere.text());
+    let other_account = server
+        .client(&new_account())
+        .post("/v1/deploys", Some(&new_key()), deploy("prod"))
+        .await;
+    assert_eq!(other_account.status, 201, "{}", other_account.text());
+
+    assert_eq!(running.await.unwrap().status, 201);
+    let after = client
+        .post("/v1/deploys", Some(&new_key()), deploy("prod"))
+        .await;
+    assert_eq!(
+        after.status, 201,
+        "the environment is free once the deploy finished"
+    );
+    assert_eq!(list(&client, "deploys").await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploys_take_an_environment_lock_in_postgres() {
+    let db = test_database().await;
+    let server = transactional_demo(
+        &db,
+        demo::Config {
+            handler_delay: Duration::from_millis(1_500),
+            ..demo_config()
+        },
+    )
+    .await;
+    environment_lock_contract(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploys_take_an_environment_lock_in_memory() {
+    let server = TestServer::demo(demo::Config {
+        handler_delay: Duration::from_millis(1_500),
+        ..demo_config()
+    })
+    .await;
+    environment_lock_contract(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_demo_lists_notifications_in_the_same_shape() {
+    let server = TestServer::demo(demo_config()).await;
+    let client = server.client(&new_account());
+    let first = client.post("/v1/tickets", Some(&new_key()), TICKET).await;
+    assert_eq!(first.status, 201);
+    let event = r#"{"project":"ops","title":"t","source_event_id":"evt_1"}"#;
+    client.post("/v1/tickets", Some(&new_key()), event).await;
+    let existing = client.post("/v1/tickets", Some(&new_key()), event).await;
+    assert_eq!(
+        existing.status, 200,
+        "an existing ticket is not notified again"
+    );
+    let all = list(&client, "notifications").await;
+    assert_eq!(all.len(), 2);
+    assert_eq!(
+        all[0],
+        json!({"effect_id": notification_id(&first), "ticket_id": first.json()["id"], "attempts": 1})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_transactional_demos_on_one_database_execute_and_notify_once() {
+    let db = test_database().await;
+    let config = demo::Config {
+        handler_delay: Duration::from_millis(300),
+        ..demo_config()
+    };
+    let a = transactional_demo(&db, config.clone()).await;
+    let b = transactional_demo(&db, config).await;
+    let account = new_account();
+    let key = new_key();
+    let copies: Vec<_> = (0..16)
+        .map(|i| {
+            let client = if i % 2 == 0 {
+                a.client(&account)
+            } else {
+                b.client(&account)
+            };
+            let key = key.clone();
+            tokio::spawn(async move { client.post("/v1/tickets", Some(&key), TICKET).await })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for copy in copies {
+        let reply = copy.await.unwrap();
+        match reply.status {
+            201 => bodies.push(reply.body),
+            409 => {
+                reply.assert_problem(409, "request-in-progress");
+            }
+            other => panic!("unexpected {other}: {}", reply.text()),
+        }
+    }
+    assert!(bodies.windows(2).all(|w| w[0] == w[1]));
+    for server in [&a, &b] {
+        let client = server.client(&account);
+        assert_eq!(
+            list(&client, "tickets").await.len(),
+            1,
+            "both see the one ticket"
+        );
+        assert_eq!(notifications(&client, 1).await[0]["attempts"], 1);
+    }
+}
