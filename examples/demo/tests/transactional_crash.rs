@@ -1,0 +1,333 @@
+//! The `demo` binary with `--transactional`, as OS processes on one PostgreSQL database: a
+//! process killed with SIGKILL while its handler holds the operation's transaction open
+//! leaves nothing behind, and the retry after a restart executes once — one ticket, one
+//! notification effect. Retries of a completed create never add a second of either.
+
+#[allow(dead_code)]
+#[path = "../../../tests/src/pg.rs"]
+mod pg;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Bound on starting a process, on one HTTP exchange and on every poll: generous, so a
+/// loaded machine is slow rather than failing, yet a hang still ends the test.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+const TICKET: &str = r#"{"project":"ops","title":"Renew the wildcard certificate"}"#;
+
+/// A running `demo --transactional` process, killed (SIGKILL) and reaped when dropped.
+struct Demo {
+    child: Child,
+    _stdout: BufReader<ChildStdout>,
+    base: String,
+}
+
+impl Demo {
+    async fn start(database_url: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_demo"))
+            .args(["--listen", "127.0.0.1:0", "--transactional"])
+            .args(["--database-url", database_url])
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let read = tokio::task::spawn_blocking(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let read = reader.read_line(&mut line);
+            (reader, line, read)
+        });
+        let outcome = tokio::time::timeout(DEADLINE, read).await;
+        let Ok(Ok((reader, line, Ok(_)))) = outcome else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the demo did not start; its stderr is above");
+        };
+        let Some(base) = line.trim_end().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("unexpected first line {line:?}; the demo's stderr is above");
+        };
+        Self {
+            base: base.to_owned(),
+            child,
+            _stdout: reader,
+        }
+    }
+
+    /// SIGKILL, as a crash or the OOM killer would: no shutdown, nothing flushed.
+    fn kill(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Reply {
+    status: u16,
+    replayed: bool,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|err| {
+            panic!("not JSON ({err}): {}", String::from_utf8_lossy(&self.body))
+        })
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(DEADLINE)
+        .build()
+        .unwrap()
+}
+
+async fn create_ticket(http: &reqwest::Client, demo: &Demo, account: &str, key: &str) -> Reply {
+    let response = http
+        .post(format!("{}/v1/tickets", demo.base))
+        .bearer_auth(account)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(TICKET)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let body = response.bytes().await.unwrap().to_vec();
+    Reply {
+        status,
+        replayed,
+        body,
+    }
+}
+
+async fn get_json(http: &reqwest::Client, demo: &Demo, account: &str, path: &str) -> Value {
+    let response = http
+        .get(format!("{}{path}", demo.base))
+        .bearer_auth(account)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "GET {path}");
+    response.json().await.unwrap()
+}
+
+async fn sql(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {
+    db.query_one(query, &[]).await.unwrap().get(0)
+}
+
+/// Polls `probe` every 25 ms until it is true, or panics with `what` after [`DEADLINE`].
+async fn until<F, Fut>(what: &str, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !probe().await {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn fresh(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() {
+    let database = pg::test_database().await;
+    let db = sql(database.url()).await;
+    let http = http();
+    let (account, key) = (fresh("acct"), fresh("key"));
+
+    // The handler writes the ticket and enqueues its notification, then sleeps far longer
+    // than the lease with the transaction open; the process dies in that window.
+    let doomed = Demo::start(
+        database.url(),
+        &["--handler-delay-ms", "60000", "--lease-ms", "1000"],
+    )
+    .await;
+    let abandoned = tokio::spawn({
+        let (http, base, account, key) = (
+            http.clone(),
+            doomed.base.clone(),
+            account.clone(),
+            key.clone(),
+        );
+        async move {
+            // Its client sees the connection drop; that answer is not the point.
+            let _ = http
+                .post(format!("{base}/v1/tickets"))
+                .bearer_auth(account)
+                .header("content-type", "application/json")
+                .header("idempotency-key", key)
+                .body(TICKET)
+                .send()
+                .await;
+        }
+    });
+    // The enqueue is the handler's last statement: once a session sits idle in a
+    // transaction after it, the ticket and its notification are written, uncommitted.
+    until(
+        "the handler to write and sleep in its open transaction",
+        || async {
+            count(
+                &db,
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'
+               AND query LIKE 'INSERT INTO \"public\".idempotency_outbox%'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    doomed.kill();
+    abandoned.abort();
+
+    // PostgreSQL rolls the dead session's transaction back: nothing was kept.
+    until("the dead session to end", || async {
+        count(
+            &db,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'",
+        )
+        .await
+            == 0
+    })
+    .await;
+    assert_eq!(count(&db, "SELECT count(*) FROM demo_tickets").await, 0);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM idempotency_outbox").await,
+        0
+    );
+
+    // A fresh process; the client retries the same key until it succeeds. Until the
+    // lease has run out (by the database's clock) the operation is still in progress.
+    let demo = Demo::start(database.url(), &["--lease-ms", "1000", "--wait-ms", "0"]).await;
+    let started = Instant::now();
+    let success = loop {
+        let retry = create_ticket(&http, &demo, &account, &key).await;
+        match retry.status {
+            201 => break retry,
+            409 => {
+                let problem = retry.json();
+                assert!(
+                    problem["type"]
+                        .as_str()
+                        .is_some_and(|t| t.ends_with("/request-in-progress")),
+                    "{problem}"
+                );
+            }
+            other => panic!("unexpected {other}: {}", retry.json()),
+        }
+        assert!(started.elapsed() < DEADLINE, "the retry never succeeded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!success.replayed, "the retry executed the operation again");
+    let ticket_id = success.json()["id"].clone();
+
+    let tickets = get_json(&http, &demo, &account, "/v1/tickets").await;
+    assert_eq!(
+        tickets["tickets"].as_array().unwrap().len(),
+        1,
+        "exactly one ticket"
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM demo_tickets").await, 1);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM idempotency_outbox").await,
+        1,
+        "exactly one notification effect"
+    );
+    until("the notification to be delivered", || async {
+        count(&db, "SELECT count(*) FROM demo_notifications").await >= 1
+    })
+    .await;
+    let notifications = get_json(&http, &demo, &account, "/v1/notifications").await;
+    let notifications = notifications["notifications"].as_array().unwrap();
+    assert_eq!(notifications.len(), 1);
+    assert_eq!(notifications[0]["ticket_id"], ticket_id);
+    assert_eq!(notifications[0]["attempts"], 1);
+
+    let status = get_json(
+        &http,
+        &demo,
+        &account,
+        &format!("/operations?idempotency_key={key}"),
+    )
+    .await;
+    assert_eq!(status["state"], "completed");
+    assert_eq!(status["attempts"], 2, "the crashed attempt and the retry");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_of_a_completed_create_add_no_ticket_and_no_effect() {
+    let database = pg::test_database().await;
+    let db = sql(database.url()).await;
+    let http = http();
+    let (account, key) = (fresh("acct"), fresh("key"));
+    let demo = Demo::start(database.url(), &[]).await;
+    let first = create_ticket(&http, &demo, &account, &key).await;
+    assert_eq!(first.status, 201);
+    for _ in 0..3 {
+        let retry = create_ticket(&http, &demo, &account, &key).await;
+        assert_eq!(retry.status, 201);
+        assert!(retry.replayed);
+        assert_eq!(retry.body, first.body);
+    }
+    // And across a restart of the process.
+    demo.kill();
+    let demo = Demo::start(database.url(), &[]).await;
+    let after_restart = create_ticket(&http, &demo, &account, &key).await;
+    assert!(after_restart.replayed);
+    assert_eq!(after_restart.body, first.body);
+
+    let tickets = get_json(&http, &demo, &account, "/v1/tickets").await;
+    assert_eq!(tickets["tickets"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM idempotency_outbox").await,
+        1
+    );
+    until("the notification to be delivered", || async {
+        count(&db, "SELECT count(*) FROM demo_notifications").await == 1
+    })
+    .await;
+    let notifications = get_json(&http, &demo, &account, "/v1/notifications").await;
+    assert_eq!(notifications["notifications"].as_array().unwrap().len(), 1);
+}
