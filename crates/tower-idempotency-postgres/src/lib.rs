@@ -36,6 +36,13 @@
 //!
 //! The schema, every statement and why it is safe under concurrency, sizing, retention and
 //! the operator CLI (`tower-idempotency`) are described in `docs/postgres.md`.
+//!
+//! **Transactional routes** (`RoutePolicy::transactional()` in the layer): the store opens a
+//! [`PostgresTransaction`] per operation, the handler writes through [`PostgresTx`] (an axum
+//! extractor with feature `axum`, or [`PostgresTx::from_extensions`]), and its writes, the
+//! stored response and the lease-fenced completion commit together. Side effects outside the
+//! database go through the [`outbox`]: [`PostgresTxGuard::enqueue`] in the transaction, an
+//! [`OutboxDispatcher`] after the commit. See `docs/transactional.md`.
 
 #![deny(missing_docs)]
 
