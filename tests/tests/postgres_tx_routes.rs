@@ -418,3 +418,78 @@ async fn a_store_without_transactions_refuses_the_route_and_runs_nothing() {
         .unwrap();
     assert!(record.is_none(), "nothing is kept");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_too_large_to_store_still_commits_and_is_not_replayed() {
+    let database = test_database().await;
+    let store = PostgresStore::connect(database.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let (db, connection) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    db.batch_execute("CREATE TABLE reports (id int)")
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/v1/things",
+            post(|tx: PostgresTx| async move {
+                tx.lock()
+                    .await
+                    .unwrap()
+                    .execute("INSERT INTO reports VALUES (1)", &[])
+                    .await
+                    .unwrap();
+                (StatusCode::CREATED, "x".repeat(64))
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(store)
+                .with_scope(|_| Some(Scope::new(SCOPE)))
+                .with_response_limit(16)
+                .with_default_policy(RoutePolicy::transactional()),
+        );
+    let first = send(&app, "k-large").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body.len(), 64, "the first caller gets the whole body");
+    let retry = send(&app, "k-large").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert!(retry.problem_type().ends_with("/response-not-replayable"));
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM reports", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "committed once, not run again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_kept_past_the_answer_finds_the_transaction_finished() {
+    let database = test_database().await;
+    let store = PostgresStore::connect(database.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let (kept, mut later) = tokio::sync::mpsc::unbounded_channel::<PostgresTx>();
+    let app = Router::new()
+        .route(
+            "/v1/things",
+            post(move |tx: PostgresTx| {
+                let kept = kept.clone();
+                async move {
+                    kept.send(tx).unwrap();
+                    StatusCode::CREATED
+                }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(store)
+                .with_scope(|_| Some(Scope::new(SCOPE)))
+                .with_default_policy(RoutePolicy::transactional()),
+        );
+    assert_eq!(send(&app, "k-kept").await.status, StatusCode::CREATED);
+    let tx = later.recv().await.unwrap();
+    assert_eq!(
+        tx.lock().await.err(),
+        Some(tower_idempotency::TransactionAccessError::Finished)
+    );
+}
