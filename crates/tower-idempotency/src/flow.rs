@@ -3,32 +3,26 @@
 //!
 //! Invariants: nothing is stored for a request refused before reservation; the handler
 //! runs only after this request won the reservation (or, by explicit opt-in, when the
-//! store is down); once dispatched, the handler and the storing of its result run in a
-//! spawned task, so a client that disconnects cannot cancel them.
+//! store is down); reservation, the handler and the storing of its result run in one
+//! spawned task, so a client that disconnects cannot cancel them. Running the handler is
+//! in [`execute`](crate::execute); buffering in [`buffer`](crate::buffer).
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
-use bytes::{Bytes, BytesMut};
-use futures_util::FutureExt;
-use futures_util::future::{Either, select};
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header, request::Parts};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
-use http_body_util::BodyExt;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::{
-    Fingerprint, IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest,
-    StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, Operation, OperationState, Reservation, ReserveRequest, StoreError,
 };
 use tracing::{Instrument, Span, field};
 
-use crate::body::{DeliveryHook, RequestBody, ResponseBody};
-use crate::headers;
+use crate::body::{RequestBody, ResponseBody};
+use crate::buffer::read_body;
 use crate::layer::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared};
-use crate::policy::{KeyRequirement, RoutePolicy, ServerErrorPolicy, StoreFailurePolicy};
+use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy};
 use crate::problem::Rejection;
 use crate::request_fingerprint::fingerprint;
 
@@ -253,7 +247,10 @@ where
                 takeover,
             } => {
                 Span::current().record("operation_id", field::display(operation.id));
-                return execute(&shared, &policy, inner, parts, body, lease, takeover).await;
+                return crate::execute::execute(
+                    &shared, &policy, inner, parts, body, lease, takeover,
+                )
+                .await;
             }
             Reservation::Existing(operation) => operation,
         };
@@ -314,49 +311,6 @@ fn in_progress(operation: &Operation) -> Rejection {
     }
 }
 
-async fn read_body<B>(body: B, parts: &Parts, limit: usize) -> Result<Bytes, Rejection>
-where
-    B: Body<Data = Bytes>,
-{
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return Err(Rejection::BodyTooLarge { limit });
-    }
-    let mut body = pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut rest = BytesMut::new();
-    let mut total = 0usize;
-    while let Some(frame) = body.as_mut().frame().await {
-        let frame = frame.map_err(|_| Rejection::BodyReadFailed)?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        total += data.len();
-        if total > limit {
-            return Err(Rejection::BodyTooLarge { limit });
-        }
-        // One-frame bodies (the common case) are kept without a copy.
-        match &first {
-            None => first = Some(data),
-            Some(_) => rest.extend_from_slice(&data),
-        }
-    }
-    Ok(match first {
-        None => Bytes::new(),
-        Some(first) if rest.is_empty() => first,
-        Some(first) => {
-            let mut all = BytesMut::with_capacity(total);
-            all.extend_from_slice(&first);
-            all.extend_from_slice(&rest);
-            all.freeze()
-        }
-    })
-}
-
 fn replay<ResB: Body>(
     shared: &Shared,
     operation: Operation,
@@ -407,219 +361,4 @@ fn replay<ResB: Body>(
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
-}
-
-async fn execute<S, B, ResB>(
-    shared: &Arc<Shared>,
-    policy: &RoutePolicy,
-    inner: S,
-    parts: Parts,
-    body: Bytes,
-    lease: Lease,
-    takeover: bool,
-) -> Answer<ResB, S::Error>
-where
-    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Send + 'static,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Send + 'static,
-{
-    if policy.transactional {
-        return crate::transactional::execute(shared, policy, inner, parts, body, lease, takeover)
-            .await;
-    }
-    let decision = if takeover { "re-executed" } else { "executed" };
-    Span::current().record("decision", decision);
-    let mut request = Request::from_parts(parts, RequestBody::buffered(body));
-    // Handlers can key their own side effects by the operation (outbound idempotency keys).
-    request.extensions_mut().insert(lease.operation_id);
-    let call = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
-    match with_heartbeat(call, shared, &lease, policy).await {
-        Ok(Ok(response)) => Ok(finish(shared, policy, &lease, response).await),
-        Ok(Err(error)) => {
-            abandon(shared, &lease, "the service returned an error").await;
-            Err(error)
-        }
-        Err(_panic) => {
-            abandon(shared, &lease, "the handler panicked").await;
-            Ok(refuse(
-                shared,
-                Rejection::HandlerFailed {
-                    operation_id: lease.operation_id,
-                },
-            ))
-        }
-    }
-}
-
-/// Runs `work` while extending the lease every third of its length, so a slow but healthy
-/// handler never reads as `unknown`; only a worker that died stops renewing.
-pub(crate) async fn with_heartbeat<F: Future>(
-    work: F,
-    shared: &Shared,
-    lease: &Lease,
-    policy: &RoutePolicy,
-) -> F::Output {
-    if !policy.heartbeat {
-        return work.await;
-    }
-    let period = (policy.lease / 3).max(Duration::from_millis(10));
-    let beat = async {
-        loop {
-            tokio::time::sleep(period).await;
-            match shared.store.extend_lease(lease, policy.lease).await {
-                Ok(()) => {}
-                Err(StoreError::LeaseLost { operation_id }) => {
-                    tracing::warn!(%operation_id, "lease lost while the handler runs; stopping the heartbeat");
-                    break;
-                }
-                Err(error) => tracing::warn!(error = %error, "could not extend the lease"),
-            }
-        }
-        std::future::pending::<()>().await;
-    };
-    match select(pin!(work), pin!(beat)).await {
-        Either::Left((output, _)) => output,
-        Either::Right(((), work)) => work.await,
-    }
-}
-
-async fn abandon(shared: &Shared, lease: &Lease, why: &'static str) {
-    tracing::error!(operation_id = %lease.operation_id, why, "handler failed; outcome recorded as unknown");
-    if let Err(error) = shared.store.abandon(lease).await {
-        tracing::error!(error = %error, "could not record the unknown outcome; it will read unknown when the lease runs out");
-    }
-}
-
-pub(crate) enum Buffered<B: Body> {
-    Complete(Bytes),
-    TooLarge(Bytes, std::pin::Pin<Box<B>>),
-    Failed(B::Error),
-}
-
-pub(crate) async fn buffer_response<B: Body<Data = Bytes>>(body: B, limit: usize) -> Buffered<B> {
-    let mut body = Box::pin(body);
-    let mut first: Option<Bytes> = None;
-    let mut rest = BytesMut::new();
-    let mut total = 0usize;
-    loop {
-        match body.as_mut().frame().await {
-            None => break,
-            Some(Err(error)) => return Buffered::Failed(error),
-            Some(Ok(frame)) => {
-                // Trailers are not stored; see docs/http-contract.md.
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                total += data.len();
-                match &first {
-                    None => first = Some(data),
-                    Some(_) => rest.extend_from_slice(&data),
-                }
-                if total > limit {
-                    let mut prefix = BytesMut::with_capacity(total);
-                    if let Some(first) = first.take() {
-                        prefix.extend_from_slice(&first);
-                    }
-                    prefix.extend_from_slice(&rest);
-                    return Buffered::TooLarge(prefix.freeze(), body);
-                }
-            }
-        }
-    }
-    Buffered::Complete(match first {
-        None => Bytes::new(),
-        Some(first) if rest.is_empty() => first,
-        Some(first) => {
-            let mut all = BytesMut::with_capacity(total);
-            all.extend_from_slice(&first);
-            all.extend_from_slice(&rest);
-            all.freeze()
-        }
-    })
-}
-
-async fn finish<ResB>(
-    shared: &Arc<Shared>,
-    policy: &RoutePolicy,
-    lease: &Lease,
-    response: Response<ResB>,
-) -> Response<ResponseBody<ResB>>
-where
-    ResB: Body<Data = Bytes> + Send + 'static,
-{
-    let (mut parts, body) = response.into_parts();
-    if let Ok(id) = HeaderValue::try_from(lease.operation_id.to_string()) {
-        parts.headers.insert(OPERATION_ID, id);
-    }
-    let status = parts.status;
-    let kept_headers = headers::select(&parts.headers, &shared.stored_headers);
-    match buffer_response(body, shared.response_limit).await {
-        Buffered::Complete(bytes) => {
-            if status.is_server_error() && policy.server_errors == ServerErrorPolicy::Release {
-                Span::current().record("decision", "released");
-                if let Err(error) = shared.store.release(lease).await {
-                    tracing::error!(error = %error, "could not release the reservation after a server error");
-                }
-                return Response::from_parts(parts, ResponseBody::full(bytes));
-            }
-            let stored = StoredResponse {
-                status: status.as_u16(),
-                headers: kept_headers,
-                body: Some(bytes.clone()),
-            };
-            let started = Instant::now();
-            let completed = shared.store.complete(lease, stored).await;
-            let store_ms = started.elapsed().as_secs_f64() * 1000.0;
-            match completed {
-                Ok(_) => {
-                    tracing::info!(status = status.as_u16(), store_ms, "operation completed");
-                    let hook = DeliveryHook {
-                        store: shared.store.clone(),
-                        scope: lease.scope.clone(),
-                        operation_id: lease.operation_id,
-                    };
-                    Response::from_parts(parts, ResponseBody::tracked(bytes, hook))
-                }
-                Err(error) => {
-                    log_completion_failure(&error);
-                    Response::from_parts(parts, ResponseBody::full(bytes))
-                }
-            }
-        }
-        Buffered::TooLarge(prefix, rest) => {
-            tracing::warn!(
-                limit = shared.response_limit,
-                "response too large to store; retries will get response-not-replayable"
-            );
-            let stored = StoredResponse {
-                status: status.as_u16(),
-                headers: kept_headers,
-                body: None,
-            };
-            if let Err(error) = shared.store.complete(lease, stored).await {
-                log_completion_failure(&error);
-            }
-            Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
-        }
-        Buffered::Failed(error) => {
-            abandon(shared, lease, "the response body failed").await;
-            Response::from_parts(parts, ResponseBody::failed(error))
-        }
-    }
-}
-
-pub(crate) fn log_completion_failure(error: &StoreError) {
-    match error {
-        StoreError::LeaseLost { operation_id } => tracing::error!(
-            %operation_id,
-            "the lease was lost before completion (another worker took the operation over); this result was not stored"
-        ),
-        other => tracing::error!(
-            error = %other,
-            "could not store the result; the operation will read unknown when its lease runs out"
-        ),
-    }
 }

@@ -76,6 +76,8 @@
 #![deny(missing_docs)]
 
 pub mod body;
+mod buffer;
+mod execute;
 mod flow;
 mod headers;
 mod layer;

@@ -22,9 +22,9 @@ use tower_idempotency_core::{
 use tracing::Span;
 
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
-use crate::flow::{
-    Answer, Buffered, buffer_response, log_completion_failure, refuse, with_heartbeat,
-};
+use crate::buffer::{Buffered, buffer_response};
+use crate::execute::{log_completion_failure, with_heartbeat};
+use crate::flow::{Answer, refuse};
 use crate::headers;
 use crate::layer::{OPERATION_ID, Shared};
 use crate::policy::RoutePolicy;
