@@ -55,8 +55,10 @@ impl TestServer {
         Self::start(demo::app(&config).await.unwrap()).await
     }
 
-    /// Serves the demo router built from `config` with its idempotency store in a fresh
-    /// PostgreSQL database ([`test_database`]), which lives as long as the server.
+    /// Serves the demo router built from `config` with a fresh PostgreSQL database
+    /// ([`test_database`]) as its database URL, which lives as long as the server. The demo's
+    /// PostgreSQL mode: the idempotency store and, as `config.records` says (by default, on
+    /// transactional routes), the records live there.
     pub async fn demo_on_postgres(config: demo::Config) -> Self {
         let database = test_database().await;
         let config = demo::Config {

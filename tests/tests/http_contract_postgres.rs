@@ -1,5 +1,6 @@
-//! The HTTP contract suite (`suites/contract.rs`) against the demo on the PostgreSQL store,
-//! each test with a fresh database.
+//! The HTTP contract suite (`suites/contract.rs`) against the demo in its PostgreSQL mode
+//! (`--database-url`): idempotency records and business records in PostgreSQL, tickets and
+//! payments on transactional routes. Each server gets a fresh database.
 
 use integration_tests::app::TestServer;
 

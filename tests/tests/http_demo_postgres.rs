@@ -1,11 +1,13 @@
-//! The demo suite (`suites/demo.rs`) against the demo on its PostgreSQL store
-//! (`--database-url`), each test with a fresh database, and two demo instances sharing one
-//! database.
+//! The demo suite (`suites/demo.rs`) against the demo in its PostgreSQL mode
+//! (`--database-url`: records in PostgreSQL, tickets and payments on transactional routes),
+//! each server with a fresh database; and two demo instances sharing one database, with the
+//! records in each process's memory and in PostgreSQL written in autocommit.
 
 use std::time::Duration;
 
-use integration_tests::app::{TestServer, demo_config, new_account, new_key};
+use integration_tests::app::{Reply, TestServer, demo_config, new_account, new_key};
 use integration_tests::pg::test_database;
+use serde_json::Value;
 
 async fn demo_server(config: demo::Config) -> TestServer {
     TestServer::demo_on_postgres(config).await
@@ -16,30 +18,26 @@ mod demo_suite;
 
 const TICKET: &str = r#"{"project":"ops","title":"Rotate the TLS certificate"}"#;
 
-async fn demo_on(url: &str, delay_ms: u64) -> TestServer {
+async fn demo_on(url: &str, records: demo::Records) -> TestServer {
     TestServer::demo(demo::Config {
         database_url: Some(url.to_owned()),
-        handler_delay: Duration::from_millis(delay_ms),
+        records,
+        handler_delay: Duration::from_millis(300),
         ..demo_config()
     })
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_demo_instances_on_one_database_execute_once() {
-    let db = test_database().await;
-    // Each demo keeps its tickets in its own memory, so the number of executions is the
-    // sum of both ledgers; the idempotency records are shared through PostgreSQL.
-    let a = demo_on(db.url(), 300).await;
-    let b = demo_on(db.url(), 300).await;
-    let account = new_account();
+/// Sends 16 copies of one ticket create, alternating between `a` and `b`, and checks that
+/// every answer is the original or `409 request-in-progress`; returns the original.
+async fn sixteen_copies(a: &TestServer, b: &TestServer, account: &str) -> Reply {
     let key = new_key();
     let mut copies = Vec::new();
     for i in 0..16 {
         let client = if i % 2 == 0 {
-            a.client(&account)
+            a.client(account)
         } else {
-            b.client(&account)
+            b.client(account)
         };
         let key = key.clone();
         copies.push(tokio::spawn(async move {
@@ -50,7 +48,7 @@ async fn two_demo_instances_on_one_database_execute_once() {
     for copy in copies {
         let reply = copy.await.unwrap();
         match reply.status {
-            201 => originals.push(reply.body),
+            201 => originals.push(reply),
             409 => {
                 reply.assert_problem(409, "request-in-progress");
             }
@@ -58,13 +56,43 @@ async fn two_demo_instances_on_one_database_execute_once() {
         }
     }
     assert!(
-        originals.windows(2).all(|w| w[0] == w[1]),
+        originals.windows(2).all(|w| w[0].body == w[1].body),
         "every 201 is the original body"
     );
-    let mut executions = 0;
-    for server in [&a, &b] {
-        let tickets = server.client(&account).get_json("/v1/tickets").await;
-        executions += tickets["tickets"].as_array().unwrap().len();
-    }
+    originals.pop().expect("at least one copy completed")
+}
+
+async fn tickets(server: &TestServer, account: &str) -> Vec<Value> {
+    server.client(account).get_json("/v1/tickets").await["tickets"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_with_records_in_memory_execute_once() {
+    let db = test_database().await;
+    // Each demo keeps its tickets in its own memory (`--memory-records`), so the number of
+    // executions is the sum of both ledgers; the idempotency records are shared through
+    // PostgreSQL.
+    let a = demo_on(db.url(), demo::Records::Memory).await;
+    let b = demo_on(db.url(), demo::Records::Memory).await;
+    let account = new_account();
+    sixteen_copies(&a, &b, &account).await;
+    let executions = tickets(&a, &account).await.len() + tickets(&b, &account).await.len();
     assert_eq!(executions, 1, "exactly one instance executed the request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_non_transactional_instances_share_one_ticket_in_postgres() {
+    let db = test_database().await;
+    let a = demo_on(db.url(), demo::Records::NonTransactional).await;
+    let b = demo_on(db.url(), demo::Records::NonTransactional).await;
+    let account = new_account();
+    let original = sixteen_copies(&a, &b, &account).await;
+    for server in [&a, &b] {
+        let listed = tickets(server, &account).await;
+        assert_eq!(listed.len(), 1, "both instances list the one ticket");
+        assert_eq!(listed[0]["id"], original.json()["id"]);
+    }
 }

@@ -1,5 +1,6 @@
-//! The timing-dependent HTTP suite (`suites/races.rs`) against the demo on the PostgreSQL
-//! store, each test with a fresh database: leases and waits decided by the database's
+//! The timing-dependent HTTP suite (`suites/races.rs`) against the demo in its PostgreSQL
+//! mode (`--database-url`: records in PostgreSQL, tickets and payments on transactional
+//! routes), each server with a fresh database: leases and waits decided by the database's
 //! clock, waiting by polling.
 
 use integration_tests::app::TestServer;

@@ -1,7 +1,9 @@
-//! The demo with its records in PostgreSQL (`--transactional`), over real HTTP: tickets and
+//! The demo with its records in PostgreSQL (`--database-url`), over real HTTP: tickets and
 //! payments written in the operation's transaction, domain rules as constraints inside it,
 //! one notification per new ticket through the outbox, environment locks for deploys, and
-//! the failure cases transactions make safe (a `5xx`, a lapsed lease).
+//! the failure cases transactions make safe (a `5xx`, a lapsed lease). Then the autocommit
+//! write paths (`--non-transactional`, `--no-idempotency`): the same records and outbox,
+//! committed before the operation completes.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -16,10 +18,11 @@ use tower_idempotency::OperationId;
 const DEADLINE: Duration = Duration::from_secs(30);
 const TICKET: &str = r#"{"project":"ops","title":"Rotate the TLS certificate"}"#;
 
+/// The demo in its PostgreSQL mode (the default records: tickets and payments on
+/// transactional routes) on `db`.
 async fn transactional_demo(db: &TestDatabase, config: demo::Config) -> TestServer {
     TestServer::demo(demo::Config {
         database_url: Some(db.url().to_owned()),
-        transactional: true,
         ..config
     })
     .await
@@ -388,5 +391,98 @@ async fn two_transactional_demos_on_one_database_execute_and_notify_once() {
             "both see the one ticket"
         );
         assert_eq!(notifications(&client, 1).await[0]["attempts"], 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_transactional_writes_commit_before_the_operation_completes() {
+    // The handler writes in autocommit, then sleeps: its ticket and outbox row are visible
+    // to everyone while the operation is still in progress (on a transactional route they
+    // would not be, until the commit that completes the operation).
+    let db = test_database().await;
+    let server = TestServer::demo(demo::Config {
+        database_url: Some(db.url().to_owned()),
+        records: demo::Records::NonTransactional,
+        handler_delay: Duration::from_millis(5_000),
+        ..demo_config()
+    })
+    .await;
+    let client = server.client(&new_account());
+    let key = new_key();
+    let original = tokio::spawn({
+        let (client, key) = (client.clone(), key.clone());
+        async move { client.post("/v1/tickets", Some(&key), TICKET).await }
+    });
+    let sql = sql(&db).await;
+    eventually(DEADLINE, "the ticket is committed", || async {
+        (count(&sql, "SELECT count(*) FROM demo_tickets").await == 1).then_some(())
+    })
+    .await;
+    let running = until_state(&client, &key, "in_progress").await;
+    assert_eq!(
+        count(&sql, "SELECT count(*) FROM idempotency_outbox").await,
+        1,
+        "the notification was enqueued by the same statement"
+    );
+    let effect_id: uuid::Uuid = sql
+        .query_one("SELECT effect_id FROM idempotency_outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let operation = OperationId::from_str(running["operation_id"].as_str().unwrap()).unwrap();
+    assert_eq!(effect_id, operation.derived_key("notify-ticket"));
+
+    let original = original.await.unwrap();
+    assert_eq!(original.status, 201, "{}", original.text());
+    let tickets = list(&client, "tickets").await;
+    assert_eq!(tickets.len(), 1);
+    assert_eq!(tickets[0]["id"], original.json()["id"]);
+    let delivered = notifications(&client, 1).await;
+    assert_eq!(
+        delivered[0],
+        json!({"effect_id": notification_id(&original), "ticket_id": original.json()["id"], "attempts": 1})
+    );
+    let replay = client.post("/v1/tickets", Some(&key), TICKET).await;
+    assert!(replay.is_replay());
+    assert_eq!(replay.body, original.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_idempotency_the_records_still_live_in_postgres() {
+    let db = test_database().await;
+    let server = TestServer::demo(demo::Config {
+        database_url: Some(db.url().to_owned()),
+        idempotency: false,
+        ..demo_config()
+    })
+    .await;
+    let client = server.client(&new_account());
+    let mut created = Vec::new();
+    for _ in 0..2 {
+        let reply = client.post("/v1/tickets", None, TICKET).await;
+        assert_eq!(reply.status, 201, "{}", reply.text());
+        assert!(reply.operation_id().is_none());
+        created.push(reply.json());
+    }
+    let sql = sql(&db).await;
+    assert_eq!(
+        count(&sql, "SELECT count(*) FROM demo_tickets").await,
+        2,
+        "nothing deduplicates a retry without the layer"
+    );
+    assert_eq!(
+        count(&sql, "SELECT count(*) FROM idempotency_operations").await,
+        0
+    );
+    // No operation: each ticket stands in for one, so its notification's effect id is
+    // derived from the ticket.
+    let delivered = notifications(&client, 2).await;
+    for ticket in &created {
+        let ticket_id = ticket["id"].as_str().unwrap();
+        let ticket_uuid = uuid::Uuid::parse_str(ticket_id.strip_prefix("tkt_").unwrap()).unwrap();
+        let effect_id = OperationId::from_uuid(ticket_uuid).derived_key("notify-ticket");
+        let expected =
+            json!({"effect_id": effect_id.to_string(), "ticket_id": ticket_id, "attempts": 1});
+        assert!(delivered.contains(&expected), "{expected} in {delivered:?}");
     }
 }

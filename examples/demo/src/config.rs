@@ -12,12 +12,17 @@ demo: a small write API (tickets, payments, deploys) guarded by tower-idempotenc
 
 USAGE:
     demo [--listen ADDR] [--database-url URL] [--handler-delay-ms N] [--lease-ms N]
-         [--wait-ms N] [--no-heartbeat] [--no-idempotency] [--transactional]
+         [--wait-ms N] [--no-heartbeat] [--no-idempotency]
+         [--non-transactional | --memory-records]
 
 OPTIONS:
     --listen ADDR           address to listen on (default 127.0.0.1:3000; port 0 picks one)
-    --database-url URL      PostgreSQL store; without it (and without DATABASE_URL) the
-                            in-memory store is used and data lives in this process only
+    --database-url URL      PostgreSQL: the idempotency store and the tickets, payments,
+                            deploys and notifications live there; ticket and payment
+                            writes commit in one transaction with their idempotency
+                            record, and ticket notifications go through the outbox.
+                            Without it (and without DATABASE_URL) everything is in
+                            memory and lives in this process only
     --handler-delay-ms N    every write handler sleeps N ms after its write (default 0)
     --lease-ms N            in-progress lease of an operation (default 60000); renewed
                             every third of it while the handler runs
@@ -25,11 +30,14 @@ OPTIONS:
                             as an unknown outcome (for demonstrating that case)
     --wait-ms N             how long a duplicate waits for an in-progress original
                             (default 10000)
-    --no-idempotency        same routes without the idempotency layer (baseline)
-    --transactional         keep tickets, payments, deploys and notifications in the
-                            PostgreSQL database too (needs a database URL): ticket and
-                            payment writes commit in one transaction with their idempotency
-                            record, and ticket notifications go through the outbox
+    --no-idempotency        same routes without the idempotency layer (baseline); with a
+                            database URL the records stay in PostgreSQL, written in
+                            autocommit as with --non-transactional
+    --non-transactional     with a database URL: records in PostgreSQL, but every handler
+                            writes in autocommit through the pool, outside the
+                            operation's transaction (ordinary, non-transactional routes)
+    --memory-records        with a database URL: only the idempotency store is in
+                            PostgreSQL; the records live in this process's memory
     -h, --help              print this help
 
 ENVIRONMENT:
@@ -37,12 +45,33 @@ ENVIRONMENT:
     RUST_LOG                log filter (default info); logs go to stderr
 ";
 
+/// Where the business records (tickets, payments, deploys, notifications) live and how the
+/// handlers write them, when the demo has a database URL. Without one, the records are in
+/// memory in every case (only [`Records::NonTransactional`] is refused, as a mistake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Records {
+    /// In PostgreSQL; tickets and payments are transactional routes: the handler's write,
+    /// the stored response and the operation's completion commit together, and a new
+    /// ticket's notification is enqueued in the same transaction (the default). Without the
+    /// idempotency layer there is no operation transaction, and the handlers write as with
+    /// [`Records::NonTransactional`].
+    #[default]
+    Transactional,
+    /// In PostgreSQL, written in autocommit through the pool, outside the operation's
+    /// transaction; the routes have ordinary policies (`--non-transactional`).
+    NonTransactional,
+    /// In this process's memory; only the idempotency store is in PostgreSQL
+    /// (`--memory-records`).
+    Memory,
+}
+
 /// How the demo server runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Address to listen on; port 0 lets the OS pick one.
     pub listen: SocketAddr,
-    /// PostgreSQL URL of the idempotency store; `None` uses the in-memory store.
+    /// PostgreSQL URL of the idempotency store and, unless [`Records::Memory`], of the
+    /// records; `None` keeps everything in memory.
     pub database_url: Option<String>,
     /// How long every write handler sleeps after performing its write, so that faults
     /// (disconnects, crashes, lease expiry) can be made to land between effect and response.
@@ -59,9 +88,8 @@ pub struct Config {
     /// Whether write routes are guarded by the idempotency layer (`--no-idempotency`
     /// turns it off, as a baseline).
     pub idempotency: bool,
-    /// Whether the business records live in PostgreSQL, written in the operations'
-    /// transactions (`--transactional`; needs a database URL and the idempotency layer).
-    pub transactional: bool,
+    /// Where the records live with a database URL, and how they are written.
+    pub records: Records,
 }
 
 impl Default for Config {
@@ -74,7 +102,7 @@ impl Default for Config {
             wait: Duration::from_secs(10),
             heartbeat: true,
             idempotency: true,
-            transactional: false,
+            records: Records::Transactional,
         }
     }
 }
@@ -140,16 +168,15 @@ impl Config {
                 "--wait-ms" => config.wait = millis("--wait-ms", &value("--wait-ms")?)?,
                 "--no-idempotency" if inline.is_none() => config.idempotency = false,
                 "--no-heartbeat" if inline.is_none() => config.heartbeat = false,
-                "--transactional" if inline.is_none() => config.transactional = true,
+                "--non-transactional" if inline.is_none() => {
+                    config.records = pick(config.records, Records::NonTransactional)?
+                }
+                "--memory-records" if inline.is_none() => {
+                    config.records = pick(config.records, Records::Memory)?
+                }
                 "-h" | "--help" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
             }
-        }
-        if config.transactional && !config.idempotency {
-            return Err(
-                "--transactional writes in the idempotency layer's transactions; it cannot be combined with --no-idempotency"
-                    .to_owned(),
-            );
         }
         Ok(config)
     }
@@ -158,6 +185,15 @@ impl Config {
     /// over any other mistake on the line).
     pub fn wants_help(args: &[String]) -> bool {
         args.iter().any(|a| a == "--help" || a == "-h")
+    }
+}
+
+/// `--non-transactional` and `--memory-records` contradict each other.
+fn pick(current: Records, wanted: Records) -> Result<Records, String> {
+    if current == Records::Transactional || current == wanted {
+        Ok(wanted)
+    } else {
+        Err("--non-transactional and --memory-records exclude each other".to_owned())
     }
 }
 
@@ -195,8 +231,15 @@ mod tests {
             "--no-idempotency",
         ])
         .unwrap();
-        assert!(!config.transactional);
-        assert!(parse(&["--transactional"]).unwrap().transactional);
+        assert_eq!(config.records, Records::Transactional);
+        assert_eq!(
+            parse(&["--non-transactional"]).unwrap().records,
+            Records::NonTransactional
+        );
+        assert_eq!(
+            parse(&["--memory-records"]).unwrap().records,
+            Records::Memory
+        );
         assert_eq!(config.listen, "0.0.0.0:8080".parse().unwrap());
         assert_eq!(
             config.database_url.as_deref(),
@@ -218,8 +261,10 @@ mod tests {
             &["--wait-ms", "1.5"],
             &["--database-url="],
             &["--no-idempotency=yes"],
-            &["--transactional", "--no-idempotency"],
-            &["--transactional=yes"],
+            &["--transactional"],
+            &["--non-transactional=yes"],
+            &["--memory-records", "--non-transactional"],
+            &["--non-transactional", "--memory-records"],
             &["--verbose"],
             &["serve"],
         ] {

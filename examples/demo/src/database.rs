@@ -1,21 +1,28 @@
-//! The demo's records in PostgreSQL (`--transactional`): tickets, payments, deploys, the
-//! environment locks and the notification sink, in the tables of `schema.sql`.
+//! The demo's records in PostgreSQL (the default with a database URL): tickets, payments,
+//! deploys, the environment locks and the notification sink, in the tables of `schema.sql`.
 //!
-//! Tickets and payments are written inside the operation's transaction (their routes are
-//! transactional), with the domain rules enforced by unique constraints in that transaction;
-//! a new ticket enqueues its notification in the same transaction, and a dispatcher delivers
-//! it to the sink afterwards. Deploys are not transactional (a deploy is an effect outside the
-//! database); they hold a leased environment lock while they run.
+//! Two write paths share the SQL and the domain rules (unique constraints, so two concurrent
+//! writers cannot both win): inside the operation's transaction ([`PostgresTxGuard`], on
+//! transactional routes), where a new ticket's notification is enqueued with the outbox API;
+//! or in autocommit through the pool (`--non-transactional`, `--no-idempotency`), where the
+//! ticket and its outbox row are written by one statement, so neither exists without the
+//! other. Either way a dispatcher delivers notifications to the sink afterwards. Deploys are
+//! never transactional (a deploy is an effect outside the database); they hold a leased
+//! environment lock while they run.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::{ClientWrapper, Object, Pool};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+use tower_idempotency::OperationId;
 use tower_idempotency_postgres::{
     DeliveryError, DispatcherConfig, Effect, OutboxDispatcher, PostgresStore, PostgresTxGuard,
 };
+use uuid::Uuid;
 
 use crate::commands::{NewDeploy, NewPayment, NewTicket};
 use crate::ledger::{
@@ -27,11 +34,31 @@ pub const TICKET_NOTIFICATION: &str = "notify-ticket";
 
 type DbError = tokio_postgres::Error;
 
+/// `$1`…`$8`: account, id, project, title, priority, description, source_event_id,
+/// created_at. Nothing is inserted (and nothing returned) when the account already has a
+/// ticket for the event.
+const INSERT_TICKET: &str = "INSERT INTO demo_tickets (account, id, project, title, priority, \
+         description, source_event_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+     ON CONFLICT (account, source_event_id) DO NOTHING RETURNING *";
+
+const EXISTING_TICKET: &str =
+    "SELECT * FROM demo_tickets WHERE account = $1 AND source_event_id = $2";
+
+const INSERT_PAYMENT: &str = "INSERT INTO demo_payments (account, id, amount_minor, currency, \
+         invoice_ref, payee, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+     ON CONFLICT (account, invoice_ref) DO NOTHING RETURNING *";
+
+const EXISTING_PAYMENT: &str =
+    "SELECT id FROM demo_payments WHERE account = $1 AND invoice_ref = $2";
+
 /// The demo's tables, reached through the idempotency store's pool.
 #[derive(Debug, Clone)]
 pub struct Database {
     pool: Pool,
     store: PostgresStore,
+    /// [`INSERT_TICKET`] plus the notification's outbox row, in one statement: `$9` effect
+    /// id, `$10` operation id. Built at start: the outbox lives in the store's schema.
+    insert_ticket_with_notification: Arc<str>,
 }
 
 /// A failure to prepare the demo's tables at start.
@@ -59,9 +86,23 @@ impl Database {
         .await
         .map_err(|e| SchemaError(Box::new(e)))?;
         tx.commit().await.map_err(|e| SchemaError(Box::new(e)))?;
+        // The same row `PostgresTxGuard::enqueue` writes; the schema name is a validated
+        // identifier, not input.
+        let insert_ticket_with_notification = format!(
+            "WITH ticket AS ({INSERT_TICKET}), \
+                  notification AS ( \
+                      INSERT INTO \"{schema}\".idempotency_outbox \
+                          (effect_id, operation_id, scope, name, payload) \
+                      SELECT $9, $10, ticket.account, '{TICKET_NOTIFICATION}', \
+                          jsonb_build_object('account', ticket.account, 'ticket_id', ticket.id) \
+                      FROM ticket ON CONFLICT (effect_id) DO NOTHING) \
+             SELECT * FROM ticket",
+            schema = store.schema(),
+        );
         Ok(Self {
             pool: store.pool().clone(),
             store: store.clone(),
+            insert_ticket_with_notification: insert_ticket_with_notification.into(),
         })
     }
 
@@ -82,81 +123,86 @@ impl Database {
         .spawn()
     }
 
+    /// A pooled connection in autocommit: every statement commits on its own.
+    pub async fn connection(&self) -> Result<Object, RecordError> {
+        Ok(self.pool.get().await?)
+    }
+
     /// Creates a ticket in the operation's transaction and enqueues its notification, or
     /// returns the account's ticket with the same `source_event_id` (flag `false`, nothing
     /// enqueued). The unique constraint decides, so two concurrent operations with one
     /// event cannot both create: the second waits for the first to commit, then finds it.
-    pub async fn create_ticket(
+    pub async fn create_ticket_in(
         tx: &PostgresTxGuard<'_>,
         account: &str,
         command: NewTicket,
     ) -> Result<(Ticket, bool), RecordError> {
-        let inserted = tx
-            .query_opt(
-                "INSERT INTO demo_tickets (account, id, project, title, priority, description, \
-                     source_event_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (account, source_event_id) DO NOTHING RETURNING *",
-                &[
-                    &account,
-                    &new_id("tkt"),
-                    &command.project,
-                    &command.title,
-                    &command.priority,
-                    &command.description,
-                    &command.source_event_id,
-                    &now(),
-                ],
-            )
-            .await?;
-        if let Some(row) = inserted {
+        let id = new_id("tkt");
+        let created_at = now();
+        let params = ticket_params(&account, &id, &command, &created_at);
+        if let Some(row) = query_opt(tx, INSERT_TICKET, &params).await? {
             let ticket = ticket(&row)?;
             let payload = json!({"account": account, "ticket_id": ticket.id});
             tx.enqueue(TICKET_NOTIFICATION, &payload).await?;
             return Ok((ticket, true));
         }
-        let existing = tx
-            .query_one(
-                "SELECT * FROM demo_tickets WHERE account = $1 AND source_event_id = $2",
-                &[&account, &command.source_event_id],
-            )
-            .await?;
-        Ok((ticket(&existing)?, false))
+        Ok((existing_ticket(tx, account, &command).await?, false))
     }
 
-    /// Captures a payment in the operation's transaction unless the account already paid
-    /// the invoice (the unique constraint decides).
+    /// [`Database::create_ticket_in`] outside any transaction of the operation: the ticket
+    /// and its notification's outbox row are written by one autocommit statement. The
+    /// effect id is derived from `operation` when the idempotency layer runs the request;
+    /// without one (`--no-idempotency`) the ticket stands in for the operation, so the id
+    /// is still derived from something that exists exactly once.
+    pub async fn create_ticket(
+        &self,
+        account: &str,
+        command: NewTicket,
+        operation: Option<OperationId>,
+    ) -> Result<(Ticket, bool), RecordError> {
+        let ticket_uuid = Uuid::new_v4();
+        let id = format!("tkt_{}", ticket_uuid.simple());
+        let operation = operation.unwrap_or(OperationId::from_uuid(ticket_uuid));
+        let effect_id = operation.derived_key(TICKET_NOTIFICATION);
+        let operation_uuid = operation.as_uuid();
+        let created_at = now();
+        let mut params = ticket_params(&account, &id, &command, &created_at).to_vec();
+        params.extend_from_slice(&[&effect_id as &(dyn ToSql + Sync), &operation_uuid]);
+        let client = self.connection().await?;
+        if let Some(row) =
+            query_opt(&client, &self.insert_ticket_with_notification, &params).await?
+        {
+            return Ok((ticket(&row)?, true));
+        }
+        Ok((existing_ticket(&client, account, &command).await?, false))
+    }
+
+    /// Captures a payment unless the account already paid the invoice (the unique
+    /// constraint decides). `client` is the operation's transaction on a transactional
+    /// route, or a pooled connection in autocommit.
     pub async fn capture_payment(
-        tx: &PostgresTxGuard<'_>,
+        client: &ClientWrapper,
         account: &str,
         command: NewPayment,
     ) -> Result<Result<Payment, InvoiceAlreadyPaid>, RecordError> {
         // Validated to at most 2^53 - 1, so it fits.
         let amount = i64::try_from(command.amount_minor).unwrap_or(i64::MAX);
-        let inserted = tx
-            .query_opt(
-                "INSERT INTO demo_payments (account, id, amount_minor, currency, invoice_ref, \
-                     payee, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                 ON CONFLICT (account, invoice_ref) DO NOTHING RETURNING *",
-                &[
-                    &account,
-                    &new_id("pay"),
-                    &amount,
-                    &command.currency,
-                    &command.invoice_ref,
-                    &command.payee,
-                    &now(),
-                ],
-            )
-            .await?;
-        if let Some(row) = inserted {
+        let id = new_id("pay");
+        let created_at = now();
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &account,
+            &id,
+            &amount,
+            &command.currency,
+            &command.invoice_ref,
+            &command.payee,
+            &created_at,
+        ];
+        if let Some(row) = query_opt(client, INSERT_PAYMENT, &params).await? {
             return Ok(Ok(payment(&row)?));
         }
-        let existing = tx
-            .query_one(
-                "SELECT id FROM demo_payments WHERE account = $1 AND invoice_ref = $2",
-                &[&account, &command.invoice_ref],
-            )
-            .await?;
+        let existing =
+            query_one(client, EXISTING_PAYMENT, &[&account, &command.invoice_ref]).await?;
         Ok(Err(InvoiceAlreadyPaid {
             invoice_ref: command.invoice_ref,
             payment_id: existing.try_get("id")?,
@@ -174,8 +220,8 @@ impl Database {
         let client = self.pool.get().await?;
         let id = new_id("dep");
         let hold_ms = i64::try_from(hold.as_millis()).unwrap_or(i64::MAX);
-        let locked = client
-            .query_opt(
+        let locked = query_opt(
+                &client,
                 "INSERT INTO demo_environment_locks AS l (account, environment, deploy_id, locked_until) \
                  VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond') \
                  ON CONFLICT (account, environment) DO UPDATE \
@@ -190,32 +236,34 @@ impl Database {
                 environment: command.environment,
             }));
         }
-        let row = client
-            .query_one(
-                "INSERT INTO demo_deploys (account, id, service, environment, artifact, created_at) \
+        let row = query_one(
+            &client,
+            "INSERT INTO demo_deploys (account, id, service, environment, artifact, created_at) \
                  VALUES ($1, $2, $3, $4, $5, $6) RETURNING *",
-                &[
-                    &account,
-                    &id,
-                    &command.service,
-                    &command.environment,
-                    &command.artifact,
-                    &now(),
-                ],
-            )
-            .await?;
+            &[
+                &account,
+                &id,
+                &command.service,
+                &command.environment,
+                &command.artifact,
+                &now(),
+            ],
+        )
+        .await?;
         Ok(Ok(deploy(&row)?))
     }
 
     /// Frees the environment `deploy` locked.
     pub async fn finish_deploy(&self, account: &str, deploy: &Deploy) -> Result<(), RecordError> {
         let client = self.pool.get().await?;
-        client
-            .execute(
+        let statement = client
+            .prepare_cached(
                 "DELETE FROM demo_environment_locks \
                  WHERE account = $1 AND environment = $2 AND deploy_id = $3",
-                &[&account, &deploy.environment, &deploy.id],
             )
+            .await?;
+        client
+            .execute(&statement, &[&account, &deploy.environment, &deploy.id])
             .await?;
         Ok(())
     }
@@ -268,9 +316,64 @@ impl Database {
         decode: fn(&Row) -> Result<T, DbError>,
     ) -> Result<Vec<T>, RecordError> {
         let client = self.pool.get().await?;
-        let rows = client.query(sql, &[&account]).await?;
+        let statement = client.prepare_cached(sql).await?;
+        let rows = client.query(&statement, &[&account]).await?;
         Ok(rows.iter().map(decode).collect::<Result<_, _>>()?)
     }
+}
+
+/// The parameters of [`INSERT_TICKET`].
+fn ticket_params<'a>(
+    account: &'a &'a str,
+    id: &'a String,
+    command: &'a NewTicket,
+    created_at: &'a String,
+) -> [&'a (dyn ToSql + Sync); 8] {
+    [
+        account as &(dyn ToSql + Sync),
+        id,
+        &command.project,
+        &command.title,
+        &command.priority,
+        &command.description,
+        &command.source_event_id,
+        created_at,
+    ]
+}
+
+/// The account's ticket for `command`'s event, after an insert found one.
+async fn existing_ticket(
+    client: &ClientWrapper,
+    account: &str,
+    command: &NewTicket,
+) -> Result<Ticket, RecordError> {
+    let row = query_one(
+        client,
+        EXISTING_TICKET,
+        &[&account, &command.source_event_id],
+    )
+    .await?;
+    Ok(ticket(&row)?)
+}
+
+// Statements are prepared once per pooled connection: a handler's write is then one round
+// trip, not a parse round trip plus an execute round trip.
+async fn query_opt(
+    client: &ClientWrapper,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Option<Row>, DbError> {
+    let statement = client.prepare_cached(sql).await?;
+    client.query_opt(&statement, params).await
+}
+
+async fn query_one(
+    client: &ClientWrapper,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Row, DbError> {
+    let statement = client.prepare_cached(sql).await?;
+    client.query_one(&statement, params).await
 }
 
 /// A database failure in a demo handler (answered `500`; on a transactional route the

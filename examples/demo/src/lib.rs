@@ -6,8 +6,9 @@
 //! [`Config::handler_delay`], then answers; the idempotency layer and the handlers validate
 //! commands with the same functions ([`commands`]), so `--no-idempotency` refuses exactly
 //! what the guarded server refuses; the HTTP contract is the same whether the records live
-//! in memory ([`ledger`]) or in PostgreSQL ([`database`], `--transactional`). Authentication
-//! is a stand-in ([`auth`]): the bearer token is the account.
+//! in memory ([`ledger`]) or in PostgreSQL ([`database`]), written in the operation's
+//! transaction or in autocommit ([`Records`]). Authentication is a stand-in ([`auth`]): the
+//! bearer token is the account.
 //!
 //! Run it in-process, e.g. from a test:
 //!
@@ -42,11 +43,11 @@ use tower_idempotency::{CommandRejection, IdempotencyLayer, MemoryStore, RoutePo
 use tower_idempotency_postgres::{ConnectError, PostgresStore};
 
 pub use crate::auth::Account;
-pub use crate::config::{Config, USAGE};
+pub use crate::config::{Config, Records, USAGE};
 use crate::database::Database;
 pub use crate::ledger::Ledger;
 pub use crate::problem::Problem;
-use crate::routes::{AppState, Records};
+use crate::routes::{AppState, Backend};
 
 /// Largest request body accepted, in bytes (1 MiB); larger bodies get `413`.
 pub const BODY_LIMIT: usize = 1024 * 1024;
@@ -58,10 +59,10 @@ pub enum DemoError {
     /// The PostgreSQL store could not be reached or migrated.
     #[error("cannot use the PostgreSQL store")]
     Postgres(#[from] tower_idempotency_postgres::ConnectError),
-    /// The demo's own tables could not be prepared (`--transactional`).
+    /// The demo's own tables could not be prepared (records in PostgreSQL).
     #[error(transparent)]
     Schema(#[from] crate::database::SchemaError),
-    /// The configuration cannot work (`--transactional` without a database).
+    /// The configuration cannot work (`--non-transactional` without a database).
     #[error("{0}")]
     Config(&'static str),
     /// Binding or serving failed.
@@ -72,42 +73,59 @@ pub enum DemoError {
 /// Builds the demo's router for `config`: `/healthz` (no authentication), the write and
 /// list routes and, unless idempotency is off, the status routes under `/operations`.
 ///
-/// Without a database URL the idempotency store is an in-memory [`MemoryStore`]; with one,
-/// a [`PostgresStore`] (migrated at start, safe when several demos start at once). Either
-/// way a purge task runs, so this must run inside a Tokio runtime. With
-/// [`Config::transactional`] the business records live in that database too, tickets and
-/// payments are transactional routes, and an outbox dispatcher delivers ticket
-/// notifications.
+/// This is the one place that picks where the records live and how they are written:
+///
+/// | database URL | [`Config::records`] | idempotency store | records | ticket and payment writes |
+/// |---|---|---|---|---|
+/// | none | any but `NonTransactional` | memory | memory | in memory |
+/// | given | `Transactional` (default) | PostgreSQL | PostgreSQL | in the operation's transaction |
+/// | given | `NonTransactional` | PostgreSQL | PostgreSQL | autocommit |
+/// | given | `Memory` | PostgreSQL | memory | in memory |
+///
+/// With [`Config::idempotency`] off there is no store and no operation transaction: the
+/// records are where the table says, PostgreSQL ones written in autocommit. The PostgreSQL
+/// schema is migrated at start, safe when several demos start at once; with records in
+/// PostgreSQL an outbox dispatcher delivers ticket notifications. Spawns background tasks
+/// (purge, dispatcher), so this must run inside a Tokio runtime.
 pub async fn app(config: &Config) -> Result<Router, DemoError> {
-    if config.transactional && (config.database_url.is_none() || !config.idempotency) {
-        return Err(DemoError::Config(
-            "--transactional needs a database URL (--database-url or DATABASE_URL) and the idempotency layer",
-        ));
-    }
-    match &config.database_url {
-        Some(url) if config.idempotency => {
-            let store = PostgresStore::connect(url).await?;
-            store.migrate().await.map_err(ConnectError::from)?;
-            tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
-            if config.transactional {
-                let database = Database::open(&store).await?;
-                database.spawn_dispatcher();
-                return Ok(build(config, store, Records::Postgres(database)));
-            }
-            Ok(router(config, store))
+    let Some(url) = &config.database_url else {
+        if config.records == Records::NonTransactional {
+            return Err(DemoError::Config(
+                "--non-transactional keeps the records in PostgreSQL: it needs a database URL (--database-url or DATABASE_URL)",
+            ));
         }
-        _ => {
-            let store = MemoryStore::default();
-            if config.idempotency {
-                tower_idempotency::purge::spawn_purge_task(
-                    store.clone(),
-                    PURGE_PERIOD,
-                    PURGE_BATCH,
-                );
-            }
-            Ok(router(config, store))
-        }
+        return Ok(in_memory(config));
+    };
+    if config.records == Records::Memory && !config.idempotency {
+        // Neither a store nor records would use the database.
+        return Ok(in_memory(config));
     }
+    let store = PostgresStore::connect(url).await?;
+    store.migrate().await.map_err(ConnectError::from)?;
+    if config.idempotency {
+        tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+    }
+    let records = match config.records {
+        Records::Memory => Backend::Memory(Ledger::new()),
+        Records::Transactional | Records::NonTransactional => {
+            let database = Database::open(&store).await?;
+            database.spawn_dispatcher();
+            if config.records == Records::Transactional && config.idempotency {
+                Backend::Transactional(database)
+            } else {
+                Backend::Autocommit(database)
+            }
+        }
+    };
+    Ok(build(config, store, records))
+}
+
+fn in_memory(config: &Config) -> Router {
+    let store = MemoryStore::default();
+    if config.idempotency {
+        tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+    }
+    router(config, store)
 }
 
 /// Builds the demo's router over a given idempotency store (ignored when
@@ -115,11 +133,11 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
 /// store from the configuration; this is for callers that bring their own (a PostgreSQL
 /// store, a store that is down on purpose).
 pub fn router(config: &Config, store: impl Store) -> Router {
-    build(config, store, Records::Memory(Ledger::new()))
+    build(config, store, Backend::Memory(Ledger::new()))
 }
 
-fn build(config: &Config, store: impl Store, records: Records) -> Router {
-    let transactional = matches!(records, Records::Postgres(_));
+fn build(config: &Config, store: impl Store, records: Backend) -> Router {
+    let transactional = matches!(records, Backend::Transactional(_));
     let state = AppState {
         records,
         handler_delay: config.handler_delay,
@@ -172,7 +190,8 @@ pub fn idempotency_layer(config: &Config, store: impl Store) -> IdempotencyLayer
 
 /// [`idempotency_layer`], with tickets and payments on transactional routes
 /// ([`RoutePolicy::transactional`]: a `5xx` rolls back and releases, and an attempt whose
-/// lease ran out is executed again) when the records live in PostgreSQL.
+/// lease ran out is executed again) when their handlers write in the operation's
+/// transaction.
 fn layer(config: &Config, store: impl Store, transactional: bool) -> IdempotencyLayer {
     let tune = |policy: RoutePolicy| {
         policy

@@ -3,9 +3,10 @@
 //! Write handlers validate with the same functions the idempotency layer runs as route
 //! normalizers, perform their write, *then* sleep the configured handler delay, then answer:
 //! the delay puts injected faults (disconnects, lease expiry, crashes) between the effect
-//! and the response, which is exactly the window idempotency keys exist for. With records in
-//! PostgreSQL, ticket and payment writes go into the operation's transaction and the delay
-//! runs with that transaction still open, so a crash in it leaves nothing behind.
+//! and the response, which is exactly the window idempotency keys exist for. On transactional
+//! routes, ticket and payment writes go into the operation's transaction and the delay runs
+//! with that transaction still open, so a crash in it leaves nothing behind; in autocommit
+//! the write has committed before the delay, as in memory.
 
 use std::time::Duration;
 
@@ -28,20 +29,24 @@ use crate::database::{Database, TICKET_NOTIFICATION};
 use crate::ledger::{EnvironmentLocked, Ledger};
 use crate::problem::Problem;
 
-/// Where the business records live.
+/// Where the business records live and how the handlers write them.
 #[derive(Debug, Clone)]
-pub enum Records {
-    /// In this process's memory (the default).
+pub enum Backend {
+    /// In this process's memory.
     Memory(Ledger),
-    /// In PostgreSQL, written in the operations' transactions (`--transactional`).
-    Postgres(Database),
+    /// In PostgreSQL; tickets and payments are written in the operation's transaction (their
+    /// routes are transactional), deploys in autocommit.
+    Transactional(Database),
+    /// In PostgreSQL, every write in autocommit through the pool, outside any transaction of
+    /// the idempotency layer.
+    Autocommit(Database),
 }
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// Business records.
-    pub records: Records,
+    pub records: Backend,
     /// Sleep after every write, before answering.
     pub handler_delay: Duration,
 }
@@ -72,14 +77,14 @@ pub async fn create_ticket(
         Err(problem) => return problem.into_response(),
     };
     let (ticket, created) = match &state.records {
-        Records::Memory(ledger) => {
+        Backend::Memory(ledger) => {
             // Without the layer there is no operation to derive the notification's id from.
             let effect_id = operation.map_or_else(uuid::Uuid::new_v4, |Extension(id)| {
                 id.derived_key(TICKET_NOTIFICATION)
             });
             ledger.create_ticket(account.as_str(), command, effect_id)
         }
-        Records::Postgres(_) => {
+        Backend::Transactional(_) => {
             let Some(Extension(handle)) = transaction else {
                 return no_transaction();
             };
@@ -87,7 +92,14 @@ pub async fn create_ticket(
             let Ok(guard) = tx.lock().await else {
                 return internal_error("the operation's transaction is gone");
             };
-            match Database::create_ticket(&guard, account.as_str(), command).await {
+            match Database::create_ticket_in(&guard, account.as_str(), command).await {
+                Ok(written) => written,
+                Err(error) => return record_failure(&error),
+            }
+        }
+        Backend::Autocommit(db) => {
+            let operation = operation.map(|Extension(id)| id);
+            match db.create_ticket(account.as_str(), command, operation).await {
                 Ok(written) => written,
                 Err(error) => return record_failure(&error),
             }
@@ -111,11 +123,13 @@ pub async fn list_tickets(
     Extension(account): Extension<Account>,
 ) -> Response {
     let tickets = match &state.records {
-        Records::Memory(ledger) => ledger.tickets(account.as_str()),
-        Records::Postgres(db) => match db.tickets(account.as_str()).await {
-            Ok(tickets) => tickets,
-            Err(error) => return record_failure(&error),
-        },
+        Backend::Memory(ledger) => ledger.tickets(account.as_str()),
+        Backend::Transactional(db) | Backend::Autocommit(db) => {
+            match db.tickets(account.as_str()).await {
+                Ok(tickets) => tickets,
+                Err(error) => return record_failure(&error),
+            }
+        }
     };
     Json(json!({"tickets": tickets})).into_response()
 }
@@ -127,11 +141,13 @@ pub async fn list_notifications(
     Extension(account): Extension<Account>,
 ) -> Response {
     let notifications = match &state.records {
-        Records::Memory(ledger) => ledger.notifications(account.as_str()),
-        Records::Postgres(db) => match db.notifications(account.as_str()).await {
-            Ok(notifications) => notifications,
-            Err(error) => return record_failure(&error),
-        },
+        Backend::Memory(ledger) => ledger.notifications(account.as_str()),
+        Backend::Transactional(db) | Backend::Autocommit(db) => {
+            match db.notifications(account.as_str()).await {
+                Ok(notifications) => notifications,
+                Err(error) => return record_failure(&error),
+            }
+        }
     };
     Json(json!({"notifications": notifications})).into_response()
 }
@@ -149,8 +165,8 @@ pub async fn create_payment(
         Err(problem) => return problem.into_response(),
     };
     let outcome = match &state.records {
-        Records::Memory(ledger) => ledger.capture_payment(account.as_str(), command),
-        Records::Postgres(_) => {
+        Backend::Memory(ledger) => ledger.capture_payment(account.as_str(), command),
+        Backend::Transactional(_) => {
             let Some(Extension(handle)) = transaction else {
                 return no_transaction();
             };
@@ -159,6 +175,16 @@ pub async fn create_payment(
                 return internal_error("the operation's transaction is gone");
             };
             match Database::capture_payment(&guard, account.as_str(), command).await {
+                Ok(outcome) => outcome,
+                Err(error) => return record_failure(&error),
+            }
+        }
+        Backend::Autocommit(db) => {
+            let written = match db.connection().await {
+                Ok(client) => Database::capture_payment(&client, account.as_str(), command).await,
+                Err(error) => Err(error),
+            };
+            match written {
                 Ok(outcome) => outcome,
                 Err(error) => return record_failure(&error),
             }
@@ -189,11 +215,13 @@ pub async fn list_payments(
     Extension(account): Extension<Account>,
 ) -> Response {
     let payments = match &state.records {
-        Records::Memory(ledger) => ledger.payments(account.as_str()),
-        Records::Postgres(db) => match db.payments(account.as_str()).await {
-            Ok(payments) => payments,
-            Err(error) => return record_failure(&error),
-        },
+        Backend::Memory(ledger) => ledger.payments(account.as_str()),
+        Backend::Transactional(db) | Backend::Autocommit(db) => {
+            match db.payments(account.as_str()).await {
+                Ok(payments) => payments,
+                Err(error) => return record_failure(&error),
+            }
+        }
     };
     Json(json!({"payments": payments})).into_response()
 }
@@ -212,7 +240,7 @@ pub async fn create_deploy(
         Err(problem) => return problem.into_response(),
     };
     let deploy = match &state.records {
-        Records::Memory(ledger) => match ledger.start_deploy(account.as_str(), command) {
+        Backend::Memory(ledger) => match ledger.start_deploy(account.as_str(), command) {
             Ok((deploy, lease)) => {
                 tracing::info!(deploy_id = %deploy.id, "deploy started");
                 tokio::time::sleep(state.handler_delay).await;
@@ -221,7 +249,7 @@ pub async fn create_deploy(
             }
             Err(locked) => return environment_locked(&locked),
         },
-        Records::Postgres(db) => {
+        Backend::Transactional(db) | Backend::Autocommit(db) => {
             let hold = state.handler_delay.saturating_add(DEPLOY_LOCK_MARGIN);
             let deploy = match db.start_deploy(account.as_str(), command, hold).await {
                 Ok(Ok(deploy)) => deploy,
@@ -245,11 +273,13 @@ pub async fn list_deploys(
     Extension(account): Extension<Account>,
 ) -> Response {
     let deploys = match &state.records {
-        Records::Memory(ledger) => ledger.deploys(account.as_str()),
-        Records::Postgres(db) => match db.deploys(account.as_str()).await {
-            Ok(deploys) => deploys,
-            Err(error) => return record_failure(&error),
-        },
+        Backend::Memory(ledger) => ledger.deploys(account.as_str()),
+        Backend::Transactional(db) | Backend::Autocommit(db) => {
+            match db.deploys(account.as_str()).await {
+                Ok(deploys) => deploys,
+                Err(error) => return record_failure(&error),
+            }
+        }
     };
     Json(json!({"deploys": deploys})).into_response()
 }

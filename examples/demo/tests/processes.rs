@@ -1,11 +1,12 @@
 //! The demo binary as OS processes on one PostgreSQL database (`--database-url`): a record
-//! outlives the process that wrote it, and processes sharing a database execute a request
-//! once between them.
+//! outlives the process that wrote it, processes sharing a database execute a request once
+//! between them, and a process killed between its effect and its answer leaves an unknown
+//! outcome that is not executed again.
 //!
 //! Every process is owned by a [`DemoProcess`], which kills and reaps it when dropped, so a
-//! failing assertion never leaves a server running. Tickets live in each process's memory
-//! (only the idempotency records are in PostgreSQL), so the number of executions is the
-//! sum of the tickets the processes list.
+//! failing assertion never leaves a server running. The tickets live in PostgreSQL too, so
+//! every process lists the same tickets: one ticket is one execution, whichever process
+//! ran it.
 
 #[allow(dead_code)]
 #[path = "../../../tests/src/pg.rs"]
@@ -77,8 +78,8 @@ impl DemoProcess {
         process
     }
 
-    /// How many tickets `account` has in this process's memory.
-    async fn ticket_count(&self, http: &reqwest::Client, account: &str) -> usize {
+    /// The ids of `account`'s tickets, as this process lists them.
+    async fn ticket_ids(&self, http: &reqwest::Client, account: &str) -> Vec<Value> {
         let response = http
             .get(format!("{}/v1/tickets", self.base))
             .bearer_auth(account)
@@ -87,7 +88,9 @@ impl DemoProcess {
             .unwrap();
         let reply = Reply::from(response).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
-        reply.json()["tickets"].as_array().unwrap().len()
+        let tickets = reply.json();
+        let tickets = tickets["tickets"].as_array().unwrap();
+        tickets.iter().map(|ticket| ticket["id"].clone()).collect()
     }
 
     /// Kills the process with SIGKILL, as a crash or the OOM killer would: no graceful
@@ -191,7 +194,11 @@ async fn a_retry_after_the_demo_restarts_replays_the_identical_body() {
     assert_eq!(first.status, 201, "{}", first.text());
     assert!(!first.replayed);
     assert!(first.operation_id.is_some(), "Operation-Id on the original");
-    assert_eq!(first_process.ticket_count(&http, &account).await, 1);
+    let ticket_id = first.json()["id"].clone();
+    assert_eq!(
+        first_process.ticket_ids(&http, &account).await,
+        std::slice::from_ref(&ticket_id)
+    );
     first_process.kill();
 
     let second_process = DemoProcess::start(db.url(), &[]).await;
@@ -207,9 +214,10 @@ async fn a_retry_after_the_demo_restarts_replays_the_identical_body() {
     assert_eq!(retry.body, first.body, "byte-identical body");
     assert_eq!(retry.operation_id, first.operation_id);
     assert_eq!(
-        second_process.ticket_count(&http, &account).await,
-        0,
-        "the restarted demo answered from the record; it did not run the handler"
+        second_process.ticket_ids(&http, &account).await,
+        [ticket_id],
+        "the ticket outlived its process, and the restarted demo answered from the record \
+         without running the handler again"
     );
 }
 
@@ -261,11 +269,14 @@ async fn two_demo_processes_on_one_database_execute_twenty_copies_once() {
             other => panic!("unexpected {other}: {}", reply.text()),
         }
     }
-    let mut executions = 0;
+    let ticket_id = original.json()["id"].clone();
     for process in &processes {
-        executions += process.ticket_count(&http, &account).await;
+        assert_eq!(
+            process.ticket_ids(&http, &account).await,
+            std::slice::from_ref(&ticket_id),
+            "one execution across both processes, seen by both"
+        );
     }
-    assert_eq!(executions, 1, "one execution across both processes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,11 +284,19 @@ async fn a_demo_killed_mid_handler_leaves_an_unknown_outcome_not_a_second_execut
     let db = pg::test_database().await;
     let http = http();
     let (account, key) = (fresh("acct"), fresh("key"));
-    // The handler performs its write, then sleeps far longer than the lease; the process
-    // dies in that window, between the effect and the recorded result.
+    // The handler commits its write, then sleeps far longer than the lease; the process
+    // dies in that window, between the effect and the recorded result. Non-transactional:
+    // on a transactional route the write would die with the process, and the retry would
+    // execute again (`transactional_crash.rs`).
     let first_process = DemoProcess::start(
         db.url(),
-        &["--handler-delay-ms", "60000", "--lease-ms", "1000"],
+        &[
+            "--non-transactional",
+            "--handler-delay-ms",
+            "60000",
+            "--lease-ms",
+            "1000",
+        ],
     )
     .await;
     // Its client will see the connection drop; that answer is not the point.
@@ -290,9 +309,11 @@ async fn a_demo_killed_mid_handler_leaves_an_unknown_outcome_not_a_second_execut
             .send(),
     );
     operation_state(&http, &first_process, &account, &key, "in_progress").await;
+    let effect = wait_for_one_ticket(&http, &first_process, &account).await;
     first_process.kill();
 
-    let second_process = DemoProcess::start(db.url(), &["--lease-ms", "1000"]).await;
+    let second_process =
+        DemoProcess::start(db.url(), &["--non-transactional", "--lease-ms", "1000"]).await;
     // Nobody renews the lease any more: it lapses by the database's clock.
     let status = operation_state(&http, &second_process, &account, &key, "unknown").await;
     let retry = create_ticket(
@@ -308,10 +329,33 @@ async fn a_demo_killed_mid_handler_leaves_an_unknown_outcome_not_a_second_execut
     assert!(kind.ends_with("/outcome-unknown"), "{problem}");
     assert_eq!(problem["operation_id"], status["operation_id"]);
     assert_eq!(
-        second_process.ticket_count(&http, &account).await,
-        0,
-        "an unknown outcome is never executed again by default"
+        second_process.ticket_ids(&http, &account).await,
+        [effect],
+        "the effect happened once; an unknown outcome is never executed again by default"
     );
+}
+
+/// Polls until `process` lists one ticket for `account` (the handler's committed write),
+/// and returns its id.
+async fn wait_for_one_ticket(
+    http: &reqwest::Client,
+    process: &DemoProcess,
+    account: &str,
+) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let ids = process.ticket_ids(http, account).await;
+        match ids.as_slice() {
+            [id] => return id.clone(),
+            [] => {}
+            more => panic!("one request wrote {} tickets", more.len()),
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the handler never wrote its ticket"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 /// Polls `process`'s status route until the operation under `key` is in `state`, and

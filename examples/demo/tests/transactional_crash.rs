@@ -1,7 +1,8 @@
-//! The `demo` binary with `--transactional`, as OS processes on one PostgreSQL database: a
-//! process killed with SIGKILL while its handler holds the operation's transaction open
-//! leaves nothing behind, and the retry after a restart executes once — one ticket, one
-//! notification effect. Retries of a completed create never add a second of either.
+//! The `demo` binary in its PostgreSQL mode (`--database-url`: records in PostgreSQL,
+//! tickets on a transactional route), as OS processes on one database: a process killed with
+//! SIGKILL while its handler holds the operation's transaction open leaves nothing behind,
+//! and the retry after a restart executes once — one ticket, one notification effect.
+//! Retries of a completed create never add a second of either.
 
 #[allow(dead_code)]
 #[path = "../../../tests/src/pg.rs"]
@@ -19,7 +20,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 const TICKET: &str = r#"{"project":"ops","title":"Renew the wildcard certificate"}"#;
 
-/// A running `demo --transactional` process, killed (SIGKILL) and reaped when dropped.
+/// A running `demo --database-url URL` process, killed (SIGKILL) and reaped when dropped.
 struct Demo {
     child: Child,
     _stdout: BufReader<ChildStdout>,
@@ -29,7 +30,7 @@ struct Demo {
 impl Demo {
     async fn start(database_url: &str, args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_demo"))
-            .args(["--listen", "127.0.0.1:0", "--transactional"])
+            .args(["--listen", "127.0.0.1:0"])
             .args(["--database-url", database_url])
             .args(args)
             .env_remove("DATABASE_URL")

@@ -4,7 +4,7 @@
 //! with a generous deadline, never a bet on how fast the machine is.
 //!
 //! Shared by the memory and PostgreSQL targets: the including target's `demo_server`
-//! decides which store the demo runs on.
+//! decides where the demo keeps its idempotency records and its business records.
 
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use integration_tests::app::{Client, TestServer, demo_config, eventually, new_ac
 use serde_json::Value;
 
 const TICKET: &str = r#"{"project":"ops","title":"Disk full on db-1","priority":"high"}"#;
+const DEPLOY: &str = r#"{"service":"api","environment":"prod","artifact":"sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}"#;
 const DEADLINE: Duration = Duration::from_secs(20);
 
 async fn demo_with(delay_ms: u64, lease_ms: u64, wait_ms: u64) -> TestServer {
@@ -34,11 +35,15 @@ async fn until_state(client: &Client, key: &str, state: &str) -> Value {
     .await
 }
 
-async fn ticket_count(client: &Client) -> usize {
-    client.get_json("/v1/tickets").await["tickets"]
+async fn count(client: &Client, collection: &str) -> usize {
+    client.get_json(&format!("/v1/{collection}")).await[collection]
         .as_array()
         .unwrap()
         .len()
+}
+
+async fn ticket_count(client: &Client) -> usize {
+    count(client, "tickets").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,7 +101,10 @@ async fn past_the_wait_bound_a_retry_is_409_request_in_progress() {
 async fn an_expired_lease_is_409_outcome_unknown_pointing_at_the_status_route() {
     // The handler outlives its lease by far and nothing renews it (as when its worker
     // died), so the retry lands while the outcome is genuinely unknown: the effect
-    // happened, the result was not recorded.
+    // happened, the result was not recorded. A deploy, because its route is never
+    // transactional (a deploy acts outside the database): with the records in PostgreSQL,
+    // tickets are, and a transactional route answers a lapsed lease by executing again
+    // (`postgres_tx_demo.rs`), since the lapsed attempt committed nothing.
     let server = super::demo_server(demo::Config {
         handler_delay: Duration::from_millis(10_000),
         lease: Duration::from_millis(200),
@@ -109,11 +117,11 @@ async fn an_expired_lease_is_409_outcome_unknown_pointing_at_the_status_route() 
     let key = new_key();
     let _original = tokio::spawn({
         let (client, key) = (client.clone(), key.clone());
-        async move { client.post("/v1/tickets", Some(&key), TICKET).await }
+        async move { client.post("/v1/deploys", Some(&key), DEPLOY).await }
     });
     until_state(&client, &key, "unknown").await;
 
-    let retry = client.post("/v1/tickets", Some(&key), TICKET).await;
+    let retry = client.post("/v1/deploys", Some(&key), DEPLOY).await;
     let problem = retry.assert_problem(409, "outcome-unknown");
     let status_url = problem["status_url"]
         .as_str()
@@ -124,7 +132,7 @@ async fn an_expired_lease_is_409_outcome_unknown_pointing_at_the_status_route() 
     assert_eq!(status["operation_id"], problem["operation_id"]);
     assert_eq!(status["response_status"], Value::Null);
     assert_eq!(
-        ticket_count(&client).await,
+        count(&client, "deploys").await,
         1,
         "the handler ran once, not again"
     );
