@@ -1,8 +1,9 @@
--- The demo's business tables, for `--transactional` (records in PostgreSQL). Applied at start
--- by every demo instance under an advisory lock; idempotent.
+-- The demo's business tables, used whenever it has a database URL (unless --memory-records).
+-- Applied at start by every demo instance under an advisory lock; idempotent.
 --
--- The demo's domain rules are constraints here, checked inside the operation's transaction:
--- one ticket per (account, source_event_id), one payment per (account, invoice_ref).
+-- The demo's domain rules are constraints here, checked by the transaction that writes (the
+-- operation's, on a transactional route): one ticket per (account, source_event_id), one
+-- payment per (account, invoice_ref).
 
 CREATE TABLE IF NOT EXISTS demo_tickets (
     seq             bigserial PRIMARY KEY,

@@ -1,6 +1,6 @@
 //! The demo's business state: tickets, payments, deploys and ticket notifications, per
-//! account, in memory (the default; `--transactional` keeps them in PostgreSQL instead, see
-//! [`crate::database`]).
+//! account, in memory (without a database URL, or with `--memory-records`; otherwise they
+//! live in PostgreSQL, see [`crate::database`]).
 //!
 //! Each write decides and records under one lock, so the business rules (one ticket per
 //! `source_event_id`, one payment per `invoice_ref`, one running deploy per environment) hold

@@ -46,7 +46,13 @@ async fn run(config: &demo::Config) -> Result<(), demo::DemoError> {
     let addr = listener.local_addr()?;
     // Tests and scripts wait for this exact line: print it only once the socket accepts.
     println!("listening on http://{addr}");
-    tracing::info!(%addr, idempotency = config.idempotency, "demo ready");
+    tracing::info!(
+        %addr,
+        idempotency = config.idempotency,
+        postgres = config.database_url.is_some(),
+        records = ?config.records,
+        "demo ready"
+    );
     axum::serve(listener, router)
         .with_graceful_shutdown(demo::shutdown_signal())
         .await?;
