@@ -80,3 +80,19 @@ async fn help_exits_zero_and_bad_arguments_exit_two() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--lease-ms"));
 }
+
+#[tokio::test]
+async fn records_in_postgres_without_a_database_is_a_startup_error() {
+    let refused = demo()
+        .args(["--listen", "127.0.0.1:0", "--non-transactional"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("needs a database URL"));
+    assert!(
+        refused.stdout.is_empty(),
+        "it never listened: {}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+}
