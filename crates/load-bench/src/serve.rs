@@ -1,0 +1,100 @@
+//! The servers the benchmark loads, each run as a child process of `load-bench` (the
+//! `serve` subcommand), so that wrk, the server and PostgreSQL are separate processes as in
+//! production. Every mode is the demo's router (`demo::app`), with the demo's
+//! authentication, body limit, validation and handlers; the benchmark drives its
+//! `POST /v1/payments` route:
+//!
+//! | mode | the demo's flags | idempotency | the payment is written |
+//! |---|---|---|---|
+//! | `memory-unguarded` | `--no-idempotency` | none | in memory |
+//! | `memory-guarded` | *(none)*, but a store of capacity 20 M | memory store | in memory |
+//! | `pg-unguarded` | `--database-url U --no-idempotency` | none | `INSERT`, autocommit |
+//! | `pg-non-transactional` | `--database-url U --non-transactional` | PostgreSQL store | `INSERT`, autocommit |
+//! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
+//!
+//! `memory-guarded` differs from the demo binary in one respect: the demo's memory store has
+//! the default capacity of 100,000 records, which a 10-second run of fresh keys fills (and
+//! then answers `503 store-full`), so it is built with `demo::router` over a larger store.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use demo::{Config, Records};
+use tokio::net::TcpListener;
+use tower_idempotency::purge::spawn_purge_task;
+use tower_idempotency::{MemoryStore, MemoryStoreConfig};
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// The serving modes, by name.
+pub const MODES: [&str; 5] = [
+    "memory-unguarded",
+    "memory-guarded",
+    "pg-unguarded",
+    "pg-non-transactional",
+    "pg-transactional",
+];
+
+/// Serves `mode` on `listen` until SIGTERM; prints `listening on http://ADDR` once bound.
+pub async fn serve(
+    mode: &str,
+    listen: SocketAddr,
+    database_url: Option<String>,
+) -> Result<(), Failure> {
+    let memory = Config {
+        listen,
+        database_url: None,
+        ..Config::default()
+    };
+    let postgres = || -> Result<Config, Failure> {
+        Ok(Config {
+            listen,
+            database_url: Some(
+                database_url
+                    .clone()
+                    .ok_or("this mode needs --database-url")?,
+            ),
+            ..Config::default()
+        })
+    };
+    let router = match mode {
+        "memory-unguarded" => {
+            demo::app(&Config {
+                idempotency: false,
+                ..memory
+            })
+            .await?
+        }
+        "memory-guarded" => {
+            let store = MemoryStore::new(MemoryStoreConfig {
+                capacity: 20_000_000,
+                shards: 16,
+            });
+            // The demo's purge schedule.
+            spawn_purge_task(store.clone(), Duration::from_secs(60), 1000);
+            demo::router(&memory, store)
+        }
+        "pg-unguarded" => {
+            demo::app(&Config {
+                idempotency: false,
+                ..postgres()?
+            })
+            .await?
+        }
+        "pg-non-transactional" => {
+            demo::app(&Config {
+                records: Records::NonTransactional,
+                ..postgres()?
+            })
+            .await?
+        }
+        "pg-transactional" => demo::app(&postgres()?).await?,
+        other => return Err(format!("unknown mode {other}; one of {MODES:?}").into()),
+    };
+    let listener = TcpListener::bind(listen).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(demo::shutdown_signal())
+        .await?;
+    Ok(())
+}

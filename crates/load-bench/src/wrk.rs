@@ -1,0 +1,122 @@
+//! Running wrk: installing it when missing, one bounded run against a loopback URL, and
+//! parsing the summary line the Lua script prints.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// What one wrk run measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    /// Requests per second over the run.
+    pub rps: f64,
+    /// Median latency, milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile latency, milliseconds.
+    pub p99_ms: f64,
+    /// Responses with a status ≥ 400 (wrk's "non-2xx or 3xx").
+    pub non2xx: u64,
+    /// Connect, read, write errors and timeouts.
+    pub socket_errors: u64,
+}
+
+/// Makes sure `wrk` is on the PATH, installing Debian's package as root when it is not.
+pub fn ensure_installed() -> Result<(), String> {
+    if Command::new("wrk").arg("--version").output().is_ok() {
+        return Ok(());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        return Err("wrk is not installed; run `apt-get install wrk` as root".to_owned());
+    }
+    eprintln!("load-bench: installing wrk (apt-get install wrk)");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "wrk"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if install() {
+        return Ok(());
+    }
+    let _ = Command::new("apt-get").args(["update", "-q"]).status();
+    if install() {
+        Ok(())
+    } else {
+        Err("apt-get install wrk failed".to_owned())
+    }
+}
+
+/// Parameters shared by every run.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// wrk threads.
+    pub threads: u32,
+    /// Open connections.
+    pub connections: u32,
+}
+
+/// One wrk run of `duration` against `base` (`http://127.0.0.1:PORT`) with the script at
+/// `script`, passing `run_id` and `mode` (`fresh` or `replay`) to it.
+pub fn run(
+    load: &Load,
+    script: &Path,
+    base: &str,
+    duration: Duration,
+    run_id: &str,
+    mode: &str,
+) -> Result<Run, String> {
+    if !base.starts_with("http://127.0.0.1:") {
+        return Err(format!("refusing to load {base}: loopback only"));
+    }
+    let output = Command::new("timeout")
+        // wrk stops itself after `duration`; the timeout is a backstop.
+        .arg(format!("{}", duration.as_secs() + 30))
+        .arg("wrk")
+        .arg(format!("-t{}", load.threads))
+        .arg(format!("-c{}", load.connections))
+        .arg(format!("-d{}s", duration.as_secs()))
+        .arg("--timeout")
+        .arg("5s")
+        .arg("-s")
+        .arg(script)
+        .arg(base)
+        .arg("--")
+        .arg(run_id)
+        .arg(mode)
+        .output()
+        .map_err(|e| format!("cannot run wrk: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .ok_or_else(|| {
+            format!(
+                "wrk printed no result:\n{stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })?;
+    let field = |name: &str| -> Result<f64, String> {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("no {name} in {line}"))
+    };
+    let requests = field("requests")?;
+    let seconds = field("duration_us")? / 1e6;
+    Ok(Run {
+        rps: if seconds > 0.0 {
+            requests / seconds
+        } else {
+            0.0
+        },
+        p50_ms: field("p50_us")? / 1000.0,
+        p99_ms: field("p99_us")? / 1000.0,
+        non2xx: field("non2xx")? as u64,
+        socket_errors: field("socket_errors")? as u64,
+    })
+}
