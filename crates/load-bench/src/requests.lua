@@ -1,7 +1,10 @@
--- wrk script of the load benchmark (crates/load-bench): POST /v1/payments with a fresh
--- Idempotency-Key per request (and the same string as the invoice reference, so every
--- payment is new), or one fixed key for replays.
--- Arguments: <run id> <fresh|replay>.
+-- wrk script of the load benchmark (crates/load-bench): a write with a fresh Idempotency-Key
+-- per request, or one fixed key for replays.
+-- Arguments: <run id> <fresh|replay> <tickets|payments>.
+--   tickets:  POST /v1/tickets, the same ticket every time (the demo keeps no uniqueness
+--             rule on tickets without a source_event_id, so every execution creates one);
+--   payments: POST /v1/payments with the key as the invoice reference, so every execution
+--             is a new payment (the invoice rule is a unique constraint).
 
 local threads = {}
 local counter = 0
@@ -14,6 +17,7 @@ end
 function init(args)
   run = args[1] or "run"
   mode = args[2] or "fresh"
+  route = args[3] or "tickets"
 end
 
 local headers = {
@@ -30,10 +34,15 @@ function request()
     key = string.format("%s-%d-%d", run, thread_no or 0, counter)
   end
   headers["Idempotency-Key"] = key
-  local body = string.format(
-    '{"amount_minor": 1250, "currency": "EUR", "invoice_ref": "inv-%s", "payee": "Acme Supplies Ltd"}',
-    key)
-  return wrk.format("POST", "/v1/payments", headers, body)
+  if route == "payments" then
+    local body = string.format(
+      '{"amount_minor": 1250, "currency": "EUR", "invoice_ref": "inv-%s", "payee": "Acme Supplies Ltd"}',
+      key)
+    return wrk.format("POST", "/v1/payments", headers, body)
+  end
+  return wrk.format("POST", "/v1/tickets", headers,
+    '{"project": "web", "title": "Login button does nothing", "priority": "high", ' ..
+    '"description": "Clicking the login button on the landing page does nothing in Firefox 131."}')
 end
 
 function done(summary, latency, requests)

@@ -61,14 +61,15 @@ pub struct Load {
 }
 
 /// One wrk run of `duration` against `base` (`http://127.0.0.1:PORT`) with the script at
-/// `script`, passing `run_id` and `mode` (`fresh` or `replay`) to it.
+/// `script`, passing `run_id`, `mode` (`fresh` or `replay`) and `route` (`tickets` or
+/// `payments`) to it.
 pub fn run(
     load: &Load,
     script: &Path,
     base: &str,
     duration: Duration,
     run_id: &str,
-    mode: &str,
+    (mode, route): (&str, &str),
 ) -> Result<Run, String> {
     if !base.starts_with("http://127.0.0.1:") {
         return Err(format!("refusing to load {base}: loopback only"));
@@ -88,6 +89,7 @@ pub fn run(
         .arg("--")
         .arg(run_id)
         .arg(mode)
+        .arg(route)
         .output()
         .map_err(|e| format!("cannot run wrk: {e}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
