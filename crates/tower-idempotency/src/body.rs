@@ -8,9 +8,10 @@
 //! which is what the record's `delivered` flag means.
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -112,14 +113,31 @@ pub(crate) struct DeliveryHook {
 
 impl DeliveryHook {
     fn fire(self) {
-        // Detached: the response must not wait on a store write, and a runtime is always
-        // present while a server polls the body.
+        let Self {
+            store,
+            scope,
+            operation_id,
+        } = self;
+        let mut mark = Box::pin(async move {
+            if let Err(error) = store.mark_delivered(&scope, operation_id).await {
+                tracing::warn!(%operation_id, error = %error, "could not record delivery");
+            }
+        });
+        // A store that answers without waiting (the memory store) is done after one poll:
+        // no task is spawned for it, which is most of this hook's cost per request.
+        if mark
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_ready()
+        {
+            return;
+        }
+        // Otherwise detached: the response must not wait on a store write, and a runtime is
+        // always present while a server polls the body. The future is boxed, so moving it
+        // into the task leaves whatever it registered on the first poll in place; the
+        // task's first poll replaces the no-op waker.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(error) = self.store.mark_delivered(&self.scope, self.operation_id).await {
-                    tracing::warn!(operation_id = %self.operation_id, error = %error, "could not record delivery");
-                }
-            });
+            handle.spawn(mark);
         }
     }
 }
