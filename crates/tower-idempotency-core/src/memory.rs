@@ -84,7 +84,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -125,15 +125,83 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
-type RecordKey = (Scope, IdempotencyKey);
-type Shard<K, V> = Mutex<HashMap<K, V>>;
+type Shard<K, V> = Mutex<HashMap<K, V, BuildHasherDefault<PassThrough>>>;
+
+/// `(scope, key)` with its hash, computed once per store call with the store's keyed
+/// (SipHash) hasher: it picks the shard and is the map's hash, so a lookup hashes the
+/// client-chosen strings once instead of once per map touched.
+#[derive(Clone)]
+struct RecordKey {
+    hash: u64,
+    scope: Scope,
+    key: IdempotencyKey,
+}
+
+impl PartialEq for RecordKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.scope == other.scope && self.key == other.key
+    }
+}
+
+impl Eq for RecordKey {}
+
+impl Hash for RecordKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// An operation id as a map key, hashed by the random low half of the UUID (62 random bits
+/// in a UUIDv7): ids are generated here, so they need no keyed hash to spread well.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct IdKey(OperationId);
+
+impl IdKey {
+    fn bits(self) -> u64 {
+        self.0.as_uuid().as_u64_pair().1
+    }
+}
+
+impl Hash for IdKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.bits());
+    }
+}
+
+/// The maps' hasher: hands on the precomputed `u64` of [`RecordKey`] and [`IdKey`].
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached by the keys above (they write one u64); kept total and well mixed.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The shard of a hash: bits the maps use neither for the bucket (low bits) nor for the
+/// control byte (top 7), so the keys of one shard still spread over its buckets.
+fn shard_of(hash: u64, shards: usize) -> usize {
+    // Below `shards`, a usize: the cast cannot truncate.
+    (((hash >> 32) & 0x00ff_ffff) % shards as u64) as usize
+}
 
 struct Inner {
     capacity: usize,
     records: Box<[Shard<RecordKey, Entry>]>,
     /// Operation id → its `(scope, key)`, for [`Store::get_by_id`]. Lock order: a records
     /// shard, then an ids shard; never the other way round.
-    ids: Box<[Shard<OperationId, RecordKey>]>,
+    ids: Box<[Shard<IdKey, RecordKey>]>,
     len: AtomicUsize,
     /// Set while a reservation purges a full store, so that a burst of reservations
     /// against a full store does not scan it once per request.
@@ -159,7 +227,8 @@ struct Entry {
     /// End of retention; `None` while `in_progress`.
     expires: Option<Instant>,
     unknown_retention: Duration,
-    notify: Arc<Notify>,
+    /// Created by the first waiter (most records never have one), under the shard lock.
+    notify: Option<Arc<Notify>>,
 }
 
 /// Maps the store's monotonic clock onto wall-clock timestamps from a single reading.
@@ -227,7 +296,14 @@ impl Entry {
             // retention can never make an unknown outcome vanish as soon as it appears.
             let until = later(lapsed, self.unknown_retention);
             self.set_expires(Some(until), clock);
-            self.notify.notify_waiters();
+            self.wake();
+        }
+    }
+
+    /// Wakes every waiter on this record.
+    fn wake(&self) {
+        if let Some(notify) = &self.notify {
+            notify.notify_waiters();
         }
     }
 
@@ -252,21 +328,26 @@ impl Inner {
         }
     }
 
-    fn shard_of(&self, value: impl Hash, shards: usize) -> usize {
-        // The remainder is below `shards`, which is a usize, so the cast cannot truncate.
-        (self.hasher.hash_one(value) % shards as u64) as usize
+    fn record_key(&self, scope: &Scope, key: &IdempotencyKey) -> RecordKey {
+        RecordKey {
+            hash: self.hasher.hash_one((scope, key)),
+            scope: scope.clone(),
+            key: key.clone(),
+        }
     }
 
     fn records_for(
         &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-    ) -> MutexGuard<'_, HashMap<RecordKey, Entry>> {
-        lock(&self.records[self.shard_of((scope, key), self.records.len())])
+        record_key: &RecordKey,
+    ) -> MutexGuard<'_, HashMap<RecordKey, Entry, BuildHasherDefault<PassThrough>>> {
+        lock(&self.records[shard_of(record_key.hash, self.records.len())])
     }
 
-    fn ids_for(&self, id: OperationId) -> MutexGuard<'_, HashMap<OperationId, RecordKey>> {
-        lock(&self.ids[self.shard_of(id, self.ids.len())])
+    fn ids_for(
+        &self,
+        id: OperationId,
+    ) -> MutexGuard<'_, HashMap<IdKey, RecordKey, BuildHasherDefault<PassThrough>>> {
+        lock(&self.ids[shard_of(IdKey(id).bits(), self.ids.len())])
     }
 
     /// Takes one slot of capacity, or reports that none is left.
@@ -312,7 +393,7 @@ impl Inner {
             lease_expires: Some(lease_expires),
             expires: None,
             unknown_retention: request.unknown_retention,
-            notify: Arc::new(Notify::new()),
+            notify: None,
         };
         (entry, lease)
     }
@@ -321,8 +402,8 @@ impl Inner {
     /// needed and the store is full.
     fn try_reserve(&self, request: &ReserveRequest) -> Option<Reservation> {
         let now = Instant::now();
-        let mut records = self.records_for(&request.scope, &request.key);
-        let record_key = (request.scope.clone(), request.key.clone());
+        let record_key = self.record_key(&request.scope, &request.key);
+        let mut records = self.records_for(&record_key);
         if let Some(entry) = records.get_mut(&record_key) {
             entry.refresh(now, &self.clock);
             if entry.is_expired(now) {
@@ -331,11 +412,12 @@ impl Inner {
                 let (fresh, lease) = self.new_entry(request, now);
                 let operation = fresh.operation.clone();
                 let old = std::mem::replace(entry, fresh);
-                old.notify.notify_waiters();
+                old.wake();
                 let mut ids = self.ids_for(old.operation.id);
-                ids.remove(&old.operation.id);
+                ids.remove(&IdKey(old.operation.id));
                 drop(ids);
-                self.ids_for(operation.id).insert(operation.id, record_key);
+                self.ids_for(operation.id)
+                    .insert(IdKey(operation.id), record_key);
                 return Some(Reservation::Acquired {
                     operation,
                     lease,
@@ -360,7 +442,8 @@ impl Inner {
         let (entry, lease) = self.new_entry(request, now);
         let operation = entry.operation.clone();
         records.insert(record_key.clone(), entry);
-        self.ids_for(operation.id).insert(operation.id, record_key);
+        self.ids_for(operation.id)
+            .insert(IdKey(operation.id), record_key);
         Some(Reservation::Acquired {
             operation,
             lease,
@@ -400,8 +483,8 @@ impl Inner {
         let lost = StoreError::LeaseLost {
             operation_id: lease.operation_id,
         };
-        let record_key = (lease.scope.clone(), lease.key.clone());
-        let mut records = self.records_for(&lease.scope, &lease.key);
+        let record_key = self.record_key(&lease.scope, &lease.key);
+        let mut records = self.records_for(&record_key);
         let Some(entry) = records.get_mut(&record_key) else {
             return Err(lost);
         };
@@ -410,20 +493,21 @@ impl Inner {
             return Err(lost);
         }
         let (value, delete) = act(entry, now, &self.clock);
-        entry.notify.notify_waiters();
+        entry.wake();
         if delete {
             records.remove(&record_key);
-            self.ids_for(lease.operation_id).remove(&lease.operation_id);
+            self.ids_for(lease.operation_id)
+                .remove(&IdKey(lease.operation_id));
             self.len.fetch_sub(1, Ordering::AcqRel);
         }
         Ok(value)
     }
 
     /// Reads `(scope, key)` as of now; `None` when absent or past retention.
-    fn read(&self, scope: &Scope, key: &IdempotencyKey) -> Option<Operation> {
+    fn read(&self, record_key: &RecordKey) -> Option<Operation> {
         let now = Instant::now();
-        let mut records = self.records_for(scope, key);
-        let entry = records.get_mut(&(scope.clone(), key.clone()))?;
+        let mut records = self.records_for(record_key);
+        let entry = records.get_mut(record_key)?;
         entry.refresh(now, &self.clock);
         (!entry.is_expired(now)).then(|| entry.operation.clone())
     }
@@ -450,9 +534,9 @@ impl Inner {
             for record_key in doomed {
                 if let Some(entry) = records.remove(&record_key) {
                     let id = entry.operation.id;
-                    self.ids_for(id).remove(&id);
+                    self.ids_for(id).remove(&IdKey(id));
                     self.len.fetch_sub(1, Ordering::AcqRel);
-                    entry.notify.notify_waiters();
+                    entry.wake();
                     purged += 1;
                 }
             }
@@ -566,14 +650,14 @@ impl Store for MemoryStore {
     }
 
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
-        let Some((owner, key)) = self.inner.ids_for(id).get(&id).cloned() else {
+        let Some(record_key) = self.inner.ids_for(id).get(&IdKey(id)).cloned() else {
             return Ok(());
         };
-        if owner != *scope {
+        if record_key.scope != *scope {
             return Ok(());
         }
-        let mut records = self.inner.records_for(&owner, &key);
-        if let Some(entry) = records.get_mut(&(owner, key)) {
+        let mut records = self.inner.records_for(&record_key);
+        if let Some(entry) = records.get_mut(&record_key) {
             if entry.operation.id == id && entry.operation.state == OperationState::Completed {
                 entry.operation.delivered = true;
             }
@@ -582,19 +666,19 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
-        Ok(self.inner.read(scope, key))
+        Ok(self.inner.read(&self.inner.record_key(scope, key)))
     }
 
     async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
-        let Some((owner, key)) = self.inner.ids_for(id).get(&id).cloned() else {
+        let Some(record_key) = self.inner.ids_for(id).get(&IdKey(id)).cloned() else {
             return Ok(None);
         };
-        if owner != *scope {
+        if record_key.scope != *scope {
             return Ok(None);
         }
         Ok(self
             .inner
-            .read(&owner, &key)
+            .read(&record_key)
             .filter(|operation| operation.id == id))
     }
 
@@ -608,12 +692,12 @@ impl Store for MemoryStore {
         timeout: Duration,
     ) -> Result<Option<Operation>> {
         let deadline = later(Instant::now(), timeout);
-        let record_key = (scope.clone(), key.clone());
+        let record_key = self.inner.record_key(scope, key);
         let mut first_id = None;
         loop {
             let now = Instant::now();
             let (notified, lease_expires) = {
-                let mut records = self.inner.records_for(scope, key);
+                let mut records = self.inner.records_for(&record_key);
                 let Some(entry) = records.get_mut(&record_key) else {
                     return Ok(None);
                 };
@@ -626,10 +710,8 @@ impl Store for MemoryStore {
                     return Ok(Some(entry.operation.clone()));
                 }
                 // Created under the lock: every later `notify_waiters` reaches it.
-                (
-                    Arc::clone(&entry.notify).notified_owned(),
-                    entry.lease_expires,
-                )
+                let notify = entry.notify.get_or_insert_with(|| Arc::new(Notify::new()));
+                (Arc::clone(notify).notified_owned(), entry.lease_expires)
             };
             let wake_at = lease_expires.map_or(deadline, |at| at.min(deadline));
             // Whether woken by a change, the lease running out or the deadline, the next
