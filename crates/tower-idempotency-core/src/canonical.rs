@@ -801,22 +801,39 @@ fn write_value(out: &mut Vec<u8>, value: &Value, ryu: &mut ryu_js::Buffer) {
             out.push(b']');
         }
         Value::Object(map) => {
-            // The map iterates in UTF-8 byte order (or insertion order with
-            // `preserve_order`); JCS wants UTF-16 order.
-            let mut members: Vec<(&String, &Value)> = map.iter().collect();
-            members.sort_by(|a, b| cmp_utf16(a.0, b.0));
-            out.push(b'{');
-            for (i, (name, item)) in members.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(out, name);
-                out.push(b':');
-                write_value(out, item, ryu);
+            // JCS wants UTF-16 order. The map iterates in UTF-8 byte order (or insertion
+            // order with `preserve_order`), which is UTF-16 order unless names mix
+            // U+E000–U+FFFF with supplementary characters: checking is cheaper than
+            // collecting and sorting every object.
+            if map
+                .keys()
+                .is_sorted_by(|a, b| cmp_utf16(a, b) != Ordering::Greater)
+            {
+                write_members(out, map.iter(), ryu);
+            } else {
+                let mut members: Vec<(&String, &Value)> = map.iter().collect();
+                members.sort_by(|a, b| cmp_utf16(a.0, b.0));
+                write_members(out, members.into_iter(), ryu);
             }
-            out.push(b'}');
         }
     }
+}
+
+fn write_members<'a>(
+    out: &mut Vec<u8>,
+    members: impl Iterator<Item = (&'a String, &'a Value)>,
+    ryu: &mut ryu_js::Buffer,
+) {
+    out.push(b'{');
+    for (i, (name, item)) in members.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(out, name);
+        out.push(b':');
+        write_value(out, item, ryu);
+    }
+    out.push(b'}');
 }
 
 fn number_as_f64(n: &Number) -> Option<f64> {
@@ -898,13 +915,14 @@ fn node_into_value(node: Node<'_>) -> Value {
         }
         Node::String(s) => Value::String(s.into_owned()),
         Node::Array(items) => Value::Array(items.into_iter().map(node_into_value).collect()),
-        Node::Object(members) => {
-            let mut map = Map::new();
-            for member in members {
-                map.insert(member.name.into_owned(), node_into_value(member.value));
-            }
-            Value::Object(map)
-        }
+        // Names are unique and sorted, so the map is built in one pass rather than by one
+        // ordered insert per member.
+        Node::Object(members) => Value::Object(
+            members
+                .into_iter()
+                .map(|member| (member.name.into_owned(), node_into_value(member.value)))
+                .collect::<Map<String, Value>>(),
+        ),
     }
 }
 
