@@ -3,7 +3,8 @@
 //! `records`. Each record looks like one of the demo's: scope `acme`, a 40-character key,
 //! `POST /v1/payments`, a SHA-256 fingerprint, one stored header (`content-type`) and a
 //! response body of `body_bytes` bytes in an allocation of its own (as the layer's buffered
-//! response body is).
+//! response body is). As in a server, every request brings its own scope, key and
+//! fingerprint allocations (the demo's authentication makes a new scope per request).
 
 use std::time::Duration;
 
@@ -38,17 +39,15 @@ pub async fn measure(records: usize, body_bytes: usize) -> Result<RecordSize, St
         capacity: records + 1,
         shards: 16,
     });
-    let scope = Scope::new("acme");
-    let fingerprint = Fingerprint::from_stored(format!("sha256:{}", "ab".repeat(32)));
     let template = vec![b'x'; body_bytes];
     let before = resident_bytes()?;
     for i in 0..records {
         let key = IdempotencyKey::new(&format!("6f1c0a4e-2b7d-4d0e-9c1a-{i:012x}-k"))
             .map_err(|e| e.to_string())?;
         let request = ReserveRequest {
-            scope: scope.clone(),
+            scope: Scope::new("acme"),
             key,
-            fingerprint: fingerprint.clone(),
+            fingerprint: Fingerprint::from_stored(format!("sha256:{i:064x}")),
             method: "POST".to_owned(),
             route: "/v1/payments".to_owned(),
             lease: Duration::from_secs(60),
