@@ -38,17 +38,24 @@ pub(crate) const NEVER_STORED: &[&str] = &[
     "idempotent-replayed",
 ];
 
+/// The allowed headers of a response, in allow-list order (values of one name in their
+/// order).
 pub(crate) fn select(headers: &HeaderMap, allowed: &[HeaderName]) -> Vec<(String, Bytes)> {
-    let mut kept = Vec::new();
-    for name in allowed {
-        for value in headers.get_all(name) {
-            kept.push((
-                name.as_str().to_owned(),
-                Bytes::copy_from_slice(value.as_bytes()),
-            ));
-        }
-    }
-    kept
+    // A response carries a handful of headers and the allow-list about a dozen names:
+    // comparing each of the response's names with the list is cheaper than hashing every
+    // allowed name for a lookup, and the sort is stable, so the values of one name keep
+    // their order.
+    let mut kept: Vec<(usize, &HeaderName, &[u8])> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let rank = allowed.iter().position(|a| a == name)?;
+            Some((rank, name, value.as_bytes()))
+        })
+        .collect();
+    kept.sort_by_key(|(rank, _, _)| *rank);
+    kept.into_iter()
+        .map(|(_, name, value)| (name.as_str().to_owned(), Bytes::copy_from_slice(value)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -64,13 +71,20 @@ mod tests {
         headers.insert("connection", HeaderValue::from_static("close"));
         headers.append("link", HeaderValue::from_static("<a>"));
         headers.append("link", HeaderValue::from_static("<b>"));
+        headers.insert("etag", HeaderValue::from_static("\"v1\""));
         let allowed: Vec<HeaderName> = DEFAULT_STORED_HEADERS
             .iter()
             .map(|h| HeaderName::from_static(h))
             .collect();
         let kept = select(&headers, &allowed);
         let names: Vec<_> = kept.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["content-type", "link", "link"]);
+        assert_eq!(names, ["content-type", "etag", "link", "link"]);
+        let links: Vec<_> = kept
+            .iter()
+            .filter(|(n, _)| n == "link")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(links, ["<a>", "<b>"]);
         for never in NEVER_STORED {
             assert!(!DEFAULT_STORED_HEADERS.contains(never));
         }
