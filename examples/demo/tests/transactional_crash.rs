@@ -8,126 +8,15 @@
 #[path = "../../../tests/src/pg.rs"]
 mod pg;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Bound on starting a process, on one HTTP exchange and on every poll: generous, so a
-/// loaded machine is slow rather than failing, yet a hang still ends the test.
-const DEADLINE: Duration = Duration::from_secs(60);
+mod support;
 
-const TICKET: &str = r#"{"project":"ops","title":"Renew the wildcard certificate"}"#;
+use support::{DEADLINE, DemoProcess, TICKET, create_ticket, fresh, http};
 
-/// A running `demo --database-url URL` process, killed (SIGKILL) and reaped when dropped.
-struct Demo {
-    child: Child,
-    _stdout: BufReader<ChildStdout>,
-    base: String,
-}
-
-impl Demo {
-    async fn start(database_url: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_demo"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--database-url", database_url])
-            .args(args)
-            .env_remove("DATABASE_URL")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let read = tokio::task::spawn_blocking(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let read = reader.read_line(&mut line);
-            (reader, line, read)
-        });
-        let outcome = tokio::time::timeout(DEADLINE, read).await;
-        let Ok(Ok((reader, line, Ok(_)))) = outcome else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the demo did not start; its stderr is above");
-        };
-        let Some(base) = line.trim_end().strip_prefix("listening on ") else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("unexpected first line {line:?}; the demo's stderr is above");
-        };
-        Self {
-            base: base.to_owned(),
-            child,
-            _stdout: reader,
-        }
-    }
-
-    /// SIGKILL, as a crash or the OOM killer would: no shutdown, nothing flushed.
-    fn kill(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-struct Reply {
-    status: u16,
-    replayed: bool,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|err| {
-            panic!("not JSON ({err}): {}", String::from_utf8_lossy(&self.body))
-        })
-    }
-}
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(DEADLINE)
-        .build()
-        .unwrap()
-}
-
-async fn create_ticket(http: &reqwest::Client, demo: &Demo, account: &str, key: &str) -> Reply {
-    let response = http
-        .post(format!("{}/v1/tickets", demo.base))
-        .bearer_auth(account)
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .body(TICKET)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let replayed = response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|v| v == "true");
-    let body = response.bytes().await.unwrap().to_vec();
-    Reply {
-        status,
-        replayed,
-        body,
-    }
-}
-
-async fn get_json(http: &reqwest::Client, demo: &Demo, account: &str, path: &str) -> Value {
+async fn get_json(http: &reqwest::Client, demo: &DemoProcess, account: &str, path: &str) -> Value {
     let response = http
         .get(format!("{}{path}", demo.base))
         .bearer_auth(account)
@@ -166,10 +55,6 @@ where
     }
 }
 
-fn fresh(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() {
     let database = pg::test_database().await;
@@ -179,7 +64,7 @@ async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() 
 
     // The handler writes the ticket and enqueues its notification, then sleeps far longer
     // than the lease with the transaction open; the process dies in that window.
-    let doomed = Demo::start(
+    let doomed = DemoProcess::start(
         database.url(),
         &["--handler-delay-ms", "60000", "--lease-ms", "1000"],
     )
@@ -241,10 +126,16 @@ async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() 
 
     // A fresh process; the client retries the same key until it succeeds. Until the
     // lease has run out (by the database's clock) the operation is still in progress.
-    let demo = Demo::start(database.url(), &["--lease-ms", "1000", "--wait-ms", "0"]).await;
+    let demo = DemoProcess::start(database.url(), &["--lease-ms", "1000", "--wait-ms", "0"]).await;
     let started = Instant::now();
     let success = loop {
-        let retry = create_ticket(&http, &demo, &account, &key).await;
+        let retry = create_ticket(
+            http.clone(),
+            demo.base.clone(),
+            account.clone(),
+            key.clone(),
+        )
+        .await;
         match retry.status {
             201 => break retry,
             409 => {
@@ -303,19 +194,37 @@ async fn retries_of_a_completed_create_add_no_ticket_and_no_effect() {
     let db = sql(database.url()).await;
     let http = http();
     let (account, key) = (fresh("acct"), fresh("key"));
-    let demo = Demo::start(database.url(), &[]).await;
-    let first = create_ticket(&http, &demo, &account, &key).await;
+    let demo = DemoProcess::start(database.url(), &[]).await;
+    let first = create_ticket(
+        http.clone(),
+        demo.base.clone(),
+        account.clone(),
+        key.clone(),
+    )
+    .await;
     assert_eq!(first.status, 201);
     for _ in 0..3 {
-        let retry = create_ticket(&http, &demo, &account, &key).await;
+        let retry = create_ticket(
+            http.clone(),
+            demo.base.clone(),
+            account.clone(),
+            key.clone(),
+        )
+        .await;
         assert_eq!(retry.status, 201);
         assert!(retry.replayed);
         assert_eq!(retry.body, first.body);
     }
     // And across a restart of the process.
     demo.kill();
-    let demo = Demo::start(database.url(), &[]).await;
-    let after_restart = create_ticket(&http, &demo, &account, &key).await;
+    let demo = DemoProcess::start(database.url(), &[]).await;
+    let after_restart = create_ticket(
+        http.clone(),
+        demo.base.clone(),
+        account.clone(),
+        key.clone(),
+    )
+    .await;
     assert!(after_restart.replayed);
     assert_eq!(after_restart.body, first.body);
 
