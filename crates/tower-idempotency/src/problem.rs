@@ -84,6 +84,10 @@ pub enum Rejection {
         /// The original status, when it is known.
         status: Option<u16>,
     },
+    /// The status routes found no operation with this id or key for this principal
+    /// (including one that belongs to another scope). `404 operation-not-found`.
+    #[error("no operation with this id or key exists for this principal")]
+    OperationNotFound,
     /// The store cannot be reached; the handler did not run. `503 store-unavailable`.
     #[error("the idempotency store is unavailable")]
     StoreUnavailable,
@@ -125,6 +129,7 @@ impl Rejection {
                 StatusCode::BAD_REQUEST
             }
             Self::MissingScope => StatusCode::UNAUTHORIZED,
+            Self::OperationNotFound => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InvalidJson(_) | Self::InvalidCommand(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -156,6 +161,7 @@ impl Rejection {
             Self::RequestInProgress { .. } => "request-in-progress",
             Self::OutcomeUnknown { .. } => "outcome-unknown",
             Self::ResponseNotReplayable { .. } => "response-not-replayable",
+            Self::OperationNotFound => "operation-not-found",
             Self::StoreUnavailable => "store-unavailable",
             Self::StoreFull => "store-full",
             Self::HandlerFailed { .. } => "handler-failed",
@@ -179,6 +185,7 @@ impl Rejection {
             Self::RequestInProgress { .. } => "Request in progress",
             Self::OutcomeUnknown { .. } => "Outcome unknown",
             Self::ResponseNotReplayable { .. } => "Response not replayable",
+            Self::OperationNotFound => "Operation not found",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::StoreFull => "Idempotency store full",
             Self::HandlerFailed { .. } => "Handler failed",

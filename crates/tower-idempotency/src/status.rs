@@ -55,25 +55,6 @@ impl IdempotencyLayer {
     }
 }
 
-fn not_found(shared: &Shared) -> Response {
-    let body = json!({
-        "type": format!("{}operation-not-found", shared.problem_base),
-        "title": "Operation not found",
-        "status": 404,
-        "detail": "no operation with this id or key exists for this principal",
-    });
-    problem(StatusCode::NOT_FOUND, body)
-}
-
-fn problem(status: StatusCode, body: Value) -> Response {
-    let mut response = (status, body.to_string()).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
-}
-
 fn refuse(shared: &Shared, rejection: Rejection) -> Response {
     rejection
         .to_response(&shared.problem_base, &shared.status_path)
@@ -86,11 +67,11 @@ async fn by_id(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
         return refuse(shared, Rejection::MissingScope);
     };
     let Ok(id) = id.parse::<OperationId>() else {
-        return not_found(shared);
+        return refuse(shared, Rejection::OperationNotFound);
     };
     match shared.store.get_by_id(&scope, id).await {
         Ok(Some(operation)) => render(&operation),
-        Ok(None) => not_found(shared),
+        Ok(None) => refuse(shared, Rejection::OperationNotFound),
         Err(error) => {
             tracing::error!(error = %error, "status lookup failed");
             refuse(shared, Rejection::StoreUnavailable)
@@ -103,62 +84,24 @@ async fn by_key(shared: &Arc<Shared>, request: Request) -> Response {
     let Some(scope) = (shared.scope)(&parts).filter(|s| s.is_valid()) else {
         return refuse(shared, Rejection::MissingScope);
     };
-    let raw = parts.uri.query().unwrap_or("").split('&').find_map(|pair| {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (name == "idempotency_key").then_some(value)
-    });
-    let Some(raw) = raw else {
+    let raw = parts.uri.query().unwrap_or("");
+    let Some((_, decoded)) =
+        form_urlencoded::parse(raw.as_bytes()).find(|(name, _)| name == "idempotency_key")
+    else {
         return refuse(shared, Rejection::MissingKey);
     };
-    let decoded = match percent_decode(raw) {
-        Some(decoded) => decoded,
-        None => {
-            return refuse(
-                shared,
-                Rejection::InvalidKey(tower_idempotency_core::KeyError::InvalidCharacter {
-                    position: 0,
-                }),
-            );
-        }
-    };
-    let key = match IdempotencyKey::parse_header(&decoded) {
+    let key = match IdempotencyKey::parse_header(decoded.as_bytes()) {
         Ok(key) => key,
         Err(error) => return refuse(shared, Rejection::InvalidKey(error)),
     };
     match shared.store.get(&scope, &key).await {
         Ok(Some(operation)) => render(&operation),
-        Ok(None) => not_found(shared),
+        Ok(None) => refuse(shared, Rejection::OperationNotFound),
         Err(error) => {
             tracing::error!(error = %error, "status lookup failed");
             refuse(shared, Rejection::StoreUnavailable)
         }
     }
-}
-
-/// Decodes `%XX` escapes and `+` (a query value); `None` on a broken escape.
-fn percent_decode(raw: &str) -> Option<Vec<u8>> {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                let text = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(text, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
 }
 
 fn timestamp(at: Option<SystemTime>) -> Value {
@@ -194,18 +137,4 @@ fn render(operation: &Operation) -> Response {
         HeaderValue::from_static("application/json"),
     );
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::percent_decode;
-
-    #[test]
-    fn decodes_query_values() {
-        assert_eq!(percent_decode("a%2Fb").as_deref(), Some(&b"a/b"[..]));
-        assert_eq!(percent_decode("%22k%22").as_deref(), Some(&b"\"k\""[..]));
-        assert_eq!(percent_decode("a+b").as_deref(), Some(&b"a b"[..]));
-        assert_eq!(percent_decode("%zz"), None);
-        assert_eq!(percent_decode("%2"), None);
-    }
 }

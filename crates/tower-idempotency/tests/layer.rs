@@ -477,6 +477,22 @@ async fn scopes_are_independent_and_status_is_private() {
         .await
         .unwrap();
     assert_eq!(by_key.status(), StatusCode::OK);
+    let quoted = app
+        .clone()
+        .oneshot(get("a", "/operations?idempotency_key=%22k%22".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        quoted.status(),
+        StatusCode::OK,
+        "the sf-string spelling names the same key"
+    );
+    let no_key = app
+        .clone()
+        .oneshot(get("a", "/operations".into()))
+        .await
+        .unwrap();
+    assert_eq!(no_key.status(), StatusCode::BAD_REQUEST);
     let missing = app
         .oneshot(get("c", "/operations?idempotency_key=k".into()))
         .await
