@@ -2,8 +2,9 @@
 //!
 //! The handler runs with the lease renewed by a heartbeat; its response is buffered (up to
 //! the response limit) and stored, fenced by the lease. A handler that panics or fails
-//! leaves the operation `unknown`, never silently retried. Transactional routes take the
-//! path in [`transactional`](crate::transactional) instead.
+//! leaves the operation `unknown`, never silently retried. On a transactional route the
+//! same path runs inside the operation's transaction ([`transactional`]): the result is
+//! committed with the handler's writes, and failures roll back instead.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -17,7 +18,7 @@ use futures_util::future::{Either, select};
 use http::{HeaderValue, Request, Response, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{Lease, StoreError, StoredResponse};
+use tower_idempotency_core::{Lease, OperationTransaction, StoreError, StoredResponse};
 use tracing::Span;
 
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
@@ -27,6 +28,7 @@ use crate::headers;
 use crate::layer::{OPERATION_ID, Shared};
 use crate::policy::{RoutePolicy, ServerErrorPolicy};
 use crate::problem::Rejection;
+use crate::transactional;
 
 pub(crate) async fn execute<S, B, ResB>(
     shared: &Arc<Shared>,
@@ -45,24 +47,38 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
-    if policy.transactional {
-        return crate::transactional::execute(shared, policy, inner, parts, body, lease, takeover)
-            .await;
-    }
-    let decision = if takeover { "re-executed" } else { "executed" };
-    Span::current().record("decision", decision);
     let mut request = Request::from_parts(parts, RequestBody::buffered(body));
     // Handlers can key their own side effects by the operation (outbound idempotency keys).
     request.extensions_mut().insert(lease.operation_id);
+    let handle = if policy.transactional {
+        match transactional::begin(shared, &lease).await {
+            Ok(handle) => {
+                request.extensions_mut().insert(handle.clone());
+                Some(handle)
+            }
+            Err(rejection) => return Ok(refuse(shared, rejection)),
+        }
+    } else {
+        None
+    };
+    let decision = if takeover { "re-executed" } else { "executed" };
+    Span::current().record("decision", decision);
     let call = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
-    match with_heartbeat(call, shared, &lease, policy).await {
-        Ok(Ok(response)) => Ok(finish(shared, policy, &lease, response).await),
+    let outcome = with_heartbeat(call, shared, &lease, policy).await;
+    let sink = match handle {
+        None => Sink::Store,
+        // Waits for the handler to let go of the lock; later uses of its handle find nothing.
+        Some(handle) => Sink::Transaction(handle.take().await),
+    };
+    match outcome {
+        Ok(Ok(response)) => Ok(finish(shared, policy, &lease, sink, response).await),
         Ok(Err(error)) => {
-            abandon(shared, &lease, "the service returned an error").await;
+            sink.fail(shared, &lease, "the service returned an error")
+                .await;
             Err(error)
         }
         Err(_panic) => {
-            abandon(shared, &lease, "the handler panicked").await;
+            sink.fail(shared, &lease, "the handler panicked").await;
             Ok(refuse(
                 shared,
                 Rejection::HandlerFailed {
@@ -112,10 +128,91 @@ async fn abandon(shared: &Shared, lease: &Lease, why: &'static str) {
     }
 }
 
+/// Where a handler's result goes.
+enum Sink {
+    /// Into the store with [`Store::complete`](tower_idempotency_core::Store::complete):
+    /// the handler's effects are already done, so its answer is sent even if storing fails.
+    Store,
+    /// Committed together with the handler's writes; `None` when the transaction vanished
+    /// (a bug). Its answer is sent only once the commit succeeded.
+    Transaction(Option<Box<dyn OperationTransaction>>),
+}
+
+impl Sink {
+    /// Whether a `5xx` answer is discarded instead of stored: always for a transaction
+    /// (rolling back proves the attempt had no effect), by policy otherwise.
+    fn releases_server_errors(&self, policy: &RoutePolicy) -> bool {
+        matches!(self, Self::Transaction(_)) || policy.server_errors == ServerErrorPolicy::Release
+    }
+
+    /// Gives the key back so that a retry executes again.
+    async fn release(self, shared: &Shared, lease: &Lease, why: &'static str) {
+        match self {
+            Self::Store => transactional::release(shared, lease).await,
+            Self::Transaction(transaction) => {
+                transactional::roll_back(shared, lease, transaction, why).await;
+            }
+        }
+    }
+
+    /// The handler failed: its effect is unknown, unless a rollback undoes it.
+    async fn fail(self, shared: &Shared, lease: &Lease, why: &'static str) {
+        match self {
+            Self::Store => abandon(shared, lease, why).await,
+            Self::Transaction(transaction) => {
+                transactional::roll_back(shared, lease, transaction, why).await;
+            }
+        }
+    }
+
+    /// Records the result. `Err(Some(_))`: the handler's answer must not be sent;
+    /// `Err(None)`: it was not recorded, but it is the truth and is sent.
+    async fn complete(
+        self,
+        shared: &Shared,
+        lease: &Lease,
+        stored: StoredResponse,
+    ) -> Result<(), Option<Rejection>> {
+        match self {
+            Self::Store => {
+                let status = stored.status;
+                let started = Instant::now();
+                let completed = shared.store.complete(lease, stored).await;
+                let store_ms = started.elapsed().as_secs_f64() * 1000.0;
+                match completed {
+                    Ok(_) => {
+                        tracing::info!(status, store_ms, "operation completed");
+                        Ok(())
+                    }
+                    Err(error) => {
+                        log_completion_failure(&error);
+                        Err(None)
+                    }
+                }
+            }
+            Self::Transaction(Some(transaction)) => {
+                transactional::commit(shared, lease, transaction, stored)
+                    .await
+                    .map_err(Some)
+            }
+            Self::Transaction(None) => {
+                // Only the layer takes the transaction; nothing the handler wrote can be
+                // committed any more.
+                tracing::error!("the operation's transaction vanished before completion");
+                transactional::release(shared, lease).await;
+                Err(Some(Rejection::NotCommitted {
+                    operation_id: lease.operation_id,
+                }))
+            }
+        }
+    }
+}
+
 async fn finish<ResB>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
     lease: &Lease,
+    sink: Sink,
     response: Response<ResB>,
 ) -> Response<ResponseBody<ResB>>
 where
@@ -129,11 +226,10 @@ where
     let kept_headers = headers::select(&parts.headers, &shared.stored_headers);
     match buffer_response(body, shared.response_limit).await {
         Buffered::Complete(bytes) => {
-            if status.is_server_error() && policy.server_errors == ServerErrorPolicy::Release {
+            if status.is_server_error() && sink.releases_server_errors(policy) {
                 Span::current().record("decision", "released");
-                if let Err(error) = shared.store.release(lease).await {
-                    tracing::error!(error = %error, "could not release the reservation after a server error");
-                }
+                sink.release(shared, lease, "the handler answered 5xx")
+                    .await;
                 return Response::from_parts(parts, ResponseBody::full(bytes));
             }
             let stored = StoredResponse {
@@ -141,12 +237,8 @@ where
                 headers: kept_headers,
                 body: Some(bytes.clone()),
             };
-            let started = Instant::now();
-            let completed = shared.store.complete(lease, stored).await;
-            let store_ms = started.elapsed().as_secs_f64() * 1000.0;
-            match completed {
-                Ok(_) => {
-                    tracing::info!(status = status.as_u16(), store_ms, "operation completed");
+            match sink.complete(shared, lease, stored).await {
+                Ok(()) => {
                     let hook = DeliveryHook {
                         store: shared.store.clone(),
                         scope: lease.scope.clone(),
@@ -154,10 +246,8 @@ where
                     };
                     Response::from_parts(parts, ResponseBody::tracked(bytes, hook))
                 }
-                Err(error) => {
-                    log_completion_failure(&error);
-                    Response::from_parts(parts, ResponseBody::full(bytes))
-                }
+                Err(None) => Response::from_parts(parts, ResponseBody::full(bytes)),
+                Err(Some(rejection)) => refuse(shared, rejection),
             }
         }
         Buffered::TooLarge(prefix, rest) => {
@@ -170,13 +260,15 @@ where
                 headers: kept_headers,
                 body: None,
             };
-            if let Err(error) = shared.store.complete(lease, stored).await {
-                log_completion_failure(&error);
+            match sink.complete(shared, lease, stored).await {
+                Err(Some(rejection)) => refuse(shared, rejection),
+                Ok(()) | Err(None) => {
+                    Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
+                }
             }
-            Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
         }
         Buffered::Failed(error) => {
-            abandon(shared, lease, "the response body failed").await;
+            sink.fail(shared, lease, "the response body failed").await;
             Response::from_parts(parts, ResponseBody::failed(error))
         }
     }
