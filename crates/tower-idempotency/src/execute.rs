@@ -223,15 +223,17 @@ where
         parts.headers.insert(OPERATION_ID, id);
     }
     let status = parts.status;
+    // Decided from the status alone, before any buffering: a released 5xx is neither stored
+    // nor committed, however large its body.
+    if status.is_server_error() && sink.releases_server_errors(policy) {
+        Span::current().record("decision", "released");
+        sink.release(shared, lease, "the handler answered 5xx")
+            .await;
+        return Response::from_parts(parts, ResponseBody::inner(body));
+    }
     let kept_headers = headers::select(&parts.headers, &shared.stored_headers);
     match buffer_response(body, shared.response_limit).await {
         Buffered::Complete(bytes) => {
-            if status.is_server_error() && sink.releases_server_errors(policy) {
-                Span::current().record("decision", "released");
-                sink.release(shared, lease, "the handler answered 5xx")
-                    .await;
-                return Response::from_parts(parts, ResponseBody::full(bytes));
-            }
             let stored = StoredResponse {
                 status: status.as_u16(),
                 headers: kept_headers,

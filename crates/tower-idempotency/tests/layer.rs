@@ -660,3 +660,41 @@ fn logs_decisions_but_never_bodies_or_credentials() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_released_server_error_is_released_whatever_its_size() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let app = Router::new()
+        .route(
+            "/export",
+            post(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { (StatusCode::BAD_GATEWAY, "e".repeat(4096)) }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(MemoryStore::default())
+                .with_scope(|_| Some(Scope::global()))
+                .with_response_limit(1024)
+                .with_default_policy(
+                    RoutePolicy::required().with_server_errors(ServerErrorPolicy::Release),
+                ),
+        );
+    let req = || {
+        Request::post("/export")
+            .header("idempotency-key", "e")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = app.clone().oneshot(req()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(text(first).await.len(), 4096);
+    let retry = app.oneshot(req()).await.unwrap();
+    assert_eq!(
+        retry.status(),
+        StatusCode::BAD_GATEWAY,
+        "executed again, not refused"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
