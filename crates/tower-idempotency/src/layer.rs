@@ -24,6 +24,7 @@ pub const OPERATION_ID: HeaderName = HeaderName::from_static("operation-id");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Everything a service instance shares, behind one `Arc`.
+#[derive(Clone)]
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) scope: ScopeFn,
@@ -118,29 +119,8 @@ impl IdempotencyLayer {
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Shared)) -> Self {
-        // Builders run before the layer is shared; clone the config only if it already is.
-        match Arc::get_mut(&mut self.shared) {
-            Some(shared) => f(shared),
-            None => {
-                let s = &*self.shared;
-                let mut copy = Shared {
-                    store: s.store.clone(),
-                    scope: s.scope.clone(),
-                    default_policy: s.default_policy.clone(),
-                    routes: s.routes.clone(),
-                    body_limit: s.body_limit,
-                    response_limit: s.response_limit,
-                    header_name: s.header_name.clone(),
-                    fingerprinter: s.fingerprinter.clone(),
-                    stored_headers: s.stored_headers.clone(),
-                    guarded_methods: s.guarded_methods.clone(),
-                    problem_base: s.problem_base.clone(),
-                    status_path: s.status_path.clone(),
-                };
-                f(&mut copy);
-                self.shared = Arc::new(copy);
-            }
-        }
+        // Builders run before the layer is shared; the config is cloned only if it already is.
+        f(Arc::make_mut(&mut self.shared));
         self
     }
 
