@@ -493,7 +493,11 @@ impl Inner {
             return Err(lost);
         }
         let (value, delete) = act(entry, now, &self.clock);
-        entry.wake();
+        // Waiters care about an operation leaving `in_progress`; a heartbeat that keeps it
+        // there must not wake them all every third of a lease.
+        if delete || !entry.is_in_progress() {
+            entry.wake();
+        }
         if delete {
             records.remove(&record_key);
             self.ids_for(lease.operation_id)
