@@ -185,13 +185,15 @@ pub fn normalize_deploy(command: &mut Value) -> Result<(), Problem> {
     }
 }
 
-/// Parses a request body into a typed command: JSON (else `422 invalid-json`), then the
-/// route's normalizer, then the typed fields (else `422 invalid-command`).
+/// Parses a request body into a typed command: I-JSON with the layer's own parser (else
+/// `422 invalid-json`, so duplicate members or imprecise integers are refused with or without
+/// the layer), then the route's normalizer, then the typed fields (else
+/// `422 invalid-command`).
 pub fn parse_command<T: DeserializeOwned>(
     body: &[u8],
     normalize: fn(&mut Value) -> Result<(), Problem>,
 ) -> Result<T, Problem> {
-    let mut value: Value = serde_json::from_slice(body)
+    let mut value = tower_idempotency::canonical::parse_json(body)
         .map_err(|e| Problem::invalid_json(format!("the body is not valid JSON: {e}")))?;
     normalize(&mut value)?;
     serde_json::from_value(value).map_err(|e| Problem::invalid_command(e.to_string()))

@@ -183,15 +183,10 @@ const PURGE_BATCH: usize = 1000;
 /// The idempotency layer of the demo: every write route requires a key, with the
 /// configured lease and wait bound, and runs its command validation as the route's
 /// normalizer, so invalid commands are refused before anything is stored and the
-/// fingerprint describes the command with its defaults applied.
-pub fn idempotency_layer(config: &Config, store: impl Store) -> IdempotencyLayer {
-    layer(config, store, false)
-}
-
-/// [`idempotency_layer`], with tickets and payments on transactional routes
-/// ([`RoutePolicy::transactional`]: a `5xx` rolls back and releases, and an attempt whose
-/// lease ran out is executed again) when their handlers write in the operation's
-/// transaction.
+/// fingerprint describes the command with its defaults applied. Tickets and payments are
+/// transactional routes ([`RoutePolicy::transactional`]: a `5xx` rolls back and releases,
+/// and an attempt whose lease ran out is executed again) when their handlers write in the
+/// operation's transaction.
 fn layer(config: &Config, store: impl Store, transactional: bool) -> IdempotencyLayer {
     let tune = |policy: RoutePolicy| {
         policy

@@ -340,7 +340,7 @@ fn json_command<T: serde::de::DeserializeOwned>(
         ),
         status => Problem::new(
             status,
-            "unreadable-body",
+            "body-read-failed",
             "Request body could not be read",
             rejection.body_text(),
         ),

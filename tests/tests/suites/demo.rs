@@ -132,6 +132,12 @@ fn refusals() -> Vec<(&'static str, String, u16, &'static str)> {
         ),
         (
             "/v1/tickets",
+            r#"{"project":"p","title":"t","title":"u"}"#.to_owned(),
+            422,
+            "invalid-json",
+        ),
+        (
+            "/v1/tickets",
             ticket(json!({"project": "p", "title": "t", "priority": "asap"})),
             422,
             "invalid-command",
