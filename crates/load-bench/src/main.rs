@@ -261,7 +261,7 @@ fn postgres_suite() -> Suite {
     Suite {
         name: "postgres",
         // A payment is one INSERT checked by a unique constraint; a ticket would also
-        // enqueue an outbox notification (transactional mode) that a dispatcher delivers.
+        // enqueue an outbox notification that a dispatcher delivers.
         route: "payments",
         cases: vec![
             Case {

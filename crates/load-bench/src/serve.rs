@@ -1,10 +1,10 @@
 //! The servers the benchmark loads, each run as a child process of `load-bench` (the
 //! `serve` subcommand), so that wrk, the server and PostgreSQL are separate processes as in
 //! production. Every mode is the demo's router (`demo::app`), with the demo's
-//! authentication, body limit, validation and handlers; the benchmark drives its
-//! `POST /v1/payments` route:
+//! authentication, body limit, validation and handlers; the memory suite drives its
+//! `POST /v1/tickets` route and the PostgreSQL suite `POST /v1/payments`:
 //!
-//! | mode | the demo's flags | idempotency | the payment is written |
+//! | mode | the demo's flags | idempotency | the record is written |
 //! |---|---|---|---|
 //! | `memory-unguarded` | `--no-idempotency` | none | in memory |
 //! | `memory-guarded` | *(none)*, but a store of capacity 20 M | memory store | in memory |

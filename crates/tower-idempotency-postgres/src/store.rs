@@ -1,10 +1,11 @@
 //! [`PostgresStore`]: the [`Store`] over a `deadpool-postgres` pool.
 //!
-//! Every trait method is one statement (one round trip) on a pooled connection, bounded by
-//! the configured query timeout; connection and pool failures come back as
-//! [`StoreError::Unavailable`]. The pool verifies a connection before handing it out again,
-//! so after a PostgreSQL restart broken connections are dropped and new ones opened without
-//! any action from the application.
+//! Every trait method outside transactional routes is one statement (one round trip) on a
+//! pooled connection, bounded by the configured query timeout; connection and pool failures
+//! come back as [`StoreError::Unavailable`]. A pooled connection is reused unless its socket
+//! is known closed (a server restart closes them all), so after a restart new connections
+//! are opened without any action from the application; one that died silently fails one
+//! request with `503` and is then discarded.
 
 use std::fmt;
 use std::future::Future;

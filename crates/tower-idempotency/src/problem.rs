@@ -22,7 +22,7 @@ pub enum Rejection {
     /// The route requires a key and none was sent. `400 missing-idempotency-key`.
     #[error("this request requires an Idempotency-Key header")]
     MissingKey,
-    /// The key header is malformed or repeated. `400 invalid-idempotency-key`.
+    /// The key header is malformed. `400 invalid-idempotency-key`.
     #[error("the Idempotency-Key header is invalid: {0}")]
     InvalidKey(KeyError),
     /// The key header was sent more than once. `400 invalid-idempotency-key`.
