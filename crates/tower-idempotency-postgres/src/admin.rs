@@ -108,11 +108,10 @@ impl PostgresStore {
     /// Loads an operation by id in any scope (operator use only).
     pub async fn find_operation(&self, id: OperationId) -> Result<Option<Operation>> {
         let id = id.as_uuid();
-        self.query("find_operation", &self.inner.queries.find_by_id, &[&id])
-            .await?
-            .first()
-            .map(|r| row::operation(r).map(|r| r.operation))
-            .transpose()
+        let row = self
+            .read_one("find_operation", &self.inner.queries.find_by_id, &[&id])
+            .await?;
+        Ok(row.map(|r| r.operation))
     }
 
     /// Loads the recorded resolution of an operation, if an operator resolved it.

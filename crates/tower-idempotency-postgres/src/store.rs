@@ -10,7 +10,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -236,7 +236,7 @@ impl PostgresStore {
         .await
     }
 
-    async fn read_one(
+    pub(crate) async fn read_one(
         &self,
         what: &'static str,
         sql: &str,
@@ -489,7 +489,8 @@ impl Store for PostgresStore {
             if now >= deadline {
                 return Ok(Some(row.operation));
             }
-            let lease_left = lease_left(&row.operation, row.db_now);
+            // By the database clock, as every lease decision.
+            let lease_left = row.operation.lease_remaining(row.db_now);
             // Wake just after the lease ends so the lapse is observed, not before it.
             let sleep = pause
                 .min(deadline - now)
@@ -520,9 +521,4 @@ impl Store for PostgresStore {
         let transaction = PostgresTransaction::begin(self, lease).await?;
         Ok(Some(Box::new(transaction)))
     }
-}
-
-/// Time left on the lease of `operation` by the database clock `db_now`.
-fn lease_left(operation: &Operation, db_now: SystemTime) -> Duration {
-    operation.lease_remaining(db_now)
 }
