@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::FutureExt;
 use futures_util::future::{Either, select};
-use http::{HeaderValue, Request, Response, request::Parts};
+use http::{Request, Response, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::{Lease, OperationTransaction, StoreError, StoredResponse};
@@ -25,7 +25,7 @@ use crate::body::{DeliveryHook, RequestBody, ResponseBody};
 use crate::buffer::{Buffered, buffer_response};
 use crate::flow::{Answer, refuse};
 use crate::headers;
-use crate::layer::{OPERATION_ID, Shared};
+use crate::layer::{OPERATION_ID, Shared, operation_id_header};
 use crate::policy::{RoutePolicy, ServerErrorPolicy};
 use crate::problem::Rejection;
 use crate::transactional;
@@ -219,9 +219,9 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
     let (mut parts, body) = response.into_parts();
-    if let Ok(id) = HeaderValue::try_from(lease.operation_id.to_string()) {
-        parts.headers.insert(OPERATION_ID, id);
-    }
+    parts
+        .headers
+        .insert(OPERATION_ID, operation_id_header(lease.operation_id));
     let status = parts.status;
     // Decided from the status alone, before any buffering: a released 5xx is neither stored
     // nor committed, however large its body.

@@ -21,7 +21,7 @@ use tracing::{Instrument, Span, field};
 
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
-use crate::layer::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared};
+use crate::layer::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy};
 use crate::problem::Rejection;
 use crate::request_fingerprint::fingerprint;
@@ -88,9 +88,7 @@ pub(crate) fn refuse<ResB: Body>(
         status = rejection.status().as_u16(),
         "idempotency refusal"
     );
-    rejection
-        .to_response(&shared.problem_base, &shared.status_path)
-        .map(ResponseBody::full)
+    shared.problem(&rejection).map(ResponseBody::full)
 }
 
 async fn guarded<S, B, ResB>(
@@ -349,9 +347,7 @@ fn replay<ResB: Body>(
             headers.append(name, value);
         }
     }
-    if let Ok(id) = HeaderValue::try_from(operation.id.to_string()) {
-        headers.insert(OPERATION_ID, id);
-    }
+    headers.insert(OPERATION_ID, operation_id_header(operation.id));
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
 }

@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use http::{HeaderName, Method, request::Parts};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, request::Parts};
 use tower::Layer;
-use tower_idempotency_core::{Fingerprinter, Scope, Store};
+use tower_idempotency_core::{Fingerprinter, OperationId, Scope, Store};
 
 use crate::headers::{DEFAULT_STORED_HEADERS, NEVER_STORED};
 use crate::policy::{ConfigError, RoutePolicy, header_names};
-use crate::problem::DEFAULT_PROBLEM_BASE;
+use crate::problem::{DEFAULT_PROBLEM_BASE, Rejection};
 use crate::service::IdempotencyService;
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
@@ -50,6 +51,22 @@ impl Shared {
 
     pub(crate) fn guards(&self, method: &Method) -> bool {
         self.guarded_methods.contains(method)
+    }
+
+    /// The problem response for `rejection`, with this layer's type base and status path.
+    pub(crate) fn problem(&self, rejection: &Rejection) -> http::Response<Bytes> {
+        rejection.to_response(&self.problem_base, &self.status_path)
+    }
+}
+
+/// The `Operation-Id` header value, encoded without an intermediate `String`.
+pub(crate) fn operation_id_header(id: OperationId) -> HeaderValue {
+    let mut buffer = [0u8; 36];
+    let text = id.as_uuid().hyphenated().encode_lower(&mut buffer);
+    match HeaderValue::from_str(text) {
+        Ok(value) => value,
+        // A hyphenated UUID is 36 visible ASCII characters.
+        Err(_) => unreachable!("a UUID is a valid header value"),
     }
 }
 

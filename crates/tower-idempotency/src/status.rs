@@ -56,9 +56,7 @@ impl IdempotencyLayer {
 }
 
 fn refuse(shared: &Shared, rejection: Rejection) -> Response {
-    rejection
-        .to_response(&shared.problem_base, &shared.status_path)
-        .map(axum::body::Body::from)
+    shared.problem(&rejection).map(axum::body::Body::from)
 }
 
 async fn by_id(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
