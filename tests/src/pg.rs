@@ -3,7 +3,7 @@
 //! parallel without seeing each other's rows.
 //!
 //! Without `DATABASE_URL`, the first call starts one cluster per test process: `initdb` into
-//! a temporary directory (trust auth, `fsync=off`), then `pg_ctl start` on a free loopback
+//! a temporary directory (trust auth, `fsync=off` — see [`ClusterOptions`]), then `pg_ctl start` on a free loopback
 //! port with the socket in that directory. The binaries are found via `PG_BINDIR`,
 //! `pg_config --bindir`, `PATH`, or Debian's `/usr/lib/postgresql/<version>/bin`. As root,
 //! the server runs under the `postgres` system account (PostgreSQL refuses to run as root).
@@ -12,8 +12,10 @@
 //! directory. When no PostgreSQL can be found or started the call **panics** with
 //! installation advice: PostgreSQL tests fail, they never skip.
 //!
-//! The file is also compiled into `tower-idempotency-postgres`'s own tests via `#[path]`,
-//! so it depends on nothing but `tokio`, `tokio-postgres` and `uuid`.
+//! The file is also compiled via `#[path]` into `tower-idempotency-postgres`'s and the
+//! demo's tests and into the load benchmark (which starts a durable cluster with
+//! [`TestCluster::launch_with`]), so it depends on nothing but `tokio`, `tokio-postgres` and
+//! `uuid`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -28,8 +30,40 @@ const INSTALL_HINT: &str = "PostgreSQL tests need a PostgreSQL server. Either in
 
 /// Server settings for tests: durability off (a crashed test cluster is thrown away), room
 /// for many pools.
-const SERVER_OPTIONS: &str = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+const TEST_SERVER_OPTIONS: &str = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off \
      -c max_connections=300 -c shared_buffers=32MB";
+
+/// How a throwaway cluster runs. The port, the socket directory and the loopback-only
+/// listen address are always set by the harness; these are the settings on top.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterOptions {
+    /// Extra server settings as `postgres` command-line options (`-c name=value …`).
+    pub server_options: String,
+}
+
+impl ClusterOptions {
+    /// For tests (the default): durability off, since a crashed test cluster is thrown away,
+    /// and room for many pools.
+    pub fn for_tests() -> Self {
+        Self {
+            server_options: TEST_SERVER_OPTIONS.to_owned(),
+        }
+    }
+
+    /// For benchmarks: PostgreSQL's durable defaults (`fsync`, `synchronous_commit`,
+    /// `full_page_writes` on), because commits are part of what is measured.
+    pub fn durable() -> Self {
+        Self {
+            server_options: "-c max_connections=300".to_owned(),
+        }
+    }
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self::for_tests()
+    }
+}
 
 /// The guard: starts the cluster, reports `ready` or `failed`, then waits for its stdin to
 /// close and tears everything down.
@@ -132,10 +166,15 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// Starts a new cluster of its own (for tests that stop and restart the server). Blocks
-    /// for the second or two `initdb` takes. Panics with installation advice when PostgreSQL
-    /// cannot be found or started.
+    /// Starts a new cluster of its own (for tests that stop and restart the server) with the
+    /// test settings. Blocks for the second or two `initdb` takes. Panics with installation
+    /// advice when PostgreSQL cannot be found or started.
     pub fn launch() -> Self {
+        Self::launch_with(ClusterOptions::default())
+    }
+
+    /// [`launch`](Self::launch) with other server settings.
+    pub fn launch_with(options: ClusterOptions) -> Self {
         let bindir = find_bindir()
             .unwrap_or_else(|| panic!("no PostgreSQL server binaries found. {INSTALL_HINT}"));
         let run_as = if running_as_root() {
@@ -146,7 +185,7 @@ impl TestCluster {
         let mut last_failure = String::new();
         // A port picked as free may be taken before the server binds it; try a few.
         for _ in 0..3 {
-            match Self::try_launch(&bindir, run_as.as_deref()) {
+            match Self::try_launch(&bindir, run_as.as_deref(), &options) {
                 Ok(cluster) => return cluster,
                 Err(failure) => last_failure = failure,
             }
@@ -154,7 +193,11 @@ impl TestCluster {
         panic!("could not start a throwaway PostgreSQL cluster: {last_failure}\n{INSTALL_HINT}");
     }
 
-    fn try_launch(bindir: &Path, run_as: Option<&str>) -> Result<Self, String> {
+    fn try_launch(
+        bindir: &Path,
+        run_as: Option<&str>,
+        settings: &ClusterOptions,
+    ) -> Result<Self, String> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         // The server account must be able to reach the directory, and a Unix socket path
         // must stay under ~100 bytes: a long or private TMPDIR fails either way.
@@ -181,8 +224,9 @@ impl TestCluster {
         }
         let port = free_port().map_err(|err| format!("no free port: {err}"))?;
         let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 {SERVER_OPTIONS}",
-            dir.display()
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 {}",
+            dir.display(),
+            settings.server_options
         );
         let mut child = as_user(run_as, "sh")
             .arg("-c")

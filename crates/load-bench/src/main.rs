@@ -14,7 +14,10 @@
 //! - `serve MODE --listen ADDR [--database-url URL]` — one server (used by `run`);
 //! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record.
 
-mod cluster;
+// The test harness's throwaway cluster, started here with durable settings.
+#[allow(dead_code)]
+#[path = "../../../tests/src/pg.rs"]
+mod pg;
 mod record_size;
 mod serve;
 mod wrk;
@@ -380,15 +383,30 @@ fn run_command(args: &[String]) -> Result<(), String> {
                 print_record_sizes()?;
             }
             _ => {
-                let cluster = cluster::Cluster::start(settings.durable)?;
-                cluster.create_database("bench")?;
+                let options = if settings.durable {
+                    pg::ClusterOptions::durable()
+                } else {
+                    pg::ClusterOptions {
+                        server_options: "-c fsync=off -c synchronous_commit=off \
+                             -c full_page_writes=off -c max_connections=300"
+                            .to_owned(),
+                    }
+                };
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let cluster = pg::TestCluster::launch_with(options);
+                let database = runtime.block_on(cluster.create_database());
+                let version = runtime
+                    .block_on(query(database.url(), "SHOW server_version"))
+                    .unwrap_or_default();
                 println!(
-                    "\nPostgreSQL {} (throwaway cluster, fsync {}), database pool of 16 per server\n",
-                    cluster.version(),
+                    "\nPostgreSQL {version} (throwaway cluster, fsync {}), database pool of 16 per server\n",
                     if settings.durable { "on" } else { "off" }
                 );
-                run_suite(suite, &settings, &script, &work, Some(&cluster))?;
-                print_row_sizes(&cluster)?;
+                run_suite(suite, &settings, &script, &work, Some(database.url()))?;
+                print_row_sizes(&runtime, database.url())?;
             }
         }
     }
@@ -422,13 +440,12 @@ fn run_suite(
     settings: &Settings,
     script: &std::path::Path,
     work: &std::path::Path,
-    cluster: Option<&cluster::Cluster>,
+    url: Option<&str>,
 ) -> Result<(), String> {
-    let url = cluster.map(|c| c.url("bench"));
     let mut servers: Vec<(&str, Server)> = Vec::new();
     for case in &suite.cases {
         if !servers.iter().any(|(mode, _)| *mode == case.mode) {
-            let server = Server::start(case.mode, url.as_deref(), &settings.log_level, work)?;
+            let server = Server::start(case.mode, url, &settings.log_level, work)?;
             servers.push((case.mode, server));
         }
     }
@@ -560,17 +577,44 @@ fn print_record_sizes() -> Result<(), String> {
     Ok(())
 }
 
-fn print_row_sizes(cluster: &cluster::Cluster) -> Result<(), String> {
-    // Replays rewrite their row (the replay counter): compact first, so the sizes are of
-    // live rows rather than of dead versions.
-    cluster.query("bench", "VACUUM (FULL, ANALYZE) idempotency_operations")?;
-    let stats = cluster.query(
-        "bench",
+/// Runs `sql` (simple protocol) on the database at `url` and returns the first row's
+/// columns joined by `|`, as `psql -At` would print them.
+async fn query(url: &str, sql: &str) -> Result<String, String> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("cannot connect to the benchmark database: {e}"))?;
+    let connection = tokio::spawn(connection);
+    let messages = client
+        .simple_query(sql)
+        .await
+        .map_err(|e| format!("{sql}: {e}"));
+    drop(client);
+    let _ = connection.await;
+    let row = messages?.into_iter().find_map(|message| match message {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    });
+    Ok(row
+        .map(|row| {
+            (0..row.len())
+                .map(|i| row.get(i).unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .unwrap_or_default())
+}
+
+fn print_row_sizes(runtime: &tokio::runtime::Runtime, url: &str) -> Result<(), String> {
+    // Compact first, so the sizes are of live rows rather than of dead versions left by
+    // completions and delivery marks.
+    runtime.block_on(query(url, "VACUUM (FULL, ANALYZE) idempotency_operations"))?;
+    let stats = runtime.block_on(query(
+        url,
         "SELECT count(*), pg_total_relation_size('idempotency_operations'), \
              pg_relation_size('idempotency_operations'), pg_indexes_size('idempotency_operations'), \
              round(avg(pg_column_size(o.*))), round(avg(octet_length(o.response_body))) \
          FROM idempotency_operations o WHERE o.state = 'completed'",
-    )?;
+    ))?;
     let fields: Vec<f64> = stats
         .split('|')
         .map(|v| v.trim().parse().unwrap_or(f64::NAN))
