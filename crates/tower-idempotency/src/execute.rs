@@ -28,6 +28,7 @@ use crate::headers;
 use crate::layer::{OPERATION_ID, Shared, operation_id_header};
 use crate::policy::{RoutePolicy, ServerErrorPolicy};
 use crate::problem::Rejection;
+use crate::storage::{self, Binding, SEALED_WITH};
 use crate::transactional;
 
 pub(crate) async fn execute<S, B, ResB>(
@@ -231,13 +232,34 @@ where
             .await;
         return Response::from_parts(parts, ResponseBody::inner(body));
     }
-    let kept_headers = headers::select(&parts.headers, &shared.stored_headers);
+    let mut kept_headers = storage::kept_headers(
+        &policy.response_storage,
+        headers::select(&parts.headers, &shared.stored_headers),
+    );
     match buffer_response(body, shared.response_limit).await {
         Buffered::Complete(bytes) => {
+            let kept = storage::kept_body(&policy.response_storage, bytes.clone());
+            let kept = match (&shared.encryption, kept) {
+                (Some(keys), Some(plain)) => {
+                    let binding = Binding {
+                        scope: &lease.scope,
+                        operation_id: lease.operation_id,
+                        status: status.as_u16(),
+                    };
+                    keys.seal(&binding, &plain).map(|(sealed, key_id)| {
+                        kept_headers.push((
+                            SEALED_WITH.as_str().to_owned(),
+                            Bytes::copy_from_slice(key_id.as_bytes()),
+                        ));
+                        sealed
+                    })
+                }
+                (_, kept) => kept,
+            };
             let stored = StoredResponse {
                 status: status.as_u16(),
                 headers: kept_headers,
-                body: Some(bytes.clone()),
+                body: kept,
             };
             match sink.complete(shared, lease, stored).await {
                 Ok(()) => {

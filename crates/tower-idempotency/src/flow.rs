@@ -25,6 +25,7 @@ use crate::layer::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_heade
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy};
 use crate::problem::Rejection;
 use crate::request_fingerprint::fingerprint;
+use crate::storage::{Binding, SEALED_WITH};
 
 pub(crate) type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
 
@@ -136,9 +137,15 @@ where
     };
     Span::current().record("scope", scope.as_str());
 
-    let body = match read_body(body, &parts, shared.body_limit).await {
-        Ok(body) => body,
-        Err(rejection) => return Ok(refuse(&shared, rejection)),
+    let read = read_body(body, &parts, shared.body_limit);
+    let body = match tokio::time::timeout(shared.body_read_timeout, read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(rejection)) => return Ok(refuse(&shared, rejection)),
+        Err(_elapsed) => {
+            let timeout = shared.body_read_timeout;
+            let seconds = timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0);
+            return Ok(refuse(&shared, Rejection::BodyReadTimeout { seconds }));
+        }
     };
 
     let fingerprint = match fingerprint(
@@ -318,14 +325,41 @@ fn replay<ResB: Body>(
             },
         );
     };
+    let not_replayable = Rejection::ResponseNotReplayable {
+        operation_id: operation.id,
+        status: Some(stored.status),
+    };
     let Some(body) = stored.body else {
-        return refuse(
-            shared,
-            Rejection::ResponseNotReplayable {
+        return refuse(shared, not_replayable);
+    };
+    let sealed_with = stored
+        .headers
+        .iter()
+        .find(|(name, _)| name == SEALED_WITH.as_str())
+        .map(|(_, key_id)| key_id.clone());
+    let body = match sealed_with {
+        None => body,
+        Some(key_id) => {
+            let binding = Binding {
+                scope: &operation.scope,
                 operation_id: operation.id,
-                status: Some(stored.status),
-            },
-        );
+                status: stored.status,
+            };
+            let opened = shared
+                .encryption
+                .as_ref()
+                .and_then(|keys| keys.open(&key_id, &binding, &body));
+            match opened {
+                Some(body) => body,
+                None => {
+                    tracing::error!(
+                        key_id = %String::from_utf8_lossy(&key_id),
+                        "a stored response does not open: its key is not configured, or the record was altered"
+                    );
+                    return refuse(shared, not_replayable);
+                }
+            }
+        }
     };
     let decision = if waited { "waited" } else { "replayed" };
     Span::current().record("decision", decision);
@@ -340,6 +374,9 @@ fn replay<ResB: Body>(
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
     for (name, value) in stored.headers {
+        if name == SEALED_WITH.as_str() {
+            continue;
+        }
         if let (Ok(name), Ok(value)) = (
             HeaderName::try_from(name),
             HeaderValue::from_maybe_shared(value),

@@ -36,6 +36,7 @@ pub(crate) const NEVER_STORED: &[&str] = &[
     "content-length",
     "operation-id",
     "idempotent-replayed",
+    "idempotency-sealed-with",
 ];
 
 /// The allowed headers of a response, in allow-list order (values of one name in their

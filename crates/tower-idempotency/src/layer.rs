@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, request::Parts};
@@ -14,6 +15,10 @@ use crate::headers::{DEFAULT_STORED_HEADERS, NEVER_STORED};
 use crate::policy::{ConfigError, RoutePolicy, header_names};
 use crate::problem::{DEFAULT_PROBLEM_BASE, Rejection};
 use crate::service::IdempotencyService;
+use crate::storage::ResponseEncryption;
+
+/// Default bound on reading a guarded request's body.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
 
@@ -39,6 +44,8 @@ pub(crate) struct Shared {
     pub(crate) guarded_methods: Vec<Method>,
     pub(crate) problem_base: String,
     pub(crate) status_path: String,
+    pub(crate) encryption: Option<ResponseEncryption>,
+    pub(crate) body_read_timeout: Duration,
 }
 
 impl Shared {
@@ -99,6 +106,8 @@ impl fmt::Debug for IdempotencyLayer {
             .field("body_limit", &self.shared.body_limit)
             .field("response_limit", &self.shared.response_limit)
             .field("header_name", &self.shared.header_name)
+            .field("body_read_timeout", &self.shared.body_read_timeout)
+            .field("encryption", &self.shared.encryption)
             .finish_non_exhaustive()
     }
 }
@@ -131,6 +140,8 @@ impl IdempotencyLayer {
                 guarded_methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
                 problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
                 status_path: "/operations".to_owned(),
+                encryption: None,
+                body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             }),
         }
     }
@@ -173,6 +184,22 @@ impl IdempotencyLayer {
     /// are refused with `413 body-too-large` before anything is stored.
     pub fn with_body_limit(self, bytes: usize) -> Self {
         self.edit(|s| s.body_limit = bytes)
+    }
+
+    /// Longest a guarded request's body may take to arrive (default 30 s,
+    /// [`DEFAULT_BODY_READ_TIMEOUT`]). A body that arrives slower, or never finishes, is
+    /// refused with `408 body-read-timeout` before anything is stored, so a slow client
+    /// cannot hold a connection and a buffer open indefinitely.
+    pub fn with_body_read_timeout(self, timeout: Duration) -> Self {
+        self.edit(|s| s.body_read_timeout = timeout)
+    }
+
+    /// Seals every stored response body with `keys` (XChaCha20-Poly1305), so that a
+    /// reader of the store's tables or backups cannot read them. Status and the allowed
+    /// headers stay readable (the status route shows them). See [`ResponseEncryption`]
+    /// for rotation.
+    pub fn with_response_encryption(self, keys: ResponseEncryption) -> Self {
+        self.edit(|s| s.encryption = Some(keys))
     }
 
     /// Largest response body stored for replay (default 1 MiB). A larger response is

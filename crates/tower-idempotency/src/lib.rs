@@ -65,6 +65,8 @@
 //! - [`IdempotencyLayer`] / [`IdempotencyService`]: the middleware and its builder.
 //! - [`policy`]: per-route [`RoutePolicy`].
 //! - [`problem`]: the refusals and their problem responses.
+//! - [`storage`]: what is kept of responses at rest (redaction, status only) and
+//!   their encryption.
 //! - [`body`]: the request and response body types the middleware uses.
 //! - the core types, re-exported from `tower-idempotency-core`: [`Store`],
 //!   [`MemoryStore`], [`Operation`], [`IdempotencyKey`], [`Scope`],
@@ -85,11 +87,15 @@ pub mod policy;
 pub mod problem;
 mod request_fingerprint;
 mod service;
+pub mod storage;
 #[cfg(feature = "axum")]
 mod status;
 mod transactional;
 
-pub use layer::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer, OPERATION_ID};
+pub use layer::{
+    DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer,
+    OPERATION_ID,
+};
 pub use policy::{
     CommandRejection, ConfigError, KeyRequirement, RoutePolicy, ServerErrorPolicy,
     StoreFailurePolicy, UnknownOutcomePolicy,

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use crate::storage::ResponseStorage;
+
 /// Whether a guarded route demands an `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -97,6 +99,13 @@ pub enum ConfigError {
     /// A header that must never be stored and replayed (`Set-Cookie`, hop-by-hop headers).
     #[error("header `{0}` must not be stored for replay")]
     ForbiddenStoredHeader(String),
+    /// A redaction pointer that is not an RFC 6901 JSON pointer to a member.
+    #[error("`{0}` is not a JSON pointer to a member (RFC 6901: `/a/b`, escapes `~0` `~1`)")]
+    InvalidJsonPointer(String),
+    /// An encryption key name that is empty, too long, has characters other than
+    /// `A–Z a–z 0–9 . _ -`, or is listed twice.
+    #[error("`{0}` is not a usable encryption key id (1–64 of A–Z a–z 0–9 . _ -, each once)")]
+    InvalidKeyId(String),
     /// A string that is not a valid header name.
     #[error("`{0}` is not a valid header name")]
     InvalidHeaderName(String),
@@ -132,6 +141,7 @@ pub struct RoutePolicy {
     pub(crate) transactional: bool,
     pub(crate) fingerprint_headers: Arc<[HeaderName]>,
     pub(crate) normalizer: Option<Normalizer>,
+    pub(crate) response_storage: ResponseStorage,
 }
 
 impl fmt::Debug for RoutePolicy {
@@ -149,6 +159,7 @@ impl fmt::Debug for RoutePolicy {
             .field("transactional", &self.transactional)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
+            .field("response_storage", &self.response_storage)
             .finish()
     }
 }
@@ -195,6 +206,7 @@ impl RoutePolicy {
             transactional: false,
             fingerprint_headers: Arc::from(Vec::new()),
             normalizer: None,
+            response_storage: ResponseStorage::Full,
         }
     }
 
@@ -346,6 +358,18 @@ impl RoutePolicy {
     {
         self.normalizer = Some(Arc::new(normalizer));
         self
+    }
+
+    /// What is kept of this route's responses for replay (default: everything). See
+    /// [`ResponseStorage`] for what each mode does to replays.
+    pub fn with_response_storage(mut self, storage: ResponseStorage) -> Self {
+        self.response_storage = storage;
+        self
+    }
+
+    /// What is kept of this route's responses for replay.
+    pub fn response_storage(&self) -> &ResponseStorage {
+        &self.response_storage
     }
 
     /// Whether a key is required.

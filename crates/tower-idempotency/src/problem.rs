@@ -41,6 +41,13 @@ pub enum Rejection {
     /// The request body could not be read (the client went away). `400 body-read-failed`.
     #[error("the request body could not be read")]
     BodyReadFailed,
+    /// The request body did not arrive within the body read timeout.
+    /// `408 body-read-timeout`.
+    #[error("the request body did not arrive within {seconds} s")]
+    BodyReadTimeout {
+        /// The configured timeout, in whole seconds (rounded up).
+        seconds: u64,
+    },
     /// The JSON body is not valid I-JSON. `422 invalid-json`.
     #[error("the request body is not valid JSON: {0}")]
     InvalidJson(CanonicalizeError),
@@ -129,6 +136,7 @@ impl Rejection {
                 StatusCode::BAD_REQUEST
             }
             Self::MissingScope => StatusCode::UNAUTHORIZED,
+            Self::BodyReadTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::OperationNotFound => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -155,6 +163,7 @@ impl Rejection {
             Self::BodyTooLarge { .. } => "body-too-large",
             Self::UnsupportedMediaType => "unsupported-media-type",
             Self::BodyReadFailed => "body-read-failed",
+            Self::BodyReadTimeout { .. } => "body-read-timeout",
             Self::InvalidJson(_) => "invalid-json",
             Self::InvalidCommand(_) => "invalid-command",
             Self::FingerprintMismatch { .. } => "fingerprint-mismatch",
@@ -179,6 +188,7 @@ impl Rejection {
             Self::BodyTooLarge { .. } => "Request body too large",
             Self::UnsupportedMediaType => "Unsupported media type",
             Self::BodyReadFailed => "Request body unreadable",
+            Self::BodyReadTimeout { .. } => "Request body too slow",
             Self::InvalidJson(_) => "Invalid JSON",
             Self::InvalidCommand(_) => "Invalid command",
             Self::FingerprintMismatch { .. } => "Idempotency-Key reused with a different request",
