@@ -25,33 +25,23 @@ fn is_unavailable_code(code: &str) -> bool {
         )
 }
 
-/// Display prefixes of `tokio_postgres` errors that come from the program, not the network.
-const CLIENT_BUGS: &[&str] = &[
-    "error serializing",
-    "error deserializing",
-    "invalid column",
-    "expected ",
-    "query returned an unexpected number of",
-    "invalid connection string",
-    "invalid configuration",
-];
-
-/// Whether a `tokio_postgres` error means the database is unreachable rather than that a
-/// statement failed.
+/// Whether a `tokio_postgres` error from running a statement (or connecting) means the
+/// database is unreachable rather than that the statement failed.
+///
+/// Row decoding never comes here (see [`decode`]): the store's parameters have fixed types,
+/// so a statement error without an SQLSTATE is the client losing the server — I/O on the
+/// socket, a failed connect, a protocol error on a broken stream, a closed connection —
+/// unless it carries a conversion error as its source (a parameter that failed to encode).
 pub(crate) fn is_unavailable(error: &tokio_postgres::Error) -> bool {
     if error.is_closed() {
         return true;
     }
     match error.code() {
         Some(code) => is_unavailable_code(code.code()),
-        // No SQLSTATE: the error came from the client side. Conversion and usage errors
-        // (a column or parameter mismatch) are bugs; everything else — I/O on the socket, a
-        // failed connect, a protocol error on a broken stream, "connection closed" — means
-        // the server cannot be talked to.
-        None => {
-            let text = error.to_string();
-            !CLIENT_BUGS.iter().any(|prefix| text.starts_with(prefix))
-        }
+        None => match std::error::Error::source(error) {
+            None => true,
+            Some(source) => source.is::<std::io::Error>(),
+        },
     }
 }
 
@@ -78,6 +68,12 @@ pub(crate) fn from_pool(error: deadpool_postgres::PoolError) -> StoreError {
 pub(crate) fn timed_out(what: &'static str) -> StoreError {
     let error: BoxError = format!("{what} did not finish within the store's query timeout").into();
     StoreError::Unavailable(error)
+}
+
+/// A column that could not be read from a row the server did send: the row is not what
+/// the store's schema produces (a migration missing or edited), never an outage.
+pub(crate) fn decode(error: tokio_postgres::Error) -> StoreError {
+    StoreError::Backend(Box::new(error))
 }
 
 /// A row that the store's own schema should never produce.

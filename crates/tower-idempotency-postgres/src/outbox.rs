@@ -22,6 +22,7 @@ use tower_idempotency_core::{OperationId, StoreError};
 use uuid::Uuid;
 
 use crate::error::from_pg;
+use crate::row;
 use crate::store::{PostgresStore, micros};
 
 /// One side effect as the delivery function receives it.
@@ -284,7 +285,7 @@ impl OutboxDispatcher {
         let Some(row) = rows.first() else {
             return Ok(Recorded::LostClaim);
         };
-        let state: String = row.try_get("state").map_err(from_pg)?;
+        let state: String = row::get(row, "state")?;
         if state == "failed" {
             tracing::error!(%effect_id, attempt, error = %message, "outbox effect failed for good");
             Ok(Recorded::Failed)
@@ -337,13 +338,13 @@ enum Recorded {
 }
 
 fn effect(row: &tokio_postgres::Row) -> Result<Effect> {
-    let payload: String = row.try_get("payload").map_err(from_pg)?;
-    let attempts: i32 = row.try_get("attempts").map_err(from_pg)?;
+    let payload: String = row::get(row, "payload")?;
+    let attempts: i32 = row::get(row, "attempts")?;
     Ok(Effect {
-        effect_id: row.try_get("effect_id").map_err(from_pg)?,
-        operation_id: OperationId::from_uuid(row.try_get("operation_id").map_err(from_pg)?),
-        scope: row.try_get("scope").map_err(from_pg)?,
-        name: row.try_get("name").map_err(from_pg)?,
+        effect_id: row::get(row, "effect_id")?,
+        operation_id: OperationId::from_uuid(row::get(row, "operation_id")?),
+        scope: row::get(row, "scope")?,
+        name: row::get(row, "name")?,
         payload: serde_json::from_str(&payload)
             .map_err(|error| StoreError::Backend(Box::new(error)))?,
         attempt: u32::try_from(attempts).unwrap_or(0),

@@ -14,7 +14,7 @@ use tower_idempotency_core::{
 use uuid::Uuid;
 
 use crate::admin::{Resolution, ResolutionRecord};
-use crate::error::{corrupt, from_pg};
+use crate::error::{corrupt, decode};
 
 /// A decoded operation row with the database clock it was read at.
 #[derive(Debug, Clone)]
@@ -24,11 +24,12 @@ pub(crate) struct OperationRow {
     pub(crate) db_now: SystemTime,
 }
 
-fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+/// One column of `row`; a failure is a [`StoreError::Backend`], never an outage.
+pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a Row,
     column: &str,
 ) -> Result<T, StoreError> {
-    row.try_get(column).map_err(from_pg)
+    row.try_get(column).map_err(decode)
 }
 
 pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
