@@ -20,12 +20,17 @@ const COLUMNS: &str = "operation_id, scope, idempotency_key, fingerprint, method
 const EXPIRED: &str =
     "(o.expires_at <= now() AND (o.state <> 'in_progress' OR o.lease_expires_at <= now()))";
 
-/// The row is `in_progress` but its lease ran out: its outcome is unknown.
-const LAPSED: &str = "(o.state = 'in_progress' AND o.lease_expires_at <= now())";
+/// The row is `in_progress` but its lease ran out: its outcome is unknown. A macro so that
+/// [`UNKNOWN`] is built from the same text at compile time.
+macro_rules! lapsed {
+    () => {
+        "(o.state = 'in_progress' AND o.lease_expires_at <= now())"
+    };
+}
+const LAPSED: &str = lapsed!();
 
 /// The row is unknown: marked so, or its lease lapsed.
-const UNKNOWN: &str =
-    "(o.state = 'unknown' OR (o.state = 'in_progress' AND o.lease_expires_at <= now()))";
+const UNKNOWN: &str = concat!("(o.state = 'unknown' OR ", lapsed!(), ")");
 
 /// A microsecond count parameter as an interval.
 fn micros(param: &str) -> String {
