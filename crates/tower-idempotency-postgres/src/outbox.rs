@@ -21,9 +21,8 @@ use tower_idempotency_core::store::{BoxError, Result};
 use tower_idempotency_core::{OperationId, StoreError};
 use uuid::Uuid;
 
-use crate::error::from_pg;
 use crate::row;
-use crate::store::{PostgresStore, micros};
+use crate::store::{PostgresStore, execute_on, micros};
 
 /// One side effect as the delivery function receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -375,11 +374,7 @@ pub(crate) async fn enqueue(
     let effect_id = operation_id.derived_key(name);
     let operation = operation_id.as_uuid();
     let payload = payload.to_string();
-    let statement = client
-        .prepare_cached(&store.inner.queries.outbox_enqueue)
-        .await
-        .map_err(from_pg)?;
     let params: [&(dyn ToSql + Sync); 5] = [&effect_id, &operation, &scope, &name, &payload];
-    client.execute(&statement, &params).await.map_err(from_pg)?;
+    execute_on(client, &store.inner.queries.outbox_enqueue, &params).await?;
     Ok(effect_id)
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 use tower_idempotency_core::store::Result;
@@ -206,7 +206,7 @@ impl PostgresStore {
         }
     }
 
-    /// One prepared statement returning rows.
+    /// One prepared statement returning rows, on a pooled connection.
     pub(crate) async fn query(
         &self,
         what: &'static str,
@@ -214,14 +214,13 @@ impl PostgresStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>> {
         self.bounded(what, async {
-            let client = self.client().await?;
-            let statement = client.prepare_cached(sql).await.map_err(from_pg)?;
-            client.query(&statement, params).await.map_err(from_pg)
+            query_on(&*self.client().await?, sql, params).await
         })
         .await
     }
 
-    /// One prepared statement returning the number of rows it touched.
+    /// One prepared statement returning the number of rows it touched, on a pooled
+    /// connection.
     pub(crate) async fn execute(
         &self,
         what: &'static str,
@@ -229,9 +228,7 @@ impl PostgresStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64> {
         self.bounded(what, async {
-            let client = self.client().await?;
-            let statement = client.prepare_cached(sql).await.map_err(from_pg)?;
-            client.execute(&statement, params).await.map_err(from_pg)
+            execute_on(&*self.client().await?, sql, params).await
         })
         .await
     }
@@ -288,6 +285,29 @@ impl PostgresStore {
             _ => Ok(()),
         }
     }
+}
+
+/// Runs `sql` on `client` as a statement prepared once per connection (the prepare is a
+/// round trip of its own the first time only) and returns its rows. Every statement of the
+/// store, pooled or inside an operation's transaction, goes through here or
+/// [`execute_on`].
+pub(crate) async fn query_on(
+    client: &ClientWrapper,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>> {
+    let statement = client.prepare_cached(sql).await.map_err(from_pg)?;
+    client.query(&statement, params).await.map_err(from_pg)
+}
+
+/// [`query_on`] for a statement whose row count is all the caller needs.
+pub(crate) async fn execute_on(
+    client: &ClientWrapper,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<u64> {
+    let statement = client.prepare_cached(sql).await.map_err(from_pg)?;
+    client.execute(&statement, params).await.map_err(from_pg)
 }
 
 /// The bind values of the fenced completion statement (`Queries::complete`), shared by the

@@ -24,7 +24,7 @@ use tower_idempotency_core::{
 
 use crate::error::from_pg;
 use crate::row;
-use crate::store::{Completion, PostgresStore};
+use crate::store::{Completion, PostgresStore, query_on};
 
 /// An open PostgreSQL transaction belonging to one reserved operation. The layer creates
 /// it (through [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction))
@@ -85,14 +85,12 @@ impl PostgresTransaction {
     async fn complete_and_commit(&mut self, response: &StoredResponse) -> Result<Operation> {
         let client = self.connection()?;
         let completion = Completion::new(&self.lease, response);
-        let statement = client
-            .prepare_cached(&self.store.inner.queries.complete)
-            .await
-            .map_err(from_pg)?;
-        let rows = client
-            .query(&statement, &completion.params())
-            .await
-            .map_err(from_pg)?;
+        let rows = query_on(
+            client,
+            &self.store.inner.queries.complete,
+            &completion.params(),
+        )
+        .await?;
         let Some(row) = rows.first() else {
             // Fenced out: a retry took the operation over. Nothing this attempt wrote may
             // be kept.
