@@ -33,42 +33,41 @@ use crate::store::{Completion, PostgresStore, query_on};
 pub struct PostgresTransaction {
     store: PostgresStore,
     lease: Lease,
-    /// `None` only while being dropped.
+    /// The connection while the transaction is open; taken (and so returned to the pool)
+    /// once `COMMIT` or `ROLLBACK` succeeded. Still here on drop means unfinished.
     client: Option<Object>,
-    /// No transaction is open on `client`: it may go back to the pool.
-    clean: bool,
 }
 
 impl fmt::Debug for PostgresTransaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresTransaction")
             .field("operation_id", &self.lease.operation_id)
-            .field("clean", &self.clean)
+            .field("open", &self.client.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl PostgresTransaction {
+    /// Checks out a connection and opens the transaction on it, within one query timeout.
     pub(crate) async fn begin(store: &PostgresStore, lease: &Lease) -> Result<Self> {
-        let client = store.bounded("begin", store.client()).await?;
-        // Built before `BEGIN` is sent, so that a failure or timeout from here on drops a
-        // transaction that closes its connection instead of pooling it mid-transaction.
-        let transaction = Self {
-            store: store.clone(),
-            lease: lease.clone(),
-            client: Some(client),
-            clean: false,
-        };
         store
             .bounded("begin", async {
+                // Built before `BEGIN` is sent, so that a failure, or the timeout dropping
+                // this future, drops a transaction that closes its connection instead of
+                // pooling it mid-transaction.
+                let transaction = Self {
+                    store: store.clone(),
+                    lease: lease.clone(),
+                    client: Some(store.client().await?),
+                };
                 transaction
                     .connection()?
                     .batch_execute("BEGIN")
                     .await
-                    .map_err(from_pg)
+                    .map_err(from_pg)?;
+                Ok(transaction)
             })
-            .await?;
-        Ok(transaction)
+            .await
     }
 
     /// The operation the transaction belongs to.
@@ -94,13 +93,14 @@ impl PostgresTransaction {
         let Some(row) = rows.first() else {
             // Fenced out: a retry took the operation over. Nothing this attempt wrote may
             // be kept.
-            let rolled_back = client.batch_execute("ROLLBACK").await.is_ok();
-            self.clean = rolled_back;
+            if client.batch_execute("ROLLBACK").await.is_ok() {
+                self.finished();
+            }
             return Err(PostgresStore::lease_lost("complete", &self.lease));
         };
         let operation = row::operation(row)?.operation;
         client.batch_execute("COMMIT").await.map_err(from_pg)?;
-        self.clean = true;
+        self.finished();
         Ok(operation)
     }
 
@@ -109,16 +109,18 @@ impl PostgresTransaction {
             .batch_execute("ROLLBACK")
             .await
             .map_err(from_pg)?;
-        self.clean = true;
+        self.finished();
         Ok(())
+    }
+
+    /// `COMMIT` or `ROLLBACK` went through: the connection goes back to the pool.
+    fn finished(&mut self) {
+        drop(self.client.take());
     }
 }
 
 impl Drop for PostgresTransaction {
     fn drop(&mut self) {
-        if self.clean {
-            return;
-        }
         if let Some(object) = self.client.take() {
             tracing::warn!(
                 operation_id = %self.lease.operation_id,
