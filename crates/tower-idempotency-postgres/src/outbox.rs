@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_postgres::types::ToSql;
+use tower_idempotency_core::OperationId;
 use tower_idempotency_core::store::{BoxError, Result};
-use tower_idempotency_core::{OperationId, StoreError};
 use uuid::Uuid;
 
 use crate::row;
@@ -337,15 +337,13 @@ enum Recorded {
 }
 
 fn effect(row: &tokio_postgres::Row) -> Result<Effect> {
-    let payload: String = row::get(row, "payload")?;
     let attempts: i32 = row::get(row, "attempts")?;
     Ok(Effect {
         effect_id: row::get(row, "effect_id")?,
         operation_id: OperationId::from_uuid(row::get(row, "operation_id")?),
         scope: row::get(row, "scope")?,
         name: row::get(row, "name")?,
-        payload: serde_json::from_str(&payload)
-            .map_err(|error| StoreError::Backend(Box::new(error)))?,
+        payload: row::get(row, "payload")?,
         attempt: u32::try_from(attempts).unwrap_or(0),
     })
 }
@@ -373,8 +371,7 @@ pub(crate) async fn enqueue(
 ) -> Result<Uuid> {
     let effect_id = operation_id.derived_key(name);
     let operation = operation_id.as_uuid();
-    let payload = payload.to_string();
-    let params: [&(dyn ToSql + Sync); 5] = [&effect_id, &operation, &scope, &name, &payload];
+    let params: [&(dyn ToSql + Sync); 5] = [&effect_id, &operation, &scope, &name, payload];
     execute_on(client, &store.inner.queries.outbox_enqueue, &params).await?;
     Ok(effect_id)
 }

@@ -207,7 +207,7 @@ impl Queries {
             // and is absorbed here; the first enqueue's payload stands.
             outbox_enqueue: format!(
                 "INSERT INTO {outbox} (effect_id, operation_id, scope, name, payload) \
-                 VALUES ($1, $2, $3, $4, $5::text::jsonb) ON CONFLICT (effect_id) DO NOTHING"
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (effect_id) DO NOTHING"
             ),
             // Claim: lock due rows other dispatchers have not locked, count the attempt and
             // push the row's due time to the end of the claim, so that it is not due again
@@ -222,7 +222,7 @@ impl Queries {
                      WHERE state = 'pending' AND next_attempt_at <= now() \
                      ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  AND e.state = 'pending' AND e.next_attempt_at <= now() \
-                 RETURNING e.effect_id, e.operation_id, e.scope, e.name, e.payload::text AS payload, \
+                 RETURNING e.effect_id, e.operation_id, e.scope, e.name, e.payload, \
                      e.attempts",
                 claim = micros("$3")
             ),
