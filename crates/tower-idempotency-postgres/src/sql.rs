@@ -79,21 +79,43 @@ impl Queries {
         let take = format!(
             "(NOT {EXPIRED} AND $11::boolean AND o.fingerprint = excluded.fingerprint AND {UNKNOWN})"
         );
-        let replay = format!(
+        // A replay: the row is completed with the request's fingerprint and still retained.
+        let replay = format!("(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = $4)");
+        let late_replay = format!(
             "(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = excluded.fingerprint)"
         );
-        // One statement decides every case. The conflict branch always updates (often to
-        // the same values) so that RETURNING yields the row as it now stands, including a
-        // row committed by a concurrent reserve after this statement's snapshot; a
-        // `DO NOTHING` or a conditional update would return no row there and force a
-        // second, racy read. The caller tells the cases apart by the ids it proposed:
-        // both ours → a fresh reservation; only the lease id ours → a take-over.
+        // One statement decides every case, in two steps.
+        //
+        // `replay` counts a replay of a completed row: an update of the counter alone (a
+        // HOT update: no indexed column changes) and the only write of the statement, so
+        // the statement's commit is made asynchronous (`set_config(…, true)` lasts until
+        // the end of this implicit transaction and is evaluated only for the replayed row).
+        // A replay then never waits for a WAL flush while holding the row lock that the
+        // next replay of the key queues on; a database crash may lose the last few counts,
+        // never a reservation or a response. Concurrent replays still each see their own
+        // count: a replay blocked on the row lock re-reads the row before incrementing.
+        //
+        // `reserved` runs only when `replay` found nothing. Its conflict branch always
+        // updates (often to the same values) so that RETURNING yields the row as it now
+        // stands, including a row committed by a concurrent reserve after this statement's
+        // snapshot; a `DO NOTHING` or a conditional update would return no row there and
+        // force a second, racy read. It counts a replay too, for a row completed after the
+        // snapshot `replay` read (that one commits synchronously: rare, and correct). The
+        // caller tells the cases apart by the ids it proposed: both ours → a fresh
+        // reservation; only the lease id ours → a take-over.
         let reserve = format!(
-            "INSERT INTO {t} AS o (scope, idempotency_key, operation_id, fingerprint, method, route, \
+            "WITH replay AS ( \
+                 UPDATE {t} AS o SET replays = o.replays + 1 \
+                 WHERE o.scope = $1 AND o.idempotency_key = $2 AND {replay} \
+                 RETURNING {COLUMNS}, set_config('synchronous_commit', 'off', true) AS commit_mode), \
+             reserved AS ( \
+             INSERT INTO {t} AS o (scope, idempotency_key, operation_id, fingerprint, method, route, \
                  state, lease_id, lease_expires_at, attempts, retention, unknown_retention, \
                  created_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, 'in_progress', $7, now() + {lease}, 1, {retention}, \
-                 {unknown_retention}, now(), now() + {unknown_expiry}) \
+             SELECT $1::text, $2::text, $3::uuid, $4::text, $5::text, $6::text, 'in_progress', \
+                 $7::uuid, now() + {lease}, 1, {retention}, {unknown_retention}, now(), \
+                 now() + {unknown_expiry} \
+             WHERE NOT EXISTS (SELECT 1 FROM replay) \
              ON CONFLICT (scope, idempotency_key) DO UPDATE SET \
                  operation_id = CASE WHEN {EXPIRED} THEN excluded.operation_id ELSE o.operation_id END, \
                  fingerprint = CASE WHEN {EXPIRED} THEN excluded.fingerprint ELSE o.fingerprint END, \
@@ -113,11 +135,13 @@ impl Queries {
                  response_header_values = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_header_values END, \
                  response_body = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_body END, \
                  delivered = CASE WHEN {EXPIRED} THEN false ELSE o.delivered END, \
-                 replays = CASE WHEN {EXPIRED} THEN 0 WHEN {replay} THEN o.replays + 1 ELSE o.replays END, \
+                 replays = CASE WHEN {EXPIRED} THEN 0 WHEN {late_replay} THEN o.replays + 1 \
+                                ELSE o.replays END, \
                  created_at = CASE WHEN {EXPIRED} THEN excluded.created_at ELSE o.created_at END, \
                  completed_at = CASE WHEN {EXPIRED} THEN NULL ELSE o.completed_at END, \
                  expires_at = CASE WHEN {EXPIRED} OR {take} THEN excluded.expires_at ELSE o.expires_at END \
-             RETURNING {COLUMNS}"
+             RETURNING {COLUMNS}, NULL::text AS commit_mode) \
+             SELECT * FROM replay UNION ALL SELECT * FROM reserved"
         );
         // Fenced writes: the lease id is the fencing token; a stale worker matches no row.
         let fence = "o.scope = $1 AND o.idempotency_key = $2 AND o.operation_id = $3 \
