@@ -87,14 +87,13 @@ pub mod policy;
 pub mod problem;
 mod request_fingerprint;
 mod service;
-pub mod storage;
 #[cfg(feature = "axum")]
 mod status;
+pub mod storage;
 mod transactional;
 
 pub use layer::{
-    DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer,
-    OPERATION_ID,
+    DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer, OPERATION_ID,
 };
 pub use policy::{
     CommandRejection, ConfigError, KeyRequirement, RoutePolicy, ServerErrorPolicy,

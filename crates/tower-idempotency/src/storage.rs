@@ -234,7 +234,13 @@ impl ResponseEncryption {
         };
         let aad = binding.associated_data();
         let sealed = cipher
-            .encrypt(&nonce, Payload { msg: body, aad: &aad })
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: body,
+                    aad: &aad,
+                },
+            )
             .ok()?;
         let mut out = BytesMut::with_capacity(NONCE_LEN + sealed.len());
         out.extend_from_slice(&nonce);
@@ -244,7 +250,12 @@ impl ResponseEncryption {
 
     /// The body sealed with the key named `key_id`, or `None` when that key is not listed
     /// or the body does not open (altered, or moved from another record).
-    pub(crate) fn open(&self, key_id: &[u8], binding: &Binding<'_>, sealed: &[u8]) -> Option<Bytes> {
+    pub(crate) fn open(
+        &self,
+        key_id: &[u8],
+        binding: &Binding<'_>,
+        sealed: &[u8],
+    ) -> Option<Bytes> {
         let cipher = std::iter::once(&*self.active)
             .chain(self.previous.iter())
             .find(|(id, _)| id.as_bytes() == key_id)
@@ -338,7 +349,10 @@ mod tests {
         let mut flipped = sealed.to_vec();
         flipped[30] ^= 1;
         assert!(keys.open(b"k1", &binding(&scope, 201), &flipped).is_none());
-        assert!(keys.open(b"k1", &binding(&scope, 201), &sealed[..10]).is_none());
+        assert!(
+            keys.open(b"k1", &binding(&scope, 201), &sealed[..10])
+                .is_none()
+        );
     }
 
     #[test]
@@ -352,11 +366,17 @@ mod tests {
             .unwrap();
         assert_eq!(rotated.active_key_id(), "2026-11");
         assert_eq!(
-            rotated.open(b"2026-05", &binding(&scope, 200), &sealed).unwrap(),
+            rotated
+                .open(b"2026-05", &binding(&scope, 200), &sealed)
+                .unwrap(),
             &b"ok"[..]
         );
         let dropped = ResponseEncryption::new("2026-11", [7; 32]).unwrap();
-        assert!(dropped.open(b"2026-05", &binding(&scope, 200), &sealed).is_none());
+        assert!(
+            dropped
+                .open(b"2026-05", &binding(&scope, 200), &sealed)
+                .is_none()
+        );
         // Debug shows names, never key bytes.
         let shown = format!("{rotated:?}");
         assert!(shown.contains("2026-05") && !shown.contains("[7"));
@@ -378,7 +398,8 @@ mod tests {
     #[test]
     fn redaction_replaces_listed_members_and_refuses_non_json() {
         let storage = ResponseStorage::redacted(["/secret", "/card/number", "/absent"]).unwrap();
-        let body = br#"{"id":"key_1","secret":"sk_live_123","card":{"number":"4242","brand":"visa"}}"#;
+        let body =
+            br#"{"id":"key_1","secret":"sk_live_123","card":{"number":"4242","brand":"visa"}}"#;
         let kept = kept_body(&storage, Bytes::from_static(body)).unwrap();
         let value: Value = serde_json::from_slice(&kept).unwrap();
         assert_eq!(
