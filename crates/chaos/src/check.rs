@@ -1,0 +1,329 @@
+//! The verdict of a soak: what the database and the API hold, set against what the clients
+//! were told.
+//!
+//! Every effect carries its intent's unique marker, so effects are counted per intent. The
+//! violations: an intent with two effects (a duplicate execution), an acknowledged intent
+//! with no effect or with another effect than the one its answer named (a lost or invented
+//! acknowledgement), an answer that contradicts the first acknowledgement (a differing
+//! replay, a refusal of the intent's own command), an effect of a changed-payload reuse, a
+//! ticket without exactly one notification or a notification without its ticket, and API
+//! listings that disagree with the tables. An intent never acknowledged may have 0 or 1
+//! effect: its client cannot know, and that is what the status route is for.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio_postgres::NoTls;
+
+use crate::client::{Intent, Kind, PROBE_PREFIX};
+
+/// What was found.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Effects that belong to an intent of this run.
+    pub effects: u64,
+    /// Ticket effects.
+    pub tickets: u64,
+    /// Payment effects.
+    pub payments: u64,
+    /// Extra effects beyond the first, summed over intents.
+    pub duplicates: u64,
+    /// Acknowledged intents without their effect.
+    pub ack_missing: u64,
+    /// Intents whose answers contradicted their first acknowledgement or the contract.
+    pub differing: u64,
+    /// Effects of changed-payload reuses.
+    pub probe_effects: u64,
+    /// Notifications delivered for this run's tickets.
+    pub notifications: u64,
+    /// Tickets without exactly one notification, plus notifications without a ticket.
+    pub notification_mismatches: u64,
+    /// Unacknowledged intents with an effect (the request ran, the answer was lost).
+    pub unacked_with_effect: u64,
+    /// Idempotency records by state.
+    pub records: BTreeMap<String, i64>,
+    /// Outbox rows by state.
+    pub outbox: BTreeMap<String, i64>,
+    /// Disagreements between the API's listings and the tables.
+    pub api_mismatches: u64,
+    /// One line per violation, for the log.
+    pub violations: Vec<String>,
+}
+
+async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .map_err(|e| format!("cannot connect to the soak database: {e}"))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Waits until the outbox has no pending row (the dispatchers delivered every
+/// notification), or `deadline` passes.
+pub async fn drain_outbox(url: &str, deadline: Duration) -> Result<(), String> {
+    let client = connect(url).await?;
+    let started = Instant::now();
+    loop {
+        let pending: i64 = client
+            .query_one(
+                "SELECT count(*) FROM idempotency_outbox WHERE state = 'pending'",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .get(0);
+        if pending == 0 || started.elapsed() > deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Counts effects per intent and checks every invariant.
+pub async fn check(
+    url: &str,
+    run: &str,
+    intents: &[Intent],
+    base: &str,
+    accounts: &[String],
+) -> Result<Findings, String> {
+    let client = connect(url).await?;
+    let mut found = Findings::default();
+    let ours = |marker: &str| marker.starts_with(run) || marker.starts_with(PROBE_PREFIX);
+
+    // marker -> [(account, id)]
+    let mut ticket_effects: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let mut payment_effects: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for row in client
+        .query(
+            "SELECT account, id, title FROM demo_tickets WHERE project = 'chaos'",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let title: String = row.get(2);
+        if ours(&title) {
+            ticket_effects
+                .entry(title)
+                .or_default()
+                .push((row.get(0), row.get(1)));
+        }
+    }
+    for row in client
+        .query("SELECT account, id, invoice_ref FROM demo_payments", &[])
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let invoice: String = row.get(2);
+        if ours(&invoice) {
+            payment_effects
+                .entry(invoice)
+                .or_default()
+                .push((row.get(0), row.get(1)));
+        }
+    }
+
+    for (marker, effects) in ticket_effects.iter().chain(payment_effects.iter()) {
+        if marker.starts_with(PROBE_PREFIX) {
+            found.probe_effects += effects.len() as u64;
+            found.violations.push(format!(
+                "{marker}: a changed payload under an acknowledged key executed ({effects:?})"
+            ));
+        }
+    }
+
+    let mut ticket_ids: HashSet<String> = HashSet::new();
+    for intent in intents {
+        let table = match intent.kind {
+            Kind::Ticket => &ticket_effects,
+            Kind::Payment => &payment_effects,
+        };
+        let effects = table.get(&intent.marker).map_or(&[][..], Vec::as_slice);
+        found.effects += effects.len() as u64;
+        match intent.kind {
+            Kind::Ticket => {
+                found.tickets += effects.len() as u64;
+                ticket_ids.extend(effects.iter().map(|(_, id)| id.clone()));
+            }
+            Kind::Payment => found.payments += effects.len() as u64,
+        }
+        if effects.len() > 1 {
+            found.duplicates += effects.len() as u64 - 1;
+            found.violations.push(format!(
+                "{}: {} effects for one intent: {effects:?} (key {}, {} attempts)",
+                intent.marker,
+                effects.len(),
+                intent.key,
+                intent.attempts
+            ));
+        }
+        if let Some((account, _)) = effects.iter().find(|(a, _)| *a != intent.account) {
+            found.violations.push(format!(
+                "{}: effect written for account {account}, the intent's is {}",
+                intent.marker, intent.account
+            ));
+        }
+        match &intent.ack {
+            Some(ack) => {
+                let named = ack.effect_id.as_deref();
+                if effects.is_empty() {
+                    found.ack_missing += 1;
+                    found.violations.push(format!(
+                        "{}: acknowledged ({} {}) but no effect exists",
+                        intent.marker,
+                        ack.status,
+                        String::from_utf8_lossy(&ack.body)
+                    ));
+                } else if !effects.iter().any(|(_, id)| Some(id.as_str()) == named) {
+                    found.ack_missing += 1;
+                    found.violations.push(format!(
+                        "{}: acknowledged effect {named:?} is not in the database (found {effects:?})",
+                        intent.marker
+                    ));
+                }
+            }
+            None if !effects.is_empty() => found.unacked_with_effect += 1,
+            None => {}
+        }
+        if !intent.contradictions.is_empty() {
+            found.differing += 1;
+            for contradiction in &intent.contradictions {
+                found.violations.push(format!(
+                    "{} (key {}): {contradiction}",
+                    intent.marker, intent.key
+                ));
+            }
+        }
+    }
+
+    // Notifications: exactly one per ticket, none without a ticket.
+    let mut per_ticket: HashMap<String, u64> = HashMap::new();
+    for row in client
+        .query(
+            "SELECT n.ticket_id FROM demo_notifications n \
+             LEFT JOIN demo_tickets t ON t.id = n.ticket_id \
+             WHERE t.project = 'chaos' OR t.id IS NULL",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        let ticket_id: String = row.get(0);
+        *per_ticket.entry(ticket_id).or_default() += 1;
+    }
+    for (ticket_id, count) in &per_ticket {
+        if ticket_ids.contains(ticket_id) {
+            found.notifications += count;
+            if *count != 1 {
+                found.notification_mismatches += 1;
+                found
+                    .violations
+                    .push(format!("ticket {ticket_id}: {count} notifications"));
+            }
+        } else {
+            found.notification_mismatches += 1;
+            found.violations.push(format!(
+                "notification for ticket {ticket_id}, which does not exist (a rolled-back effect escaped)"
+            ));
+        }
+    }
+    for ticket_id in &ticket_ids {
+        if !per_ticket.contains_key(ticket_id) {
+            found.notification_mismatches += 1;
+            found
+                .violations
+                .push(format!("ticket {ticket_id}: no notification delivered"));
+        }
+    }
+
+    for (table, target) in [
+        ("idempotency_operations", &mut found.records),
+        ("idempotency_outbox", &mut found.outbox),
+    ] {
+        for row in client
+            .query(
+                &format!("SELECT state, count(*) FROM {table} GROUP BY state ORDER BY state"),
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            target.insert(row.get(0), row.get(1));
+        }
+    }
+
+    check_api(
+        &mut found,
+        base,
+        accounts,
+        run,
+        &ticket_effects,
+        &payment_effects,
+    )
+    .await?;
+    Ok(found)
+}
+
+/// The API lists, per account, exactly the run's effects the tables hold.
+async fn check_api(
+    found: &mut Findings,
+    base: &str,
+    accounts: &[String],
+    run: &str,
+    tickets: &HashMap<String, Vec<(String, String)>>,
+    payments: &HashMap<String, Vec<(String, String)>>,
+) -> Result<(), String> {
+    let http = crate::client::new_http();
+    for account in accounts {
+        for (path, list, marker_field, table) in [
+            ("/v1/tickets", "tickets", "title", tickets),
+            ("/v1/payments", "payments", "invoice_ref", payments),
+        ] {
+            let mut listed: Vec<String> = Vec::new();
+            let mut fetched = None;
+            for _ in 0..10 {
+                let reply = http
+                    .get(format!("{base}{path}"))
+                    .bearer_auth(account)
+                    .send()
+                    .await;
+                if let Ok(reply) = reply
+                    && reply.status().is_success()
+                    && let Ok(json) = reply.json::<Value>().await
+                {
+                    fetched = Some(json);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let json = fetched.ok_or(format!("GET {path} never answered 200"))?;
+            for item in json[list].as_array().map_or(&[][..], Vec::as_slice) {
+                let marker = item[marker_field].as_str().unwrap_or_default();
+                if marker.starts_with(run) || marker.starts_with(PROBE_PREFIX) {
+                    listed.push(item["id"].as_str().unwrap_or_default().to_owned());
+                }
+            }
+            let mut stored: Vec<String> = table
+                .values()
+                .flatten()
+                .filter(|(a, _)| a == account)
+                .map(|(_, id)| id.clone())
+                .collect();
+            listed.sort();
+            stored.sort();
+            if listed != stored {
+                found.api_mismatches += 1;
+                found.violations.push(format!(
+                    "GET {path} for {account} lists {} of the run's effects, the table holds {}",
+                    listed.len(),
+                    stored.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! Fault injection during the storm: `kill -9` of demo instances (each restarted after a
+//! short outage, on its port) and PostgreSQL restarts (fast shutdown: sessions and open
+//! transactions are cut, then the server starts again on the same port). Dropped client
+//! connections are injected by the clients themselves ([`crate::client`]).
+//!
+//! Each fault kind runs on its own schedule; the first fault of each kind comes early
+//! enough that even a short soak sees every kind at least once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::client::Stats;
+use crate::instances::Fleet;
+use crate::pg::TestCluster;
+use crate::rng::Rng;
+
+/// When the next fault is due: around `every` (±50 %), the first one no later than
+/// `first_by`.
+fn next_delay(rng: &mut Rng, every: Duration, first: bool, first_by: Duration) -> Duration {
+    let every_ms = every.as_millis() as u64;
+    let jittered = Duration::from_millis(rng.between(every_ms / 2, every_ms * 3 / 2));
+    if first {
+        jittered.min(first_by)
+    } else {
+        jittered
+    }
+}
+
+/// Kills a random instance around every `every` until `end`, restarting each after an
+/// outage of 0.2–1.5 s.
+pub async fn kill_loop(
+    fleet: Arc<Fleet>,
+    stats: Arc<Stats>,
+    mut rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let first_by = end.saturating_duration_since(Instant::now()) / 4;
+    let mut first = true;
+    loop {
+        let delay = next_delay(&mut rng, every, first, first_by);
+        first = false;
+        if Instant::now() + delay >= end {
+            return Ok(());
+        }
+        tokio::time::sleep(delay).await;
+        let victim = rng.below(fleet.len() as u64) as usize;
+        if fleet.kill(victim).await {
+            Stats::bump(&stats.kills);
+        }
+        tokio::time::sleep(Duration::from_millis(rng.between(200, 1500))).await;
+        fleet.start(victim).await?;
+    }
+}
+
+/// Restarts PostgreSQL around every `every` until `end`, with an outage of 0.5–3 s.
+pub async fn pg_restart_loop(
+    cluster: Arc<TestCluster>,
+    stats: Arc<Stats>,
+    mut rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let first_by = end.saturating_duration_since(Instant::now()) / 2;
+    let mut first = true;
+    loop {
+        let delay = next_delay(&mut rng, every, first, first_by);
+        first = false;
+        if Instant::now() + delay >= end {
+            return Ok(());
+        }
+        tokio::time::sleep(delay).await;
+        let stopping = cluster.clone();
+        // pg_ctl blocks (and the harness panics on failure): keep it off the runtime.
+        tokio::task::spawn_blocking(move || stopping.stop())
+            .await
+            .map_err(|e| format!("PostgreSQL did not stop: {e}"))?;
+        Stats::bump(&stats.pg_restarts);
+        tokio::time::sleep(Duration::from_millis(rng.between(500, 3000))).await;
+        let starting = cluster.clone();
+        tokio::task::spawn_blocking(move || starting.start())
+            .await
+            .map_err(|e| format!("PostgreSQL did not start again: {e}"))?;
+    }
+}
