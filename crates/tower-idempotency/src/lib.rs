@@ -110,4 +110,5 @@ pub use tower_idempotency_core::*;
 #[doc = include_str!("../../../README.md")]
 #[doc = include_str!("../../../docs/policies.md")]
 #[doc = include_str!("../../../docs/memory-store.md")]
+#[doc = include_str!("../../../docs/security.md")]
 pub struct DocsExamples;
