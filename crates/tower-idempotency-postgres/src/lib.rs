@@ -48,6 +48,7 @@
 
 pub mod admin;
 mod config;
+mod delivered;
 mod error;
 mod migrate;
 pub mod outbox;

@@ -48,6 +48,7 @@ pub(crate) struct Queries {
     pub(crate) abandon: String,
     pub(crate) extend_lease: String,
     pub(crate) mark_delivered: String,
+    pub(crate) mark_delivered_batch: String,
     pub(crate) purge: String,
     pub(crate) find_by_id: String,
     pub(crate) list_unknown: String,
@@ -176,6 +177,13 @@ impl Queries {
             mark_delivered: format!(
                 "UPDATE {t} AS o SET delivered = true \
                  WHERE o.scope = $1 AND o.operation_id = $2 AND o.state = 'completed' AND NOT o.delivered"
+            ),
+            // Many marks in one statement: `$1` scopes and `$2` operation ids, pairwise.
+            mark_delivered_batch: format!(
+                "UPDATE {t} AS o SET delivered = true \
+                 FROM unnest($1::text[], $2::uuid[]) AS d(scope, operation_id) \
+                 WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
+                     AND o.state = 'completed' AND NOT o.delivered"
             ),
             // Bounded and lock-friendly: the inner SELECT picks at most $1 expired rows and
             // skips any a concurrent purge or reserve holds; the outer DELETE repeats the

@@ -23,6 +23,7 @@ use tower_idempotency_core::{
 };
 
 use crate::config::{ConfigError, PostgresStoreConfig, is_identifier};
+use crate::delivered::DeliveryMarks;
 use crate::error::{from_pg, from_pool, timed_out};
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
@@ -50,6 +51,7 @@ pub(crate) struct Inner {
     pub(crate) pool: Pool,
     pub(crate) schema: String,
     pub(crate) queries: Queries,
+    delivered: DeliveryMarks,
     query_timeout: Duration,
     poll_initial: Duration,
     poll_max: Duration,
@@ -90,11 +92,17 @@ impl PostgresStore {
                 "poll_initial must be positive and at most poll_max",
             ));
         }
+        let queries = Queries::new(&config.schema);
         Ok(Self {
             inner: Arc::new(Inner {
+                delivered: DeliveryMarks::new(
+                    pool.clone(),
+                    queries.mark_delivered_batch.clone(),
+                    config.query_timeout,
+                ),
                 pool,
                 schema: config.schema.clone(),
-                queries: Queries::new(&config.schema),
+                queries,
                 query_timeout: config.query_timeout,
                 poll_initial: config.poll_initial,
                 poll_max: config.poll_max,
@@ -457,8 +465,13 @@ impl Store for PostgresStore {
         .await
     }
 
+    /// Batched with concurrent marks (see `delivered.rs`); returns once this mark has
+    /// committed.
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
         let id = id.as_uuid();
+        if self.inner.delivered.mark(scope.as_str(), id).await {
+            return Ok(());
+        }
         self.execute(
             "mark_delivered",
             &self.inner.queries.mark_delivered,

@@ -1,0 +1,93 @@
+//! Delivery marks, batched: concurrent [`Store::mark_delivered`] calls share one `UPDATE`
+//! and one commit instead of a statement and a commit each.
+//!
+//! One task per store (spawned on the first mark) runs the marks that queued up while its
+//! previous statement was in flight, so an idle store marks one at a time with no added
+//! delay and a busy one in batches. A call returns once its own mark has committed; when a
+//! batch fails, or the task is gone (its runtime shut down), each caller runs its own
+//! statement instead, so errors keep their kind and source.
+//!
+//! [`Store::mark_delivered`]: tower_idempotency_core::Store::mark_delivered
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::store::execute_on;
+
+/// Most marks one statement carries.
+const MAX_BATCH: usize = 256;
+
+/// A queued mark and where to report whether its batch committed.
+struct Mark {
+    scope: String,
+    operation_id: Uuid,
+    done: oneshot::Sender<bool>,
+}
+
+/// The batching half of a store's delivery marks.
+pub(crate) struct DeliveryMarks {
+    pool: Pool,
+    /// `Queries::mark_delivered_batch`.
+    sql: String,
+    timeout: Duration,
+    queue: OnceLock<mpsc::UnboundedSender<Mark>>,
+}
+
+impl DeliveryMarks {
+    pub(crate) fn new(pool: Pool, sql: String, timeout: Duration) -> Self {
+        Self {
+            pool,
+            sql,
+            timeout,
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Marks `(scope, operation_id)` in the next batch. `true` once that batch committed;
+    /// `false` means the caller must run the mark itself.
+    pub(crate) async fn mark(&self, scope: &str, operation_id: Uuid) -> bool {
+        let queue = self.queue.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            // The task owns no handle to the store: when the store (and so the sender) is
+            // dropped, `recv` ends and so does the task.
+            tokio::spawn(run(
+                receiver,
+                self.pool.clone(),
+                self.sql.clone(),
+                self.timeout,
+            ));
+            sender
+        });
+        let (done, committed) = oneshot::channel();
+        let mark = Mark {
+            scope: scope.to_owned(),
+            operation_id,
+            done,
+        };
+        if queue.send(mark).is_err() {
+            return false;
+        }
+        committed.await.unwrap_or(false)
+    }
+}
+
+async fn run(mut queue: mpsc::UnboundedReceiver<Mark>, pool: Pool, sql: String, timeout: Duration) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let scopes: Vec<&str> = batch.iter().map(|mark| mark.scope.as_str()).collect();
+        let ids: Vec<Uuid> = batch.iter().map(|mark| mark.operation_id).collect();
+        let statement = async {
+            let client = pool.get().await.ok()?;
+            execute_on(&client, &sql, &[&scopes, &ids]).await.ok()
+        };
+        let committed = matches!(tokio::time::timeout(timeout, statement).await, Ok(Some(_)));
+        drop((scopes, ids));
+        for mark in batch.drain(..) {
+            let _ = mark.done.send(committed);
+        }
+    }
+}
