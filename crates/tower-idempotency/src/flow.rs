@@ -8,7 +8,7 @@
 //! in [`execute`](crate::execute); buffering in [`buffer`](crate::buffer).
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
@@ -267,7 +267,7 @@ where
             OperationState::InProgress => {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 if remaining.is_zero() {
-                    return Ok(refuse(&shared, in_progress(&operation)));
+                    return Ok(refuse(&shared, in_progress(&operation, policy.lease)));
                 }
                 waited = true;
                 match shared
@@ -279,7 +279,7 @@ where
                         if current.state == OperationState::InProgress
                             && Instant::now() >= deadline =>
                     {
-                        return Ok(refuse(&shared, in_progress(&current)));
+                        return Ok(refuse(&shared, in_progress(&current, policy.lease)));
                     }
                     // Completed, unknown, released, or replaced by a new attempt: ask again.
                     Ok(_) => continue,
@@ -301,11 +301,16 @@ where
     }
 }
 
-fn in_progress(operation: &Operation) -> Rejection {
-    let remaining = operation.lease_remaining(SystemTime::now());
+/// `409 request-in-progress`, with the original's remaining lease as `Retry-After`. The
+/// lease's expiry comes from the store's clock (PostgreSQL's `now()`) and is read against
+/// this server's: the answer is clamped to `1..=lease` seconds, so clock skew between the
+/// two can neither tell a client to hammer nor to wait past the longest a lease can last.
+fn in_progress(operation: &Operation, lease: Duration) -> Rejection {
+    let remaining = operation.lease_remaining(SystemTime::now()).min(lease);
+    let seconds = remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0);
     Rejection::RequestInProgress {
         operation_id: operation.id,
-        retry_after: remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0),
+        retry_after: seconds.max(1),
     }
 }
 
@@ -387,4 +392,60 @@ fn replay<ResB: Body>(
     headers.insert(OPERATION_ID, operation_id_header(operation.id));
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use tower_idempotency_core::{
+        Fingerprint, IdempotencyKey, Operation, OperationId, OperationState, Scope,
+    };
+
+    use super::in_progress;
+    use crate::problem::Rejection;
+
+    fn running_until(lease_expires_at: SystemTime) -> Operation {
+        Operation {
+            id: OperationId::new(),
+            scope: Scope::new("acct"),
+            key: IdempotencyKey::new("k").unwrap(),
+            fingerprint: Fingerprint::from_stored("v1:x"),
+            method: "POST".into(),
+            route: "/v1/x".into(),
+            state: OperationState::InProgress,
+            attempts: 1,
+            created_at: SystemTime::now(),
+            completed_at: None,
+            lease_expires_at: Some(lease_expires_at),
+            expires_at: None,
+            retention: Duration::from_secs(60),
+            response: None,
+            delivered: false,
+            replays: 0,
+        }
+    }
+
+    fn retry_after(operation: &Operation) -> u64 {
+        match in_progress(operation, Duration::from_secs(30)) {
+            Rejection::RequestInProgress { retry_after, .. } => retry_after,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn retry_after_is_the_lease_left_clamped_against_clock_skew() {
+        let now = SystemTime::now();
+        assert_eq!(
+            retry_after(&running_until(now + Duration::from_millis(2_500))),
+            3
+        );
+        // The store's clock runs ahead (a lease "ending" in an hour) or behind (already
+        // ended): never past the lease, never 0.
+        assert_eq!(
+            retry_after(&running_until(now + Duration::from_secs(3_600))),
+            30
+        );
+        assert_eq!(retry_after(&running_until(now - Duration::from_secs(5))), 1);
+    }
 }
