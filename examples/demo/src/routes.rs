@@ -18,14 +18,14 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use tower_idempotency::{OperationId, OperationTx};
-use tower_idempotency_postgres::PostgresTx;
+use tower_idempotency_postgres::{PostgresTx, PostgresTxGuard};
 
 use crate::auth::Account;
 use crate::commands::{
     NewDeploy, NewPayment, NewTicket, normalize_deploy, normalize_payment, normalize_ticket,
     parse_command,
 };
-use crate::database::{Database, TICKET_NOTIFICATION};
+use crate::database::{Database, RecordError, TICKET_NOTIFICATION};
 use crate::ledger::{EnvironmentLocked, Ledger};
 use crate::problem::Problem;
 
@@ -85,16 +85,13 @@ pub async fn create_ticket(
             ledger.create_ticket(account.as_str(), command, effect_id)
         }
         Backend::Transactional(_) => {
-            let Some(Extension(handle)) = transaction else {
-                return no_transaction();
+            let account = account.as_str();
+            let write = async |tx: &PostgresTxGuard<'_>| {
+                Database::create_ticket_in(tx, account, command).await
             };
-            let tx = PostgresTx::new(handle);
-            let Ok(guard) = tx.lock().await else {
-                return internal_error("the operation's transaction is gone");
-            };
-            match Database::create_ticket_in(&guard, account.as_str(), command).await {
+            match in_transaction(transaction, write).await {
                 Ok(written) => written,
-                Err(error) => return record_failure(&error),
+                Err(response) => return response,
             }
         }
         Backend::Autocommit(db) => {
@@ -167,16 +164,13 @@ pub async fn create_payment(
     let outcome = match &state.records {
         Backend::Memory(ledger) => ledger.capture_payment(account.as_str(), command),
         Backend::Transactional(_) => {
-            let Some(Extension(handle)) = transaction else {
-                return no_transaction();
+            let account = account.as_str();
+            let write = async |tx: &PostgresTxGuard<'_>| {
+                Database::capture_payment(tx, account, command).await
             };
-            let tx = PostgresTx::new(handle);
-            let Ok(guard) = tx.lock().await else {
-                return internal_error("the operation's transaction is gone");
-            };
-            match Database::capture_payment(&guard, account.as_str(), command).await {
+            match in_transaction(transaction, write).await {
                 Ok(outcome) => outcome,
-                Err(error) => return record_failure(&error),
+                Err(response) => return response,
             }
         }
         Backend::Autocommit(db) => {
@@ -284,11 +278,24 @@ pub async fn list_deploys(
     Json(json!({"deploys": deploys})).into_response()
 }
 
-/// A ticket or payment write to PostgreSQL records without the operation's transaction.
-fn no_transaction() -> Response {
-    internal_error(
-        "the route has no operation transaction (is the idempotency layer in front of it?)",
-    )
+/// Runs `write` in the operation's transaction of a transactional route (tickets and
+/// payments with records in PostgreSQL). The error is the response to answer instead: no
+/// transaction on the request (the layer is not in front of the route), a transaction the
+/// layer already finished, or a failed write.
+async fn in_transaction<T>(
+    transaction: Option<Extension<OperationTx>>,
+    write: impl AsyncFnOnce(&PostgresTxGuard<'_>) -> Result<T, RecordError>,
+) -> Result<T, Response> {
+    let Some(Extension(handle)) = transaction else {
+        return Err(internal_error(
+            "the route has no operation transaction (is the idempotency layer in front of it?)",
+        ));
+    };
+    let tx = PostgresTx::new(handle);
+    let Ok(guard) = tx.lock().await else {
+        return Err(internal_error("the operation's transaction is gone"));
+    };
+    write(&guard).await.map_err(|error| record_failure(&error))
 }
 
 fn environment_locked(locked: &EnvironmentLocked) -> Response {
