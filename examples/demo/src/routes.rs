@@ -119,16 +119,7 @@ pub async fn list_tickets(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
 ) -> Response {
-    let tickets = match &state.records {
-        Backend::Memory(ledger) => ledger.tickets(account.as_str()),
-        Backend::Transactional(db) | Backend::Autocommit(db) => {
-            match db.tickets(account.as_str()).await {
-                Ok(tickets) => tickets,
-                Err(error) => return record_failure(&error),
-            }
-        }
-    };
-    Json(json!({"tickets": tickets})).into_response()
+    list(&state, &account, Listing::Tickets).await
 }
 
 /// `GET /v1/notifications`: the ticket notifications the sink received for the account,
@@ -137,16 +128,7 @@ pub async fn list_notifications(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
 ) -> Response {
-    let notifications = match &state.records {
-        Backend::Memory(ledger) => ledger.notifications(account.as_str()),
-        Backend::Transactional(db) | Backend::Autocommit(db) => {
-            match db.notifications(account.as_str()).await {
-                Ok(notifications) => notifications,
-                Err(error) => return record_failure(&error),
-            }
-        }
-    };
-    Json(json!({"notifications": notifications})).into_response()
+    list(&state, &account, Listing::Notifications).await
 }
 
 /// `POST /v1/payments`: `201` and the payment, or `409 invoice-already-paid`.
@@ -208,16 +190,7 @@ pub async fn list_payments(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
 ) -> Response {
-    let payments = match &state.records {
-        Backend::Memory(ledger) => ledger.payments(account.as_str()),
-        Backend::Transactional(db) | Backend::Autocommit(db) => {
-            match db.payments(account.as_str()).await {
-                Ok(payments) => payments,
-                Err(error) => return record_failure(&error),
-            }
-        }
-    };
-    Json(json!({"payments": payments})).into_response()
+    list(&state, &account, Listing::Payments).await
 }
 
 /// `POST /v1/deploys`: `201` and the deploy, or `409 environment-locked` while another
@@ -266,16 +239,52 @@ pub async fn list_deploys(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
 ) -> Response {
-    let deploys = match &state.records {
-        Backend::Memory(ledger) => ledger.deploys(account.as_str()),
-        Backend::Transactional(db) | Backend::Autocommit(db) => {
-            match db.deploys(account.as_str()).await {
-                Ok(deploys) => deploys,
-                Err(error) => return record_failure(&error),
-            }
+    list(&state, &account, Listing::Deploys).await
+}
+
+/// What a list route lists.
+#[derive(Debug, Clone, Copy)]
+enum Listing {
+    Tickets,
+    Payments,
+    Deploys,
+    Notifications,
+}
+
+impl Listing {
+    /// The member of the answer holding the list.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Tickets => "tickets",
+            Self::Payments => "payments",
+            Self::Deploys => "deploys",
+            Self::Notifications => "notifications",
         }
+    }
+}
+
+/// `{"<listing>": [...]}`: the account's records of one kind, oldest first, from wherever
+/// the records live.
+async fn list(state: &AppState, account: &Account, listing: Listing) -> Response {
+    let account = account.as_str();
+    let records = match &state.records {
+        Backend::Memory(ledger) => Ok(match listing {
+            Listing::Tickets => json!(ledger.tickets(account)),
+            Listing::Payments => json!(ledger.payments(account)),
+            Listing::Deploys => json!(ledger.deploys(account)),
+            Listing::Notifications => json!(ledger.notifications(account)),
+        }),
+        Backend::Transactional(db) | Backend::Autocommit(db) => match listing {
+            Listing::Tickets => db.tickets(account).await.map(|r| json!(r)),
+            Listing::Payments => db.payments(account).await.map(|r| json!(r)),
+            Listing::Deploys => db.deploys(account).await.map(|r| json!(r)),
+            Listing::Notifications => db.notifications(account).await.map(|r| json!(r)),
+        },
     };
-    Json(json!({"deploys": deploys})).into_response()
+    match records {
+        Ok(records) => Json(json!({ listing.name(): records })).into_response(),
+        Err(error) => record_failure(&error),
+    }
 }
 
 /// Runs `write` in the operation's transaction of a transactional route (tickets and
