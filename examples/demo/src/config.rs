@@ -46,8 +46,8 @@ ENVIRONMENT:
 ";
 
 /// Where the business records (tickets, payments, deploys, notifications) live and how the
-/// handlers write them, when the demo has a database URL. Without one, the records are in
-/// memory in every case (only [`Records::NonTransactional`] is refused, as a mistake).
+/// handlers write them, when the demo has a database URL. Without one, everything is in
+/// memory, and the two flags that only make sense with a database are refused as mistakes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Records {
     /// In PostgreSQL; tickets and payments are transactional routes: the handler's write,

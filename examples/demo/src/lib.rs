@@ -62,7 +62,8 @@ pub enum DemoError {
     /// The demo's own tables could not be prepared (records in PostgreSQL).
     #[error(transparent)]
     Schema(#[from] crate::database::SchemaError),
-    /// The configuration cannot work (`--non-transactional` without a database).
+    /// The configuration cannot work (`--non-transactional` or `--memory-records` without a
+    /// database).
     #[error("{0}")]
     Config(&'static str),
     /// Binding or serving failed.
@@ -77,7 +78,7 @@ pub enum DemoError {
 ///
 /// | database URL | [`Config::records`] | idempotency store | records | ticket and payment writes |
 /// |---|---|---|---|---|
-/// | none | any but `NonTransactional` | memory | memory | in memory |
+/// | none | `Transactional` (default) | memory | memory | in memory |
 /// | given | `Transactional` (default) | PostgreSQL | PostgreSQL | in the operation's transaction |
 /// | given | `NonTransactional` | PostgreSQL | PostgreSQL | autocommit |
 /// | given | `Memory` | PostgreSQL | memory | in memory |
@@ -89,12 +90,15 @@ pub enum DemoError {
 /// (purge, dispatcher), so this must run inside a Tokio runtime.
 pub async fn app(config: &Config) -> Result<Router, DemoError> {
     let Some(url) = &config.database_url else {
-        if config.records == Records::NonTransactional {
-            return Err(DemoError::Config(
+        return match config.records {
+            Records::Transactional => Ok(in_memory(config)),
+            Records::NonTransactional => Err(DemoError::Config(
                 "--non-transactional keeps the records in PostgreSQL: it needs a database URL (--database-url or DATABASE_URL)",
-            ));
-        }
-        return Ok(in_memory(config));
+            )),
+            Records::Memory => Err(DemoError::Config(
+                "--memory-records keeps the idempotency store in PostgreSQL: it needs a database URL (--database-url or DATABASE_URL)",
+            )),
+        };
     };
     if config.records == Records::Memory && !config.idempotency {
         // Neither a store nor records would use the database.

@@ -82,17 +82,23 @@ async fn help_exits_zero_and_bad_arguments_exit_two() {
 }
 
 #[tokio::test]
-async fn records_in_postgres_without_a_database_is_a_startup_error() {
-    let refused = demo()
-        .args(["--listen", "127.0.0.1:0", "--non-transactional"])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("needs a database URL"));
-    assert!(
-        refused.stdout.is_empty(),
-        "it never listened: {}",
-        String::from_utf8_lossy(&refused.stdout)
-    );
+async fn database_flags_without_a_database_are_a_startup_error() {
+    for flag in ["--non-transactional", "--memory-records"] {
+        let refused = demo()
+            .args(["--listen", "127.0.0.1:0", flag])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(refused.status.code(), Some(1), "{flag}: {refused:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            stderr.contains(flag) && stderr.contains("needs a database URL"),
+            "{flag}: {stderr}"
+        );
+        assert!(
+            refused.stdout.is_empty(),
+            "{flag}: it never listened: {}",
+            String::from_utf8_lossy(&refused.stdout)
+        );
+    }
 }
