@@ -1,48 +1,31 @@
 //! The example starts, guards `POST /orders` and replays a retry.
 
-use std::process::Stdio;
-use std::time::Duration;
+#[path = "../../axum-basic/tests/support/example.rs"]
+mod example;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use example::Example;
 
 #[tokio::test]
 async fn starts_and_replays_a_retry() {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hyper-basic"))
-        .arg("127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let base = line.strip_prefix("listening on ").unwrap().to_owned();
-
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let order = |body: &'static str| {
-        client
-            .post(format!("{base}/orders"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "order-1")
-            .body(body)
-            .send()
-    };
-    let first = order(r#"{"sku": "A-1", "qty": 2}"#).await.unwrap();
-    assert_eq!(first.status(), 201);
-    let first_body = first.bytes().await.unwrap();
-    let retry = order(r#"{ "qty": 2, "sku": "A-1" }"#).await.unwrap();
-    assert_eq!(retry.status(), 201);
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    assert_eq!(retry.bytes().await.unwrap(), first_body);
-    let changed = order(r#"{"sku": "A-1", "qty": 3}"#).await.unwrap();
+    let example = Example::start(env!("CARGO_BIN_EXE_hyper-basic")).await;
+    // The retry spells the same command differently: the fingerprint is of its meaning.
+    example
+        .assert_retry_replays(
+            "order-1",
+            r#"{"sku": "A-1", "qty": 2}"#,
+            r#"{ "qty": 2, "sku": "A-1" }"#,
+        )
+        .await;
+    let changed = example
+        .order("order-1", r#"{"sku": "A-1", "qty": 3}"#)
+        .await;
     assert_eq!(changed.status(), 409);
 
-    let read = client.get(format!("{base}/orders")).send().await.unwrap();
+    let read = example
+        .client
+        .get(format!("{}/orders", example.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(read.status(), 404, "reads pass through to the service");
 }
