@@ -127,8 +127,13 @@ pub async fn check(
         }
     }
 
+    let mut ticket_ids: HashSet<String> = HashSet::new();
     for (marker, effects) in ticket_effects.iter().chain(payment_effects.iter()) {
         if marker.starts_with(PROBE_PREFIX) {
+            if ticket_effects.contains_key(marker) {
+                // Counted as a violation here; its notification is not a second one.
+                ticket_ids.extend(effects.iter().map(|(_, id)| id.clone()));
+            }
             found.probe_effects += effects.len() as u64;
             found.violations.push(format!(
                 "{marker}: a changed payload under an acknowledged key executed ({effects:?})"
@@ -136,7 +141,6 @@ pub async fn check(
         }
     }
 
-    let mut ticket_ids: HashSet<String> = HashSet::new();
     for intent in intents {
         let table = match intent.kind {
             Kind::Ticket => &ticket_effects,

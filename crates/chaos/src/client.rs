@@ -36,6 +36,10 @@ pub struct Stats {
     pub transport_errors: AtomicU64,
     /// Requests the client abandoned mid-flight (a short deadline).
     pub dropped: AtomicU64,
+    /// Attempts sent as two concurrent copies.
+    pub hedged: AtomicU64,
+    /// Instances frozen with `SIGSTOP` past their lease, then resumed.
+    pub pauses: AtomicU64,
     /// Clients thrown away and replaced (pool, connections and all).
     pub client_restarts: AtomicU64,
     /// Changed-payload reuses of an acknowledged key.
@@ -101,6 +105,8 @@ pub struct Intent {
     pub unknown: bool,
     /// Attempts sent.
     pub attempts: u32,
+    /// `2xx` answers not marked `Idempotent-Replayed` (executions, as answered).
+    pub originals: u32,
 }
 
 /// The marker of a probe's effect: any effect carrying it is a violation.
@@ -165,6 +171,7 @@ impl Intent {
             contradictions: Vec::new(),
             unknown: false,
             attempts: 0,
+            originals: 0,
         }
     }
 
@@ -216,10 +223,28 @@ pub struct Behaviour {
     pub drop_window: Duration,
     /// Probability that an acknowledged key is reused with a changed payload.
     pub probe_rate: f64,
+    /// Probability that an attempt is sent twice at once, to two instances.
+    pub hedge_rate: f64,
     /// Probability that a failed attempt is followed by a client restart.
     pub restart_rate: f64,
     /// Attempts per intent before the client gives up (it comes back in the settle phase).
     pub max_attempts: u32,
+}
+
+/// What one attempt does.
+#[derive(Debug)]
+struct Attempt {
+    base: String,
+    body: String,
+    deadline: Option<Duration>,
+}
+
+/// What the client does after an answer.
+#[derive(Debug)]
+enum Step {
+    Next,
+    Pause(Duration),
+    Stop,
 }
 
 /// One answer, classified.
@@ -275,64 +300,99 @@ impl Client {
     }
 
     /// Drives `intent` until acknowledged, unknown, or `max_attempts` attempts; `drops`
-    /// says whether attempts may be abandoned on purpose (not in the settle phase).
+    /// says whether attempts may be abandoned or hedged on purpose (not in the settle phase).
     pub async fn drive(&mut self, intent: &mut Intent, max_attempts: u32, drops: bool) {
         let mut tries = 0;
         while intent.open() && tries < max_attempts {
             tries += 1;
-            let body = spell(&intent.fields, &mut self.rng);
-            let deadline = (drops && self.rng.chance(self.behaviour.drop_rate)).then(|| {
-                let window = self.behaviour.drop_window.as_millis() as u64;
-                Duration::from_millis(self.rng.between(1, window.max(2)))
-            });
-            intent.attempts += 1;
-            let answer = self.send(intent, body, deadline).await;
-            let pause = match answer {
-                Answer::Success {
-                    status,
-                    body,
-                    operation_id,
-                    replayed,
-                } => {
-                    self.accept(intent, status, body, operation_id, replayed);
-                    None
-                }
-                Answer::InProgress(retry_after) => {
-                    // Loosely: never longer than a second, never shorter than 50 ms.
-                    let hint = retry_after.unwrap_or(Duration::from_millis(200));
-                    let cap = hint.min(Duration::from_secs(1)).as_millis() as u64;
-                    Some(Duration::from_millis(self.rng.between(50, cap.max(50))))
-                }
-                Answer::Unknown => {
-                    intent.unknown = true;
-                    None
-                }
-                Answer::Refused {
-                    status,
-                    problem,
-                    body,
-                } => {
-                    // The intent's own command was refused: with a unique invoice and a
-                    // valid body this can only mean a second execution was caught by the
-                    // domain rule (invoice-already-paid) or the key mixed up payloads.
-                    intent.contradictions.push(format!(
-                        "attempt {} answered {status} {problem}: {body}",
-                        intent.attempts
-                    ));
-                    return;
-                }
-                Answer::ServerError | Answer::Transport | Answer::Dropped => {
-                    if drops && self.rng.chance(self.behaviour.restart_rate) {
-                        self.restart();
-                    }
-                    let exp = 50u64 << tries.min(5);
-                    Some(Duration::from_millis(
-                        self.rng.between(exp / 2, exp.min(1500)),
-                    ))
-                }
+            let first = self.plan(intent, drops);
+            let answers = if drops && self.rng.chance(self.behaviour.hedge_rate) {
+                // A hedged request: two copies at once, to two instances, as a client that
+                // races a slow answer (or a double submit) would.
+                Stats::bump(&self.stats.hedged);
+                let second = self.plan(intent, drops);
+                intent.attempts += 2;
+                let (a, b) = tokio::join!(self.send(intent, first), self.send(intent, second));
+                vec![a, b]
+            } else {
+                intent.attempts += 1;
+                vec![self.send(intent, first).await]
             };
-            if let Some(pause) = pause {
+            let mut pause = None;
+            for answer in answers {
+                match self.handle(intent, answer, tries, drops) {
+                    Step::Stop => return,
+                    Step::Pause(p) => pause = Some(pause.map_or(p, |q: Duration| q.max(p))),
+                    Step::Next => {}
+                }
+            }
+            if intent.open()
+                && let Some(pause) = pause
+            {
                 tokio::time::sleep(pause).await;
+            }
+        }
+    }
+
+    /// One attempt's choices: the instance, the spelling and whether it is abandoned.
+    fn plan(&mut self, intent: &Intent, drops: bool) -> Attempt {
+        let bases = &self.behaviour.bases;
+        let base = bases[self.rng.below(bases.len() as u64) as usize].clone();
+        let body = spell(&intent.fields, &mut self.rng);
+        let deadline = (drops && self.rng.chance(self.behaviour.drop_rate)).then(|| {
+            let window = self.behaviour.drop_window.as_millis() as u64;
+            Duration::from_millis(self.rng.between(1, window.max(2)))
+        });
+        Attempt {
+            base,
+            body,
+            deadline,
+        }
+    }
+
+    fn handle(&mut self, intent: &mut Intent, answer: Answer, tries: u32, drops: bool) -> Step {
+        match answer {
+            Answer::Success {
+                status,
+                body,
+                operation_id,
+                replayed,
+            } => {
+                self.accept(intent, status, body, operation_id, replayed);
+                Step::Next
+            }
+            Answer::InProgress(retry_after) => {
+                // Loosely: never longer than a second, never shorter than 50 ms.
+                let hint = retry_after.unwrap_or(Duration::from_millis(200));
+                let cap = hint.min(Duration::from_secs(1)).as_millis() as u64;
+                Step::Pause(Duration::from_millis(self.rng.between(50, cap.max(50))))
+            }
+            Answer::Unknown => {
+                intent.unknown = true;
+                Step::Next
+            }
+            Answer::Refused {
+                status,
+                problem,
+                body,
+            } => {
+                // The intent's own command was refused: with a unique invoice and a valid
+                // body this can only mean a second execution was caught by the domain rule
+                // (invoice-already-paid) or the key mixed up payloads.
+                intent.contradictions.push(format!(
+                    "attempt {} answered {status} {problem}: {body}",
+                    intent.attempts
+                ));
+                Step::Stop
+            }
+            Answer::ServerError | Answer::Transport | Answer::Dropped => {
+                if drops && self.rng.chance(self.behaviour.restart_rate) {
+                    self.restart();
+                }
+                let exp = 50u64 << tries.min(5);
+                Step::Pause(Duration::from_millis(
+                    self.rng.between(exp / 2, exp.min(1500)),
+                ))
             }
         }
     }
@@ -342,8 +402,9 @@ impl Client {
     pub async fn probe(&mut self, intent: &mut Intent) {
         Stats::bump(&self.stats.probes);
         for _ in 0..5 {
-            let body = spell(&intent.probe_fields, &mut self.rng);
-            match self.send(intent, body, None).await {
+            let mut attempt = self.plan(intent, false);
+            attempt.body = spell(&intent.probe_fields, &mut self.rng);
+            match self.send(intent, attempt).await {
                 Answer::Refused { status, .. } if (400..500).contains(&status) => {
                     Stats::bump(&self.stats.probes_refused);
                     return;
@@ -373,8 +434,8 @@ impl Client {
     /// Sends the acknowledged intent again: the answer must be the acknowledgement, byte for
     /// byte, marked as a replay. `false` when no answer came (the caller may retry).
     pub async fn verify_replay(&mut self, intent: &mut Intent) -> bool {
-        let body = spell(&intent.fields, &mut self.rng);
-        match self.send(intent, body, None).await {
+        let attempt = self.plan(intent, false);
+        match self.send(intent, attempt).await {
             Answer::Success {
                 status,
                 body,
@@ -386,7 +447,7 @@ impl Client {
                         .contradictions
                         .push("a final retry was not marked Idempotent-Replayed".to_owned());
                 }
-                self.accept(intent, status, body, operation_id, true);
+                self.accept(intent, status, body, operation_id, replayed);
                 true
             }
             Answer::Refused {
@@ -443,11 +504,17 @@ impl Client {
                         "a replay named another operation: {:?} then {operation_id:?}",
                         first.operation_id
                     ));
-                } else if !replayed {
-                    intent
-                        .contradictions
-                        .push("a second 2xx was not marked as a replay".to_owned());
                 }
+            }
+        }
+        if !replayed {
+            intent.originals += 1;
+            // Hedged copies may answer in either order, so the original (not marked as a
+            // replay) need not be the first 2xx seen; but there is only one.
+            if intent.originals == 2 {
+                intent
+                    .contradictions
+                    .push("two 2xx answers were not marked as replays".to_owned());
             }
         }
     }
@@ -457,10 +524,13 @@ impl Client {
         self.http = new_http();
     }
 
-    async fn send(&mut self, intent: &Intent, body: String, deadline: Option<Duration>) -> Answer {
+    async fn send(&self, intent: &Intent, attempt: Attempt) -> Answer {
         Stats::bump(&self.stats.attempts);
-        let bases = &self.behaviour.bases;
-        let base = &bases[self.rng.below(bases.len() as u64) as usize];
+        let Attempt {
+            base,
+            body,
+            deadline,
+        } = attempt;
         let request = self
             .http
             .post(format!("{base}{}", intent.path()))

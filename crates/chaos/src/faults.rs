@@ -1,5 +1,6 @@
 //! Fault injection during the storm: `kill -9` of demo instances (each restarted after a
-//! short outage, on its port) and PostgreSQL restarts (fast shutdown: sessions and open
+//! short outage, on its port), instances frozen with `SIGSTOP` past their lease and then
+//! resumed, and PostgreSQL restarts (fast shutdown: sessions and open
 //! transactions are cut, then the server starts again on the same port). Dropped client
 //! connections are injected by the clients themselves ([`crate::client`]).
 //!
@@ -50,6 +51,35 @@ pub async fn kill_loop(
         }
         tokio::time::sleep(Duration::from_millis(rng.between(200, 1500))).await;
         fleet.start(victim).await?;
+    }
+}
+
+/// Freezes a random instance around every `every` until `end`, for 1.5–4 leases, so that
+/// its leases lapse, a retry takes its operations over, and then it wakes up and tries to
+/// finish them (it must be fenced off).
+pub async fn pause_loop(
+    fleet: Arc<Fleet>,
+    stats: Arc<Stats>,
+    mut rng: Rng,
+    every: Duration,
+    lease: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let first_by = end.saturating_duration_since(Instant::now()) / 3;
+    let mut first = true;
+    loop {
+        let delay = next_delay(&mut rng, every, first, first_by);
+        first = false;
+        if Instant::now() + delay >= end {
+            return Ok(());
+        }
+        tokio::time::sleep(delay).await;
+        let victim = rng.below(fleet.len() as u64) as usize;
+        let lease_ms = lease.as_millis() as u64;
+        let frozen = Duration::from_millis(rng.between(lease_ms * 3 / 2, lease_ms * 4));
+        if fleet.pause(victim, frozen).await {
+            Stats::bump(&stats.pauses);
+        }
     }
 }
 

@@ -123,10 +123,44 @@ impl Fleet {
         true
     }
 
+    /// Freezes slot `index` with `SIGSTOP` for `frozen`, then resumes it with `SIGCONT`:
+    /// a process that stops answering and stops renewing its leases without dying (a long
+    /// GC pause, a frozen VM), and wakes up after a take-over. `false` when it was not
+    /// running.
+    pub async fn pause(&self, index: usize, frozen: Duration) -> bool {
+        let pid = {
+            let running = self.slots[index].running.lock().await;
+            match running.as_ref().and_then(|r| r.child.id()) {
+                Some(pid) => pid,
+                None => return false,
+            }
+        };
+        if !signal(pid, "STOP").await {
+            return false;
+        }
+        tokio::time::sleep(frozen).await;
+        // Resume only the process we froze: it may have been killed (and replaced) meanwhile.
+        let running = self.slots[index].running.lock().await;
+        if running.as_ref().and_then(|r| r.child.id()) == Some(pid) {
+            signal(pid, "CONT").await;
+        }
+        true
+    }
+
     /// Kills every instance.
     pub async fn kill_all(&self) {
         for index in 0..self.slots.len() {
             self.kill(index).await;
+        }
+    }
+
+    /// Resumes every instance (after the storm, none may stay frozen).
+    pub async fn resume_all(&self) {
+        for slot in &self.slots {
+            let running = slot.running.lock().await;
+            if let Some(pid) = running.as_ref().and_then(|r| r.child.id()) {
+                signal(pid, "CONT").await;
+            }
         }
     }
 
@@ -173,4 +207,17 @@ impl Fleet {
             Err(format!("no `listening on` line (got {line:?})"))
         }
     }
+}
+
+/// Sends `SIGname` to `pid` with kill(1): the crate forbids `unsafe`, so no libc call.
+async fn signal(pid: u32, name: &str) -> bool {
+    Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|status| status.success())
 }

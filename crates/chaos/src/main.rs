@@ -42,16 +42,22 @@ OPTIONS:
     --clients N           concurrent clients (default 8)
     --accounts N          accounts (scopes) the clients write for (default 4)
     --kill-every D        mean time between kill -9 of an instance (default 10s)
+    --pause-every D       mean time between freezing an instance (SIGSTOP for 1.5-4
+                          leases, then SIGCONT) (default 20s)
     --pg-restart-every D  mean time between PostgreSQL restarts (default 60s)
     --drop-rate P         share of attempts abandoned mid-flight (default 0.25)
     --probe-rate P        share of acknowledged keys reused with a changed payload
                           (default 0.05)
+    --hedge-rate P        share of attempts sent as two concurrent copies to two
+                          instances (default 0.05)
     --restart-rate P      chance that a failed attempt is followed by a client restart
                           (default 0.1)
     --max-attempts N      attempts per intent during the storm (default 10)
     --handler-delay-ms N  the demo's delay between effect and answer (default 150)
     --lease-ms N          the demo's in-progress lease (default 1000)
     --wait-ms N           the demo's wait for an in-progress original (default 300)
+    --unguarded           run the demo without the idempotency layer (--no-idempotency):
+                          a check of the checker, which must then report violations
     -h, --help            print this help
 
 Faults land at random times (the first of each kind within the first quarter / half of the
@@ -67,6 +73,8 @@ struct Options {
     clients: usize,
     accounts: usize,
     kill_every: Duration,
+    pause_every: Duration,
+    hedge_rate: f64,
     pg_restart_every: Duration,
     drop_rate: f64,
     probe_rate: f64,
@@ -75,6 +83,7 @@ struct Options {
     handler_delay_ms: u64,
     lease_ms: u64,
     wait_ms: u64,
+    unguarded: bool,
 }
 
 impl Options {
@@ -89,6 +98,8 @@ impl Options {
             clients: 8,
             accounts: 4,
             kill_every: Duration::from_secs(10),
+            pause_every: Duration::from_secs(20),
+            hedge_rate: 0.05,
             pg_restart_every: Duration::from_secs(60),
             drop_rate: 0.25,
             probe_rate: 0.05,
@@ -97,6 +108,7 @@ impl Options {
             handler_delay_ms: 150,
             lease_ms: 1000,
             wait_ms: 300,
+            unguarded: false,
         };
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -133,6 +145,8 @@ impl Options {
                 "--clients" => o.clients = num(&flag, value()?)?,
                 "--accounts" => o.accounts = num(&flag, value()?)?,
                 "--kill-every" => o.kill_every = dur(&flag, value()?)?,
+                "--pause-every" => o.pause_every = dur(&flag, value()?)?,
+                "--hedge-rate" => o.hedge_rate = rate(&flag, value()?)?,
                 "--pg-restart-every" => o.pg_restart_every = dur(&flag, value()?)?,
                 "--drop-rate" => o.drop_rate = rate(&flag, value()?)?,
                 "--probe-rate" => o.probe_rate = rate(&flag, value()?)?,
@@ -141,6 +155,7 @@ impl Options {
                 "--handler-delay-ms" => o.handler_delay_ms = num(&flag, value()?)?,
                 "--lease-ms" => o.lease_ms = num(&flag, value()?)?,
                 "--wait-ms" => o.wait_ms = num(&flag, value()?)?,
+                "--unguarded" if inline.is_none() => o.unguarded = true,
                 other => return Err(format!("unknown argument `{other}`")),
             }
         }
@@ -149,7 +164,11 @@ impl Options {
                 "--instances, --clients, --accounts and --max-attempts must be at least 1".into(),
             );
         }
-        if o.kill_every.is_zero() || o.pg_restart_every.is_zero() || o.lease_ms == 0 {
+        if o.kill_every.is_zero()
+            || o.pause_every.is_zero()
+            || o.pg_restart_every.is_zero()
+            || o.lease_ms == 0
+        {
             return Err("fault intervals and the lease must be positive".into());
         }
         Ok(o)
@@ -211,11 +230,13 @@ async fn soak(o: Options) -> Result<bool, String> {
         o.accounts
     );
     println!(
-        "faults: kill -9 every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped; \
+        "faults: kill -9 every ~{}, freeze every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped, {:.0}% hedged; \
          demo: handler delay {} ms, lease {} ms, wait {} ms",
         humantime::format_duration(o.kill_every),
+        humantime::format_duration(o.pause_every),
         humantime::format_duration(o.pg_restart_every),
         o.drop_rate * 100.0,
+        o.hedge_rate * 100.0,
         o.handler_delay_ms,
         o.lease_ms,
         o.wait_ms
@@ -228,7 +249,7 @@ async fn soak(o: Options) -> Result<bool, String> {
     let url = database.url().to_owned();
     let log_dir = std::env::temp_dir().join(format!("chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).map_err(|e| format!("{}: {e}", log_dir.display()))?;
-    let demo_args = vec![
+    let mut demo_args = vec![
         "--database-url".to_owned(),
         url.clone(),
         "--handler-delay-ms".to_owned(),
@@ -238,6 +259,10 @@ async fn soak(o: Options) -> Result<bool, String> {
         "--wait-ms".to_owned(),
         o.wait_ms.to_string(),
     ];
+    if o.unguarded {
+        println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
+        demo_args.push("--no-idempotency".to_owned());
+    }
     let fleet = Arc::new(Fleet::new(o.instances, demo_args, log_dir.clone())?);
     fleet.start_all().await?;
     println!(
@@ -254,6 +279,7 @@ async fn soak(o: Options) -> Result<bool, String> {
         drop_rate: o.drop_rate,
         drop_window: Duration::from_millis(o.handler_delay_ms + 100),
         probe_rate: o.probe_rate,
+        hedge_rate: o.hedge_rate,
         restart_rate: o.restart_rate,
         max_attempts: o.max_attempts,
     };
@@ -285,6 +311,14 @@ async fn soak(o: Options) -> Result<bool, String> {
         o.pg_restart_every,
         end,
     ));
+    let pauses = tokio::spawn(faults::pause_loop(
+        fleet.clone(),
+        stats.clone(),
+        Rng::new(o.seed, 1003),
+        o.pause_every,
+        Duration::from_millis(o.lease_ms),
+        end,
+    ));
     let progress = tokio::spawn(report_progress(stats.clone(), started));
     let mut intents: Vec<Intent> = Vec::new();
     for client in clients {
@@ -292,6 +326,7 @@ async fn soak(o: Options) -> Result<bool, String> {
     }
     kills.await.map_err(|e| e.to_string())??;
     restarts.await.map_err(|e| e.to_string())??;
+    pauses.await.map_err(|e| e.to_string())??;
     progress.abort();
     println!(
         "storm over after {:.0?}: {} intents; settling",
@@ -301,6 +336,7 @@ async fn soak(o: Options) -> Result<bool, String> {
 
     // Settle: everything up, leases of killed instances lapsed, then every open intent
     // retried with its key until it is answered, and every acknowledged one replayed.
+    fleet.resume_all().await;
     fleet.start_all().await?;
     tokio::time::sleep(Duration::from_millis(o.lease_ms + 500)).await;
     let open_before = intents.iter().filter(|i| i.open()).count();
@@ -377,11 +413,12 @@ async fn report_progress(stats: Arc<Stats>, started: Instant) {
     loop {
         tokio::time::sleep(Duration::from_secs(15)).await;
         eprintln!(
-            "  {:>4}s: {} attempts, {} 2xx, {} kills, {} PostgreSQL restarts, {} dropped",
+            "  {:>4}s: {} attempts, {} 2xx, {} kills, {} freezes, {} PostgreSQL restarts, {} dropped",
             started.elapsed().as_secs(),
             stats.attempts.load(Ordering::Relaxed),
             stats.answered_2xx.load(Ordering::Relaxed),
             stats.kills.load(Ordering::Relaxed),
+            stats.pauses.load(Ordering::Relaxed),
             stats.pg_restarts.load(Ordering::Relaxed),
             stats.dropped.load(Ordering::Relaxed),
         );
@@ -489,6 +526,16 @@ fn print_table(
             String::new(),
         ),
         (
+            "faults: instance frozen past its lease".into(),
+            n(&stats.pauses).to_string(),
+            String::new(),
+        ),
+        (
+            "faults: hedged attempts (two copies at once)".into(),
+            n(&stats.hedged).to_string(),
+            String::new(),
+        ),
+        (
             "faults: PostgreSQL restarts".into(),
             n(&stats.pg_restarts).to_string(),
             String::new(),
@@ -534,8 +581,8 @@ fn print_table(
         humantime::format_duration(o.duration)
     );
     println!(
-        "| {:width$} | {:>value_width$} | {} |",
-        "measure", "value", "verdict / detail"
+        "| {:width$} | {:>value_width$} | verdict / detail |",
+        "measure", "value"
     );
     println!(
         "|{}|{}:|---|",
