@@ -43,6 +43,10 @@ pub struct Findings {
     pub unacked_with_effect: u64,
     /// Idempotency records by state.
     pub records: BTreeMap<String, i64>,
+    /// Operations executed again after their lease lapsed (a take-over: `attempts > 1`).
+    pub taken_over: i64,
+    /// Replays the store counted.
+    pub replays: i64,
     /// Outbox rows by state.
     pub outbox: BTreeMap<String, i64>,
     /// Disagreements between the API's listings and the tables.
@@ -259,6 +263,17 @@ pub async fn check(
             target.insert(row.get(0), row.get(1));
         }
     }
+
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE attempts > 1), coalesce(sum(replays), 0)::bigint \
+             FROM idempotency_operations",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    found.taken_over = row.get(0);
+    found.replays = row.get(1);
 
     check_api(
         &mut found,

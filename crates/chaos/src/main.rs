@@ -266,7 +266,7 @@ async fn soak(o: Options) -> Result<bool, String> {
     let fleet = Arc::new(Fleet::new(o.instances, demo_args, log_dir.clone())?);
     fleet.start_all().await?;
     println!(
-        "instances: {} (logs in {})",
+        "instances: {} (logs in {}); database {url}",
         fleet.bases().join(" "),
         log_dir.display()
     );
@@ -560,6 +560,11 @@ fn print_table(
                 n(&stats.transport_errors)
             ),
             String::new(),
+        ),
+        (
+            "lapsed leases taken over / replays served".into(),
+            format!("{} / {}", found.taken_over, found.replays),
+            "operations executed again after their lease lapsed; stored answers replayed".into(),
         ),
         (
             "idempotency records by state".into(),
