@@ -49,6 +49,8 @@ pub struct Findings {
     pub replays: i64,
     /// Outbox rows by state.
     pub outbox: BTreeMap<String, i64>,
+    /// Acknowledged intents whose status-route record disagrees with the acknowledgement.
+    pub status_disagreements: u64,
     /// Disagreements between the API's listings and the tables.
     pub api_mismatches: u64,
     /// One line per violation, for the log.
@@ -196,6 +198,14 @@ pub async fn check(
             }
             None if !effects.is_empty() => found.unacked_with_effect += 1,
             None => {}
+        }
+        if !intent.status_disagreements.is_empty() {
+            found.status_disagreements += 1;
+            for disagreement in &intent.status_disagreements {
+                found
+                    .violations
+                    .push(format!("{}: {disagreement}", intent.marker));
+            }
         }
         if !intent.contradictions.is_empty() {
             found.differing += 1;

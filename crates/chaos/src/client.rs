@@ -107,6 +107,8 @@ pub struct Intent {
     pub attempts: u32,
     /// `2xx` answers not marked `Idempotent-Replayed` (executions, as answered).
     pub originals: u32,
+    /// Where the status route disagreed with the acknowledgement.
+    pub status_disagreements: Vec<String>,
 }
 
 /// The marker of a probe's effect: any effect carrying it is a violation.
@@ -172,6 +174,7 @@ impl Intent {
             unknown: false,
             attempts: 0,
             originals: 0,
+            status_disagreements: Vec::new(),
         }
     }
 
@@ -469,6 +472,47 @@ impl Client {
             }
             Answer::ServerError | Answer::Transport | Answer::Dropped => false,
         }
+    }
+
+    /// Reads the acknowledged operation from the status route: it must be `completed`,
+    /// under the intent's key, with the acknowledged status. `false` when no answer came.
+    pub async fn verify_status(&mut self, intent: &mut Intent) -> bool {
+        let Some(ack) = &intent.ack else {
+            return true;
+        };
+        let Some(operation_id) = &ack.operation_id else {
+            intent
+                .status_disagreements
+                .push("the acknowledgement carried no Operation-Id".to_owned());
+            return true;
+        };
+        let base =
+            &self.behaviour.bases[self.rng.below(self.behaviour.bases.len() as u64) as usize];
+        let reply = self
+            .http
+            .get(format!("{base}/operations/{operation_id}"))
+            .bearer_auth(&intent.account)
+            .send()
+            .await;
+        let Ok(reply) = reply else {
+            return false;
+        };
+        let status = reply.status().as_u16();
+        if status >= 500 {
+            return false;
+        }
+        let document: Value = reply.json().await.unwrap_or(Value::Null);
+        let agrees = status == 200
+            && document["state"] == "completed"
+            && document["idempotency_key"] == intent.key.as_str()
+            && document["response_status"] == ack.status;
+        if !agrees {
+            intent.status_disagreements.push(format!(
+                "GET /operations/{operation_id} answered {status} {document} for an acknowledged {}",
+                ack.status
+            ));
+        }
+        true
     }
 
     fn accept(

@@ -393,6 +393,12 @@ async fn settle(
                             }
                             tokio::time::sleep(Duration::from_millis(300)).await;
                         }
+                        for _ in 0..10 {
+                            if client.verify_status(intent).await {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
                     }
                 }
                 share
@@ -511,6 +517,11 @@ fn print_table(
             },
         ),
         (
+            "status route vs acknowledged answers".into(),
+            format!("{} disagreements", found.status_disagreements),
+            must_zero(found.status_disagreements).into(),
+        ),
+        (
             "API listings vs tables".into(),
             format!("{} mismatches", found.api_mismatches),
             must_zero(found.api_mismatches).into(),
@@ -603,7 +614,8 @@ fn print_table(
         && found.differing == 0
         && found.probe_effects == 0
         && notes_match
-        && found.api_mismatches == 0;
+        && found.api_mismatches == 0
+        && found.status_disagreements == 0;
     if ok {
         println!("\nall invariants hold");
     } else {
