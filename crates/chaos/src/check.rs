@@ -37,6 +37,9 @@ pub struct Findings {
     pub probe_effects: u64,
     /// Notifications delivered for this run's tickets.
     pub notifications: u64,
+    /// Deliveries of a notification beyond its first (at-least-once delivery, absorbed by
+    /// the sink's effect id): information, not a violation.
+    pub redeliveries: i64,
     /// Tickets without exactly one notification, plus notifications without a ticket.
     pub notification_mismatches: u64,
     /// Unacknowledged intents with an effect (the request ran, the answer was lost).
@@ -284,6 +287,14 @@ pub async fn check(
         .map_err(|e| e.to_string())?;
     found.taken_over = row.get(0);
     found.replays = row.get(1);
+    found.redeliveries = client
+        .query_one(
+            "SELECT coalesce(sum(attempts - 1), 0)::bigint FROM demo_notifications",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .get(0);
 
     check_api(
         &mut found,

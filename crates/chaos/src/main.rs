@@ -56,6 +56,9 @@ OPTIONS:
     --handler-delay-ms N  the demo's delay between effect and answer (default 150)
     --lease-ms N          the demo's in-progress lease (default 1000)
     --wait-ms N           the demo's wait for an in-progress original (default 300)
+    --non-transactional   run the demo with --non-transactional: tickets and payments
+                          written in autocommit, outside the operation's transaction, so
+                          a kill between effect and completion leaves an unknown outcome
     --unguarded           run the demo without the idempotency layer (--no-idempotency):
                           a check of the checker, which must then report violations
     -h, --help            print this help
@@ -84,6 +87,7 @@ struct Options {
     lease_ms: u64,
     wait_ms: u64,
     unguarded: bool,
+    non_transactional: bool,
 }
 
 impl Options {
@@ -109,6 +113,7 @@ impl Options {
             lease_ms: 1000,
             wait_ms: 300,
             unguarded: false,
+            non_transactional: false,
         };
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -156,6 +161,7 @@ impl Options {
                 "--lease-ms" => o.lease_ms = num(&flag, value()?)?,
                 "--wait-ms" => o.wait_ms = num(&flag, value()?)?,
                 "--unguarded" if inline.is_none() => o.unguarded = true,
+                "--non-transactional" if inline.is_none() => o.non_transactional = true,
                 other => return Err(format!("unknown argument `{other}`")),
             }
         }
@@ -259,6 +265,10 @@ async fn soak(o: Options) -> Result<bool, String> {
         "--wait-ms".to_owned(),
         o.wait_ms.to_string(),
     ];
+    if o.non_transactional {
+        println!("non-transactional: the demo writes tickets and payments in autocommit");
+        demo_args.push("--non-transactional".to_owned());
+    }
     if o.unguarded {
         println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
         demo_args.push("--no-idempotency".to_owned());
@@ -511,7 +521,10 @@ fn print_table(
             "notification effects vs tickets".into(),
             format!("{} / {}", found.notifications, found.tickets),
             if notes_match {
-                "ok (must match)".into()
+                format!(
+                    "ok (must match); {} redeliveries absorbed by effect id",
+                    found.redeliveries
+                )
             } else {
                 format!("VIOLATION: {} mismatches", found.notification_mismatches)
             },
