@@ -30,7 +30,7 @@ pub struct Stats {
     pub in_progress: AtomicU64,
     /// `409 outcome-unknown` answers.
     pub outcome_unknown: AtomicU64,
-    /// `5xx` answers.
+    /// `5xx` answers (and `408` / `429`, retried the same way).
     pub server_errors: AtomicU64,
     /// Connection refused, reset or closed before an answer.
     pub transport_errors: AtomicU64,
@@ -419,11 +419,10 @@ impl Client {
                     ));
                     return;
                 }
+                // Any 409 refuses the request without running it; whether the effect
+                // table stayed clean is checked from the database.
                 Answer::InProgress(_) | Answer::Unknown => {
-                    intent.contradictions.push(
-                        "a changed payload under the acknowledged key was not refused as a mismatch"
-                            .to_owned(),
-                    );
+                    Stats::bump(&self.stats.probes_refused);
                     return;
                 }
                 Answer::Refused { .. }
@@ -641,6 +640,12 @@ fn classify(stats: &Stats, status: u16, headers: &HeaderMap, body: Vec<u8>) -> A
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
             Answer::InProgress(retry_after)
+        }
+        // A body that arrived too slowly (a frozen instance, a loaded machine) or a server
+        // shedding load: nothing was stored, so the retry is the client's normal move.
+        (408 | 429, _) => {
+            Stats::bump(&stats.server_errors);
+            Answer::ServerError
         }
         (409, "outcome-unknown") => {
             Stats::bump(&stats.outcome_unknown);
