@@ -79,6 +79,7 @@
 
 pub mod body;
 mod buffer;
+mod detach;
 mod execute;
 mod flow;
 mod headers;

@@ -1,0 +1,130 @@
+//! A future that finishes even when its caller stops waiting: polled in place while the
+//! caller waits, moved into a task of its own when the caller drops it.
+//!
+//! This is what keeps a reservation, its handler and the storing of its result together
+//! when a client disconnects (the server drops the request's future), without paying for
+//! a task spawn and a cross-thread wake-up on every request whose client stays.
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// The wrapped future panicked; it was dropped and its work did not finish.
+#[derive(Debug)]
+pub(crate) struct Panicked;
+
+/// See the [module documentation](self).
+pub(crate) struct DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    /// `None` once the future finished (or panicked): nothing is left to detach.
+    inner: Option<Pin<Box<F>>>,
+}
+
+impl<F> DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    /// Boxed once here, so that neither polling nor detaching ever moves the (large)
+    /// future itself.
+    pub(crate) fn new(future: F) -> Self {
+        Self {
+            inner: Some(Box::pin(future)),
+        }
+    }
+}
+
+impl<F> Future for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    type Output = Result<F::Output, Panicked>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(inner) = self.inner.as_mut() else {
+            // Polled after it returned `Ready`: a caller bug, but not worth a panic.
+            return Poll::Pending;
+        };
+        // A panic must not leave a half-run future behind for `Drop` to detach and poll
+        // again: it is dropped here and reported as `Panicked`, as a task's `JoinError`
+        // would have been.
+        match catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => {
+                self.inner = None;
+                Poll::Ready(Ok(output))
+            }
+            Err(_) => {
+                self.inner = None;
+                Poll::Ready(Err(Panicked))
+            }
+        }
+    }
+}
+
+impl<F> Drop for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(unfinished) = self.inner.take() else {
+            return;
+        };
+        // A server drops request futures inside its runtime. Outside one (a runtime that
+        // is shutting down), there is nowhere left to run the work; it is dropped, as a
+        // spawned task would have been.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(unfinished);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn runs_in_place_while_awaited() {
+        let answer = DetachOnDrop::new(async { 42 }).await;
+        assert_eq!(answer.unwrap(), 42);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_future_still_finishes() {
+        let finished = Arc::new(AtomicBool::new(false));
+        let flag = finished.clone();
+        let work = DetachOnDrop::new(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            flag.store(true, Ordering::SeqCst);
+        });
+        // The caller gives up after one poll, as a server does when the client leaves.
+        let abandoned = tokio::time::timeout(Duration::from_millis(1), work).await;
+        assert!(abandoned.is_err());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            finished.load(Ordering::SeqCst),
+            "the detached work ran to the end"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panic_is_reported_not_detached() {
+        let answer = DetachOnDrop::new(async {
+            if true {
+                panic!("boom");
+            }
+        })
+        .await;
+        assert!(answer.is_err());
+    }
+}
