@@ -686,3 +686,92 @@ pub async fn run(
     }
     intents
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_is_the_same_command() {
+        let mut rng = Rng::new(42, 0);
+        for n in 0..200 {
+            let intent = Intent::new(&mut rng, "run", 0, n, "acct".to_owned());
+            let meaning: Value = serde_json::from_str(&spell(&intent.fields, &mut rng)).unwrap();
+            let mut spellings = std::collections::HashSet::new();
+            for _ in 0..20 {
+                let text = spell(&intent.fields, &mut rng);
+                assert_eq!(
+                    serde_json::from_str::<Value>(&text).unwrap(),
+                    meaning,
+                    "{text}"
+                );
+                spellings.insert(text);
+            }
+            assert!(spellings.len() > 1, "retries vary the spelling");
+            let probe: Value =
+                serde_json::from_str(&spell(&intent.probe_fields, &mut rng)).unwrap();
+            assert_ne!(probe, meaning, "a probe changes the command");
+        }
+    }
+
+    #[test]
+    fn markers_and_keys_are_unique_per_intent() {
+        let mut rng = Rng::new(7, 1);
+        let intents: Vec<Intent> = (0..100)
+            .map(|n| Intent::new(&mut rng, "run", 3, n, "acct".to_owned()))
+            .collect();
+        let markers: std::collections::HashSet<_> = intents.iter().map(|i| &i.marker).collect();
+        let keys: std::collections::HashSet<_> = intents.iter().map(|i| &i.key).collect();
+        assert_eq!(markers.len(), 100);
+        assert_eq!(keys.len(), 100);
+        assert!(intents.iter().any(|i| i.kind == Kind::Ticket));
+        assert!(intents.iter().any(|i| i.kind == Kind::Payment));
+        for intent in &intents {
+            // Tickets never carry the natural key that would hide a second execution.
+            assert!(
+                intent
+                    .fields
+                    .iter()
+                    .all(|(name, _)| *name != "source_event_id")
+            );
+        }
+    }
+
+    #[test]
+    fn answers_are_classified_by_problem_type() {
+        let stats = Stats::default();
+        let problem = |slug: &str| {
+            format!(r#"{{"type":"https://tower-idempotency.dev/problems/{slug}","status":409}}"#)
+                .into_bytes()
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, "2".parse().unwrap());
+        assert!(matches!(
+            classify(&stats, 409, &headers, problem("request-in-progress")),
+            Answer::InProgress(Some(d)) if d == Duration::from_secs(2)
+        ));
+        assert!(matches!(
+            classify(&stats, 409, &HeaderMap::new(), problem("outcome-unknown")),
+            Answer::Unknown
+        ));
+        assert!(matches!(
+            classify(
+                &stats,
+                409,
+                &HeaderMap::new(),
+                problem("fingerprint-mismatch")
+            ),
+            Answer::Refused { status: 409, .. }
+        ));
+        assert!(matches!(
+            classify(&stats, 503, &HeaderMap::new(), problem("store-unavailable")),
+            Answer::ServerError
+        ));
+        let mut replayed = HeaderMap::new();
+        replayed.insert("idempotent-replayed", "true".parse().unwrap());
+        assert!(matches!(
+            classify(&stats, 201, &replayed, b"{}".to_vec()),
+            Answer::Success { replayed: true, .. }
+        ));
+    }
+}

@@ -639,3 +639,44 @@ fn print_table(
     }
     ok
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options, String> {
+        Options::parse(args.iter().map(|a| (*a).to_owned()).collect())
+    }
+
+    #[test]
+    fn flags_parse_in_both_spellings() {
+        let o = parse(&[
+            "--duration",
+            "90s",
+            "--seed=5",
+            "--drop-rate",
+            "0.5",
+            "--unguarded",
+        ])
+        .unwrap();
+        assert_eq!(o.duration, Duration::from_secs(90));
+        assert_eq!(o.seed, 5);
+        assert!((o.drop_rate - 0.5).abs() < f64::EPSILON);
+        assert!(o.unguarded);
+    }
+
+    #[test]
+    fn mistakes_are_refused() {
+        for args in [
+            &["--duration"][..],
+            &["--duration", "soon"],
+            &["--drop-rate", "1.5"],
+            &["--instances", "0"],
+            &["--kill-every", "0s"],
+            &["--unguarded=yes"],
+            &["--verbose"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
+    }
+}
