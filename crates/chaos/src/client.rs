@@ -48,6 +48,10 @@ pub struct Stats {
     pub probes_refused: AtomicU64,
     /// `kill -9` of an instance.
     pub kills: AtomicU64,
+    /// Rounds of `pg_terminate_backend` over the soak's sessions.
+    pub severings: AtomicU64,
+    /// Sessions terminated in those rounds.
+    pub severed_sessions: AtomicU64,
     /// PostgreSQL stop/start cycles.
     pub pg_restarts: AtomicU64,
 }

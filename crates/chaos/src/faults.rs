@@ -1,6 +1,6 @@
 //! Fault injection during the storm: `kill -9` of demo instances (each restarted after a
 //! short outage, on its port), instances frozen with `SIGSTOP` past their lease and then
-//! resumed, and PostgreSQL restarts (fast shutdown: sessions and open
+//! resumed, every database session of the soak terminated at once, and PostgreSQL restarts (fast shutdown: sessions and open
 //! transactions are cut, then the server starts again on the same port). Dropped client
 //! connections are injected by the clients themselves ([`crate::client`]).
 //!
@@ -79,6 +79,47 @@ pub async fn pause_loop(
         let frozen = Duration::from_millis(rng.between(lease_ms * 3 / 2, lease_ms * 4));
         if fleet.pause(victim, frozen).await {
             Stats::bump(&stats.pauses);
+        }
+    }
+}
+
+/// Around every `every` until `end`, terminates every other session on the soak's
+/// database (`pg_terminate_backend`): pooled connections, open operation transactions and
+/// commits in flight are cut while the server stays up.
+pub async fn sever_loop(
+    url: String,
+    stats: Arc<Stats>,
+    mut rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let first_by = end.saturating_duration_since(Instant::now()) / 3;
+    let mut first = true;
+    loop {
+        let delay = next_delay(&mut rng, every, first, first_by);
+        first = false;
+        if Instant::now() + delay >= end {
+            return Ok(());
+        }
+        tokio::time::sleep(delay).await;
+        // The server may be restarting: then there is nothing to sever this time.
+        let Ok((client, connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+        else {
+            continue;
+        };
+        tokio::spawn(connection);
+        let severed = client
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await;
+        if let Ok(rows) = severed {
+            Stats::bump(&stats.severings);
+            stats
+                .severed_sessions
+                .fetch_add(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }

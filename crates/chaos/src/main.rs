@@ -44,6 +44,8 @@ OPTIONS:
     --kill-every D        mean time between kill -9 of an instance (default 10s)
     --pause-every D       mean time between freezing an instance (SIGSTOP for 1.5-4
                           leases, then SIGCONT) (default 20s)
+    --sever-every D       mean time between terminating every database session of the
+                          soak (pg_terminate_backend) (default 15s)
     --pg-restart-every D  mean time between PostgreSQL restarts (default 60s)
     --drop-rate P         share of attempts abandoned mid-flight (default 0.25)
     --probe-rate P        share of acknowledged keys reused with a changed payload
@@ -77,6 +79,7 @@ struct Options {
     accounts: usize,
     kill_every: Duration,
     pause_every: Duration,
+    sever_every: Duration,
     hedge_rate: f64,
     pg_restart_every: Duration,
     drop_rate: f64,
@@ -103,6 +106,7 @@ impl Options {
             accounts: 4,
             kill_every: Duration::from_secs(10),
             pause_every: Duration::from_secs(20),
+            sever_every: Duration::from_secs(15),
             hedge_rate: 0.05,
             pg_restart_every: Duration::from_secs(60),
             drop_rate: 0.25,
@@ -151,6 +155,7 @@ impl Options {
                 "--accounts" => o.accounts = num(&flag, value()?)?,
                 "--kill-every" => o.kill_every = dur(&flag, value()?)?,
                 "--pause-every" => o.pause_every = dur(&flag, value()?)?,
+                "--sever-every" => o.sever_every = dur(&flag, value()?)?,
                 "--hedge-rate" => o.hedge_rate = rate(&flag, value()?)?,
                 "--pg-restart-every" => o.pg_restart_every = dur(&flag, value()?)?,
                 "--drop-rate" => o.drop_rate = rate(&flag, value()?)?,
@@ -236,10 +241,11 @@ async fn soak(o: Options) -> Result<bool, String> {
         o.accounts
     );
     println!(
-        "faults: kill -9 every ~{}, freeze every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped, {:.0}% hedged; \
+        "faults: kill -9 every ~{}, freeze every ~{}, sessions severed every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped, {:.0}% hedged; \
          demo: handler delay {} ms, lease {} ms, wait {} ms",
         humantime::format_duration(o.kill_every),
         humantime::format_duration(o.pause_every),
+        humantime::format_duration(o.sever_every),
         humantime::format_duration(o.pg_restart_every),
         o.drop_rate * 100.0,
         o.hedge_rate * 100.0,
@@ -329,6 +335,13 @@ async fn soak(o: Options) -> Result<bool, String> {
         Duration::from_millis(o.lease_ms),
         end,
     ));
+    let severs = tokio::spawn(faults::sever_loop(
+        url.clone(),
+        stats.clone(),
+        Rng::new(o.seed, 1004),
+        o.sever_every,
+        end,
+    ));
     let progress = tokio::spawn(report_progress(stats.clone(), started));
     let mut intents: Vec<Intent> = Vec::new();
     for client in clients {
@@ -337,6 +350,7 @@ async fn soak(o: Options) -> Result<bool, String> {
     kills.await.map_err(|e| e.to_string())??;
     restarts.await.map_err(|e| e.to_string())??;
     pauses.await.map_err(|e| e.to_string())??;
+    severs.await.map_err(|e| e.to_string())??;
     progress.abort();
     println!(
         "storm over after {:.0?}: {} intents; settling",
@@ -558,6 +572,11 @@ fn print_table(
             "faults: hedged attempts (two copies at once)".into(),
             n(&stats.hedged).to_string(),
             String::new(),
+        ),
+        (
+            "faults: database sessions terminated".into(),
+            n(&stats.severed_sessions).to_string(),
+            format!("in {} rounds of pg_terminate_backend", n(&stats.severings)),
         ),
         (
             "faults: PostgreSQL restarts".into(),
