@@ -15,10 +15,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::pin::Pin;
+use std::future::poll_fn;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use bytes::Bytes;
@@ -88,6 +90,8 @@ struct Req {
     body: BodySpec,
     frames: u8,
     body_fails: bool,
+    /// The client goes away after this many polls of the response future (a disconnect).
+    abandon_after: Option<u8>,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -225,6 +229,7 @@ impl Body for Frames {
 fuzz_target!(|session: Session| RUNTIME.block_on(run(session)));
 
 /// What the first execution of `(scope, key)` answered, for checking replays.
+#[derive(Debug)]
 struct FirstAnswer {
     operation_id: HeaderValue,
     status: StatusCode,
@@ -264,6 +269,42 @@ async fn run(session: Session) {
         };
         let len_before = store.len();
         let calls_before = calls.load(Ordering::SeqCst);
+
+        if let Some(polls) = spec.abandon_after {
+            let future = service
+                .ready()
+                .await
+                .expect("the layer never fails")
+                .call(request);
+            abandon(future, polls % 4).await;
+            let record_after = settle(&store, slot.as_ref()).await;
+            let ran = calls.load(Ordering::SeqCst) - calls_before;
+            assert!(ran <= 1, "one request ran the handler {ran} times");
+            if ran == 0 {
+                assert_eq!(store.len(), len_before, "a record without its handler");
+            }
+            if let Some(record) = &record_after {
+                // The decision outlives the client: what it reserved, it finishes.
+                assert_eq!(record.state, OperationState::Completed, "{record:?}");
+            }
+            if let (Some((scope, key)), Some(record)) = (&slot, record_after) {
+                let fresh = record_before.as_ref().is_none_or(|r| r.id != record.id);
+                if fresh {
+                    assert_eq!(ran, 1, "a new record without its handler");
+                    let (status, body) =
+                        record.response.expect("a completed record has a response");
+                    answers.insert(
+                        (scope.to_string(), key.to_string()),
+                        FirstAnswer {
+                            operation_id: HeaderValue::from_str(&record.id).expect("a uuid"),
+                            status: StatusCode::from_u16(status).expect("a stored status"),
+                            body: body.expect("a small response is stored"),
+                        },
+                    );
+                }
+            }
+            continue;
+        }
 
         let response = service
             .ready()
@@ -337,7 +378,7 @@ async fn run(session: Session) {
                 assert_eq!(ran, 1, "an executed request runs the handler once");
                 let (scope, key) = slot.as_ref().expect("an execution has a scope and a key");
                 match &record_after {
-                    Some((state, _)) => assert_eq!(*state, OperationState::Completed),
+                    Some(record) => assert_eq!(record.state, OperationState::Completed),
                     // Only a released 5xx leaves no record behind.
                     None => assert!(parts.status.is_server_error()),
                 }
@@ -375,16 +416,51 @@ fn is_pre_reservation(slug: &str) -> bool {
     )
 }
 
-async fn snapshot(
-    store: &MemoryStore,
-    scope: &Scope,
-    key: &IdempotencyKey,
-) -> Option<(OperationState, u64)> {
+/// What the harness compares of a record.
+#[derive(Debug, PartialEq)]
+struct Record {
+    id: String,
+    state: OperationState,
+    replays: u64,
+    response: Option<(u16, Option<Bytes>)>,
+}
+
+async fn snapshot(store: &MemoryStore, scope: &Scope, key: &IdempotencyKey) -> Option<Record> {
     store
         .get(scope, key)
         .await
         .expect("the memory store answers")
-        .map(|op| (op.state, op.replays))
+        .map(|op| Record {
+            id: op.id.to_string(),
+            state: op.state,
+            replays: op.replays,
+            response: op.response.map(|r| (r.status, r.body)),
+        })
+}
+
+/// Polls `future` `polls` times (stopping early when it is ready), then drops it, as a
+/// server does when the client disconnects.
+async fn abandon<F: Future>(future: F, polls: u8) {
+    let mut future = pin!(future);
+    for _ in 0..polls {
+        let ready = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_ready())).await;
+        if ready {
+            break;
+        }
+    }
+}
+
+/// Lets whatever the dropped request left running finish, then reads its record.
+async fn settle(store: &MemoryStore, slot: Option<&(Scope, IdempotencyKey)>) -> Option<Record> {
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+    let (scope, key) = slot?;
+    store
+        .wait(scope, key, Duration::from_secs(2))
+        .await
+        .expect("the memory store answers");
+    snapshot(store, scope, key).await
 }
 
 fn layer(session: &Session, store: MemoryStore) -> IdempotencyLayer {
