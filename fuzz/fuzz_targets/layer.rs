@@ -9,7 +9,9 @@
 //! count, same record for its scope and key); an executed request ran the handler once and
 //! left a completed record; a replay did not run the handler and repeats the first
 //! answer's status, body and operation id without `Set-Cookie`; a pass-through ran the
-//! handler and stored nothing.
+//! handler and stored nothing; a request whose client disconnects (its response future
+//! dropped after a few polls) runs the handler at most once, and any record it leaves is
+//! completed, not stuck in progress.
 
 #![no_main]
 
