@@ -526,6 +526,8 @@ fn handler(
         let calls = calls.clone();
         async move {
             let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            // A pending point mid-handler, where a disconnect can land.
+            tokio::task::yield_now().await;
             let path = request.uri().path().to_owned();
             let body = request.into_body().collect().await.map(|b| b.to_bytes());
             let status = match (&body, path.as_str()) {

@@ -256,6 +256,8 @@ fn handler(calls: Arc<AtomicUsize>) -> Handler {
             let calls = calls.clone();
             async move {
                 let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                // A pending point mid-handler, where a disconnect can land.
+                tokio::task::yield_now().await;
                 let path = request.uri().path().to_owned();
                 let body = request.into_body().collect().await.map(|b| b.to_bytes());
                 let status = match (&body, path.as_str()) {
@@ -490,6 +492,69 @@ proptest! {
             prop_assert_eq!(&again.body, &first.body);
             prop_assert_eq!(calls.load(Ordering::SeqCst), 1);
             prop_assert_eq!(store.len(), 1);
+            Ok(())
+        })?;
+    }
+
+    /// A client that disconnects after `polls` polls of the response future: whatever the
+    /// layer had reserved by then it still finishes (the record is completed, not stuck in
+    /// progress), and the retry replays it; if nothing was reserved yet, the retry executes.
+    /// Either way the handler runs exactly once.
+    #[test]
+    fn a_disconnected_request_still_finishes(
+        body in json_body().prop_filter("accepted JSON", |b| {
+            tower_idempotency::canonicalize_json(b).is_ok()
+        }),
+        polls in 0usize..4,
+        frames in 1usize..4,
+    ) {
+        RUNTIME.block_on(async {
+            let store = MemoryStore::default();
+            let calls = Arc::new(AtomicUsize::new(0));
+            let mut service = layer(store.clone(), false, false).layer(handler(calls.clone()));
+            let request = || Spec {
+                method: Method::POST,
+                path: "/v1/things",
+                query: None,
+                keys: vec![b"disconnect".to_vec()],
+                scope: Some("acct-1".to_owned()),
+                content_type: Some("application/json"),
+                content_length: None,
+                body: body.clone(),
+                frames,
+                body_fails: false,
+            };
+            {
+                let future = service.ready().await.unwrap().call(request().build().unwrap());
+                let mut future = std::pin::pin!(future);
+                for _ in 0..polls {
+                    let ready = std::future::poll_fn(|cx| {
+                        Poll::Ready(future.as_mut().poll(cx).is_ready())
+                    })
+                    .await;
+                    if ready {
+                        break;
+                    }
+                }
+            }
+            // Let the detached work run, then see what it left.
+            for _ in 0..64 {
+                tokio::task::yield_now().await;
+            }
+            let (scope, key) = request().slot().unwrap();
+            let left = store.wait(&scope, &key, std::time::Duration::from_secs(5)).await.unwrap();
+            if let Some(operation) = &left {
+                prop_assert_eq!(operation.state, OperationState::Completed);
+                prop_assert_eq!(calls.load(Ordering::SeqCst), 1);
+            }
+            let retry = send(&mut service, request().build().unwrap()).await;
+            prop_assert_eq!(retry.status, StatusCode::CREATED);
+            prop_assert_eq!(
+                retry.headers.contains_key("idempotent-replayed"),
+                left.is_some(),
+                "a reserved request is replayed, an unreserved one executed"
+            );
+            prop_assert_eq!(calls.load(Ordering::SeqCst), 1);
             Ok(())
         })?;
     }
