@@ -95,8 +95,8 @@ use tokio::time::Instant;
 
 use crate::store::Result;
 use crate::{
-    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, Reservation,
-    ReserveRequest, Scope, Store, StoreError, StoredResponse,
+    Fingerprint, IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState,
+    Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
 
 /// Configuration of a [`MemoryStore`].
@@ -198,10 +198,13 @@ fn shard_of(hash: u64, shards: usize) -> usize {
 
 struct Inner {
     capacity: usize,
-    records: Box<[Shard<RecordKey, Entry>]>,
+    records: Box<[Shard<RecordKey, Box<Entry>>]>,
     /// Operation id → its `(scope, key)`, for [`Store::get_by_id`]. Lock order: a records
     /// shard, then an ids shard; never the other way round.
     ids: Box<[Shard<IdKey, RecordKey>]>,
+    /// Per records shard, the methods and route templates its records share (see
+    /// [`Inner::intern`]). Locked only while a records shard is held, after it.
+    names: Box<[Mutex<Vec<Arc<str>>>]>,
     len: AtomicUsize,
     /// Set while a reservation purges a full store, so that a burst of reservations
     /// against a full store does not scan it once per request.
@@ -216,22 +219,60 @@ impl Default for Inner {
     }
 }
 
-/// One record with the bookkeeping that does not belong in [`Operation`].
+/// Most distinct method and route names one shard shares between its records. Routes are
+/// templates, a handful per service; a service that passes raw paths gets a copy per
+/// record past this many instead of an ever-growing table.
+const SHARED_NAMES: usize = 32;
+
+/// One record, kept compact: the [`Operation`] handed out is built from it on demand (the
+/// scope and key come from the map key), times are [`Tick`]s on the store's clock, and the
+/// method and route are shared with the shard's other records.
 struct Entry {
-    operation: Operation,
+    id: OperationId,
+    fingerprint: Fingerprint,
+    method: Arc<str>,
+    route: Arc<str>,
+    state: OperationState,
+    delivered: bool,
+    attempts: u32,
+    replays: u64,
+    created: Tick,
+    completed: Tick,
+    lease_expires: Tick,
+    /// End of retention; never while `in_progress`.
+    expires: Tick,
+    retention: Duration,
+    unknown_retention: Duration,
     /// The lease that may still finish the operation: set while `in_progress` and kept when
     /// the lease merely ran out (a late result is real and is accepted until someone takes
     /// the operation over); cleared once it is completed or abandoned.
     lease_id: Option<LeaseId>,
-    lease_expires: Option<Instant>,
-    /// End of retention; `None` while `in_progress`.
-    expires: Option<Instant>,
-    unknown_retention: Duration,
+    response: Option<StoredResponse>,
     /// Created by the first waiter (most records never have one), under the shard lock.
     notify: Option<Arc<Notify>>,
 }
 
-/// Maps the store's monotonic clock onto wall-clock timestamps from a single reading.
+/// A point on the store's clock: nanoseconds since the store was created, or
+/// [`Tick::NEVER`]. Eight bytes where an `Option<Instant>` takes sixteen, and it maps back
+/// onto the same instant and wall-clock time exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Tick(u64);
+
+impl Tick {
+    const NEVER: Tick = Tick(u64::MAX);
+
+    fn is_never(self) -> bool {
+        self == Self::NEVER
+    }
+
+    /// Whether this is a real point at or before `now`.
+    fn has_passed(self, now: Tick) -> bool {
+        !self.is_never() && self <= now
+    }
+}
+
+/// The store's monotonic clock and its mapping onto wall-clock timestamps, from a single
+/// reading taken when the store was created.
 #[derive(Debug, Clone, Copy)]
 struct Clock {
     instant: Instant,
@@ -246,13 +287,41 @@ impl Clock {
         }
     }
 
-    fn system_time(&self, at: Instant) -> SystemTime {
-        let since = at.saturating_duration_since(self.instant);
-        self.system.checked_add(since).unwrap_or(self.system)
+    /// `at` as a tick; saturates 584 years on, far past any span the store computes.
+    fn tick(&self, at: Instant) -> Tick {
+        let since = at.saturating_duration_since(self.instant).as_nanos();
+        Tick(
+            u64::try_from(since)
+                .unwrap_or(u64::MAX - 1)
+                .min(u64::MAX - 1),
+        )
+    }
+
+    fn now_tick(&self) -> Tick {
+        self.tick(Instant::now())
+    }
+
+    /// `now + by`, saturating far in the future instead of overflowing on huge durations.
+    fn later(&self, now: Tick, by: Duration) -> Tick {
+        const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        let by = u64::try_from(by.min(FAR).as_nanos()).unwrap_or(u64::MAX);
+        Tick(now.0.saturating_add(by).min(u64::MAX - 1))
+    }
+
+    fn instant(&self, tick: Tick) -> Option<Instant> {
+        (!tick.is_never()).then(|| self.instant + Duration::from_nanos(tick.0))
+    }
+
+    fn system_time(&self, tick: Tick) -> Option<SystemTime> {
+        (!tick.is_never()).then(|| {
+            self.system
+                .checked_add(Duration::from_nanos(tick.0))
+                .unwrap_or(self.system)
+        })
     }
 }
 
-/// `now + by`, saturating far in the future instead of overflowing on huge durations.
+/// `now + by` on tokio's clock, saturating far in the future instead of overflowing.
 fn later(now: Instant, by: Duration) -> Instant {
     const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     now.checked_add(by.min(FAR)).unwrap_or(now)
@@ -266,36 +335,45 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Entry {
     fn is_in_progress(&self) -> bool {
-        self.operation.state == OperationState::InProgress
+        self.state == OperationState::InProgress
     }
 
-    fn is_expired(&self, now: Instant) -> bool {
-        self.expires.is_some_and(|at| at <= now)
+    fn is_expired(&self, now: Tick) -> bool {
+        self.expires.has_passed(now)
     }
 
-    fn set_expires(&mut self, at: Option<Instant>, clock: &Clock) {
-        self.expires = at;
-        self.operation.expires_at = at.map(|at| clock.system_time(at));
-    }
-
-    fn set_lease_expires(&mut self, at: Option<Instant>, clock: &Clock) {
-        self.lease_expires = at;
-        self.operation.lease_expires_at = at.map(|at| clock.system_time(at));
+    /// The record as the [`Store`] API hands it out.
+    fn operation(&self, record_key: &RecordKey, clock: &Clock) -> Operation {
+        Operation {
+            id: self.id,
+            scope: record_key.scope.clone(),
+            key: record_key.key.clone(),
+            fingerprint: self.fingerprint.clone(),
+            method: String::from(&*self.method),
+            route: String::from(&*self.route),
+            state: self.state,
+            attempts: self.attempts,
+            created_at: clock.system_time(self.created).unwrap_or(clock.system),
+            completed_at: clock.system_time(self.completed),
+            lease_expires_at: clock.system_time(self.lease_expires),
+            expires_at: clock.system_time(self.expires),
+            retention: self.retention,
+            response: self.response.clone(),
+            delivered: self.delivered,
+            replays: self.replays,
+        }
     }
 
     /// Turns an `in_progress` record whose lease ran out into `unknown` and wakes its
     /// waiters. The lease id stays, so the late worker may still finish it.
-    fn refresh(&mut self, now: Instant, clock: &Clock) {
-        if let Some(lapsed) = self
-            .lease_expires
-            .filter(|at| self.is_in_progress() && *at <= now)
-        {
-            self.operation.state = OperationState::Unknown;
-            self.set_lease_expires(None, clock);
+    fn refresh(&mut self, now: Tick, clock: &Clock) {
+        if self.is_in_progress() && self.lease_expires.has_passed(now) {
+            let lapsed = self.lease_expires;
+            self.state = OperationState::Unknown;
+            self.lease_expires = Tick::NEVER;
             // Counted from the moment the outcome became unknown, so a short unknown
             // retention can never make an unknown outcome vanish as soon as it appears.
-            let until = later(lapsed, self.unknown_retention);
-            self.set_expires(Some(until), clock);
+            self.expires = clock.later(lapsed, self.unknown_retention);
             self.wake();
         }
     }
@@ -310,7 +388,7 @@ impl Entry {
     /// Whether `lease` may still act on this record: same operation, same lease id, and
     /// no result or abandonment recorded since.
     fn is_held_by(&self, lease: &Lease) -> bool {
-        self.operation.id == lease.operation_id && self.lease_id == Some(lease.lease_id)
+        self.id == lease.operation_id && self.lease_id == Some(lease.lease_id)
     }
 }
 
@@ -321,6 +399,7 @@ impl Inner {
             capacity: config.capacity,
             records: (0..shards).map(|_| Mutex::default()).collect(),
             ids: (0..shards).map(|_| Mutex::default()).collect(),
+            names: (0..shards).map(|_| Mutex::default()).collect(),
             len: AtomicUsize::new(0),
             purging: AtomicBool::new(false),
             hasher: RandomState::new(),
@@ -339,7 +418,7 @@ impl Inner {
     fn records_for(
         &self,
         record_key: &RecordKey,
-    ) -> MutexGuard<'_, HashMap<RecordKey, Entry, BuildHasherDefault<PassThrough>>> {
+    ) -> MutexGuard<'_, HashMap<RecordKey, Box<Entry>, BuildHasherDefault<PassThrough>>> {
         lock(&self.records[shard_of(record_key.hash, self.records.len())])
     }
 
@@ -348,6 +427,21 @@ impl Inner {
         id: OperationId,
     ) -> MutexGuard<'_, HashMap<IdKey, RecordKey, BuildHasherDefault<PassThrough>>> {
         lock(&self.ids[shard_of(IdKey(id).bits(), self.ids.len())])
+    }
+
+    /// `name` shared with the other records of `record_key`'s shard (methods and route
+    /// templates repeat from record to record), or a copy of its own once the shard
+    /// shares [`SHARED_NAMES`] names.
+    fn intern(&self, record_key: &RecordKey, name: &str) -> Arc<str> {
+        let mut names = lock(&self.names[shard_of(record_key.hash, self.names.len())]);
+        if let Some(shared) = names.iter().find(|shared| ***shared == *name) {
+            return Arc::clone(shared);
+        }
+        let name: Arc<str> = Arc::from(name);
+        if names.len() < SHARED_NAMES {
+            names.push(Arc::clone(&name));
+        }
+        name
     }
 
     /// Takes one slot of capacity, or reports that none is left.
@@ -359,28 +453,14 @@ impl Inner {
             .is_ok()
     }
 
-    fn new_entry(&self, request: &ReserveRequest, now: Instant) -> (Entry, Lease) {
+    fn new_entry(
+        &self,
+        record_key: &RecordKey,
+        request: &ReserveRequest,
+        now: Tick,
+    ) -> (Entry, Lease) {
         let id = OperationId::new();
         let lease_id = LeaseId::new();
-        let lease_expires = later(now, request.lease);
-        let operation = Operation {
-            id,
-            scope: request.scope.clone(),
-            key: request.key.clone(),
-            fingerprint: request.fingerprint.clone(),
-            method: request.method.clone(),
-            route: request.route.clone(),
-            state: OperationState::InProgress,
-            attempts: 1,
-            created_at: self.clock.system_time(now),
-            completed_at: None,
-            lease_expires_at: Some(self.clock.system_time(lease_expires)),
-            expires_at: None,
-            retention: request.retention,
-            response: None,
-            delivered: false,
-            replays: 0,
-        };
         let lease = Lease {
             scope: request.scope.clone(),
             key: request.key.clone(),
@@ -388,11 +468,22 @@ impl Inner {
             lease_id,
         };
         let entry = Entry {
-            operation,
-            lease_id: Some(lease_id),
-            lease_expires: Some(lease_expires),
-            expires: None,
+            id,
+            fingerprint: request.fingerprint.clone(),
+            method: self.intern(record_key, &request.method),
+            route: self.intern(record_key, &request.route),
+            state: OperationState::InProgress,
+            delivered: false,
+            attempts: 1,
+            replays: 0,
+            created: now,
+            completed: Tick::NEVER,
+            lease_expires: self.clock.later(now, request.lease),
+            expires: Tick::NEVER,
+            retention: request.retention,
             unknown_retention: request.unknown_retention,
+            lease_id: Some(lease_id),
+            response: None,
             notify: None,
         };
         (entry, lease)
@@ -401,7 +492,7 @@ impl Inner {
     /// The whole reservation decision, under one shard lock; `None` when a new record is
     /// needed and the store is full.
     fn try_reserve(&self, request: &ReserveRequest) -> Option<Reservation> {
-        let now = Instant::now();
+        let now = self.clock.now_tick();
         let record_key = self.record_key(&request.scope, &request.key);
         let mut records = self.records_for(&record_key);
         if let Some(entry) = records.get_mut(&record_key) {
@@ -409,12 +500,12 @@ impl Inner {
             if entry.is_expired(now) {
                 // Retention ended: the key is forgotten and this is a new operation. The
                 // slot is reused, so capacity is not consulted.
-                let (fresh, lease) = self.new_entry(request, now);
-                let operation = fresh.operation.clone();
-                let old = std::mem::replace(entry, fresh);
+                let (fresh, lease) = self.new_entry(&record_key, request, now);
+                let operation = fresh.operation(&record_key, &self.clock);
+                let old = std::mem::replace(entry, Box::new(fresh));
                 old.wake();
-                let mut ids = self.ids_for(old.operation.id);
-                ids.remove(&IdKey(old.operation.id));
+                let mut ids = self.ids_for(old.id);
+                ids.remove(&IdKey(old.id));
                 drop(ids);
                 self.ids_for(operation.id)
                     .insert(IdKey(operation.id), record_key);
@@ -424,24 +515,26 @@ impl Inner {
                     takeover: false,
                 });
             }
-            let same_fingerprint = entry.operation.fingerprint == request.fingerprint;
-            match entry.operation.state {
+            let same_fingerprint = entry.fingerprint == request.fingerprint;
+            match entry.state {
                 OperationState::Completed if same_fingerprint => {
-                    entry.operation.replays = entry.operation.replays.saturating_add(1);
+                    entry.replays = entry.replays.saturating_add(1);
                 }
                 OperationState::Unknown if same_fingerprint && request.take_over_unknown => {
-                    return Some(self.take_over(entry, request, now));
+                    return Some(self.take_over(entry, &record_key, request, now));
                 }
                 _ => {}
             }
-            return Some(Reservation::Existing(entry.operation.clone()));
+            return Some(Reservation::Existing(
+                entry.operation(&record_key, &self.clock),
+            ));
         }
         if !self.take_slot() {
             return None;
         }
-        let (entry, lease) = self.new_entry(request, now);
-        let operation = entry.operation.clone();
-        records.insert(record_key.clone(), entry);
+        let (entry, lease) = self.new_entry(&record_key, request, now);
+        let operation = entry.operation(&record_key, &self.clock);
+        records.insert(record_key.clone(), Box::new(entry));
         self.ids_for(operation.id)
             .insert(IdKey(operation.id), record_key);
         Some(Reservation::Acquired {
@@ -451,21 +544,27 @@ impl Inner {
         })
     }
 
-    fn take_over(&self, entry: &mut Entry, request: &ReserveRequest, now: Instant) -> Reservation {
+    fn take_over(
+        &self,
+        entry: &mut Entry,
+        record_key: &RecordKey,
+        request: &ReserveRequest,
+        now: Tick,
+    ) -> Reservation {
         let lease_id = LeaseId::new();
         entry.lease_id = Some(lease_id);
         entry.unknown_retention = request.unknown_retention;
-        entry.operation.state = OperationState::InProgress;
-        entry.operation.attempts = entry.operation.attempts.saturating_add(1);
-        entry.operation.retention = request.retention;
-        entry.set_lease_expires(Some(later(now, request.lease)), &self.clock);
-        entry.set_expires(None, &self.clock);
+        entry.state = OperationState::InProgress;
+        entry.attempts = entry.attempts.saturating_add(1);
+        entry.retention = request.retention;
+        entry.lease_expires = self.clock.later(now, request.lease);
+        entry.expires = Tick::NEVER;
         Reservation::Acquired {
-            operation: entry.operation.clone(),
+            operation: entry.operation(record_key, &self.clock),
             lease: Lease {
                 scope: request.scope.clone(),
                 key: request.key.clone(),
-                operation_id: entry.operation.id,
+                operation_id: entry.id,
                 lease_id,
             },
             takeover: true,
@@ -477,9 +576,9 @@ impl Inner {
     fn with_lease<T>(
         &self,
         lease: &Lease,
-        act: impl FnOnce(&mut Entry, Instant, &Clock) -> (T, bool),
+        act: impl FnOnce(&mut Entry, &RecordKey, Tick, &Clock) -> (T, bool),
     ) -> Result<T> {
-        let now = Instant::now();
+        let now = self.clock.now_tick();
         let lost = StoreError::LeaseLost {
             operation_id: lease.operation_id,
         };
@@ -492,7 +591,7 @@ impl Inner {
         if !entry.is_held_by(lease) || entry.is_expired(now) {
             return Err(lost);
         }
-        let (value, delete) = act(entry, now, &self.clock);
+        let (value, delete) = act(entry, &record_key, now, &self.clock);
         // Waiters care about an operation leaving `in_progress`; a heartbeat that keeps it
         // there must not wake them all every third of a lease.
         if delete || !entry.is_in_progress() {
@@ -509,16 +608,16 @@ impl Inner {
 
     /// Reads `(scope, key)` as of now; `None` when absent or past retention.
     fn read(&self, record_key: &RecordKey) -> Option<Operation> {
-        let now = Instant::now();
+        let now = self.clock.now_tick();
         let mut records = self.records_for(record_key);
         let entry = records.get_mut(record_key)?;
         entry.refresh(now, &self.clock);
-        (!entry.is_expired(now)).then(|| entry.operation.clone())
+        (!entry.is_expired(now)).then(|| entry.operation(record_key, &self.clock))
     }
 
     /// Deletes up to `batch` records whose retention ended.
     fn purge(&self, batch: usize) -> usize {
-        let now = Instant::now();
+        let now = self.clock.now_tick();
         let mut purged = 0;
         for shard in self.records.iter() {
             if purged >= batch {
@@ -537,8 +636,7 @@ impl Inner {
             }
             for record_key in doomed {
                 if let Some(entry) = records.remove(&record_key) {
-                    let id = entry.operation.id;
-                    self.ids_for(id).remove(&IdKey(id));
+                    self.ids_for(entry.id).remove(&IdKey(entry.id));
                     self.len.fetch_sub(1, Ordering::AcqRel);
                     entry.wake();
                     purged += 1;
@@ -615,29 +713,28 @@ impl Store for MemoryStore {
     /// took the operation over: the result is real, and storing it turns an `unknown`
     /// outcome into a replayable one.
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
-        self.inner.with_lease(lease, |entry, now, clock| {
-            let retention = entry.operation.retention;
-            entry.lease_id = None;
-            entry.operation.state = OperationState::Completed;
-            entry.operation.response = Some(response);
-            entry.operation.completed_at = Some(clock.system_time(now));
-            entry.set_lease_expires(None, clock);
-            entry.set_expires(Some(later(now, retention)), clock);
-            (entry.operation.clone(), false)
-        })
+        self.inner
+            .with_lease(lease, |entry, record_key, now, clock| {
+                entry.lease_id = None;
+                entry.state = OperationState::Completed;
+                entry.response = Some(response);
+                entry.completed = now;
+                entry.lease_expires = Tick::NEVER;
+                entry.expires = clock.later(now, entry.retention);
+                (entry.operation(record_key, clock), false)
+            })
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.inner.with_lease(lease, |_, _, _| ((), true))
+        self.inner.with_lease(lease, |_, _, _, _| ((), true))
     }
 
     async fn abandon(&self, lease: &Lease) -> Result<()> {
-        self.inner.with_lease(lease, |entry, now, clock| {
+        self.inner.with_lease(lease, |entry, _, now, clock| {
             entry.lease_id = None;
-            entry.operation.state = OperationState::Unknown;
-            entry.set_lease_expires(None, clock);
-            let until = later(now, entry.unknown_retention);
-            entry.set_expires(Some(until), clock);
+            entry.state = OperationState::Unknown;
+            entry.lease_expires = Tick::NEVER;
+            entry.expires = clock.later(now, entry.unknown_retention);
             ((), false)
         })
     }
@@ -645,10 +742,10 @@ impl Store for MemoryStore {
     /// A heartbeat that arrives after the lease ran out (but before a take-over) puts the
     /// operation back `in_progress`: its worker is evidently still alive.
     async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
-        self.inner.with_lease(lease, |entry, now, clock| {
-            entry.operation.state = OperationState::InProgress;
-            entry.set_lease_expires(Some(later(now, by)), clock);
-            entry.set_expires(None, clock);
+        self.inner.with_lease(lease, |entry, _, now, clock| {
+            entry.state = OperationState::InProgress;
+            entry.lease_expires = clock.later(now, by);
+            entry.expires = Tick::NEVER;
             ((), false)
         })
     }
@@ -662,8 +759,8 @@ impl Store for MemoryStore {
         }
         let mut records = self.inner.records_for(&record_key);
         if let Some(entry) = records.get_mut(&record_key) {
-            if entry.operation.id == id && entry.operation.state == OperationState::Completed {
-                entry.operation.delivered = true;
+            if entry.id == id && entry.state == OperationState::Completed {
+                entry.delivered = true;
             }
         }
         Ok(())
@@ -700,22 +797,27 @@ impl Store for MemoryStore {
         let mut first_id = None;
         loop {
             let now = Instant::now();
+            let clock = &self.inner.clock;
             let (notified, lease_expires) = {
                 let mut records = self.inner.records_for(&record_key);
                 let Some(entry) = records.get_mut(&record_key) else {
                     return Ok(None);
                 };
-                entry.refresh(now, &self.inner.clock);
-                if entry.is_expired(now) {
+                let tick = clock.tick(now);
+                entry.refresh(tick, clock);
+                if entry.is_expired(tick) {
                     return Ok(None);
                 }
-                let id = *first_id.get_or_insert(entry.operation.id);
-                if !entry.is_in_progress() || entry.operation.id != id || now >= deadline {
-                    return Ok(Some(entry.operation.clone()));
+                let id = *first_id.get_or_insert(entry.id);
+                if !entry.is_in_progress() || entry.id != id || now >= deadline {
+                    return Ok(Some(entry.operation(&record_key, clock)));
                 }
                 // Created under the lock: every later `notify_waiters` reaches it.
                 let notify = entry.notify.get_or_insert_with(|| Arc::new(Notify::new()));
-                (Arc::clone(notify).notified_owned(), entry.lease_expires)
+                (
+                    Arc::clone(notify).notified_owned(),
+                    clock.instant(entry.lease_expires),
+                )
             };
             let wake_at = lease_expires.map_or(deadline, |at| at.min(deadline));
             // Whether woken by a change, the lease running out or the deadline, the next
