@@ -50,6 +50,7 @@ pub(crate) struct Queries {
     pub(crate) get: String,
     pub(crate) get_by_id: String,
     pub(crate) complete: String,
+    pub(crate) complete_in_transaction: String,
     pub(crate) release: String,
     pub(crate) abandon: String,
     pub(crate) extend_lease: String,
@@ -167,6 +168,22 @@ impl Queries {
                      completed_at = now(), expires_at = now() + o.retention, \
                      lease_id = NULL, lease_expires_at = NULL \
                  WHERE {fence} RETURNING {COLUMNS}"
+            ),
+            // `complete` inside an operation's transaction, sent together with its `COMMIT`
+            // (one round trip): when the fence matches no row the statement fails with
+            // division by zero (the count of completed rows is the divisor, read from the
+            // one row the outer `VALUES` always yields), which aborts the transaction, so
+            // the `COMMIT` behind it rolls the handler's writes back instead of keeping
+            // them. Nothing else in the statement divides.
+            complete_in_transaction: format!(
+                "WITH done AS ( \
+                     UPDATE {t} AS o SET state = 'completed', response_status = $5, \
+                         response_header_names = $6, response_header_values = $7, response_body = $8, \
+                         completed_at = now(), expires_at = now() + o.retention, \
+                         lease_id = NULL, lease_expires_at = NULL \
+                     WHERE {fence} RETURNING {COLUMNS}) \
+                 SELECT done.*, 1 / (SELECT count(*) FROM done) AS fenced \
+                 FROM (VALUES (1)) AS one LEFT JOIN done ON true"
             ),
             release: format!("DELETE FROM {t} AS o WHERE {fence}"),
             abandon: format!(

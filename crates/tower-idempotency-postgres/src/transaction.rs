@@ -3,8 +3,9 @@
 //! [`PostgresTx::from_extensions`] for any tower service).
 //!
 //! The transaction owns one pooled connection from `BEGIN` to `COMMIT`/`ROLLBACK`. The
-//! completion `UPDATE` runs inside it, fenced by the lease id: zero rows means the lease was
-//! taken over, and the transaction is rolled back. `BEGIN` locks nothing, so lease
+//! completion `UPDATE` runs inside it, fenced by the lease id, and is sent together with the
+//! `COMMIT` in one round trip: a completion whose lease was taken over fails, so the
+//! `COMMIT` rolls the attempt's writes back. `BEGIN` locks nothing, so lease
 //! heartbeats and take-overs proceed while the handler runs. A connection is never returned
 //! to the pool with a transaction open: if the transaction is dropped unfinished, the
 //! connection is closed and PostgreSQL rolls it back.
@@ -16,6 +17,7 @@ use std::ops::Deref;
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
 use tokio::sync::MappedMutexGuard;
+use tokio_postgres::error::SqlState;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
     Lease, Operation, OperationId, OperationTransaction, OperationTx, Scope, Store, StoreError,
@@ -24,7 +26,7 @@ use tower_idempotency_core::{
 
 use crate::error::from_pg;
 use crate::row;
-use crate::store::{Completion, PostgresStore, query_on};
+use crate::store::{Completion, PostgresStore};
 
 /// An open PostgreSQL transaction belonging to one reserved operation. The layer creates
 /// it (through [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction))
@@ -81,27 +83,46 @@ impl PostgresTransaction {
             .ok_or_else(|| StoreError::Backend("the operation's transaction is finished".into()))
     }
 
+    /// The fenced completion and `COMMIT`, pipelined in one round trip. A fenced-out
+    /// completion fails (see `Queries::complete_in_transaction`), which turns the `COMMIT`
+    /// into a rollback of everything the attempt wrote.
     async fn complete_and_commit(&mut self, response: &StoredResponse) -> Result<Operation> {
         let client = self.connection()?;
         let completion = Completion::new(&self.lease, response);
-        let rows = query_on(
-            client,
-            &self.store.inner.queries.complete,
-            &completion.params(),
-        )
-        .await?;
-        let Some(row) = rows.first() else {
-            // Fenced out: a retry took the operation over. Nothing this attempt wrote may
-            // be kept.
-            if client.batch_execute("ROLLBACK").await.is_ok() {
-                self.finished();
+        let statement = client
+            .prepare_cached(&self.store.inner.queries.complete_in_transaction)
+            .await
+            .map_err(from_pg)?;
+        let params = completion.params();
+        // Polled in this order, each sends its messages on its first poll: the UPDATE,
+        // then the COMMIT, on the one connection, which runs them in order.
+        let (rows, committed) = tokio::join!(
+            client.query(&statement, &params),
+            client.batch_execute("COMMIT")
+        );
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                let fenced = error.code() == Some(&SqlState::DIVISION_BY_ZERO);
+                // The COMMIT ran in the aborted transaction, which ends it: the connection
+                // is clean again if it answered.
+                if committed.is_ok() {
+                    self.finished();
+                }
+                if fenced {
+                    // A retry took the operation over: nothing this attempt wrote is kept.
+                    return Err(PostgresStore::lease_lost("complete", &self.lease));
+                }
+                return Err(from_pg(error));
             }
-            return Err(PostgresStore::lease_lost("complete", &self.lease));
         };
-        let operation = row::operation(row)?.operation;
-        client.batch_execute("COMMIT").await.map_err(from_pg)?;
+        // A failed COMMIT leaves the connection's state in doubt: it is closed on drop.
+        committed.map_err(from_pg)?;
         self.finished();
-        Ok(operation)
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Backend("complete returned no row".into()))?;
+        Ok(row::operation(row)?.operation)
     }
 
     async fn roll_back(&mut self) -> Result<()> {
