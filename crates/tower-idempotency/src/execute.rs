@@ -18,8 +18,8 @@ use futures_util::future::{Either, select};
 use http::{Request, Response, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{Lease, OperationTransaction, StoreError, StoredResponse};
-use tracing::Span;
+use tower_idempotency_core::{Lease, OperationTransaction, Store, StoreError, StoredResponse};
+use tracing::{Instrument, Span};
 
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
 use crate::buffer::{Buffered, buffer_response};
@@ -178,12 +178,25 @@ impl Sink {
             Self::Store => {
                 let status = stored.status;
                 let started = Instant::now();
-                let completed = shared.store.complete(lease, stored).await;
+                // A copy is kept for recording later should the store be away now: a few
+                // small allocations, against an answer that would otherwise be lost.
+                let completed = shared.store.complete(lease, stored.clone()).await;
                 let store_ms = started.elapsed().as_secs_f64() * 1000.0;
                 match completed {
                     Ok(_) => {
                         tracing::info!(status, store_ms, "operation completed");
                         Ok(())
+                    }
+                    Err(error @ StoreError::Unavailable(_)) => {
+                        tracing::warn!(
+                            error = %error,
+                            "could not record the result; sending it, and recording it in the background"
+                        );
+                        tokio::spawn(
+                            record_later(shared.store.clone(), lease.clone(), stored)
+                                .instrument(Span::current()),
+                        );
+                        Err(None)
                     }
                     Err(error) => {
                         log_completion_failure(&error);
@@ -294,6 +307,45 @@ where
         Buffered::Failed(error) => {
             sink.fail(shared, lease, "the response body failed").await;
             Response::from_parts(parts, ResponseBody::failed(error))
+        }
+    }
+}
+
+/// How long a result the store could not take is retried in the background.
+pub(crate) const RECORD_RETRY_WINDOW: Duration = Duration::from_secs(300);
+
+/// The longest pause between those retries: short, because until the result lands, a
+/// retry of the key that reaches the recovered store first reads the lapsed lease as
+/// `outcome-unknown`. An attempt against a store that is down fails fast (connection
+/// refused), so this costs little.
+const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Records a result whose completion failed because the store was unavailable, retrying
+/// with backoff (100 ms, then every 250 ms) for up to [`RECORD_RETRY_WINDOW`]. The handler's effect happened and its answer was
+/// sent: until this lands, retries of the key see the operation in progress, or unknown
+/// once its lease has lapsed; after, they get the replay. The lease id still fences it: if
+/// the operation was taken over meanwhile, the new attempt owns the record and this stops.
+async fn record_later(store: Arc<dyn Store>, lease: Lease, stored: StoredResponse) {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(pause).await;
+        match store.complete(&lease, stored.clone()).await {
+            Ok(_) => {
+                tracing::info!(
+                    status = stored.status,
+                    after_ms = started.elapsed().as_millis() as u64,
+                    "operation completed (recorded late)"
+                );
+                return;
+            }
+            Err(StoreError::Unavailable(_)) if started.elapsed() < RECORD_RETRY_WINDOW => {
+                pause = (pause * 2).min(RECORD_RETRY_PAUSE);
+            }
+            Err(error) => {
+                log_completion_failure(&error);
+                return;
+            }
         }
     }
 }
