@@ -245,9 +245,11 @@ proptest! {
         prop_assert_eq!(&canonicalize_value(&value), &out);
 
         let text = std::str::from_utf8(&out).unwrap();
-        // serde_json without `float_roundtrip` may land one ulp off; our own reader is exact.
+        // serde_json without `float_roundtrip` (not enabled in this workspace) is not correctly
+        // rounded and lands a few ulps off (`9.524881149030247e-200` reads as `…249e-200`);
+        // the fuzz target enables it and compares exactly. Our own reader is exact here.
         let by_serde: Value = serde_json::from_slice(&out).unwrap();
-        prop_assert!(same(&by_serde, &value, 1), "serde_json reads {} from {}", by_serde, text);
+        prop_assert!(same(&by_serde, &value, 64), "serde_json reads {} from {}", by_serde, text);
         match parse_json(&out) {
             Ok(again) => prop_assert!(same(&again, &value, 0), "{} from {}", again, text),
             Err(e) => {
