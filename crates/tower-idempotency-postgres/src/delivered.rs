@@ -4,8 +4,8 @@
 //! One task per store (spawned on the first mark) runs the marks that queued up while its
 //! previous statement was in flight, so an idle store marks one at a time with no added
 //! delay and a busy one in batches. A call returns once its own mark has committed; when a
-//! batch fails, or the task is gone (its runtime shut down), each caller runs its own
-//! statement instead, so errors keep their kind and source.
+//! batch fails, or the task is gone (its runtime shut down; it is not restarted), each
+//! caller runs its own statement instead, so errors keep their kind and source.
 //!
 //! [`Store::mark_delivered`]: tower_idempotency_core::Store::mark_delivered
 
@@ -50,18 +50,27 @@ impl DeliveryMarks {
     /// Marks `(scope, operation_id)` in the next batch. `true` once that batch committed;
     /// `false` means the caller must run the mark itself.
     pub(crate) async fn mark(&self, scope: &str, operation_id: Uuid) -> bool {
-        let queue = self.queue.get_or_init(|| {
-            let (sender, receiver) = mpsc::unbounded_channel();
-            // The task owns no handle to the store: when the store (and so the sender) is
-            // dropped, `recv` ends and so does the task.
-            tokio::spawn(run(
-                receiver,
-                self.pool.clone(),
-                self.sql.clone(),
-                self.timeout,
-            ));
-            sender
-        });
+        let queue = match self.queue.get() {
+            Some(queue) => queue,
+            None => {
+                // Outside a Tokio runtime there is nothing to run the task on.
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    return false;
+                };
+                self.queue.get_or_init(|| {
+                    let (sender, receiver) = mpsc::unbounded_channel();
+                    // The task owns no handle to the store: when the store (and so the
+                    // sender) is dropped, `recv` ends and so does the task.
+                    runtime.spawn(run(
+                        receiver,
+                        self.pool.clone(),
+                        self.sql.clone(),
+                        self.timeout,
+                    ));
+                    sender
+                })
+            }
+        };
         let (done, committed) = oneshot::channel();
         let mark = Mark {
             scope: scope.to_owned(),
