@@ -1,8 +1,9 @@
 //! The PostgreSQL [`Store`](tower_idempotency_core::Store) for `tower-idempotency`: the
 //! store to run when several stateless app instances must agree on which request executes.
 //!
-//! Reservation is one `INSERT … ON CONFLICT … RETURNING` round trip keyed by
-//! `(scope, idempotency_key)`; completion, release, abandonment and lease extension are
+//! Reservation is one round trip keyed by `(scope, idempotency_key)` (an `INSERT … ON
+//! CONFLICT … RETURNING`, or for a replay an `UPDATE` of the replay count alone, committed
+//! without waiting for its WAL flush); completion, release, abandonment and lease extension are
 //! fenced by the lease id; every lease and expiry decision uses the database's `now()`; a
 //! lease that runs out turns the record `unknown`, never deletes it. Connection failures
 //! surface as [`StoreError::Unavailable`](tower_idempotency_core::StoreError::Unavailable)

@@ -1,7 +1,8 @@
 //! [`PostgresStore`]: the [`Store`] over a `deadpool-postgres` pool.
 //!
 //! Every trait method outside transactional routes is one statement (one round trip) on a
-//! pooled connection, bounded by the configured query timeout; connection and pool failures
+//! pooled connection, bounded by the configured query timeout (delivery marks may share
+//! theirs: see `delivered.rs`); connection and pool failures
 //! come back as [`StoreError::Unavailable`]. A pooled connection is reused unless its socket
 //! is known closed (a server restart closes them all), so after a restart new connections
 //! are opened without any action from the application; one that died silently fails one
