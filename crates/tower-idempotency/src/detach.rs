@@ -10,6 +10,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use tokio::runtime::Handle;
+
 /// The wrapped future panicked; it was dropped and its work did not finish.
 #[derive(Debug)]
 pub(crate) struct Panicked;
@@ -22,6 +24,9 @@ where
 {
     /// `None` once the future finished (or panicked): nothing is left to detach.
     inner: Option<Pin<Box<F>>>,
+    /// The runtime the future was created in, read then rather than at drop: a future may
+    /// be dropped on a thread outside any runtime.
+    runtime: Option<Handle>,
 }
 
 impl<F> DetachOnDrop<F>
@@ -34,6 +39,7 @@ where
     pub(crate) fn new(future: F) -> Self {
         Self {
             inner: Some(Box::pin(future)),
+            runtime: Handle::try_current().ok(),
         }
     }
 }
@@ -76,11 +82,13 @@ where
         let Some(unfinished) = self.inner.take() else {
             return;
         };
-        // A server drops request futures inside its runtime. Outside one (a runtime that
-        // is shutting down), there is nowhere left to run the work; it is dropped, as a
-        // spawned task would have been.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(unfinished);
+        match &self.runtime {
+            // On a runtime that is shutting down the task is dropped unrun, as a spawned
+            // task would have been.
+            Some(runtime) => drop(runtime.spawn(unfinished)),
+            None => tracing::error!(
+                "an idempotent request was abandoned outside a Tokio runtime; its reservation reads unknown once its lease runs out"
+            ),
         }
     }
 }
@@ -118,13 +126,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_panic_is_reported_not_detached() {
-        let answer = DetachOnDrop::new(async {
+    async fn a_panic_is_reported_and_nothing_is_left_to_detach() {
+        let mut work = DetachOnDrop::new(async {
             if true {
                 panic!("boom");
             }
-        })
-        .await;
+        });
+        let answer = (&mut work).await;
         assert!(answer.is_err());
+        assert!(
+            work.inner.is_none(),
+            "the panicked future was dropped, not kept"
+        );
+    }
+
+    #[test]
+    fn a_future_dropped_on_another_thread_still_runs_on_its_runtime() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let finished = Arc::new(AtomicBool::new(false));
+        let flag = finished.clone();
+        let work = {
+            let _in_runtime = runtime.enter();
+            DetachOnDrop::new(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                flag.store(true, Ordering::SeqCst);
+            })
+        };
+        // Dropped unpolled, on a thread with no runtime.
+        std::thread::spawn(move || drop(work)).join().unwrap();
+        runtime.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
+        assert!(finished.load(Ordering::SeqCst));
     }
 }

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,12 +24,13 @@ use tracing::{Instrument, Span};
 
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
 use crate::buffer::{Buffered, buffer_response};
+use crate::encryption::{Binding, seal_stored};
 use crate::flow::{Answer, refuse};
 use crate::headers;
 use crate::layer::{OPERATION_ID, Shared, operation_id_header};
 use crate::policy::{RoutePolicy, ServerErrorPolicy};
 use crate::problem::Rejection;
-use crate::storage::{self, Binding, SEALED_WITH};
+use crate::storage::{self, ResponseStorage};
 use crate::transactional;
 
 pub(crate) async fn execute<S, B, ResB>(
@@ -188,14 +190,7 @@ impl Sink {
                         Ok(())
                     }
                     Err(error @ StoreError::Unavailable(_)) => {
-                        tracing::warn!(
-                            error = %error,
-                            "could not record the result; sending it, and recording it in the background"
-                        );
-                        tokio::spawn(
-                            record_later(shared.store.clone(), lease.clone(), stored)
-                                .instrument(Span::current()),
-                        );
+                        record_later(shared, lease, stored, &error);
                         Err(None)
                     }
                     Err(error) => {
@@ -249,7 +244,20 @@ where
         &policy.response_storage,
         headers::select(&parts.headers, &shared.stored_headers),
     );
-    match buffer_response(body, shared.response_limit).await {
+    // The body is the handler's too: a stream that panics is a handler that panicked.
+    let buffered = AssertUnwindSafe(buffer_response(body, shared.response_limit))
+        .catch_unwind()
+        .await;
+    let Ok(buffered) = buffered else {
+        sink.fail(shared, lease, "the response body panicked").await;
+        return refuse(
+            shared,
+            Rejection::HandlerFailed {
+                operation_id: lease.operation_id,
+            },
+        );
+    };
+    match buffered {
         Buffered::Complete(bytes) => {
             let kept = storage::kept_body(&policy.response_storage, bytes.clone());
             let kept = match (&shared.encryption, kept) {
@@ -259,13 +267,7 @@ where
                         operation_id: lease.operation_id,
                         status: status.as_u16(),
                     };
-                    keys.seal(&binding, &plain).map(|(sealed, key_id)| {
-                        kept_headers.push((
-                            SEALED_WITH.as_str().to_owned(),
-                            Bytes::copy_from_slice(key_id.as_bytes()),
-                        ));
-                        sealed
-                    })
+                    seal_stored(keys, &binding, plain, &mut kept_headers)
                 }
                 (_, kept) => kept,
             };
@@ -288,14 +290,18 @@ where
             }
         }
         Buffered::TooLarge(prefix, rest) => {
-            tracing::warn!(
-                limit = shared.response_limit,
-                "response too large to store; retries will get response-not-replayable"
-            );
+            if policy.response_storage != ResponseStorage::StatusOnly {
+                tracing::warn!(
+                    limit = shared.response_limit,
+                    "response too large to store; retries will get response-not-replayable"
+                );
+            }
+            // A status-only route keeps no body anyway: its replay does not depend on size.
+            let body = (policy.response_storage == ResponseStorage::StatusOnly).then(Bytes::new);
             let stored = StoredResponse {
                 status: status.as_u16(),
                 headers: kept_headers,
-                body: None,
+                body,
             };
             match sink.complete(shared, lease, stored).await {
                 Err(Some(rejection)) => refuse(shared, rejection),
@@ -320,13 +326,54 @@ pub(crate) const RECORD_RETRY_WINDOW: Duration = Duration::from_secs(300);
 /// refused), so this costs little.
 const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(250);
 
-/// Records a result whose completion failed because the store was unavailable, retrying
-/// with backoff (100 ms, then every 250 ms) for up to [`RECORD_RETRY_WINDOW`]. The handler's effect happened and its answer was
-/// sent: until this lands, retries of the key see the operation in progress, or unknown
-/// once its lease has lapsed; after, they get the replay. The lease id still fences it: if
-/// the operation was taken over meanwhile, the new attempt owns the record and this stops.
-async fn record_later(store: Arc<dyn Store>, lease: Lease, stored: StoredResponse) {
+/// Most results waiting to be recorded at once, per layer. Each holds its response (up to
+/// the response limit) for up to [`RECORD_RETRY_WINDOW`]: a long outage under load must
+/// not turn into unbounded memory and a thundering herd when the store returns. Past it, a
+/// result is not recorded and its operation reads `unknown` once its lease runs out, as
+/// when its worker dies.
+pub(crate) const MAX_PENDING_RECORDS: usize = 1024;
+
+/// Hands a result whose completion failed because the store was unavailable to a
+/// background task that records it once the store is back, if fewer than
+/// [`MAX_PENDING_RECORDS`] are already waiting.
+fn record_later(shared: &Shared, lease: &Lease, stored: StoredResponse, error: &StoreError) {
+    let pending = Arc::clone(&shared.pending_records);
+    if pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_RECORDS {
+        pending.fetch_sub(1, Ordering::AcqRel);
+        tracing::error!(
+            error = %error,
+            limit = MAX_PENDING_RECORDS,
+            "could not record the result, and too many already wait to be recorded; the operation reads unknown once its lease runs out"
+        );
+        return;
+    }
+    tracing::warn!(
+        error = %error,
+        "could not record the result; sending it, and recording it in the background"
+    );
+    // Its own span, linked to the request's: the request's span closes with the response,
+    // so that span-based metrics see the request's real duration.
+    let span = tracing::info_span!(parent: None, "idempotency.record_later", operation_id = %lease.operation_id);
+    span.follows_from(Span::current());
+    let task = retry_complete(shared.store.clone(), lease.clone(), stored);
+    tokio::spawn(
+        async move {
+            task.await;
+            pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        .instrument(span),
+    );
+}
+
+/// Retries the completion (100 ms, then every 250 ms plus up to 100 ms of jitter, so that
+/// the waiting results of an outage do not all arrive at once) for up to
+/// [`RECORD_RETRY_WINDOW`]. The handler's effect happened and its answer was sent: until
+/// this lands, retries of the key see the operation in progress, or unknown once its lease
+/// has lapsed; after, they get the replay. The lease id still fences it: if the operation
+/// was taken over meanwhile, the new attempt owns the record and this stops.
+async fn retry_complete(store: Arc<dyn Store>, lease: Lease, stored: StoredResponse) {
     let started = Instant::now();
+    let jitter = Duration::from_millis(u64::from(lease.lease_id.as_uuid().as_bytes()[15]) % 100);
     let mut pause = Duration::from_millis(100);
     loop {
         tokio::time::sleep(pause).await;
@@ -340,7 +387,16 @@ async fn record_later(store: Arc<dyn Store>, lease: Lease, stored: StoredRespons
                 return;
             }
             Err(StoreError::Unavailable(_)) if started.elapsed() < RECORD_RETRY_WINDOW => {
-                pause = (pause * 2).min(RECORD_RETRY_PAUSE);
+                pause = RECORD_RETRY_PAUSE + jitter;
+            }
+            Err(StoreError::LeaseLost { operation_id }) => {
+                // Either an earlier attempt of ours committed although its answer timed
+                // out, or a retry took the lapsed operation over; the record says which.
+                tracing::warn!(
+                    %operation_id,
+                    "the result was not recorded late: the operation is already completed, or was taken over"
+                );
+                return;
             }
             Err(error) => {
                 log_completion_failure(&error);

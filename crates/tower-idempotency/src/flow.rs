@@ -23,11 +23,11 @@ use tracing::{Instrument, Span, field};
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
 use crate::detach::{DetachOnDrop, Panicked};
+use crate::encryption::{Binding, SEALED_WITH, open_stored};
 use crate::layer::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy};
 use crate::problem::Rejection;
 use crate::request_fingerprint::fingerprint;
-use crate::storage::{Binding, SEALED_WITH};
 
 pub(crate) type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
 
@@ -140,12 +140,17 @@ where
     Span::current().record("scope", scope.as_str());
 
     let read = read_body(body, &parts, shared.body_limit);
-    let body = match tokio::time::timeout(shared.body_read_timeout, read).await {
+    let timeout = shared.body_read_timeout;
+    let read = if timeout.is_zero() {
+        Ok(read.await)
+    } else {
+        tokio::time::timeout(timeout, read).await
+    };
+    let body = match read {
         Ok(Ok(body)) => body,
         Ok(Err(rejection)) => return Ok(refuse(&shared, rejection)),
         Err(_elapsed) => {
-            let timeout = shared.body_read_timeout;
-            let seconds = timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0);
+            let seconds = whole_seconds(timeout);
             return Ok(refuse(&shared, Rejection::BodyReadTimeout { seconds }));
         }
     };
@@ -302,13 +307,18 @@ where
     }
 }
 
+/// `duration` in whole seconds, rounded up.
+fn whole_seconds(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
 /// `409 request-in-progress`, with the original's remaining lease as `Retry-After`. The
 /// lease's expiry comes from the store's clock (PostgreSQL's `now()`) and is read against
 /// this server's: the answer is clamped to `1..=lease` seconds, so clock skew between the
 /// two can neither tell a client to hammer nor to wait past the longest a lease can last.
 fn in_progress(operation: &Operation, lease: Duration) -> Rejection {
     let remaining = operation.lease_remaining(SystemTime::now()).min(lease);
-    let seconds = remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0);
+    let seconds = whole_seconds(remaining);
     Rejection::RequestInProgress {
         operation_id: operation.id,
         retry_after: seconds.max(1),
@@ -338,34 +348,14 @@ fn replay<ResB: Body>(
     let Some(body) = stored.body else {
         return refuse(shared, not_replayable);
     };
-    let sealed_with = stored
-        .headers
-        .iter()
-        .find(|(name, _)| name == SEALED_WITH.as_str())
-        .map(|(_, key_id)| key_id.clone());
-    let body = match sealed_with {
-        None => body,
-        Some(key_id) => {
-            let binding = Binding {
-                scope: &operation.scope,
-                operation_id: operation.id,
-                status: stored.status,
-            };
-            let opened = shared
-                .encryption
-                .as_ref()
-                .and_then(|keys| keys.open(&key_id, &binding, &body));
-            match opened {
-                Some(body) => body,
-                None => {
-                    tracing::error!(
-                        key_id = %String::from_utf8_lossy(&key_id),
-                        "a stored response does not open: its key is not configured, or the record was altered"
-                    );
-                    return refuse(shared, not_replayable);
-                }
-            }
-        }
+    let binding = Binding {
+        scope: &operation.scope,
+        operation_id: operation.id,
+        status: stored.status,
+    };
+    let Some(body) = open_stored(shared.encryption.as_ref(), &binding, &stored.headers, body)
+    else {
+        return refuse(shared, not_replayable);
     };
     let decision = if waited { "waited" } else { "replayed" };
     Span::current().record("decision", decision);

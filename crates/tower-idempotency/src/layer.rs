@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) status_path: String,
     pub(crate) encryption: Option<ResponseEncryption>,
     pub(crate) body_read_timeout: Duration,
+    /// Results waiting to be recorded in the background (see `execute::record_later`).
+    pub(crate) pending_records: Arc<AtomicUsize>,
 }
 
 impl Shared {
@@ -142,6 +145,7 @@ impl IdempotencyLayer {
                 status_path: "/operations".to_owned(),
                 encryption: None,
                 body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+                pending_records: Arc::new(AtomicUsize::new(0)),
             }),
         }
     }
@@ -189,14 +193,15 @@ impl IdempotencyLayer {
     /// Longest a guarded request's body may take to arrive (default 30 s,
     /// [`DEFAULT_BODY_READ_TIMEOUT`]). A body that arrives slower, or never finishes, is
     /// refused with `408 body-read-timeout` before anything is stored, so a slow client
-    /// cannot hold a connection and a buffer open indefinitely.
+    /// cannot hold a connection and a buffer open indefinitely. `Duration::ZERO` turns the
+    /// bound off (for servers that enforce one before the layer).
     pub fn with_body_read_timeout(self, timeout: Duration) -> Self {
         self.edit(|s| s.body_read_timeout = timeout)
     }
 
     /// Seals every stored response body with `keys` (XChaCha20-Poly1305), so that a
     /// reader of the store's tables or backups cannot read them. Status and the allowed
-    /// headers stay readable (the status route shows them). See [`ResponseEncryption`]
+    /// headers stay readable (the protocol needs them). See [`ResponseEncryption`]
     /// for rotation.
     pub fn with_response_encryption(self, keys: ResponseEncryption) -> Self {
         self.edit(|s| s.encryption = Some(keys))

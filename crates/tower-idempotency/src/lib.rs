@@ -80,6 +80,7 @@
 pub mod body;
 mod buffer;
 mod detach;
+mod encryption;
 mod execute;
 mod flow;
 mod headers;

@@ -30,9 +30,10 @@ use super::Fixture;
 /// The layer's body read timeout in these tests.
 const BODY_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Executions per route, to show that refused requests never reach a handler.
+/// Executions per route, to show that refused requests never reach a handler; and a gate
+/// that holds the handler of `held_…` accounts until opened.
 #[derive(Debug, Default)]
-struct Executions(AtomicUsize);
+struct Executions(AtomicUsize, tokio::sync::Notify);
 
 impl Executions {
     fn count(&self) -> usize {
@@ -66,22 +67,52 @@ async fn create_api_key(State(runs): State<Arc<Executions>>) -> impl IntoRespons
     )
 }
 
-async fn create_payment(State(runs): State<Arc<Executions>>) -> impl IntoResponse {
+async fn create_payment(
+    State(runs): State<Arc<Executions>>,
+    headers: HeaderMap,
+) -> impl IntoResponse {
     let n = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
+    let held = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bearer held_"));
+    if held {
+        runs.1.notified().await;
+    }
     (
         StatusCode::CREATED,
         axum::Json(json!({"id": format!("pay_{n}"), "card_holder": "Ada Lovelace"})),
     )
 }
 
-async fn start_export(State(runs): State<Arc<Executions>>) -> impl IntoResponse {
+async fn start_export(State(runs): State<Arc<Executions>>, body: String) -> impl IntoResponse {
     let n = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
+    // `{"large":true}` asks for an answer over the response limit.
+    let padding = if body.contains("large") {
+        "x".repeat(2 * RESPONSE_LIMIT)
+    } else {
+        String::new()
+    };
     (
         StatusCode::ACCEPTED,
         [(header::LOCATION, format!("/v1/exports/exp_{n}"))],
-        axum::Json(json!({"id": format!("exp_{n}"), "download_token": "dl_secret_token"})),
+        axum::Json(
+            json!({"id": format!("exp_{n}"), "download_token": "dl_secret_token", "padding": padding}),
+        ),
     )
 }
+
+/// A session whose answer carries no body.
+async fn create_session(State(runs): State<Arc<Executions>>) -> impl IntoResponse {
+    let n = runs.0.fetch_add(1, Ordering::SeqCst) + 1;
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/v1/sessions/ses_{n}"))],
+    )
+}
+
+/// The layer's response limit in these tests.
+const RESPONSE_LIMIT: usize = 16 * 1024;
 
 /// The app under test: three routes with the three storage modes, over `store`.
 fn app(store: Arc<dyn Store>, runs: Arc<Executions>, keys: Option<ResponseEncryption>) -> Router {
@@ -90,9 +121,15 @@ fn app(store: Arc<dyn Store>, runs: Arc<Executions>, keys: Option<ResponseEncryp
         .with_scope(scope_of)
         .with_body_limit(64 * 1024)
         .with_body_read_timeout(BODY_TIMEOUT)
+        .with_response_limit(RESPONSE_LIMIT)
         .with_route_policy(
             http::Method::POST,
             "/v1/api-keys",
+            RoutePolicy::required().with_response_storage(redacted.clone()),
+        )
+        .with_route_policy(
+            http::Method::POST,
+            "/v1/sessions",
             RoutePolicy::required().with_response_storage(redacted),
         )
         .with_route_policy(
@@ -107,6 +144,7 @@ fn app(store: Arc<dyn Store>, runs: Arc<Executions>, keys: Option<ResponseEncryp
         .route("/v1/api-keys", routing::post(create_api_key))
         .route("/v1/payments", routing::post(create_payment))
         .route("/v1/exports", routing::post(start_export))
+        .route("/v1/sessions", routing::post(create_session))
         .with_state(runs)
         .layer(layer.clone())
         .merge(layer.status_router())
@@ -213,6 +251,51 @@ async fn one_key_in_two_scopes_is_two_operations_that_never_see_each_other() {
     let retry = post(&s.server, "/v1/payments", &alice, Some(&key), PAYMENT).await;
     assert!(retry.is_replay());
     assert_eq!(retry.body, first.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_progress_in_one_scope_does_not_hold_up_another() {
+    let s = setup().await;
+    let alice = format!("held_{}", new_account());
+    let mallory = new_account();
+    let key = new_key();
+    let held = {
+        let server_url = s.server.url("/v1/payments");
+        let (alice, key) = (alice.clone(), key.clone());
+        tokio::spawn(async move {
+            http()
+                .post(server_url)
+                .header(header::AUTHORIZATION, format!("Bearer {alice}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("idempotency-key", key)
+                .body(PAYMENT)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    // Alice's operation is reserved and its handler is held.
+    let mut reserved = false;
+    for _ in 0..200 {
+        if record(&s.store, &alice, &key).await.is_some() {
+            reserved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reserved, "alice's request was not reserved");
+    // The same key and body in another scope runs at once: no wait, no 409.
+    let theirs = post(&s.server, "/v1/payments", &mallory, Some(&key), PAYMENT).await;
+    assert_eq!(theirs.status, 201, "{}", theirs.text());
+    assert!(!theirs.is_replay());
+    assert_eq!(
+        record(&s.store, &alice, &key).await.unwrap().state.as_str(),
+        "in_progress"
+    );
+    s.runs.1.notify_one();
+    assert_eq!(held.await.unwrap(), 201);
+    assert_eq!(s.runs.count(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,6 +514,56 @@ async fn status_only_routes_store_no_body_and_replay_status_and_location() {
     assert!(retry.body.is_empty());
     assert_eq!(retry.header("location"), first.header("location"));
     assert_eq!(retry.header("content-type"), None);
+    assert_eq!(s.runs.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_only_replays_do_not_depend_on_the_answers_size() {
+    let s = setup().await;
+    let account = new_account();
+    let key = new_key();
+    let first = post(
+        &s.server,
+        "/v1/exports",
+        &account,
+        Some(&key),
+        r#"{"large":true}"#,
+    )
+    .await;
+    assert_eq!(first.status, 202);
+    assert!(
+        first.body.len() > RESPONSE_LIMIT,
+        "the first caller gets it all"
+    );
+    let retry = post(
+        &s.server,
+        "/v1/exports",
+        &account,
+        Some(&key),
+        r#"{"large":true}"#,
+    )
+    .await;
+    assert_eq!(retry.status, 202, "{}", retry.text());
+    assert!(retry.is_replay());
+    assert!(retry.body.is_empty());
+    assert_eq!(retry.header("location"), first.header("location"));
+    assert_eq!(s.runs.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redacted_route_answering_without_a_body_replays() {
+    let keys = ResponseEncryption::new("k1", [1; 32]).unwrap();
+    let s = setup_with(Some(keys)).await;
+    let account = new_account();
+    let key = new_key();
+    let first = post(&s.server, "/v1/sessions", &account, Some(&key), "{}").await;
+    assert_eq!(first.status, 201);
+    assert!(first.body.is_empty());
+    let retry = post(&s.server, "/v1/sessions", &account, Some(&key), "{}").await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    assert!(retry.is_replay());
+    assert!(retry.body.is_empty());
+    assert_eq!(retry.header("location"), first.header("location"));
     assert_eq!(s.runs.count(), 1);
 }
 
