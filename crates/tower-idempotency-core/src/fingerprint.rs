@@ -259,16 +259,43 @@ mod tests {
         assert!(!format!("{:?}", FingerprintKey::new("one")).contains("one"));
     }
 
+    /// Vectors computed outside this crate (Python's `hashlib`/`hmac`, following
+    /// `docs/fingerprint.md` to the letter): they pin the `v1` encoding and the document
+    /// together. Changing either would turn every stored key into a mismatch.
     #[test]
-    fn known_vector_is_stable() {
-        // Pinned: changing the v1 encoding would turn every stored key into a mismatch.
-        let fp = Fingerprinter::sha256()
-            .fingerprint(&input(FingerprintBody::CanonicalJson(b"{\"a\":1}")));
-        assert_eq!(fp.as_str().len(), "sha256:".len() + 64);
+    fn known_vectors_match_the_documented_encoding() {
+        let json = input(FingerprintBody::CanonicalJson(b"{\"a\":1}"));
         assert_eq!(
-            fp,
+            Fingerprinter::sha256().fingerprint(&json).as_str(),
+            "sha256:669e4f4cbfeeed12d314efa72dad48c8add6640dbe22c7f440cbc8fa8ae5feb6"
+        );
+        assert_eq!(
+            Fingerprinter::hmac_sha256(FingerprintKey::new("server-secret"))
+                .fingerprint(&json)
+                .as_str(),
+            "hmac-sha256:463cdcd958797c50ae07ce60b06bffcf6100bec465d8835020f72761c0d3861d"
+        );
+        assert_eq!(
             Fingerprinter::sha256()
-                .fingerprint(&input(FingerprintBody::CanonicalJson(b"{\"a\":1}")))
+                .fingerprint(&input(FingerprintBody::Empty))
+                .as_str(),
+            "sha256:a5eb6d7eac1338f9c52d4f7a4c5f0bdce5b3feedfbb9044140c842705ec93f9f"
+        );
+        let headers = [("x-tenant-region".to_owned(), b"eu".to_vec())];
+        let everything = FingerprintInput {
+            method: "POST",
+            route: "/v1/payments",
+            scope: "acct_1",
+            query: "a=1&b=2",
+            headers: &headers,
+            body: FingerprintBody::Raw {
+                content_type: "text/plain",
+                bytes: b"hello",
+            },
+        };
+        assert_eq!(
+            Fingerprinter::sha256().fingerprint(&everything).as_str(),
+            "sha256:a4855a50f6ec4b32942b3bec17a14a691d8141350f7392518a26b0226c930df5"
         );
     }
 
