@@ -15,15 +15,41 @@ use crate::instances::Fleet;
 use crate::pg::TestCluster;
 use crate::rng::Rng;
 
-/// When the next fault is due: around `every` (±50 %), the first one no later than
-/// `first_by`.
-fn next_delay(rng: &mut Rng, every: Duration, first: bool, first_by: Duration) -> Duration {
-    let every_ms = every.as_millis() as u64;
-    let jittered = Duration::from_millis(rng.between(every_ms / 2, every_ms * 3 / 2));
-    if first {
-        jittered.min(first_by)
-    } else {
-        jittered
+/// One fault kind's timetable: a fault around every `every` (±50 %) until `end`, the
+/// first no later than a fraction of the run.
+struct Schedule {
+    rng: Rng,
+    every: Duration,
+    first_by: Option<Duration>,
+    end: Instant,
+}
+
+impl Schedule {
+    /// The first fault comes within `1 / first_within` of the run, so that even a short
+    /// soak sees every kind.
+    fn new(rng: Rng, every: Duration, end: Instant, first_within: u32) -> Self {
+        let first_by = end.saturating_duration_since(Instant::now()) / first_within;
+        Self {
+            rng,
+            every,
+            first_by: Some(first_by),
+            end,
+        }
+    }
+
+    /// Sleeps until the next fault is due; `false` when none is due before the end.
+    async fn next(&mut self) -> bool {
+        let every_ms = self.every.as_millis() as u64;
+        let jittered = Duration::from_millis(self.rng.between(every_ms / 2, every_ms * 3 / 2));
+        let delay = match self.first_by.take() {
+            Some(first_by) => jittered.min(first_by),
+            None => jittered,
+        };
+        if Instant::now() + delay >= self.end {
+            return false;
+        }
+        tokio::time::sleep(delay).await;
+        true
     }
 }
 
@@ -32,26 +58,20 @@ fn next_delay(rng: &mut Rng, every: Duration, first: bool, first_by: Duration) -
 pub async fn kill_loop(
     fleet: Arc<Fleet>,
     stats: Arc<Stats>,
-    mut rng: Rng,
+    rng: Rng,
     every: Duration,
     end: Instant,
 ) -> Result<(), String> {
-    let first_by = end.saturating_duration_since(Instant::now()) / 4;
-    let mut first = true;
-    loop {
-        let delay = next_delay(&mut rng, every, first, first_by);
-        first = false;
-        if Instant::now() + delay >= end {
-            return Ok(());
-        }
-        tokio::time::sleep(delay).await;
-        let victim = rng.below(fleet.len() as u64) as usize;
+    let mut schedule = Schedule::new(rng, every, end, 4);
+    while schedule.next().await {
+        let victim = schedule.rng.below(fleet.len() as u64) as usize;
         if fleet.kill(victim).await {
             Stats::bump(&stats.kills);
         }
-        tokio::time::sleep(Duration::from_millis(rng.between(200, 1500))).await;
+        tokio::time::sleep(Duration::from_millis(schedule.rng.between(200, 1500))).await;
         fleet.start(victim).await?;
     }
+    Ok(())
 }
 
 /// Freezes a random instance around every `every` until `end`, for 1.5–4 leases, so that
@@ -60,27 +80,21 @@ pub async fn kill_loop(
 pub async fn pause_loop(
     fleet: Arc<Fleet>,
     stats: Arc<Stats>,
-    mut rng: Rng,
+    rng: Rng,
     every: Duration,
     lease: Duration,
     end: Instant,
 ) -> Result<(), String> {
-    let first_by = end.saturating_duration_since(Instant::now()) / 3;
-    let mut first = true;
-    loop {
-        let delay = next_delay(&mut rng, every, first, first_by);
-        first = false;
-        if Instant::now() + delay >= end {
-            return Ok(());
-        }
-        tokio::time::sleep(delay).await;
-        let victim = rng.below(fleet.len() as u64) as usize;
-        let lease_ms = lease.as_millis() as u64;
-        let frozen = Duration::from_millis(rng.between(lease_ms * 3 / 2, lease_ms * 4));
+    let mut schedule = Schedule::new(rng, every, end, 3);
+    let lease_ms = lease.as_millis() as u64;
+    while schedule.next().await {
+        let victim = schedule.rng.below(fleet.len() as u64) as usize;
+        let frozen = Duration::from_millis(schedule.rng.between(lease_ms * 3 / 2, lease_ms * 4));
         if fleet.pause(victim, frozen).await {
             Stats::bump(&stats.pauses);
         }
     }
+    Ok(())
 }
 
 /// Around every `every` until `end`, terminates every other session on the soak's
@@ -89,19 +103,12 @@ pub async fn pause_loop(
 pub async fn sever_loop(
     url: String,
     stats: Arc<Stats>,
-    mut rng: Rng,
+    rng: Rng,
     every: Duration,
     end: Instant,
 ) -> Result<(), String> {
-    let first_by = end.saturating_duration_since(Instant::now()) / 3;
-    let mut first = true;
-    loop {
-        let delay = next_delay(&mut rng, every, first, first_by);
-        first = false;
-        if Instant::now() + delay >= end {
-            return Ok(());
-        }
-        tokio::time::sleep(delay).await;
+    let mut schedule = Schedule::new(rng, every, end, 3);
+    while schedule.next().await {
         // The server may be restarting: then there is nothing to sever this time.
         let Ok((client, connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await
         else {
@@ -122,35 +129,30 @@ pub async fn sever_loop(
                 .fetch_add(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
+    Ok(())
 }
 
 /// Restarts PostgreSQL around every `every` until `end`, with an outage of 0.5–3 s.
 pub async fn pg_restart_loop(
     cluster: Arc<TestCluster>,
     stats: Arc<Stats>,
-    mut rng: Rng,
+    rng: Rng,
     every: Duration,
     end: Instant,
 ) -> Result<(), String> {
-    let first_by = end.saturating_duration_since(Instant::now()) / 2;
-    let mut first = true;
-    loop {
-        let delay = next_delay(&mut rng, every, first, first_by);
-        first = false;
-        if Instant::now() + delay >= end {
-            return Ok(());
-        }
-        tokio::time::sleep(delay).await;
+    let mut schedule = Schedule::new(rng, every, end, 2);
+    while schedule.next().await {
         let stopping = cluster.clone();
         // pg_ctl blocks (and the harness panics on failure): keep it off the runtime.
         tokio::task::spawn_blocking(move || stopping.stop())
             .await
             .map_err(|e| format!("PostgreSQL did not stop: {e}"))?;
         Stats::bump(&stats.pg_restarts);
-        tokio::time::sleep(Duration::from_millis(rng.between(500, 3000))).await;
+        tokio::time::sleep(Duration::from_millis(schedule.rng.between(500, 3000))).await;
         let starting = cluster.clone();
         tokio::task::spawn_blocking(move || starting.start())
             .await
             .map_err(|e| format!("PostgreSQL did not start again: {e}"))?;
     }
+    Ok(())
 }
