@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::{Request, StatusCode};
-use integration_tests::pg::test_database;
+use integration_tests::pg::{TestDatabase, test_database};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 use tower_idempotency::{
@@ -76,10 +76,12 @@ struct Harness {
     store: PostgresStore,
     db: tokio_postgres::Client,
     script: Script,
-    _database: integration_tests::pg::TestDatabase,
+    _database: TestDatabase,
 }
 
-async fn harness(policy: RoutePolicy, script: Script) -> Harness {
+/// A fresh database holding the store's schema and `schema`, the store on it, and a plain
+/// client for reading what the handlers wrote.
+async fn database_with(schema: &str) -> (TestDatabase, PostgresStore, tokio_postgres::Client) {
     let database = test_database().await;
     let store = PostgresStore::connect(database.url()).await.unwrap();
     store.migrate().await.unwrap();
@@ -87,11 +89,15 @@ async fn harness(policy: RoutePolicy, script: Script) -> Harness {
         .await
         .unwrap();
     tokio::spawn(connection);
-    db.batch_execute(
+    db.batch_execute(schema).await.unwrap();
+    (database, store, db)
+}
+
+async fn harness(policy: RoutePolicy, script: Script) -> Harness {
+    let (database, store, db) = database_with(
         "CREATE TABLE things (id bigserial PRIMARY KEY, operation_id uuid NOT NULL, attempt int NOT NULL)",
     )
-    .await
-    .unwrap();
+    .await;
     let layer = IdempotencyLayer::new(store.clone())
         .with_scope(|_| Some(Scope::new(SCOPE)))
         .with_default_policy(policy);
@@ -334,16 +340,7 @@ async fn an_open_transaction_blocks_neither_heartbeats_nor_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_tower_service_reaches_the_transaction_through_extensions() {
-    let database = test_database().await;
-    let store = PostgresStore::connect(database.url()).await.unwrap();
-    store.migrate().await.unwrap();
-    let (db, connection) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    db.batch_execute("CREATE TABLE notes (body text NOT NULL)")
-        .await
-        .unwrap();
+    let (_database, store, db) = database_with("CREATE TABLE notes (body text NOT NULL)").await;
     let service = tower::service_fn(|request: Request<_>| async move {
         let tx = PostgresTx::from_extensions(request.extensions()).unwrap();
         tx.lock()
@@ -421,16 +418,7 @@ async fn a_store_without_transactions_refuses_the_route_and_runs_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_too_large_to_store_still_commits_and_is_not_replayed() {
-    let database = test_database().await;
-    let store = PostgresStore::connect(database.url()).await.unwrap();
-    store.migrate().await.unwrap();
-    let (db, connection) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    db.batch_execute("CREATE TABLE reports (id int)")
-        .await
-        .unwrap();
+    let (_database, store, db) = database_with("CREATE TABLE reports (id int)").await;
     let app = Router::new()
         .route(
             "/v1/things",
