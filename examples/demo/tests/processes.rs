@@ -18,7 +18,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{DEADLINE, DemoProcess, Reply, TICKET, create_ticket, fresh, http};
+use support::{DEADLINE, DemoProcess, Reply, create_ticket, fresh, http, ticket_request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_the_demo_restarts_replays_the_identical_body() {
@@ -27,13 +27,7 @@ async fn a_retry_after_the_demo_restarts_replays_the_identical_body() {
     let (account, key) = (fresh("acct"), fresh("key"));
 
     let first_process = DemoProcess::start(db.url(), &[]).await;
-    let first = create_ticket(
-        http.clone(),
-        first_process.base.clone(),
-        account.clone(),
-        key.clone(),
-    )
-    .await;
+    let first = first_process.create_ticket(&http, &account, &key).await;
     assert_eq!(first.status, 201, "{}", first.text());
     assert!(!first.replayed);
     assert!(first.operation_id.is_some(), "Operation-Id on the original");
@@ -45,13 +39,7 @@ async fn a_retry_after_the_demo_restarts_replays_the_identical_body() {
     first_process.kill();
 
     let second_process = DemoProcess::start(db.url(), &[]).await;
-    let retry = create_ticket(
-        http.clone(),
-        second_process.base.clone(),
-        account.clone(),
-        key,
-    )
-    .await;
+    let retry = second_process.create_ticket(&http, &account, &key).await;
     assert_eq!(retry.status, 201, "{}", retry.text());
     assert!(retry.replayed, "Idempotent-Replayed: true");
     assert_eq!(retry.body, first.body, "byte-identical body");
@@ -143,14 +131,8 @@ async fn a_demo_killed_mid_handler_leaves_an_unknown_outcome_not_a_second_execut
     )
     .await;
     // Its client will see the connection drop; that answer is not the point.
-    let _abandoned = tokio::spawn(
-        http.post(format!("{}/v1/tickets", first_process.base))
-            .bearer_auth(account.clone())
-            .header("content-type", "application/json")
-            .header("idempotency-key", key.clone())
-            .body(TICKET)
-            .send(),
-    );
+    let _abandoned =
+        tokio::spawn(ticket_request(&http, &first_process.base, &account, &key).send());
     operation_state(&http, &first_process, &account, &key, "in_progress").await;
     let effect = wait_for_one_ticket(&http, &first_process, &account).await;
     first_process.kill();
@@ -159,13 +141,7 @@ async fn a_demo_killed_mid_handler_leaves_an_unknown_outcome_not_a_second_execut
         DemoProcess::start(db.url(), &["--non-transactional", "--lease-ms", "1000"]).await;
     // Nobody renews the lease any more: it lapses by the database's clock.
     let status = operation_state(&http, &second_process, &account, &key, "unknown").await;
-    let retry = create_ticket(
-        http.clone(),
-        second_process.base.clone(),
-        account.clone(),
-        key,
-    )
-    .await;
+    let retry = second_process.create_ticket(&http, &account, &key).await;
     assert_eq!(retry.status, 409, "{}", retry.text());
     let problem = retry.json();
     let kind = problem["type"].as_str().unwrap_or_default();
@@ -212,14 +188,9 @@ async fn operation_state(
 ) -> Value {
     let started = std::time::Instant::now();
     loop {
-        let response = http
-            .get(format!("{}/operations", process.base))
-            .query(&[("idempotency_key", key)])
-            .bearer_auth(account)
-            .send()
-            .await
-            .unwrap();
-        let reply = Reply::from(response).await;
+        let reply = process
+            .get(http, account, &format!("/operations?idempotency_key={key}"))
+            .await;
         if reply.status == 200 && reply.json()["state"] == state {
             return reply.json();
         }

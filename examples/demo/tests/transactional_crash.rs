@@ -14,17 +14,12 @@ use serde_json::Value;
 
 mod support;
 
-use support::{DEADLINE, DemoProcess, TICKET, create_ticket, fresh, http};
+use support::{DEADLINE, DemoProcess, fresh, http, ticket_request};
 
 async fn get_json(http: &reqwest::Client, demo: &DemoProcess, account: &str, path: &str) -> Value {
-    let response = http
-        .get(format!("{}{path}", demo.base))
-        .bearer_auth(account)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200, "GET {path}");
-    response.json().await.unwrap()
+    let reply = demo.get(http, account, path).await;
+    assert_eq!(reply.status, 200, "GET {path}: {}", reply.text());
+    reply.json()
 }
 
 async fn sql(url: &str) -> tokio_postgres::Client {
@@ -69,25 +64,8 @@ async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() 
         &["--handler-delay-ms", "60000", "--lease-ms", "1000"],
     )
     .await;
-    let abandoned = tokio::spawn({
-        let (http, base, account, key) = (
-            http.clone(),
-            doomed.base.clone(),
-            account.clone(),
-            key.clone(),
-        );
-        async move {
-            // Its client sees the connection drop; that answer is not the point.
-            let _ = http
-                .post(format!("{base}/v1/tickets"))
-                .bearer_auth(account)
-                .header("content-type", "application/json")
-                .header("idempotency-key", key)
-                .body(TICKET)
-                .send()
-                .await;
-        }
-    });
+    // Its client sees the connection drop; that answer is not the point.
+    let abandoned = tokio::spawn(ticket_request(&http, &doomed.base, &account, &key).send());
     // The enqueue is the handler's last statement: once a session sits idle in a
     // transaction after it, the ticket and its notification are written, uncommitted.
     until(
@@ -129,13 +107,7 @@ async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() 
     let demo = DemoProcess::start(database.url(), &["--lease-ms", "1000", "--wait-ms", "0"]).await;
     let started = Instant::now();
     let success = loop {
-        let retry = create_ticket(
-            http.clone(),
-            demo.base.clone(),
-            account.clone(),
-            key.clone(),
-        )
-        .await;
+        let retry = demo.create_ticket(&http, &account, &key).await;
         match retry.status {
             201 => break retry,
             409 => {
@@ -195,22 +167,10 @@ async fn retries_of_a_completed_create_add_no_ticket_and_no_effect() {
     let http = http();
     let (account, key) = (fresh("acct"), fresh("key"));
     let demo = DemoProcess::start(database.url(), &[]).await;
-    let first = create_ticket(
-        http.clone(),
-        demo.base.clone(),
-        account.clone(),
-        key.clone(),
-    )
-    .await;
+    let first = demo.create_ticket(&http, &account, &key).await;
     assert_eq!(first.status, 201);
     for _ in 0..3 {
-        let retry = create_ticket(
-            http.clone(),
-            demo.base.clone(),
-            account.clone(),
-            key.clone(),
-        )
-        .await;
+        let retry = demo.create_ticket(&http, &account, &key).await;
         assert_eq!(retry.status, 201);
         assert!(retry.replayed);
         assert_eq!(retry.body, first.body);
@@ -218,13 +178,7 @@ async fn retries_of_a_completed_create_add_no_ticket_and_no_effect() {
     // And across a restart of the process.
     demo.kill();
     let demo = DemoProcess::start(database.url(), &[]).await;
-    let after_restart = create_ticket(
-        http.clone(),
-        demo.base.clone(),
-        account.clone(),
-        key.clone(),
-    )
-    .await;
+    let after_restart = demo.create_ticket(&http, &account, &key).await;
     assert!(after_restart.replayed);
     assert_eq!(after_restart.body, first.body);
 

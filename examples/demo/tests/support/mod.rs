@@ -71,15 +71,29 @@ impl DemoProcess {
         process
     }
 
-    /// The ids of `account`'s tickets, as this process lists them.
-    pub async fn ticket_ids(&self, http: &reqwest::Client, account: &str) -> Vec<Value> {
+    /// `POST /v1/tickets` on this process as `account` under `key`.
+    pub async fn create_ticket(&self, http: &reqwest::Client, account: &str, key: &str) -> Reply {
+        let response = ticket_request(http, &self.base, account, key)
+            .send()
+            .await
+            .unwrap();
+        Reply::from(response).await
+    }
+
+    /// `GET {path}` on this process as `account`, read in full.
+    pub async fn get(&self, http: &reqwest::Client, account: &str, path: &str) -> Reply {
         let response = http
-            .get(format!("{}/v1/tickets", self.base))
+            .get(format!("{}{path}", self.base))
             .bearer_auth(account)
             .send()
             .await
             .unwrap();
-        let reply = Reply::from(response).await;
+        Reply::from(response).await
+    }
+
+    /// The ids of `account`'s tickets, as this process lists them.
+    pub async fn ticket_ids(&self, http: &reqwest::Client, account: &str) -> Vec<Value> {
+        let reply = self.get(http, account, "/v1/tickets").await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         let tickets = reply.json();
         let tickets = tickets["tickets"].as_array().unwrap();
@@ -104,20 +118,28 @@ impl Drop for DemoProcess {
     }
 }
 
-/// `POST {base}/v1/tickets` as `account` under `key` (owned arguments, so it can be
-/// spawned).
+/// `POST {base}/v1/tickets` with [`TICKET`] as `account` under `key`, ready to send.
+pub fn ticket_request(
+    http: &reqwest::Client,
+    base: &str,
+    account: &str,
+    key: &str,
+) -> reqwest::RequestBuilder {
+    http.post(format!("{base}/v1/tickets"))
+        .bearer_auth(account)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(TICKET)
+}
+
+/// [`DemoProcess::create_ticket`] with owned arguments, so it can be spawned.
 pub async fn create_ticket(
     http: reqwest::Client,
     base: String,
     account: String,
     key: String,
 ) -> Reply {
-    let response = http
-        .post(format!("{base}/v1/tickets"))
-        .bearer_auth(account)
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .body(TICKET)
+    let response = ticket_request(&http, &base, &account, &key)
         .send()
         .await
         .unwrap();
