@@ -131,6 +131,16 @@ async fn abandon(shared: &Shared, lease: &Lease, why: &'static str) {
     }
 }
 
+/// Why a result was not recorded, and what that means for the handler's answer.
+enum NotRecorded {
+    /// The answer must not be sent (an uncommitted transaction): this is sent instead.
+    Refused(Rejection),
+    /// Not recorded, but it is the truth and is sent.
+    Sent,
+    /// The store is unreachable: the answer is sent and recorded once the store is back.
+    StoreAway(StoreError),
+}
+
 /// Where a handler's result goes.
 enum Sink {
     /// Into the store with [`Store::complete`](tower_idempotency_core::Store::complete):
@@ -168,48 +178,42 @@ impl Sink {
         }
     }
 
-    /// Records the result. `Err(Some(_))`: the handler's answer must not be sent;
-    /// `Err(None)`: it was not recorded, but it is the truth and is sent.
+    /// Records the result.
     async fn complete(
         self,
         shared: &Shared,
         lease: &Lease,
         stored: StoredResponse,
-    ) -> Result<(), Option<Rejection>> {
+    ) -> Result<(), NotRecorded> {
         match self {
             Self::Store => {
                 let status = stored.status;
                 let started = Instant::now();
-                // A copy is kept for recording later should the store be away now: a few
-                // small allocations, against an answer that would otherwise be lost.
-                let completed = shared.store.complete(lease, stored.clone()).await;
+                let completed = shared.store.complete(lease, stored).await;
                 let store_ms = started.elapsed().as_secs_f64() * 1000.0;
                 match completed {
                     Ok(_) => {
                         tracing::info!(status, store_ms, "operation completed");
                         Ok(())
                     }
-                    Err(error @ StoreError::Unavailable(_)) => {
-                        record_later(shared, lease, stored, &error);
-                        Err(None)
-                    }
+                    Err(error @ StoreError::Unavailable(_)) => Err(NotRecorded::StoreAway(error)),
                     Err(error) => {
                         log_completion_failure(&error);
-                        Err(None)
+                        Err(NotRecorded::Sent)
                     }
                 }
             }
             Self::Transaction(Some(transaction)) => {
                 transactional::commit(shared, lease, transaction, stored)
                     .await
-                    .map_err(Some)
+                    .map_err(NotRecorded::Refused)
             }
             Self::Transaction(None) => {
                 // Only the layer takes the transaction; nothing the handler wrote can be
                 // committed any more.
                 tracing::error!("the operation's transaction vanished before completion");
                 transactional::release(shared, lease).await;
-                Err(Some(Rejection::NotCommitted {
+                Err(NotRecorded::Refused(Rejection::NotCommitted {
                     operation_id: lease.operation_id,
                 }))
             }
@@ -240,10 +244,6 @@ where
             .await;
         return Response::from_parts(parts, ResponseBody::inner(body));
     }
-    let mut kept_headers = storage::kept_headers(
-        &policy.response_storage,
-        headers::select(&parts.headers, &shared.stored_headers),
-    );
     // The body is the handler's too: a stream that panics is a handler that panicked.
     let buffered = AssertUnwindSafe(buffer_response(body, shared.response_limit))
         .catch_unwind()
@@ -259,24 +259,7 @@ where
     };
     match buffered {
         Buffered::Complete(bytes) => {
-            let kept = storage::kept_body(&policy.response_storage, bytes.clone());
-            let kept = match (&shared.encryption, kept) {
-                (Some(keys), Some(plain)) => {
-                    let binding = Binding {
-                        scope: &lease.scope,
-                        operation_id: lease.operation_id,
-                        status: status.as_u16(),
-                    };
-                    seal_stored(keys, &binding, plain, &mut kept_headers)
-                }
-                (_, kept) => kept,
-            };
-            let stored = StoredResponse {
-                status: status.as_u16(),
-                headers: kept_headers,
-                body: kept,
-            };
-            match sink.complete(shared, lease, stored).await {
+            match record(shared, policy, lease, sink, &parts, Some(&bytes)).await {
                 Ok(()) => {
                     let hook = DeliveryHook {
                         store: shared.store.clone(),
@@ -296,14 +279,7 @@ where
                     "response too large to store; retries will get response-not-replayable"
                 );
             }
-            // A status-only route keeps no body anyway: its replay does not depend on size.
-            let body = (policy.response_storage == ResponseStorage::StatusOnly).then(Bytes::new);
-            let stored = StoredResponse {
-                status: status.as_u16(),
-                headers: kept_headers,
-                body,
-            };
-            match sink.complete(shared, lease, stored).await {
+            match record(shared, policy, lease, sink, &parts, None).await {
                 Err(Some(rejection)) => refuse(shared, rejection),
                 Ok(()) | Err(None) => {
                     Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
@@ -314,6 +290,69 @@ where
             sink.fail(shared, lease, "the response body failed").await;
             Response::from_parts(parts, ResponseBody::failed(error))
         }
+    }
+}
+
+/// Records the handler's answer through `sink`. `body` is the whole body, or `None` when
+/// it was too large to keep. `Err(Some(_))`: the answer must not be sent, this is sent
+/// instead; `Err(None)`: it was not recorded, but it is the truth and is sent.
+async fn record(
+    shared: &Shared,
+    policy: &RoutePolicy,
+    lease: &Lease,
+    sink: Sink,
+    parts: &http::response::Parts,
+    body: Option<&Bytes>,
+) -> Result<(), Option<Rejection>> {
+    let stored = stored_response(shared, policy, lease, parts, body);
+    match sink.complete(shared, lease, stored).await {
+        Ok(()) => Ok(()),
+        Err(NotRecorded::Refused(rejection)) => Err(Some(rejection)),
+        Err(NotRecorded::Sent) => Err(None),
+        Err(NotRecorded::StoreAway(error)) => {
+            // Built again rather than copied on every request in case the store is away:
+            // this path is rare, completions are not.
+            let stored = stored_response(shared, policy, lease, parts, body);
+            record_later(shared, lease, stored, &error);
+            Err(None)
+        }
+    }
+}
+
+/// What is stored of an answer: the allowed headers and the body as the route's
+/// [`ResponseStorage`] keeps them (a status-only route keeps an empty body whatever the
+/// answer's size), sealed when the layer encrypts.
+fn stored_response(
+    shared: &Shared,
+    policy: &RoutePolicy,
+    lease: &Lease,
+    parts: &http::response::Parts,
+    body: Option<&Bytes>,
+) -> StoredResponse {
+    let status = parts.status.as_u16();
+    let mut headers = storage::kept_headers(
+        &policy.response_storage,
+        headers::select(&parts.headers, &shared.stored_headers),
+    );
+    let kept = match body {
+        Some(bytes) => storage::kept_body(&policy.response_storage, bytes.clone()),
+        None => (policy.response_storage == ResponseStorage::StatusOnly).then(Bytes::new),
+    };
+    let kept = match (&shared.encryption, kept) {
+        (Some(keys), Some(plain)) => {
+            let binding = Binding {
+                scope: &lease.scope,
+                operation_id: lease.operation_id,
+                status,
+            };
+            seal_stored(keys, &binding, plain, &mut headers)
+        }
+        (_, kept) => kept,
+    };
+    StoredResponse {
+        status,
+        headers,
+        body: kept,
     }
 }
 
