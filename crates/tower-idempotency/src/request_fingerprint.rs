@@ -13,22 +13,22 @@ use crate::problem::Rejection;
 
 /// Whether a media type is JSON: `application/json` or any `+json` suffix.
 fn is_json(essence: &str) -> bool {
-    essence == "application/json" || essence.ends_with("+json")
+    essence.eq_ignore_ascii_case("application/json")
+        || essence
+            .len()
+            .checked_sub(5)
+            .and_then(|at| essence.get(at..))
+            .is_some_and(|suffix| suffix.eq_ignore_ascii_case("+json"))
 }
 
-fn content_type_essence(parts: &Parts) -> String {
+/// The media type without parameters, as sent (JSON bodies, the common case, never need
+/// it lowercased; raw bodies lowercase it for the fingerprint).
+fn content_type_essence(parts: &Parts) -> &str {
     parts
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default()
+        .map_or("", |v| v.split(';').next().unwrap_or("").trim())
 }
 
 pub(crate) fn fingerprint(
@@ -41,14 +41,15 @@ pub(crate) fn fingerprint(
 ) -> Result<Fingerprint, Rejection> {
     let essence = content_type_essence(parts);
     let canonical;
+    let lowercase;
     // A route with a normalizer takes JSON commands only: any other body would bypass the
     // validation and be stored under the key as whatever the handler answers to it.
-    if policy.normalizer.is_some() && !is_json(&essence) {
+    if policy.normalizer.is_some() && !is_json(essence) {
         return Err(Rejection::UnsupportedMediaType);
     }
     let body = if body.is_empty() && policy.normalizer.is_none() {
         FingerprintBody::Empty
-    } else if is_json(&essence) {
+    } else if is_json(essence) {
         canonical = match &policy.normalizer {
             None => canonicalize_json(body).map_err(Rejection::InvalidJson)?,
             Some(normalize) => {
@@ -59,8 +60,9 @@ pub(crate) fn fingerprint(
         };
         FingerprintBody::CanonicalJson(&canonical)
     } else {
+        lowercase = essence.to_ascii_lowercase();
         FingerprintBody::Raw {
-            content_type: &essence,
+            content_type: &lowercase,
             bytes: body,
         }
     };
@@ -132,6 +134,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(a, vendor);
+        let shouted = fp(&p, "/v1/x", Some("Application/JSON"), br#"{"b":"x","a":1}"#).unwrap();
+        assert_eq!(a, shouted, "media types are case-insensitive");
     }
 
     #[test]
@@ -140,6 +144,8 @@ mod tests {
         let a = fp(&p, "/v1/x", Some("text/plain"), b"hello").unwrap();
         let b = fp(&p, "/v1/x", Some("text/csv"), b"hello").unwrap();
         assert_ne!(a, b);
+        let shouted = fp(&p, "/v1/x", Some("Text/Plain; charset=utf-8"), b"hello").unwrap();
+        assert_eq!(a, shouted, "media types are case-insensitive");
     }
 
     #[test]
