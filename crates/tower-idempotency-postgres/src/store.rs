@@ -368,6 +368,16 @@ impl<'a> Completion<'a> {
     }
 }
 
+/// The operation a completion statement returned, with the response it stored: the
+/// statement leaves the headers and body out of its result (`sql::COMPLETED_COLUMNS`)
+/// rather than send back what the caller just sent.
+pub(crate) fn completed(row: OperationRow, response: StoredResponse) -> Operation {
+    Operation {
+        response: Some(response),
+        ..row.operation
+    }
+}
+
 /// Why [`PostgresStore::connect`] failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -440,7 +450,7 @@ impl Store for PostgresStore {
             )
             .await?
         {
-            Some(row) => Ok(row.operation),
+            Some(row) => Ok(completed(row, response)),
             None => Err(Self::lease_lost("complete", lease)),
         }
     }

@@ -26,7 +26,7 @@ use tower_idempotency_core::{
 
 use crate::error::from_pg;
 use crate::row;
-use crate::store::{Completion, PostgresStore};
+use crate::store::{Completion, PostgresStore, completed};
 
 /// An open PostgreSQL transaction belonging to one reserved operation. The layer creates
 /// it (through [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction))
@@ -86,9 +86,9 @@ impl PostgresTransaction {
     /// The fenced completion and `COMMIT`, pipelined in one round trip. A fenced-out
     /// completion fails (see `Queries::complete_in_transaction`), which turns the `COMMIT`
     /// into a rollback of everything the attempt wrote.
-    async fn complete_and_commit(&mut self, response: &StoredResponse) -> Result<Operation> {
+    async fn complete_and_commit(&mut self, response: StoredResponse) -> Result<Operation> {
         let client = self.connection()?;
-        let completion = Completion::new(&self.lease, response);
+        let completion = Completion::new(&self.lease, &response);
         let statement = client
             .prepare_cached(&self.store.inner.queries.complete_in_transaction)
             .await
@@ -122,7 +122,7 @@ impl PostgresTransaction {
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Backend("complete returned no row".into()))?;
-        Ok(row::operation(row)?.operation)
+        Ok(completed(row::operation(row)?, response))
     }
 
     async fn roll_back(&mut self) -> Result<()> {
@@ -160,7 +160,7 @@ impl OperationTransaction for PostgresTransaction {
         // On an error or a timeout `self` is dropped unfinished, which closes the
         // connection: PostgreSQL rolls back whatever it had not committed.
         store
-            .bounded("complete", self.complete_and_commit(&response))
+            .bounded("complete", self.complete_and_commit(response))
             .await
     }
 
