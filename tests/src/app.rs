@@ -166,6 +166,39 @@ impl Client {
         Reply::from(request.send().await.unwrap()).await
     }
 
+    /// [`Client::post`] on a task of its own: the request keeps running while the test
+    /// sends duplicates or watches its operation.
+    pub fn spawn_post(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: impl Into<String>,
+    ) -> JoinHandle<Reply> {
+        let (client, path, key, body) = (
+            self.clone(),
+            path.to_owned(),
+            key.map(str::to_owned),
+            body.into(),
+        );
+        tokio::spawn(async move { client.post(&path, key.as_deref(), body).await })
+    }
+
+    /// `GET /operations?idempotency_key=key`: the status route for this account's key.
+    pub async fn operation(&self, key: &str) -> Reply {
+        self.get(&format!("/operations?idempotency_key={key}"))
+            .await
+    }
+
+    /// Polls the status route until the operation under `key` is in `state` (panicking after
+    /// `deadline`), and returns its status JSON.
+    pub async fn until_state(&self, key: &str, state: &str, deadline: Duration) -> Value {
+        eventually(deadline, &format!("operation {key} {state}"), || async {
+            let reply = self.operation(key).await;
+            (reply.status == 200 && reply.json()["state"] == state).then(|| reply.json())
+        })
+        .await
+    }
+
     /// `GET path`.
     pub async fn get(&self, path: &str) -> Reply {
         Reply::from(self.request(Method::GET, path).send().await.unwrap()).await

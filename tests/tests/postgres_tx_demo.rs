@@ -64,15 +64,6 @@ async fn notifications(client: &Client, n: usize) -> Vec<Value> {
     .await
 }
 
-async fn until_state(client: &Client, key: &str, state: &str) -> Value {
-    let path = format!("/operations?idempotency_key={key}");
-    eventually(DEADLINE, &format!("operation {key} {state}"), || async {
-        let reply = client.get(&path).await;
-        (reply.status == 200 && reply.json()["state"] == state).then(|| reply.json())
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ticket_commits_with_its_notification_and_retries_replay() {
     let db = test_database().await;
@@ -122,10 +113,7 @@ async fn one_source_event_is_one_ticket_even_when_two_keys_race() {
     let client = server.client(&new_account());
     let ticket = r#"{"project":"ops","title":"Pager storm","source_event_id":"evt_42"}"#;
     let racers: Vec<_> = (0..2)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move { client.post("/v1/tickets", Some(&new_key()), ticket).await })
-        })
+        .map(|_| client.spawn_post("/v1/tickets", Some(&new_key()), ticket))
         .collect();
     let mut statuses = Vec::new();
     let mut ids = Vec::new();
@@ -191,9 +179,7 @@ async fn a_500_rolls_back_the_ticket_and_its_notification_and_the_retry_executes
         count(&sql, "SELECT count(*) FROM idempotency_outbox").await,
         0
     );
-    let status = client
-        .get(&format!("/operations?idempotency_key={key}"))
-        .await;
+    let status = client.operation(&key).await;
     assert_eq!(
         status.status,
         404,
@@ -229,18 +215,15 @@ async fn a_lapsed_attempt_is_executed_again_and_commits_nothing_itself() {
     .await;
     let client = server.client(&new_account());
     let key = new_key();
-    let original = tokio::spawn({
-        let (client, key) = (client.clone(), key.clone());
-        async move { client.post("/v1/tickets", Some(&key), TICKET).await }
-    });
-    until_state(&client, &key, "unknown").await;
+    let original = client.spawn_post("/v1/tickets", Some(&key), TICKET);
+    client.until_state(&key, "unknown", DEADLINE).await;
     let retry = client.post("/v1/tickets", Some(&key), TICKET).await;
     assert_eq!(retry.status, 201, "{}", retry.text());
     assert!(!retry.is_replay());
 
     let original = original.await.unwrap();
     original.assert_problem(503, "not-committed");
-    let status = until_state(&client, &key, "completed").await;
+    let status = client.until_state(&key, "completed", DEADLINE).await;
     assert_eq!(status["attempts"], 2);
     assert_eq!(
         list(&client, "tickets").await.len(),
@@ -268,11 +251,8 @@ async fn environment_lock_contract(server: &TestServer) {
         .to_string()
     };
     let prod_key = new_key();
-    let running = tokio::spawn({
-        let (client, key, body) = (client.clone(), prod_key.clone(), deploy("prod"));
-        async move { client.post("/v1/deploys", Some(&key), body).await }
-    });
-    until_state(&client, &prod_key, "in_progress").await;
+    let running = client.spawn_post("/v1/deploys", Some(&prod_key), deploy("prod"));
+    client.until_state(&prod_key, "in_progress", DEADLINE).await;
     // Give the handler its moment to take the lock after the reservation.
     eventually(DEADLINE, "the running deploy is listed", || async {
         (list(&client, "deploys").await.len() == 1).then_some(())
@@ -362,13 +342,10 @@ async fn two_transactional_demos_on_one_database_execute_and_notify_once() {
     let key = new_key();
     let copies: Vec<_> = (0..16)
         .map(|i| {
-            let client = if i % 2 == 0 {
-                a.client(&account)
-            } else {
-                b.client(&account)
-            };
-            let key = key.clone();
-            tokio::spawn(async move { client.post("/v1/tickets", Some(&key), TICKET).await })
+            let server = if i % 2 == 0 { &a } else { &b };
+            server
+                .client(&account)
+                .spawn_post("/v1/tickets", Some(&key), TICKET)
         })
         .collect();
     let mut bodies = Vec::new();
@@ -409,16 +386,13 @@ async fn non_transactional_writes_commit_before_the_operation_completes() {
     .await;
     let client = server.client(&new_account());
     let key = new_key();
-    let original = tokio::spawn({
-        let (client, key) = (client.clone(), key.clone());
-        async move { client.post("/v1/tickets", Some(&key), TICKET).await }
-    });
+    let original = client.spawn_post("/v1/tickets", Some(&key), TICKET);
     let sql = sql(&db).await;
     eventually(DEADLINE, "the ticket is committed", || async {
         (count(&sql, "SELECT count(*) FROM demo_tickets").await == 1).then_some(())
     })
     .await;
-    let running = until_state(&client, &key, "in_progress").await;
+    let running = client.until_state(&key, "in_progress", DEADLINE).await;
     assert_eq!(
         count(&sql, "SELECT count(*) FROM idempotency_outbox").await,
         1,

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use integration_tests::app::{Client, TestServer, demo_config, eventually, new_account, new_key};
+use integration_tests::app::{Client, TestServer, demo_config, new_account, new_key};
 use serde_json::Value;
 
 const TICKET: &str = r#"{"project":"ops","title":"Disk full on db-1","priority":"high"}"#;
@@ -21,16 +21,6 @@ async fn demo_with(delay_ms: u64, lease_ms: u64, wait_ms: u64) -> TestServer {
         lease: Duration::from_millis(lease_ms),
         wait: Duration::from_millis(wait_ms),
         ..demo_config()
-    })
-    .await
-}
-
-/// Polls the status route until the operation under `key` is in `state`.
-async fn until_state(client: &Client, key: &str, state: &str) -> Value {
-    let path = format!("/operations?idempotency_key={key}");
-    eventually(DEADLINE, &format!("operation {key} {state}"), || async {
-        let reply = client.get(&path).await;
-        (reply.status == 200 && reply.json()["state"] == state).then(|| reply.json())
     })
     .await
 }
@@ -51,11 +41,8 @@ async fn a_retry_of_a_running_request_waits_and_replays() {
     let server = demo_with(800, 60_000, 10_000).await;
     let client = server.client(&new_account());
     let key = new_key();
-    let original = tokio::spawn({
-        let (client, key) = (client.clone(), key.clone());
-        async move { client.post("/v1/tickets", Some(&key), TICKET).await }
-    });
-    until_state(&client, &key, "in_progress").await;
+    let original = client.spawn_post("/v1/tickets", Some(&key), TICKET);
+    client.until_state(&key, "in_progress", DEADLINE).await;
 
     let retry = client.post("/v1/tickets", Some(&key), TICKET).await;
     let original = original.await.unwrap();
@@ -73,11 +60,8 @@ async fn past_the_wait_bound_a_retry_is_409_request_in_progress() {
     let server = demo_with(3_000, 60_000, 100).await;
     let client = server.client(&new_account());
     let key = new_key();
-    let original = tokio::spawn({
-        let (client, key) = (client.clone(), key.clone());
-        async move { client.post("/v1/tickets", Some(&key), TICKET).await }
-    });
-    let running = until_state(&client, &key, "in_progress").await;
+    let original = client.spawn_post("/v1/tickets", Some(&key), TICKET);
+    let running = client.until_state(&key, "in_progress", DEADLINE).await;
 
     let busy = client.post("/v1/tickets", Some(&key), TICKET).await;
     let problem = busy.assert_problem(409, "request-in-progress");
@@ -115,11 +99,8 @@ async fn an_expired_lease_is_409_outcome_unknown_pointing_at_the_status_route() 
     .await;
     let client = server.client(&new_account());
     let key = new_key();
-    let _original = tokio::spawn({
-        let (client, key) = (client.clone(), key.clone());
-        async move { client.post("/v1/deploys", Some(&key), DEPLOY).await }
-    });
-    until_state(&client, &key, "unknown").await;
+    let _original = client.spawn_post("/v1/deploys", Some(&key), DEPLOY);
+    client.until_state(&key, "unknown", DEADLINE).await;
 
     let retry = client.post("/v1/deploys", Some(&key), DEPLOY).await;
     let problem = retry.assert_problem(409, "outcome-unknown");
@@ -144,10 +125,7 @@ async fn thirty_two_concurrent_copies_execute_once() {
     let client = server.client(&new_account());
     let key = new_key();
     let copies: Vec<_> = (0..32)
-        .map(|_| {
-            let (client, key) = (client.clone(), key.clone());
-            tokio::spawn(async move { client.post("/v1/tickets", Some(&key), TICKET).await })
-        })
+        .map(|_| client.spawn_post("/v1/tickets", Some(&key), TICKET))
         .collect();
     let mut replies = Vec::new();
     for copy in copies {
@@ -174,7 +152,7 @@ async fn thirty_two_concurrent_copies_execute_once() {
     }
     assert_eq!(ticket_count(&client).await, 1);
     let replayed = replies.iter().filter(|r| r.is_replay()).count();
-    let status = until_state(&client, &key, "completed").await;
+    let status = client.until_state(&key, "completed", DEADLINE).await;
     assert_eq!(
         status["replays"], replayed,
         "each replay counted once: {status}"
@@ -207,7 +185,7 @@ async fn a_client_that_disconnects_mid_handler_gets_a_replay_on_retry() {
 
     // The handler was not cancelled with the connection: it finishes and its result is
     // stored, though no client received it.
-    let completed = until_state(&client, &key, "completed").await;
+    let completed = client.until_state(&key, "completed", DEADLINE).await;
     assert_eq!(completed["response_status"], 201);
     assert_eq!(completed["delivered"], false, "{completed}");
 
@@ -219,6 +197,6 @@ async fn a_client_that_disconnects_mid_handler_gets_a_replay_on_retry() {
     let tickets = tickets["tickets"].as_array().unwrap();
     assert_eq!(tickets.len(), 1, "the effect happened once");
     assert_eq!(retry.json()["id"], tickets[0]["id"]);
-    let after = until_state(&client, &key, "completed").await;
+    let after = client.until_state(&key, "completed", DEADLINE).await;
     assert_eq!(after["replays"], 1);
 }
