@@ -429,6 +429,15 @@ impl Inner {
         lock(&self.ids[shard_of(IdKey(id).bits(), self.ids.len())])
     }
 
+    /// The `(scope, key)` of operation `id`, if it belongs to `scope`: other scopes never
+    /// see it.
+    fn record_key_of(&self, scope: &Scope, id: OperationId) -> Option<RecordKey> {
+        self.ids_for(id)
+            .get(&IdKey(id))
+            .filter(|record_key| record_key.scope == *scope)
+            .cloned()
+    }
+
     /// `name` shared with the other records of `record_key`'s shard (methods and route
     /// templates repeat from record to record), or a copy of its own once the shard
     /// shares [`SHARED_NAMES`] names.
@@ -751,12 +760,9 @@ impl Store for MemoryStore {
     }
 
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
-        let Some(record_key) = self.inner.ids_for(id).get(&IdKey(id)).cloned() else {
+        let Some(record_key) = self.inner.record_key_of(scope, id) else {
             return Ok(());
         };
-        if record_key.scope != *scope {
-            return Ok(());
-        }
         let mut records = self.inner.records_for(&record_key);
         if let Some(entry) = records.get_mut(&record_key) {
             if entry.id == id && entry.state == OperationState::Completed {
@@ -771,12 +777,9 @@ impl Store for MemoryStore {
     }
 
     async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
-        let Some(record_key) = self.inner.ids_for(id).get(&IdKey(id)).cloned() else {
+        let Some(record_key) = self.inner.record_key_of(scope, id) else {
             return Ok(None);
         };
-        if record_key.scope != *scope {
-            return Ok(None);
-        }
         Ok(self
             .inner
             .read(&record_key)
