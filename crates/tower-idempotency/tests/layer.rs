@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, to_bytes};
-use axum::routing::post;
+use axum::response::IntoResponse;
+use axum::routing::{MethodRouter, post};
 use http::{Request, Response, StatusCode};
 use serde_json::Value;
 use tower::ServiceExt;
@@ -52,6 +53,21 @@ fn app(
         .layer(layer.clone())
         .merge(layer.status_router());
     (router, calls, store)
+}
+
+/// A `POST` handler that counts its calls and answers `answer()`, and the count.
+fn counted<R>(answer: fn() -> R) -> (MethodRouter, Arc<AtomicUsize>)
+where
+    R: IntoResponse + Send + 'static,
+{
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let handler = post(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let answer = answer();
+        async move { answer }
+    });
+    (handler, calls)
 }
 
 fn post_req(key: Option<&str>, account: &str, body: &str) -> Request<Body> {
@@ -502,17 +518,9 @@ async fn scopes_are_independent_and_status_is_private() {
 
 #[tokio::test]
 async fn safe_methods_and_optional_keys_pass_through() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counter = calls.clone();
+    let (handler, calls) = counted(|| "ok");
     let app = Router::new()
-        .route(
-            "/x",
-            post(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async { "ok" }
-            })
-            .get(|| async { "read" }),
-        )
+        .route("/x", handler.get(|| async { "read" }))
         .layer(
             IdempotencyLayer::new(MemoryStore::default())
                 .with_scope(|_| Some(Scope::global()))
@@ -538,21 +546,12 @@ async fn safe_methods_and_optional_keys_pass_through() {
 
 #[tokio::test]
 async fn large_responses_are_not_replayed_as_something_else() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counter = calls.clone();
-    let app = Router::new()
-        .route(
-            "/export",
-            post(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async { "y".repeat(4096) }
-            }),
-        )
-        .layer(
-            IdempotencyLayer::new(MemoryStore::default())
-                .with_scope(|_| Some(Scope::global()))
-                .with_response_limit(1024),
-        );
+    let (handler, calls) = counted(|| "y".repeat(4096));
+    let app = Router::new().route("/export", handler).layer(
+        IdempotencyLayer::new(MemoryStore::default())
+            .with_scope(|_| Some(Scope::global()))
+            .with_response_limit(1024),
+    );
     let req = || {
         Request::post("/export")
             .header("idempotency-key", "e")
@@ -663,24 +662,15 @@ fn logs_decisions_but_never_bodies_or_credentials() {
 
 #[tokio::test]
 async fn a_released_server_error_is_released_whatever_its_size() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counter = calls.clone();
-    let app = Router::new()
-        .route(
-            "/export",
-            post(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async { (StatusCode::BAD_GATEWAY, "e".repeat(4096)) }
-            }),
-        )
-        .layer(
-            IdempotencyLayer::new(MemoryStore::default())
-                .with_scope(|_| Some(Scope::global()))
-                .with_response_limit(1024)
-                .with_default_policy(
-                    RoutePolicy::required().with_server_errors(ServerErrorPolicy::Release),
-                ),
-        );
+    let (handler, calls) = counted(|| (StatusCode::BAD_GATEWAY, "e".repeat(4096)));
+    let app = Router::new().route("/export", handler).layer(
+        IdempotencyLayer::new(MemoryStore::default())
+            .with_scope(|_| Some(Scope::global()))
+            .with_response_limit(1024)
+            .with_default_policy(
+                RoutePolicy::required().with_server_errors(ServerErrorPolicy::Release),
+            ),
+    );
     let req = || {
         Request::post("/export")
             .header("idempotency-key", "e")
