@@ -303,7 +303,6 @@ impl Clock {
 
     /// `now + by`, saturating far in the future instead of overflowing on huge durations.
     fn later(&self, now: Tick, by: Duration) -> Tick {
-        const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
         let by = u64::try_from(by.min(FAR).as_nanos()).unwrap_or(u64::MAX);
         Tick(now.0.saturating_add(by).min(u64::MAX - 1))
     }
@@ -321,9 +320,12 @@ impl Clock {
     }
 }
 
+/// Longest span the store adds to a time (100 years): anything longer counts as "forever"
+/// and keeps the arithmetic far from overflow.
+const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// `now + by` on tokio's clock, saturating far in the future instead of overflowing.
 fn later(now: Instant, by: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     now.checked_add(by.min(FAR)).unwrap_or(now)
 }
 
