@@ -18,7 +18,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing;
-use integration_tests::app::{Reply, TestServer, new_account, new_key};
+use integration_tests::app::{Reply, TestServer, eventually, new_account, new_key};
+use reqwest::Method;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -174,13 +175,6 @@ async fn setup() -> Setup {
     setup_with(None).await
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
 async fn post(
     server: &TestServer,
     path: &str,
@@ -188,22 +182,11 @@ async fn post(
     key: Option<&str>,
     body: &str,
 ) -> Reply {
-    let mut request = http()
-        .post(server.url(path))
-        .header(header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body.to_owned());
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    Reply::from(request.send().await.unwrap()).await
+    server.client(token).post(path, key, body).await
 }
 
 async fn get(server: &TestServer, path: &str, token: &str) -> Reply {
-    let request = http()
-        .get(server.url(path))
-        .header(header::AUTHORIZATION, format!("Bearer {token}"));
-    Reply::from(request.send().await.unwrap()).await
+    server.client(token).get(path).await
 }
 
 async fn record(store: &Arc<dyn Store>, account: &str, key: &str) -> Option<Operation> {
@@ -259,32 +242,17 @@ async fn a_key_in_progress_in_one_scope_does_not_hold_up_another() {
     let alice = format!("held_{}", new_account());
     let mallory = new_account();
     let key = new_key();
-    let held = {
-        let server_url = s.server.url("/v1/payments");
-        let (alice, key) = (alice.clone(), key.clone());
-        tokio::spawn(async move {
-            http()
-                .post(server_url)
-                .header(header::AUTHORIZATION, format!("Bearer {alice}"))
-                .header(header::CONTENT_TYPE, "application/json")
-                .header("idempotency-key", key)
-                .body(PAYMENT)
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let held = s
+        .server
+        .client(&alice)
+        .spawn_post("/v1/payments", Some(&key), PAYMENT);
     // Alice's operation is reserved and its handler is held.
-    let mut reserved = false;
-    for _ in 0..200 {
-        if record(&s.store, &alice, &key).await.is_some() {
-            reserved = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(reserved, "alice's request was not reserved");
+    eventually(
+        Duration::from_secs(30),
+        "alice's request is reserved",
+        || async { record(&s.store, &alice, &key).await.map(drop) },
+    )
+    .await;
     // The same key and body in another scope runs at once: no wait, no 409.
     let theirs = post(&s.server, "/v1/payments", &mallory, Some(&key), PAYMENT).await;
     assert_eq!(theirs.status, 201, "{}", theirs.text());
@@ -294,7 +262,7 @@ async fn a_key_in_progress_in_one_scope_does_not_hold_up_another() {
         "in_progress"
     );
     s.runs.1.notify_one();
-    assert_eq!(held.await.unwrap(), 201);
+    assert_eq!(held.await.unwrap().status, 201);
     assert_eq!(s.runs.count(), 2);
 }
 
@@ -350,12 +318,10 @@ async fn credentials_and_cookies_are_not_part_of_the_fingerprint() {
     .await;
     assert_eq!(first.status, 201);
     // A refreshed token and a new cookie: the same command, so a replay, not a 409.
-    let retry = http()
-        .post(s.server.url("/v1/payments"))
-        .header(
-            header::AUTHORIZATION,
-            format!("Bearer {account}.session-two"),
-        )
+    let retry = s
+        .server
+        .client(&format!("{account}.session-two"))
+        .request(Method::POST, "/v1/payments")
         .header(header::COOKIE, "session=another")
         .header(header::CONTENT_TYPE, "application/json")
         .header("idempotency-key", &key)
@@ -410,9 +376,9 @@ async fn authorization_cookies_and_bodies_never_reach_the_logs() {
     let key = new_key();
     let body = json!({"amount_minor": 500, "note": body_secret}).to_string();
     let send = |key: String, body: String| {
-        http()
-            .post(s.server.url("/v1/payments"))
-            .header(header::AUTHORIZATION, format!("Bearer {account}.{session}"))
+        s.server
+            .client(&format!("{account}.{session}"))
+            .request(Method::POST, "/v1/payments")
             .header(header::COOKIE, format!("sid={cookie}"))
             .header(header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", key)
@@ -843,9 +809,10 @@ async fn hostile_bodies_are_4xx_with_no_record() {
     let mut keys = Vec::new();
     for (body, status, slug) in cases {
         let key = new_key();
-        let response = http()
-            .post(s.server.url("/v1/payments"))
-            .header(header::AUTHORIZATION, format!("Bearer {account}"))
+        let response = s
+            .server
+            .client(&account)
+            .request(Method::POST, "/v1/payments")
             .header(header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", &key)
             .body(body)
@@ -873,8 +840,10 @@ async fn hostile_bodies_are_4xx_with_no_record() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_requests_are_401_and_leave_nothing() {
     let s = setup().await;
-    let response = http()
-        .post(s.server.url("/v1/payments"))
+    let response = s
+        .server
+        .anonymous()
+        .request(Method::POST, "/v1/payments")
         .header(header::CONTENT_TYPE, "application/json")
         .header("idempotency-key", "k-anon")
         .body(PAYMENT)
@@ -886,8 +855,10 @@ async fn unauthenticated_requests_are_401_and_leave_nothing() {
         .assert_problem(401, "missing-scope");
     let mut headers = HeaderMap::new();
     headers.insert(header::AUTHORIZATION, "Basic Zm9vOmJhcg==".parse().unwrap());
-    let response = http()
-        .post(s.server.url("/v1/payments"))
+    let response = s
+        .server
+        .anonymous()
+        .request(Method::POST, "/v1/payments")
         .headers(headers)
         .header("idempotency-key", "k-anon")
         .body(PAYMENT)
