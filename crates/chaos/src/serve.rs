@@ -8,18 +8,11 @@
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
-use tracing_subscriber::EnvFilter;
 
 /// Runs one instance with `args` (the demo's flags) until stdin closes.
 pub async fn serve(args: Vec<String>) -> Result<(), String> {
     let config = demo::Config::from_args(args.into_iter())?;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+    demo::init_logging("warn");
     let router = demo::app(&config)
         .await
         .map_err(|e| format!("demo: {e}: {:?}", std::error::Error::source(&e)))?;

@@ -27,8 +27,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
 
-use tracing_subscriber::EnvFilter;
-
 use crate::wrk::{Load, Run};
 
 fn main() -> ExitCode {
@@ -109,13 +107,7 @@ fn serve_command(args: &[String]) -> Result<(), String> {
         .unwrap_or("127.0.0.1:0")
         .parse()
         .map_err(|_| "--listen: not an address")?;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+    demo::init_logging("info");
     runtime()?
         .block_on(serve::serve(
             mode,

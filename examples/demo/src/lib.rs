@@ -243,6 +243,20 @@ pub async fn serve(
     Ok(())
 }
 
+/// Logs to stderr, filtered by `RUST_LOG` or else by `default_filter` (e.g. `"info"`), in
+/// colour only on a terminal: the setup of the demo binary and of the tools that run the
+/// demo's router as a process of their own. A second call keeps the first setup.
+pub fn init_logging(default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    // An error only means a subscriber is already installed, which is what was asked for.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 /// Completes on ctrl-c or, on Unix, SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

@@ -3,7 +3,6 @@
 use std::process::ExitCode;
 
 use tokio::net::TcpListener;
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -24,13 +23,7 @@ async fn main() -> ExitCode {
             .ok()
             .filter(|url| !url.is_empty());
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    demo::init_logging("info");
     match run(&config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
