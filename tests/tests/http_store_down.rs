@@ -39,8 +39,6 @@ async fn an_unreachable_store_is_503_and_the_handler_does_not_run() {
         serde_json::json!([]),
         "fail closed: nothing ran"
     );
-    let status = client
-        .get(&format!("/operations?idempotency_key={key}"))
-        .await;
+    let status = client.operation(&key).await;
     status.assert_problem(503, "store-unavailable");
 }

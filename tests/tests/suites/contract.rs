@@ -22,13 +22,6 @@ async fn ticket_count(server: &TestServer, account: &str) -> usize {
     list["tickets"].as_array().unwrap().len()
 }
 
-async fn status_by_key(server: &TestServer, account: &str, key: &str) -> Reply {
-    server
-        .client(account)
-        .get(&format!("/operations?idempotency_key={key}"))
-        .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_execution_answers_the_handlers_response_with_an_operation_id() {
     let server = demo().await;
@@ -193,7 +186,7 @@ async fn bad_json_is_422_and_nothing_is_stored() {
                 .unwrap()
                 .starts_with(LAYER_PROBLEMS)
         );
-        assert_eq!(status_by_key(&server, &account, &key).await.status, 404);
+        assert_eq!(client.operation(&key).await.status, 404);
     }
     assert_eq!(ticket_count(&server, &account).await, 0);
 }
@@ -246,7 +239,7 @@ async fn invalid_commands_are_422_before_anything_is_stored_or_run() {
             "{path} {body}"
         );
         assert_eq!(
-            status_by_key(&server, &account, &key).await.status,
+            client.operation(&key).await.status,
             404,
             "nothing stored for {path} {body}"
         );
@@ -284,7 +277,7 @@ async fn an_oversize_body_is_413_and_nothing_is_stored() {
     assert_eq!(too_big.len(), demo::BODY_LIMIT + 1);
     let reply = client.post("/v1/tickets", Some(&key), too_big).await;
     reply.assert_problem(413, "body-too-large");
-    assert_eq!(status_by_key(&server, &account, &key).await.status, 404);
+    assert_eq!(client.operation(&key).await.status, 404);
     assert_eq!(ticket_count(&server, &account).await, 0);
 
     // Exactly at the limit is fine.
@@ -399,9 +392,7 @@ async fn the_status_routes_show_the_operation_to_its_owner_only() {
     let stranger = server.client(&new_account());
     let hidden = stranger.get(&format!("/operations/{id}")).await;
     hidden.assert_problem(404, "operation-not-found");
-    let hidden = stranger
-        .get(&format!("/operations?idempotency_key={key}"))
-        .await;
+    let hidden = stranger.operation(&key).await;
     assert_eq!(hidden.status, 404);
     let unknown = client
         .get(&format!("/operations/{}", uuid::Uuid::new_v4()))
@@ -435,12 +426,7 @@ async fn reads_pass_through_the_layer_untouched() {
     .await;
     assert_eq!(with_key.status, 200);
     assert!(with_key.operation_id().is_none() && !with_key.is_replay());
-    assert_eq!(
-        status_by_key(&server, &account, "ignored-on-reads")
-            .await
-            .status,
-        404
-    );
+    assert_eq!(client.operation("ignored-on-reads").await.status, 404);
     let list: Value = with_key.json();
     assert_eq!(list, json!({"tickets": []}));
 }

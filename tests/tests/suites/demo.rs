@@ -250,10 +250,7 @@ async fn an_amount_written_with_a_fraction_is_refused_before_anything_is_stored(
     let refused = client.post("/v1/payments", Some(&key), fractional).await;
     refused.assert_problem(422, "invalid-command");
     assert_eq!(
-        client
-            .get(&format!("/operations?idempotency_key={key}"))
-            .await
-            .status,
+        client.operation(&key).await.status,
         404,
         "nothing stored for a refused command"
     );
