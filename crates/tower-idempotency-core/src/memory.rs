@@ -464,12 +464,14 @@ impl Inner {
             .is_ok()
     }
 
+    /// A new operation for `request`, registered in the id index: the record to store
+    /// under `record_key` and the reservation that acquired it.
     fn new_entry(
         &self,
         record_key: &RecordKey,
         request: &ReserveRequest,
         now: Tick,
-    ) -> (Entry, Lease) {
+    ) -> (Box<Entry>, Reservation) {
         let id = OperationId::new();
         let lease_id = LeaseId::new();
         let lease = Lease {
@@ -497,7 +499,14 @@ impl Inner {
             response: None,
             notify: None,
         };
-        (entry, lease)
+        let operation = entry.operation(record_key, &self.clock);
+        self.ids_for(id).insert(IdKey(id), record_key.clone());
+        let reservation = Reservation::Acquired {
+            operation,
+            lease,
+            takeover: false,
+        };
+        (Box::new(entry), reservation)
     }
 
     /// The whole reservation decision, under one shard lock; `None` when a new record is
@@ -511,20 +520,11 @@ impl Inner {
             if entry.is_expired(now) {
                 // Retention ended: the key is forgotten and this is a new operation. The
                 // slot is reused, so capacity is not consulted.
-                let (fresh, lease) = self.new_entry(&record_key, request, now);
-                let operation = fresh.operation(&record_key, &self.clock);
-                let old = std::mem::replace(entry, Box::new(fresh));
+                let (fresh, reservation) = self.new_entry(&record_key, request, now);
+                let old = std::mem::replace(entry, fresh);
                 old.wake();
-                let mut ids = self.ids_for(old.id);
-                ids.remove(&IdKey(old.id));
-                drop(ids);
-                self.ids_for(operation.id)
-                    .insert(IdKey(operation.id), record_key);
-                return Some(Reservation::Acquired {
-                    operation,
-                    lease,
-                    takeover: false,
-                });
+                self.ids_for(old.id).remove(&IdKey(old.id));
+                return Some(reservation);
             }
             let same_fingerprint = entry.fingerprint == request.fingerprint;
             match entry.state {
@@ -543,16 +543,9 @@ impl Inner {
         if !self.take_slot() {
             return None;
         }
-        let (entry, lease) = self.new_entry(&record_key, request, now);
-        let operation = entry.operation(&record_key, &self.clock);
-        records.insert(record_key.clone(), Box::new(entry));
-        self.ids_for(operation.id)
-            .insert(IdKey(operation.id), record_key);
-        Some(Reservation::Acquired {
-            operation,
-            lease,
-            takeover: false,
-        })
+        let (entry, reservation) = self.new_entry(&record_key, request, now);
+        records.insert(record_key, entry);
+        Some(reservation)
     }
 
     fn take_over(
