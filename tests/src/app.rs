@@ -288,6 +288,43 @@ impl Reply {
     }
 }
 
+/// Sends `copies` copies of one `POST path` under one fresh key, all at once and spread
+/// round-robin over `servers` (instances sharing one store); asserts that every answer is
+/// the original (`201`, one body for all) or `409 request-in-progress`, and returns the
+/// original.
+pub async fn concurrent_copies(
+    servers: &[&TestServer],
+    account: &str,
+    copies: usize,
+    path: &str,
+    body: &str,
+) -> Reply {
+    let key = new_key();
+    let sent: Vec<_> = (0..copies)
+        .map(|i| {
+            servers[i % servers.len()]
+                .client(account)
+                .spawn_post(path, Some(&key), body)
+        })
+        .collect();
+    let mut originals = Vec::new();
+    for copy in sent {
+        let reply = copy.await.unwrap();
+        match reply.status {
+            201 => originals.push(reply),
+            409 => {
+                reply.assert_problem(409, "request-in-progress");
+            }
+            other => panic!("unexpected status {other}: {}", reply.text()),
+        }
+    }
+    assert!(
+        originals.windows(2).all(|w| w[0].body == w[1].body),
+        "every 201 is the original body"
+    );
+    originals.pop().expect("at least one copy completed")
+}
+
 /// Polls `probe` until it yields `Some`, or panics with `what` after `deadline`. For
 /// conditions that become true eventually (a background completion), instead of sleeping
 /// a fixed time.

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use integration_tests::app::{Reply, TestServer, demo_config, new_account, new_key};
+use integration_tests::app::{Reply, TestServer, concurrent_copies, demo_config, new_account};
 use integration_tests::pg::test_database;
 use serde_json::Value;
 
@@ -28,38 +28,9 @@ async fn demo_on(url: &str, records: demo::Records) -> TestServer {
     .await
 }
 
-/// Sends 16 copies of one ticket create, alternating between `a` and `b`, and checks that
-/// every answer is the original or `409 request-in-progress`; returns the original.
+/// 16 copies of one ticket create, alternating between `a` and `b`; the original.
 async fn sixteen_copies(a: &TestServer, b: &TestServer, account: &str) -> Reply {
-    let key = new_key();
-    let mut copies = Vec::new();
-    for i in 0..16 {
-        let client = if i % 2 == 0 {
-            a.client(account)
-        } else {
-            b.client(account)
-        };
-        let key = key.clone();
-        copies.push(tokio::spawn(async move {
-            client.post("/v1/tickets", Some(&key), TICKET).await
-        }));
-    }
-    let mut originals = Vec::new();
-    for copy in copies {
-        let reply = copy.await.unwrap();
-        match reply.status {
-            201 => originals.push(reply),
-            409 => {
-                reply.assert_problem(409, "request-in-progress");
-            }
-            other => panic!("unexpected status {other}: {}", reply.text()),
-        }
-    }
-    assert!(
-        originals.windows(2).all(|w| w[0].body == w[1].body),
-        "every 201 is the original body"
-    );
-    originals.pop().expect("at least one copy completed")
+    concurrent_copies(&[a, b], account, 16, "/v1/tickets", TICKET).await
 }
 
 async fn tickets(server: &TestServer, account: &str) -> Vec<Value> {

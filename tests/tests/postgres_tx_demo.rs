@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use integration_tests::app::{
-    Client, Reply, TestServer, demo_config, eventually, new_account, new_key,
+    Client, Reply, TestServer, concurrent_copies, demo_config, eventually, new_account, new_key,
 };
 use integration_tests::pg::{TestDatabase, test_database};
 use serde_json::{Value, json};
@@ -339,27 +339,7 @@ async fn two_transactional_demos_on_one_database_execute_and_notify_once() {
     let a = transactional_demo(&db, config.clone()).await;
     let b = transactional_demo(&db, config).await;
     let account = new_account();
-    let key = new_key();
-    let copies: Vec<_> = (0..16)
-        .map(|i| {
-            let server = if i % 2 == 0 { &a } else { &b };
-            server
-                .client(&account)
-                .spawn_post("/v1/tickets", Some(&key), TICKET)
-        })
-        .collect();
-    let mut bodies = Vec::new();
-    for copy in copies {
-        let reply = copy.await.unwrap();
-        match reply.status {
-            201 => bodies.push(reply.body),
-            409 => {
-                reply.assert_problem(409, "request-in-progress");
-            }
-            other => panic!("unexpected {other}: {}", reply.text()),
-        }
-    }
-    assert!(bodies.windows(2).all(|w| w[0] == w[1]));
+    concurrent_copies(&[&a, &b], &account, 16, "/v1/tickets", TICKET).await;
     for server in [&a, &b] {
         let client = server.client(&account);
         assert_eq!(
