@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::Request;
+use integration_tests::app::eventually;
 use integration_tests::pg::{TestDatabase, test_database};
 use serde_json::json;
 use tower::ServiceExt;
@@ -23,6 +24,9 @@ use tower_idempotency_postgres::{
 use uuid::Uuid;
 
 const SCOPE: &str = "acct_outbox";
+/// Generous bound on the outbox draining, so a stuck dispatcher fails the test instead of
+/// hanging it.
+const DEADLINE: Duration = Duration::from_secs(60);
 
 /// `POST /v1/orders`: writes an order, enqueues a confirmation (twice, to show it is one
 /// effect), and answers `201` — or `500` when the body says `"fail": true`.
@@ -163,7 +167,7 @@ async fn drain(h: &Harness, dispatchers: &[OutboxDispatcher]) {
             }
         });
     }
-    tokio::time::timeout(Duration::from_secs(60), async {
+    tokio::time::timeout(DEADLINE, async {
         while let Some(done) = rounds.join_next().await {
             done.unwrap();
         }
@@ -382,13 +386,15 @@ async fn a_claim_that_outlives_its_dispatcher_is_delivered_by_another() {
         }
     })
     .with_config(short);
-    let rescued = loop {
-        let report = rescuer.run_once().await.unwrap();
-        if report.delivered == 1 {
-            break report;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let rescued = eventually(
+        DEADLINE,
+        "another dispatcher delivers the effect",
+        || async {
+            let report = rescuer.run_once().await.unwrap();
+            (report.delivered == 1).then_some(report)
+        },
+    )
+    .await;
     assert_eq!(rescued.claimed, 1);
 
     release.send(()).unwrap();
