@@ -17,8 +17,8 @@ use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tower_idempotency::{OperationId, OperationTx};
-use tower_idempotency_postgres::{PostgresTx, PostgresTxGuard};
+use tower_idempotency::OperationId;
+use tower_idempotency_postgres::{MissingTransaction, PostgresTx, PostgresTxGuard};
 
 use crate::auth::Account;
 use crate::commands::{
@@ -68,7 +68,7 @@ pub async fn create_ticket(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
     operation: Option<Extension<OperationId>>,
-    transaction: Option<Extension<OperationTx>>,
+    transaction: Result<PostgresTx, MissingTransaction>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -135,7 +135,7 @@ pub async fn list_notifications(
 pub async fn create_payment(
     State(state): State<AppState>,
     Extension(account): Extension<Account>,
-    transaction: Option<Extension<OperationTx>>,
+    transaction: Result<PostgresTx, MissingTransaction>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -292,15 +292,10 @@ async fn list(state: &AppState, account: &Account, listing: Listing) -> Response
 /// transaction on the request (the layer is not in front of the route), a transaction the
 /// layer already finished, or a failed write.
 async fn in_transaction<T>(
-    transaction: Option<Extension<OperationTx>>,
+    transaction: Result<PostgresTx, MissingTransaction>,
     write: impl AsyncFnOnce(&PostgresTxGuard<'_>) -> Result<T, RecordError>,
 ) -> Result<T, Response> {
-    let Some(Extension(handle)) = transaction else {
-        return Err(internal_error(
-            "the route has no operation transaction (is the idempotency layer in front of it?)",
-        ));
-    };
-    let tx = PostgresTx::new(handle);
+    let tx = transaction.map_err(IntoResponse::into_response)?;
     let Ok(guard) = tx.lock().await else {
         return Err(internal_error("the operation's transaction is gone"));
     };
