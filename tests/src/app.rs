@@ -204,6 +204,15 @@ impl Client {
         Reply::from(self.request(Method::GET, path).send().await.unwrap()).await
     }
 
+    /// The demo's `GET /v1/{collection}` listing (status 200 asserted), as its items.
+    pub async fn list(&self, collection: &str) -> Vec<Value> {
+        let listing = self.get_json(&format!("/v1/{collection}")).await;
+        match &listing[collection] {
+            Value::Array(items) => items.clone(),
+            _ => panic!("GET /v1/{collection} lists no {collection}: {listing}"),
+        }
+    }
+
     /// `GET path`, answering the body as JSON after asserting status 200.
     pub async fn get_json(&self, path: &str) -> Value {
         let reply = self.get(path).await;

@@ -34,10 +34,7 @@ async fn sixteen_copies(a: &TestServer, b: &TestServer, account: &str) -> Reply 
 }
 
 async fn tickets(server: &TestServer, account: &str) -> Vec<Value> {
-    server.client(account).get_json("/v1/tickets").await["tickets"]
-        .as_array()
-        .unwrap()
-        .clone()
+    server.client(account).list("tickets").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

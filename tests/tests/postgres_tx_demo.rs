@@ -40,13 +40,6 @@ async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {
     db.query_one(query, &[]).await.unwrap().get(0)
 }
 
-async fn list(client: &Client, collection: &str) -> Vec<Value> {
-    client.get_json(&format!("/v1/{collection}")).await[collection]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
 /// The notification effect id the demo derives from the operation that created a ticket.
 fn notification_id(reply: &Reply) -> String {
     OperationId::from_str(reply.operation_id().unwrap())
@@ -58,7 +51,7 @@ fn notification_id(reply: &Reply) -> String {
 /// Polls until the account's notifications number `n`, and returns them.
 async fn notifications(client: &Client, n: usize) -> Vec<Value> {
     eventually(DEADLINE, &format!("{n} notification(s)"), || async {
-        let all = list(client, "notifications").await;
+        let all = client.list("notifications").await;
         (all.len() == n).then_some(all)
     })
     .await
@@ -78,7 +71,7 @@ async fn a_ticket_commits_with_its_notification_and_retries_replay() {
         assert!(retry.is_replay());
         assert_eq!(retry.body, first.body);
     }
-    let tickets = list(&client, "tickets").await;
+    let tickets = client.list("tickets").await;
     assert_eq!(tickets.len(), 1);
     assert_eq!(tickets[0]["id"], first.json()["id"]);
 
@@ -95,8 +88,8 @@ async fn a_ticket_commits_with_its_notification_and_retries_replay() {
     assert_eq!(count(&sql, "SELECT count(*) FROM demo_tickets").await, 1);
     // Another account sees none of it.
     let stranger = server.client(&new_account());
-    assert!(list(&stranger, "notifications").await.is_empty());
-    assert!(list(&stranger, "tickets").await.is_empty());
+    assert!(stranger.list("notifications").await.is_empty());
+    assert!(stranger.list("tickets").await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,7 +123,7 @@ async fn one_source_event_is_one_ticket_even_when_two_keys_race() {
         "the constraint decided; the loser found the winner's ticket"
     );
     assert_eq!(ids[0], ids[1]);
-    assert_eq!(list(&client, "tickets").await.len(), 1);
+    assert_eq!(client.list("tickets").await.len(), 1);
     assert_eq!(
         notifications(&client, 1).await.len(),
         1,
@@ -154,7 +147,7 @@ async fn an_invoice_is_paid_once_by_constraint() {
             .unwrap()
             .contains(paid.json()["id"].as_str().unwrap())
     );
-    let payments = list(&client, "payments").await;
+    let payments = client.list("payments").await;
     assert_eq!(payments, [paid.json()]);
 }
 
@@ -193,7 +186,7 @@ async fn a_500_rolls_back_the_ticket_and_its_notification_and_the_retry_executes
     let retry = client.post("/v1/tickets", Some(&key), body).await;
     assert_eq!(retry.status, 201, "{}", retry.text());
     assert!(!retry.is_replay(), "the retry executed");
-    assert_eq!(list(&client, "tickets").await.len(), 1);
+    assert_eq!(client.list("tickets").await.len(), 1);
     let delivered = notifications(&client, 1).await;
     assert_eq!(delivered[0]["effect_id"], notification_id(&retry));
 }
@@ -226,7 +219,7 @@ async fn a_lapsed_attempt_is_executed_again_and_commits_nothing_itself() {
     let status = client.until_state(&key, "completed", DEADLINE).await;
     assert_eq!(status["attempts"], 2);
     assert_eq!(
-        list(&client, "tickets").await.len(),
+        client.list("tickets").await.len(),
         1,
         "only the take-over's ticket"
     );
@@ -255,7 +248,7 @@ async fn environment_lock_contract(server: &TestServer) {
     client.until_state(&prod_key, "in_progress", DEADLINE).await;
     // Give the handler its moment to take the lock after the reservation.
     eventually(DEADLINE, "the running deploy is listed", || async {
-        (list(&client, "deploys").await.len() == 1).then_some(())
+        (client.list("deploys").await.len() == 1).then_some(())
     })
     .await;
 
@@ -281,7 +274,7 @@ async fn environment_lock_contract(server: &TestServer) {
         after.status, 201,
         "the environment is free once the deploy finished"
     );
-    assert_eq!(list(&client, "deploys").await.len(), 3);
+    assert_eq!(client.list("deploys").await.len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,7 +314,7 @@ async fn the_memory_demo_lists_notifications_in_the_same_shape() {
         existing.status, 200,
         "an existing ticket is not notified again"
     );
-    let all = list(&client, "notifications").await;
+    let all = client.list("notifications").await;
     assert_eq!(all.len(), 2);
     assert_eq!(
         all[0],
@@ -343,7 +336,7 @@ async fn two_transactional_demos_on_one_database_execute_and_notify_once() {
     for server in [&a, &b] {
         let client = server.client(&account);
         assert_eq!(
-            list(&client, "tickets").await.len(),
+            client.list("tickets").await.len(),
             1,
             "both see the one ticket"
         );
@@ -388,7 +381,7 @@ async fn non_transactional_writes_commit_before_the_operation_completes() {
 
     let original = original.await.unwrap();
     assert_eq!(original.status, 201, "{}", original.text());
-    let tickets = list(&client, "tickets").await;
+    let tickets = client.list("tickets").await;
     assert_eq!(tickets.len(), 1);
     assert_eq!(tickets[0]["id"], original.json()["id"]);
     let delivered = notifications(&client, 1).await;

@@ -18,8 +18,7 @@ async fn demo() -> TestServer {
 }
 
 async fn ticket_count(server: &TestServer, account: &str) -> usize {
-    let list = server.client(account).get_json("/v1/tickets").await;
-    list["tickets"].as_array().unwrap().len()
+    server.client(account).list("tickets").await.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

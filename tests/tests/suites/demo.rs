@@ -4,7 +4,7 @@
 //! Shared by the memory and PostgreSQL targets: the including target's `demo_server`
 //! decides where the demo keeps its idempotency records and its business records.
 
-use integration_tests::app::{Client, TestServer, demo_config, new_account, new_key};
+use integration_tests::app::{TestServer, demo_config, new_account, new_key};
 use serde_json::{Value, json};
 
 fn digest() -> String {
@@ -14,13 +14,6 @@ fn digest() -> String {
 fn payment(invoice: &str) -> String {
     json!({"amount_minor": 1250, "currency": "EUR", "invoice_ref": invoice, "payee": "ACME GmbH"})
         .to_string()
-}
-
-async fn count(client: &Client, collection: &str) -> usize {
-    client.get_json(&format!("/v1/{collection}")).await[collection]
-        .as_array()
-        .unwrap()
-        .len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,7 +34,7 @@ async fn a_repeated_source_event_returns_the_existing_ticket_even_under_a_new_ke
     let replay = client.post("/v1/tickets", Some(&key), body).await;
     assert!(replay.is_replay());
     assert_eq!((replay.status, &replay.body), (200, &again.body));
-    assert_eq!(count(&client, "tickets").await, 1);
+    assert_eq!(client.list("tickets").await.len(), 1);
 
     // Another account's event of the same id is its own ticket.
     let other = server.client(&new_account());
@@ -78,7 +71,7 @@ async fn an_invoice_is_paid_once_and_the_refusal_is_replayed() {
         .await;
     assert!(replay.is_replay());
     assert_eq!((replay.status, &replay.body), (409, &twice.body));
-    assert_eq!(count(&client, "payments").await, 1);
+    assert_eq!(client.list("payments").await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +91,7 @@ async fn deploys_need_an_immutable_artifact() {
     assert!(deploy.json()["id"].as_str().unwrap().starts_with("dep_"));
     let list = client.get_json("/v1/deploys").await;
     assert_eq!(list["deploys"][0]["artifact"], digest());
-    assert_eq!(count(&client, "deploys").await, 1);
+    assert_eq!(client.list("deploys").await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +110,7 @@ async fn commands_must_be_sent_as_json() {
     )
     .await;
     reply.assert_problem(415, "unsupported-media-type");
-    assert_eq!(count(&client, "tickets").await, 0);
+    assert_eq!(client.list("tickets").await.len(), 0);
 }
 
 /// Requests both servers must answer alike, as (path, body, status, slug).
@@ -206,7 +199,7 @@ async fn without_idempotency_the_same_routes_refuse_the_same_requests() {
         got.assert_problem(status, slug);
     }
     let client = baseline.client(&account);
-    assert_eq!(count(&client, "tickets").await, 0);
+    assert_eq!(client.list("tickets").await.len(), 0);
 
     // The baseline has no protection: a retry executes again.
     let ticket = r#"{"project":"ops","title":"t"}"#;
@@ -215,7 +208,7 @@ async fn without_idempotency_the_same_routes_refuse_the_same_requests() {
         assert_eq!(reply.status, 201);
         assert!(reply.operation_id().is_none());
     }
-    assert_eq!(count(&client, "tickets").await, 2);
+    assert_eq!(client.list("tickets").await.len(), 2);
     let first = client.post("/v1/payments", None, payment("INV-1")).await;
     assert_eq!(first.status, 201, "{}", first.text());
     client
@@ -263,5 +256,5 @@ async fn an_amount_written_with_a_fraction_is_refused_before_anything_is_stored(
         .await;
     assert_eq!(corrected.status, 201, "{}", corrected.text());
     assert!(!corrected.is_replay());
-    assert_eq!(count(&client, "payments").await, 1);
+    assert_eq!(client.list("payments").await.len(), 1);
 }

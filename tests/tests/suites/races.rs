@@ -25,17 +25,6 @@ async fn demo_with(delay_ms: u64, lease_ms: u64, wait_ms: u64) -> TestServer {
     .await
 }
 
-async fn count(client: &Client, collection: &str) -> usize {
-    client.get_json(&format!("/v1/{collection}")).await[collection]
-        .as_array()
-        .unwrap()
-        .len()
-}
-
-async fn ticket_count(client: &Client) -> usize {
-    count(client, "tickets").await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_of_a_running_request_waits_and_replays() {
     let server = demo_with(800, 60_000, 10_000).await;
@@ -52,7 +41,7 @@ async fn a_retry_of_a_running_request_waits_and_replays() {
     assert!(retry.is_replay());
     assert_eq!(retry.body, original.body);
     assert_eq!(retry.operation_id(), original.operation_id());
-    assert_eq!(ticket_count(&client).await, 1);
+    assert_eq!(client.list("tickets").await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,7 +67,7 @@ async fn past_the_wait_bound_a_retry_is_409_request_in_progress() {
     let later = client.post("/v1/tickets", Some(&key), TICKET).await;
     assert!(later.is_replay());
     assert_eq!(later.body, original.body);
-    assert_eq!(ticket_count(&client).await, 1);
+    assert_eq!(client.list("tickets").await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,7 +102,7 @@ async fn an_expired_lease_is_409_outcome_unknown_pointing_at_the_status_route() 
     assert_eq!(status["operation_id"], problem["operation_id"]);
     assert_eq!(status["response_status"], Value::Null);
     assert_eq!(
-        count(&client, "deploys").await,
+        client.list("deploys").await.len(),
         1,
         "the handler ran once, not again"
     );
@@ -150,7 +139,7 @@ async fn thirty_two_concurrent_copies_execute_once() {
             other => panic!("unexpected {other}: {}", reply.text()),
         }
     }
-    assert_eq!(ticket_count(&client).await, 1);
+    assert_eq!(client.list("tickets").await.len(), 1);
     let replayed = replies.iter().filter(|r| r.is_replay()).count();
     let status = client.until_state(&key, "completed", DEADLINE).await;
     assert_eq!(
