@@ -91,6 +91,26 @@ pub async fn drain_outbox(url: &str, deadline: Duration) -> Result<(), String> {
     }
 }
 
+/// The effects `sql` lists as `(account, id, marker)` rows, grouped by marker: marker ->
+/// `[(account, id)]`, only for the markers `ours` accepts.
+async fn effects(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    ours: impl Fn(&str) -> bool,
+) -> Result<HashMap<String, Vec<(String, String)>>, String> {
+    let mut effects: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for row in client.query(sql, &[]).await.map_err(|e| e.to_string())? {
+        let marker: String = row.get(2);
+        if ours(&marker) {
+            effects
+                .entry(marker)
+                .or_default()
+                .push((row.get(0), row.get(1)));
+        }
+    }
+    Ok(effects)
+}
+
 /// Counts effects per intent and checks every invariant.
 pub async fn check(
     url: &str,
@@ -103,38 +123,18 @@ pub async fn check(
     let mut found = Findings::default();
     let ours = |marker: &str| marker.starts_with(run) || marker.starts_with(PROBE_PREFIX);
 
-    // marker -> [(account, id)]
-    let mut ticket_effects: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    let mut payment_effects: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    for row in client
-        .query(
-            "SELECT account, id, title FROM demo_tickets WHERE project = 'chaos'",
-            &[],
-        )
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        let title: String = row.get(2);
-        if ours(&title) {
-            ticket_effects
-                .entry(title)
-                .or_default()
-                .push((row.get(0), row.get(1)));
-        }
-    }
-    for row in client
-        .query("SELECT account, id, invoice_ref FROM demo_payments", &[])
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        let invoice: String = row.get(2);
-        if ours(&invoice) {
-            payment_effects
-                .entry(invoice)
-                .or_default()
-                .push((row.get(0), row.get(1)));
-        }
-    }
+    let ticket_effects = effects(
+        &client,
+        "SELECT account, id, title FROM demo_tickets WHERE project = 'chaos'",
+        ours,
+    )
+    .await?;
+    let payment_effects = effects(
+        &client,
+        "SELECT account, id, invoice_ref FROM demo_payments",
+        ours,
+    )
+    .await?;
 
     let mut ticket_ids: HashSet<String> = HashSet::new();
     for (marker, effects) in ticket_effects.iter().chain(payment_effects.iter()) {
