@@ -163,7 +163,7 @@ impl Client {
         if let Some(key) = key {
             request = request.header("idempotency-key", key);
         }
-        Reply::from(request.send().await.unwrap()).await
+        Reply::send(request).await
     }
 
     /// [`Client::post`] on a task of its own: the request keeps running while the test
@@ -201,7 +201,7 @@ impl Client {
 
     /// `GET path`.
     pub async fn get(&self, path: &str) -> Reply {
-        Reply::from(self.request(Method::GET, path).send().await.unwrap()).await
+        Reply::send(self.request(Method::GET, path)).await
     }
 
     /// The demo's `GET /v1/{collection}` listing (status 200 asserted), as its items.
@@ -233,6 +233,11 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// Sends `request` and reads the whole response.
+    pub async fn send(request: RequestBuilder) -> Self {
+        Self::from(request.send().await.unwrap()).await
+    }
+
     /// Reads a whole reqwest response.
     pub async fn from(response: reqwest::Response) -> Self {
         let status = response.status().as_u16();

@@ -98,15 +98,12 @@ async fn deploys_need_an_immutable_artifact() {
 async fn commands_must_be_sent_as_json() {
     let server = super::demo_server(demo_config()).await;
     let client = server.client(&new_account());
-    let reply = integration_tests::app::Reply::from(
+    let reply = integration_tests::app::Reply::send(
         client
             .request(reqwest::Method::POST, "/v1/tickets")
             .header("content-type", "application/x-www-form-urlencoded")
             .header("idempotency-key", new_key())
-            .body(r#"{"project":"ops","title":"t"}"#)
-            .send()
-            .await
-            .unwrap(),
+            .body(r#"{"project":"ops","title":"t"}"#),
     )
     .await;
     reply.assert_problem(415, "unsupported-media-type");

@@ -325,11 +325,8 @@ async fn credentials_and_cookies_are_not_part_of_the_fingerprint() {
         .header(header::COOKIE, "session=another")
         .header(header::CONTENT_TYPE, "application/json")
         .header("idempotency-key", &key)
-        .body(PAYMENT)
-        .send()
-        .await
-        .unwrap();
-    let retry = Reply::from(retry).await;
+        .body(PAYMENT);
+    let retry = Reply::send(retry).await;
     assert_eq!(retry.status, 201, "{}", retry.text());
     assert!(retry.is_replay());
     assert_eq!(s.runs.count(), 1);
@@ -809,17 +806,14 @@ async fn hostile_bodies_are_4xx_with_no_record() {
     let mut keys = Vec::new();
     for (body, status, slug) in cases {
         let key = new_key();
-        let response = s
+        let request = s
             .server
             .client(&account)
             .request(Method::POST, "/v1/payments")
             .header(header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", &key)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        Reply::from(response).await.assert_problem(status, slug);
+            .body(body);
+        Reply::send(request).await.assert_problem(status, slug);
         keys.push(key);
     }
     // Within the body limit, deep nesting is refused by depth, not by size.
@@ -840,32 +834,26 @@ async fn hostile_bodies_are_4xx_with_no_record() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_requests_are_401_and_leave_nothing() {
     let s = setup().await;
-    let response = s
+    let request = s
         .server
         .anonymous()
         .request(Method::POST, "/v1/payments")
         .header(header::CONTENT_TYPE, "application/json")
         .header("idempotency-key", "k-anon")
-        .body(PAYMENT)
-        .send()
-        .await
-        .unwrap();
-    Reply::from(response)
+        .body(PAYMENT);
+    Reply::send(request)
         .await
         .assert_problem(401, "missing-scope");
     let mut headers = HeaderMap::new();
     headers.insert(header::AUTHORIZATION, "Basic Zm9vOmJhcg==".parse().unwrap());
-    let response = s
+    let request = s
         .server
         .anonymous()
         .request(Method::POST, "/v1/payments")
         .headers(headers)
         .header("idempotency-key", "k-anon")
-        .body(PAYMENT)
-        .send()
-        .await
-        .unwrap();
-    Reply::from(response)
+        .body(PAYMENT);
+    Reply::send(request)
         .await
         .assert_problem(401, "missing-scope");
     assert_eq!(s.runs.count(), 0);
