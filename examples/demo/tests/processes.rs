@@ -18,7 +18,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{DEADLINE, DemoProcess, Reply, create_ticket, fresh, http, ticket_request};
+use support::{DEADLINE, DemoProcess, Reply, create_ticket, fresh, http, ticket_request, until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_the_demo_restarts_replays_the_identical_body() {
@@ -161,20 +161,15 @@ async fn wait_for_one_ticket(
     process: &DemoProcess,
     account: &str,
 ) -> Value {
-    let started = std::time::Instant::now();
-    loop {
+    let mut written = None;
+    until("the handler to write its ticket", async || {
         let ids = process.ticket_ids(http, account).await;
-        match ids.as_slice() {
-            [id] => return id.clone(),
-            [] => {}
-            more => panic!("one request wrote {} tickets", more.len()),
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "the handler never wrote its ticket"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        assert!(ids.len() <= 1, "one request wrote {} tickets", ids.len());
+        written = ids.into_iter().next();
+        written.is_some()
+    })
+    .await;
+    written.unwrap()
 }
 
 /// Polls `process`'s status route until the operation under `key` is in `state`, and

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 mod support;
 
-use support::{DEADLINE, DemoProcess, fresh, http, ticket_request};
+use support::{DEADLINE, DemoProcess, fresh, http, ticket_request, until};
 
 async fn get_json(http: &reqwest::Client, demo: &DemoProcess, account: &str, path: &str) -> Value {
     let reply = demo.get(http, account, path).await;
@@ -32,22 +32,6 @@ async fn sql(url: &str) -> tokio_postgres::Client {
 
 async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {
     db.query_one(query, &[]).await.unwrap().get(0)
-}
-
-/// Polls `probe` every 25 ms until it is true, or panics with `what` after [`DEADLINE`].
-async fn until<F, Fut>(what: &str, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !probe().await {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -185,6 +185,18 @@ impl Reply {
     }
 }
 
+/// Polls `probe` every 25 ms until it is true, or panics with `what` after [`DEADLINE`].
+pub async fn until(what: &str, mut probe: impl AsyncFnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !probe().await {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 pub fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
