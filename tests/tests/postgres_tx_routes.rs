@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::{Request, StatusCode};
+use integration_tests::app::eventually;
 use integration_tests::pg::{TestDatabase, test_database};
 use tokio::sync::Notify;
 use tower::ServiceExt;
@@ -22,6 +23,9 @@ use tower_idempotency::{
 use tower_idempotency_postgres::{PostgresStore, PostgresTx};
 
 const SCOPE: &str = "acct_tx";
+/// Generous bound on waiting for a lease to lapse, so a take-over that never comes fails
+/// the test instead of hanging it.
+const DEADLINE: Duration = Duration::from_secs(30);
 
 /// What the handler does, per attempt (1-based).
 #[derive(Clone, Default)]
@@ -262,16 +266,19 @@ async fn a_zombie_whose_lease_was_taken_over_cannot_commit() {
     entered.notified().await;
 
     // Retry until the lease has lapsed and the retry takes the operation over.
-    let takeover = loop {
-        let reply = send(&h.app, "k-zombie").await;
-        match reply.status {
-            StatusCode::CONFLICT => {
+    let takeover = eventually(
+        DEADLINE,
+        "a retry takes the lapsed operation over",
+        || async {
+            let reply = send(&h.app, "k-zombie").await;
+            if reply.status == StatusCode::CONFLICT {
                 assert!(reply.problem_type().ends_with("/request-in-progress"));
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                return None;
             }
-            _ => break reply,
-        }
-    };
+            Some(reply)
+        },
+    )
+    .await;
     assert_eq!(takeover.status, StatusCode::CREATED, "{}", takeover.body);
     assert_eq!(takeover.body, r#"{"attempt":2}"#);
 
