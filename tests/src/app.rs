@@ -70,6 +70,11 @@ impl TestServer {
         server
     }
 
+    /// The database a [`TestServer::demo_on_postgres`] server keeps its records in.
+    pub fn database(&self) -> Option<&TestDatabase> {
+        self.database.as_ref()
+    }
+
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr

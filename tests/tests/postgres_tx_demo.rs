@@ -11,24 +11,16 @@ use std::time::Duration;
 use integration_tests::app::{
     Client, Reply, TestServer, concurrent_copies, demo_config, eventually, new_account, new_key,
 };
-use integration_tests::pg::{TestDatabase, test_database};
+use integration_tests::pg::test_database;
 use serde_json::{Value, json};
 use tower_idempotency::OperationId;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const TICKET: &str = r#"{"project":"ops","title":"Rotate the TLS certificate"}"#;
 
-/// The demo in its PostgreSQL mode (the default records: tickets and payments on
-/// transactional routes) on `db`.
-async fn transactional_demo(db: &TestDatabase, config: demo::Config) -> TestServer {
-    TestServer::demo(demo::Config {
-        database_url: Some(db.url().to_owned()),
-        ..config
-    })
-    .await
-}
-
-async fn sql(db: &TestDatabase) -> tokio_postgres::Client {
+/// A plain client on the database `server` keeps its records in.
+async fn sql(server: &TestServer) -> tokio_postgres::Client {
+    let db = server.database().expect("a demo on PostgreSQL");
     let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -59,8 +51,7 @@ async fn notifications(client: &Client, n: usize) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ticket_commits_with_its_notification_and_retries_replay() {
-    let db = test_database().await;
-    let server = transactional_demo(&db, demo_config()).await;
+    let server = TestServer::demo_on_postgres(demo_config()).await;
     let client = server.client(&new_account());
     let key = new_key();
     let first = client.post("/v1/tickets", Some(&key), TICKET).await;
@@ -80,7 +71,7 @@ async fn a_ticket_commits_with_its_notification_and_retries_replay() {
         delivered[0],
         json!({"effect_id": notification_id(&first), "ticket_id": first.json()["id"], "attempts": 1})
     );
-    let sql = sql(&db).await;
+    let sql = sql(&server).await;
     assert_eq!(
         count(&sql, "SELECT count(*) FROM idempotency_outbox").await,
         1
@@ -94,14 +85,10 @@ async fn a_ticket_commits_with_its_notification_and_retries_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_source_event_is_one_ticket_even_when_two_keys_race() {
-    let db = test_database().await;
-    let server = transactional_demo(
-        &db,
-        demo::Config {
-            handler_delay: Duration::from_millis(500),
-            ..demo_config()
-        },
-    )
+    let server = TestServer::demo_on_postgres(demo::Config {
+        handler_delay: Duration::from_millis(500),
+        ..demo_config()
+    })
     .await;
     let client = server.client(&new_account());
     let ticket = r#"{"project":"ops","title":"Pager storm","source_event_id":"evt_42"}"#;
@@ -133,8 +120,7 @@ async fn one_source_event_is_one_ticket_even_when_two_keys_race() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invoice_is_paid_once_by_constraint() {
-    let db = test_database().await;
-    let server = transactional_demo(&db, demo_config()).await;
+    let server = TestServer::demo_on_postgres(demo_config()).await;
     let client = server.client(&new_account());
     let payment = r#"{"amount_minor":1250,"currency":"EUR","invoice_ref":"INV-7","payee":"ACME"}"#;
     let paid = client.post("/v1/payments", Some(&new_key()), payment).await;
@@ -153,10 +139,9 @@ async fn an_invoice_is_paid_once_by_constraint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_500_rolls_back_the_ticket_and_its_notification_and_the_retry_executes() {
-    let db = test_database().await;
-    let server = transactional_demo(&db, demo_config()).await;
+    let server = TestServer::demo_on_postgres(demo_config()).await;
     let client = server.client(&new_account());
-    let sql = sql(&db).await;
+    let sql = sql(&server).await;
     // The database refuses this one ticket: the handler answers 500 after the write began.
     sql.batch_execute(
         "ALTER TABLE demo_tickets ADD CONSTRAINT refuse_for_test CHECK (title <> 'Refused')",
@@ -195,16 +180,12 @@ async fn a_500_rolls_back_the_ticket_and_its_notification_and_the_retry_executes
 async fn a_lapsed_attempt_is_executed_again_and_commits_nothing_itself() {
     // The original outlives its lease with nobody renewing it, as when its worker froze.
     // The retry takes over and executes; when the original wakes up, its commit is fenced.
-    let db = test_database().await;
-    let server = transactional_demo(
-        &db,
-        demo::Config {
-            handler_delay: Duration::from_millis(1_500),
-            lease: Duration::from_millis(200),
-            heartbeat: false,
-            ..demo_config()
-        },
-    )
+    let server = TestServer::demo_on_postgres(demo::Config {
+        handler_delay: Duration::from_millis(1_500),
+        lease: Duration::from_millis(200),
+        heartbeat: false,
+        ..demo_config()
+    })
     .await;
     let client = server.client(&new_account());
     let key = new_key();
@@ -279,14 +260,10 @@ async fn environment_lock_contract(server: &TestServer) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploys_take_an_environment_lock_in_postgres() {
-    let db = test_database().await;
-    let server = transactional_demo(
-        &db,
-        demo::Config {
-            handler_delay: Duration::from_millis(1_500),
-            ..demo_config()
-        },
-    )
+    let server = TestServer::demo_on_postgres(demo::Config {
+        handler_delay: Duration::from_millis(1_500),
+        ..demo_config()
+    })
     .await;
     environment_lock_contract(&server).await;
 }
@@ -326,11 +303,12 @@ async fn the_memory_demo_lists_notifications_in_the_same_shape() {
 async fn two_transactional_demos_on_one_database_execute_and_notify_once() {
     let db = test_database().await;
     let config = demo::Config {
+        database_url: Some(db.url().to_owned()),
         handler_delay: Duration::from_millis(300),
         ..demo_config()
     };
-    let a = transactional_demo(&db, config.clone()).await;
-    let b = transactional_demo(&db, config).await;
+    let a = TestServer::demo(config.clone()).await;
+    let b = TestServer::demo(config).await;
     let account = new_account();
     concurrent_copies(&[&a, &b], &account, 16, "/v1/tickets", TICKET).await;
     for server in [&a, &b] {
@@ -349,9 +327,7 @@ async fn non_transactional_writes_commit_before_the_operation_completes() {
     // The handler writes in autocommit, then sleeps: its ticket and outbox row are visible
     // to everyone while the operation is still in progress (on a transactional route they
     // would not be, until the commit that completes the operation).
-    let db = test_database().await;
-    let server = TestServer::demo(demo::Config {
-        database_url: Some(db.url().to_owned()),
+    let server = TestServer::demo_on_postgres(demo::Config {
         records: demo::Records::NonTransactional,
         handler_delay: Duration::from_millis(5_000),
         ..demo_config()
@@ -360,7 +336,7 @@ async fn non_transactional_writes_commit_before_the_operation_completes() {
     let client = server.client(&new_account());
     let key = new_key();
     let original = client.spawn_post("/v1/tickets", Some(&key), TICKET);
-    let sql = sql(&db).await;
+    let sql = sql(&server).await;
     eventually(DEADLINE, "the ticket is committed", || async {
         (count(&sql, "SELECT count(*) FROM demo_tickets").await == 1).then_some(())
     })
@@ -396,9 +372,7 @@ async fn non_transactional_writes_commit_before_the_operation_completes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_idempotency_the_records_still_live_in_postgres() {
-    let db = test_database().await;
-    let server = TestServer::demo(demo::Config {
-        database_url: Some(db.url().to_owned()),
+    let server = TestServer::demo_on_postgres(demo::Config {
         idempotency: false,
         ..demo_config()
     })
@@ -411,7 +385,7 @@ async fn without_idempotency_the_records_still_live_in_postgres() {
         assert!(reply.operation_id().is_none());
         created.push(reply.json());
     }
-    let sql = sql(&db).await;
+    let sql = sql(&server).await;
     assert_eq!(
         count(&sql, "SELECT count(*) FROM demo_tickets").await,
         2,
