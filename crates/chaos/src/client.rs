@@ -257,12 +257,7 @@ enum Step {
 /// One answer, classified.
 #[derive(Debug)]
 enum Answer {
-    Success {
-        status: u16,
-        body: Vec<u8>,
-        operation_id: Option<String>,
-        replayed: bool,
-    },
+    Success(Success),
     InProgress(Option<Duration>),
     Unknown,
     ServerError,
@@ -273,6 +268,15 @@ enum Answer {
     },
     Dropped,
     Transport,
+}
+
+/// A `2xx` answer, as the client keeps it.
+#[derive(Debug)]
+struct Success {
+    status: u16,
+    body: Vec<u8>,
+    operation_id: Option<String>,
+    replayed: bool,
 }
 
 /// A reqwest client as a fresh client process would build it.
@@ -359,13 +363,8 @@ impl Client {
 
     fn handle(&mut self, intent: &mut Intent, answer: Answer, tries: u32, drops: bool) -> Step {
         match answer {
-            Answer::Success {
-                status,
-                body,
-                operation_id,
-                replayed,
-            } => {
-                self.accept(intent, status, body, operation_id, replayed);
+            Answer::Success(success) => {
+                self.accept(intent, success);
                 Step::Next
             }
             Answer::InProgress(retry_after) => {
@@ -416,7 +415,7 @@ impl Client {
                     Stats::bump(&self.stats.probes_refused);
                     return;
                 }
-                Answer::Success { status, body, .. } => {
+                Answer::Success(Success { status, body, .. }) => {
                     intent.contradictions.push(format!(
                         "a changed payload under the acknowledged key was answered {status}: {}",
                         String::from_utf8_lossy(&body)
@@ -442,18 +441,13 @@ impl Client {
     pub async fn verify_replay(&mut self, intent: &mut Intent) -> bool {
         let attempt = self.plan(intent, false);
         match self.send(intent, attempt).await {
-            Answer::Success {
-                status,
-                body,
-                operation_id,
-                replayed,
-            } => {
-                if !replayed {
+            Answer::Success(success) => {
+                if !success.replayed {
                     intent
                         .contradictions
                         .push("a final retry was not marked Idempotent-Replayed".to_owned());
                 }
-                self.accept(intent, status, body, operation_id, replayed);
+                self.accept(intent, success);
                 true
             }
             Answer::Refused {
@@ -518,14 +512,13 @@ impl Client {
         true
     }
 
-    fn accept(
-        &mut self,
-        intent: &mut Intent,
-        status: u16,
-        body: Vec<u8>,
-        operation_id: Option<String>,
-        replayed: bool,
-    ) {
+    fn accept(&mut self, intent: &mut Intent, success: Success) {
+        let Success {
+            status,
+            body,
+            operation_id,
+            replayed,
+        } = success;
         match &intent.ack {
             None => {
                 let effect_id = serde_json::from_slice::<Value>(&body)
@@ -619,12 +612,12 @@ fn classify(stats: &Stats, status: u16, headers: &HeaderMap, body: Vec<u8>) -> A
     };
     if (200..300).contains(&status) {
         Stats::bump(&stats.answered_2xx);
-        return Answer::Success {
+        return Answer::Success(Success {
             status,
             body,
             operation_id: header("operation-id"),
             replayed: header("idempotent-replayed").as_deref() == Some("true"),
-        };
+        });
     }
     if status >= 500 {
         Stats::bump(&stats.server_errors);
@@ -775,7 +768,7 @@ mod tests {
         replayed.insert("idempotent-replayed", "true".parse().unwrap());
         assert!(matches!(
             classify(&stats, 201, &replayed, b"{}".to_vec()),
-            Answer::Success { replayed: true, .. }
+            Answer::Success(Success { replayed: true, .. })
         ));
     }
 }
