@@ -456,6 +456,11 @@ async fn report_progress(stats: Arc<Stats>, started: Instant) {
 }
 
 /// Prints the result table; `true` when every invariant holds.
+/// One line of the result table: the measure, its value, and a verdict or detail.
+fn row(label: &str, value: impl ToString, note: impl Into<String>) -> (String, String, String) {
+    (label.to_owned(), value.to_string(), note.into())
+}
+
 fn print_table(
     o: &Options,
     intents: &[Intent],
@@ -479,47 +484,47 @@ fn print_table(
         }
     };
     let notes_match = found.notification_mismatches == 0 && found.notifications == found.tickets;
-    let rows: Vec<(String, String, String)> = vec![
-        (
-            "operations attempted (intents)".into(),
-            intents.len().to_string(),
+    let rows = vec![
+        row(
+            "operations attempted (intents)",
+            intents.len(),
             format!("{tickets} tickets, {} payments", intents.len() - tickets),
         ),
-        (
-            "HTTP write attempts".into(),
-            n(&stats.attempts).to_string(),
-            "incl. retries, probes and final replays".into(),
+        row(
+            "HTTP write attempts",
+            n(&stats.attempts),
+            "incl. retries, probes and final replays",
         ),
-        (
-            "acknowledged (2xx seen)".into(),
-            acked.to_string(),
+        row(
+            "acknowledged (2xx seen)",
+            acked,
             format!("{open_before_settle} still open when the storm ended"),
         ),
-        (
-            "effects found".into(),
-            found.effects.to_string(),
+        row(
+            "effects found",
+            found.effects,
             format!(
                 "{} tickets, {} payments; {} unacknowledged intents took effect",
                 found.tickets, found.payments, found.unacked_with_effect
             ),
         ),
-        (
-            "duplicate effects".into(),
-            found.duplicates.to_string(),
-            must_zero(found.duplicates).into(),
+        row(
+            "duplicate effects",
+            found.duplicates,
+            must_zero(found.duplicates),
         ),
-        (
-            "acknowledged-but-missing effects".into(),
-            found.ack_missing.to_string(),
-            must_zero(found.ack_missing).into(),
+        row(
+            "acknowledged-but-missing effects",
+            found.ack_missing,
+            must_zero(found.ack_missing),
         ),
-        (
-            "replays that differed from the original".into(),
-            found.differing.to_string(),
-            must_zero(found.differing).into(),
+        row(
+            "replays that differed from the original",
+            found.differing,
+            must_zero(found.differing),
         ),
-        (
-            "changed-payload reuses".into(),
+        row(
+            "changed-payload reuses",
             format!(
                 "{} refused of {}",
                 n(&stats.probes_refused),
@@ -531,8 +536,8 @@ fn print_table(
                 must_zero(found.probe_effects)
             ),
         ),
-        (
-            "notification effects vs tickets".into(),
+        row(
+            "notification effects vs tickets",
             format!("{} / {}", found.notifications, found.tickets),
             if notes_match {
                 format!(
@@ -543,58 +548,42 @@ fn print_table(
                 format!("VIOLATION: {} mismatches", found.notification_mismatches)
             },
         ),
-        (
-            "status route vs acknowledged answers".into(),
+        row(
+            "status route vs acknowledged answers",
             format!("{} disagreements", found.status_disagreements),
-            must_zero(found.status_disagreements).into(),
+            must_zero(found.status_disagreements),
         ),
-        (
-            "API listings vs tables".into(),
+        row(
+            "API listings vs tables",
             format!("{} mismatches", found.api_mismatches),
-            must_zero(found.api_mismatches).into(),
+            must_zero(found.api_mismatches),
         ),
-        (
-            "unknown outcomes left".into(),
-            (unknown + unanswered).to_string(),
+        row(
+            "unknown outcomes left",
+            unknown + unanswered,
             format!("{unknown} outcome-unknown, {unanswered} unanswered after settling"),
         ),
-        (
-            "faults: kill -9 of an instance".into(),
-            n(&stats.kills).to_string(),
-            String::new(),
+        row("faults: kill -9 of an instance", n(&stats.kills), ""),
+        row(
+            "faults: instance frozen past its lease",
+            n(&stats.pauses),
+            "",
         ),
-        (
-            "faults: instance frozen past its lease".into(),
-            n(&stats.pauses).to_string(),
-            String::new(),
+        row(
+            "faults: hedged attempts (two copies at once)",
+            n(&stats.hedged),
+            "",
         ),
-        (
-            "faults: hedged attempts (two copies at once)".into(),
-            n(&stats.hedged).to_string(),
-            String::new(),
-        ),
-        (
-            "faults: database sessions terminated".into(),
-            n(&stats.severed_sessions).to_string(),
+        row(
+            "faults: database sessions terminated",
+            n(&stats.severed_sessions),
             format!("in {} rounds of pg_terminate_backend", n(&stats.severings)),
         ),
-        (
-            "faults: PostgreSQL restarts".into(),
-            n(&stats.pg_restarts).to_string(),
-            String::new(),
-        ),
-        (
-            "faults: requests dropped mid-flight".into(),
-            n(&stats.dropped).to_string(),
-            String::new(),
-        ),
-        (
-            "faults: client restarts".into(),
-            n(&stats.client_restarts).to_string(),
-            String::new(),
-        ),
-        (
-            "answers: 409 in progress / 409 unknown / 5xx / no answer".into(),
+        row("faults: PostgreSQL restarts", n(&stats.pg_restarts), ""),
+        row("faults: requests dropped mid-flight", n(&stats.dropped), ""),
+        row("faults: client restarts", n(&stats.client_restarts), ""),
+        row(
+            "answers: 409 in progress / 409 unknown / 5xx / no answer",
             format!(
                 "{} / {} / {} / {}",
                 n(&stats.in_progress),
@@ -602,23 +591,19 @@ fn print_table(
                 n(&stats.server_errors),
                 n(&stats.transport_errors)
             ),
-            String::new(),
+            "",
         ),
-        (
-            "lapsed leases taken over / replays served".into(),
+        row(
+            "lapsed leases taken over / replays served",
             format!("{} / {}", found.taken_over, found.replays),
-            "operations executed again after their lease lapsed; stored answers replayed".into(),
+            "operations executed again after their lease lapsed; stored answers replayed",
         ),
-        (
-            "idempotency records by state".into(),
+        row(
+            "idempotency records by state",
             format!("{:?}", found.records),
-            String::new(),
+            "",
         ),
-        (
-            "outbox rows by state".into(),
-            format!("{:?}", found.outbox),
-            String::new(),
-        ),
+        row("outbox rows by state", format!("{:?}", found.outbox), ""),
     ];
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
