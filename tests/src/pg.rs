@@ -101,6 +101,19 @@ impl TestDatabase {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// A plain client on the database, for tests that read or set up tables directly.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        connect(&self.url).await
+    }
+}
+
+/// A plain client on `url`; its connection runs in a task of its own. Panics when the
+/// server cannot be reached: PostgreSQL tests fail, they never skip.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    admin_client(url)
+        .await
+        .unwrap_or_else(|err| panic!("cannot connect to {url}: {err}"))
 }
 
 impl Drop for TestDatabase {

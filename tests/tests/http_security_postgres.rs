@@ -60,10 +60,7 @@ async fn no_plaintext_body_reaches_the_table_when_encryption_is_on() {
             .is_replay()
     );
 
-    let (db, connection) = tokio_postgres::connect(fixture.database.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let db = fixture.database.client().await;
     let rows = db
         .query("SELECT t::text FROM idempotency_operations t", &[])
         .await

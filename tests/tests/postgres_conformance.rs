@@ -31,12 +31,8 @@ async fn postgres_store_passes_the_conformance_suite_in_a_custom_schema() {
     suite::reserve_is_atomic_under_concurrency(&store).await;
     suite::take_over_unknown_same_fingerprint_only(&store).await;
     suite::purge_removes_only_expired(&store).await;
-    let client = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(client.1);
+    let client = db.client().await;
     let in_public: i64 = client
-        .0
         .query_one(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name LIKE 'idempotency_%'",
             &[],

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use integration_tests::pg::test_database;
+use integration_tests::pg::{connect, test_database};
 use tokio::sync::Barrier;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, OperationState, Reservation, ReserveRequest, Scope, Store,
@@ -59,11 +59,7 @@ fn fresh_scope() -> Scope {
 }
 
 async fn sql_count(url: &str, sql: &str) -> i64 {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client.query_one(sql, &[]).await.unwrap().get(0)
+    connect(url).await.query_one(sql, &[]).await.unwrap().get(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -208,10 +204,7 @@ async fn concurrent_migrations_apply_each_file_once() {
     // Re-applying is a no-op, and the SQL files themselves are idempotent too.
     let store = store(db.url()).await;
     assert!(store.migrate().await.unwrap().is_empty());
-    let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = db.client().await;
     for migration in tower_idempotency_postgres::MIGRATIONS {
         client.batch_execute(migration.sql).await.unwrap();
     }

@@ -21,11 +21,7 @@ const TICKET: &str = r#"{"project":"ops","title":"Rotate the TLS certificate"}"#
 /// A plain client on the database `server` keeps its records in.
 async fn sql(server: &TestServer) -> tokio_postgres::Client {
     let db = server.database().expect("a demo on PostgreSQL");
-    let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
+    db.client().await
 }
 
 async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::Request;
 use integration_tests::app::eventually;
-use integration_tests::pg::{TestDatabase, test_database};
+use integration_tests::pg::{TestDatabase, connect, test_database};
 use serde_json::json;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, OperationId, RoutePolicy, Scope, Store};
@@ -86,11 +86,7 @@ async fn harness() -> Harness {
 }
 
 async fn client(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
+    connect(url).await
 }
 
 impl Harness {

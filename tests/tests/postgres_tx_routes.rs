@@ -89,10 +89,7 @@ async fn database_with(schema: &str) -> (TestDatabase, PostgresStore, tokio_post
     let database = test_database().await;
     let store = PostgresStore::connect(database.url()).await.unwrap();
     store.migrate().await.unwrap();
-    let (db, connection) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let db = database.client().await;
     db.batch_execute(schema).await.unwrap();
     (database, store, db)
 }
