@@ -217,7 +217,7 @@ impl Database {
         command: NewDeploy,
         hold: Duration,
     ) -> Result<Result<Deploy, EnvironmentLocked>, RecordError> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let id = new_id("dep");
         let hold_ms = i64::try_from(hold.as_millis()).unwrap_or(i64::MAX);
         let locked = query_opt(
@@ -255,7 +255,7 @@ impl Database {
 
     /// Frees the environment `deploy` locked.
     pub async fn finish_deploy(&self, account: &str, deploy: &Deploy) -> Result<(), RecordError> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client
             .prepare_cached(
                 "DELETE FROM demo_environment_locks \
@@ -315,7 +315,7 @@ impl Database {
         account: &str,
         decode: fn(&Row) -> Result<T, DbError>,
     ) -> Result<Vec<T>, RecordError> {
-        let client = self.pool.get().await?;
+        let client = self.connection().await?;
         let statement = client.prepare_cached(sql).await?;
         let rows = client.query(&statement, &[&account]).await?;
         Ok(rows.iter().map(decode).collect::<Result<_, _>>()?)
