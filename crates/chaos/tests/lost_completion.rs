@@ -59,10 +59,7 @@ async fn a_2xx_the_store_could_not_record_is_replayed_on_retry() {
 
     let first = tokio::spawn(send());
     // The handler has written the payment (autocommit) and now sleeps before answering.
-    let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = db.client().await;
     let started = Instant::now();
     loop {
         let row = client

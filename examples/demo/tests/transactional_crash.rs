@@ -22,14 +22,6 @@ async fn get_json(http: &reqwest::Client, demo: &DemoProcess, account: &str, pat
     reply.json()
 }
 
-async fn sql(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-}
-
 async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {
     db.query_one(query, &[]).await.unwrap().get(0)
 }
@@ -37,7 +29,7 @@ async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() {
     let database = pg::test_database().await;
-    let db = sql(database.url()).await;
+    let db = database.client().await;
     let http = http();
     let (account, key) = (fresh("acct"), fresh("key"));
 
@@ -147,7 +139,7 @@ async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_of_a_completed_create_add_no_ticket_and_no_effect() {
     let database = pg::test_database().await;
-    let db = sql(database.url()).await;
+    let db = database.client().await;
     let http = http();
     let (account, key) = (fresh("acct"), fresh("key"));
     let demo = DemoProcess::start(database.url(), &[]).await;
