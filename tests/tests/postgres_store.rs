@@ -420,7 +420,7 @@ async fn invalid_configuration_is_refused_up_front() {
         assert!(
             matches!(
                 PostgresStore::from_config(&config),
-                Err(tower_idempotency_postgres::ConfigError::InvalidSchema(_))
+                Err(tower_idempotency_postgres::PostgresConfigError::InvalidSchema(_))
             ),
             "{schema:?}"
         );

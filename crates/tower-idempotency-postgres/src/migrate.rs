@@ -10,7 +10,7 @@
 use deadpool_postgres::Client;
 use tower_idempotency_core::StoreError;
 
-use crate::error::from_pg;
+use crate::executor::classify::from_pg;
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
