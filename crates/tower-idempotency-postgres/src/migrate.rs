@@ -28,17 +28,17 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "0001_operations.sql",
-        sql: include_str!("../../../migrations/0001_operations.sql"),
+        sql: include_str!("../migrations/0001_operations.sql"),
     },
     Migration {
         version: 2,
         name: "0002_resolutions.sql",
-        sql: include_str!("../../../migrations/0002_resolutions.sql"),
+        sql: include_str!("../migrations/0002_resolutions.sql"),
     },
     Migration {
         version: 3,
         name: "0003_outbox.sql",
-        sql: include_str!("../../../migrations/0003_outbox.sql"),
+        sql: include_str!("../migrations/0003_outbox.sql"),
     },
 ];
 
