@@ -1,7 +1,7 @@
 //! [`PostgresStore`]: the [`Store`] over a `deadpool-postgres` pool.
 //!
 //! Every trait method outside transactional routes is one statement (one round trip) on a
-//! pooled connection, run by the executor (`executor.rs`) within the configured query
+//! pooled connection, run by the executor (`executor/`) within the configured query
 //! timeout (delivery marks may share theirs: see `delivered.rs`); connection and pool
 //! failures come back as [`StoreError::Unavailable`].
 
