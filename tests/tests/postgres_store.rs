@@ -270,6 +270,66 @@ async fn purge_deletes_only_expired_rows_in_bounded_batches() {
     }
 }
 
+/// The value of counter `name` with labels `labels` in `snapshot`, if it was registered.
+fn counter(
+    snapshot: metrics_util::debugging::Snapshot,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<u64> {
+    snapshot
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let same_labels = key.labels().count() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v));
+            match value {
+                metrics_util::debugging::DebugValue::Counter(n)
+                    if key.name() == name && same_labels =>
+                {
+                    Some(n)
+                }
+                _ => None,
+            }
+        })
+}
+
+// Current-thread runtime: the store's calls run on this thread, where the recorder is set.
+#[tokio::test]
+async fn purge_counts_the_rows_it_deleted() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let db = test_database().await;
+    let store = store(db.url()).await;
+    let scope = fresh_scope();
+    for i in 0..3 {
+        let req = ReserveRequest {
+            retention: Duration::from_millis(100),
+            ..request(&scope, &format!("old-{i}"), "sha256:a")
+        };
+        let Reservation::Acquired { lease, .. } = store.reserve(req).await.unwrap() else {
+            panic!()
+        };
+        store.complete(&lease, response("old")).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    assert_eq!(store.purge_expired(2).await.unwrap(), 2);
+    assert_eq!(store.purge_expired(2).await.unwrap(), 1);
+    assert_eq!(store.purge_expired(2).await.unwrap(), 0);
+    assert_eq!(
+        counter(
+            snapshotter.snapshot(),
+            "idempotency.purge.deleted",
+            &[("store", "postgres")]
+        ),
+        Some(3)
+    );
+}
+
 #[tokio::test]
 async fn an_expired_record_is_replaced_by_a_new_reservation_before_purge() {
     let db = test_database().await;
@@ -420,7 +480,7 @@ async fn invalid_configuration_is_refused_up_front() {
         assert!(
             matches!(
                 PostgresStore::from_config(&config),
-                Err(tower_idempotency_postgres::ConfigError::InvalidSchema(_))
+                Err(tower_idempotency_postgres::PostgresConfigError::InvalidSchema(_))
             ),
             "{schema:?}"
         );

@@ -343,6 +343,66 @@ async fn failed_deliveries_back_off_retry_and_finally_fail() {
     );
 }
 
+/// Every counter in `snapshot`, by name.
+fn counters(snapshot: metrics_util::debugging::Snapshot) -> HashMap<String, u64> {
+    snapshot
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => {
+                Some((key.key().name().to_owned(), n))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+// Current-thread runtime: the dispatcher's rounds run on this thread, where the recorder is
+// set.
+#[tokio::test]
+async fn deliveries_and_retries_are_counted() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let h = harness().await;
+    for i in 0..2 {
+        assert_eq!(
+            h.order(&format!("m-{i}"), json!({"order": i})).await.0,
+            StatusCode::CREATED
+        );
+    }
+    let flaky = h.operation_id("m-0").await.derived_key("confirm");
+    let sink_db = Arc::new(client(h.database.url()).await);
+    let dispatcher = OutboxDispatcher::new(h.store.clone(), move |effect: Effect| {
+        let sink_db = Arc::clone(&sink_db);
+        async move {
+            if effect.effect_id == flaky && effect.attempt == 1 {
+                return Err(DeliveryError::retry("503 from the provider"));
+            }
+            sink(&sink_db, &effect).await;
+            Ok(())
+        }
+    })
+    .with_config(fast(DispatcherConfig::default()));
+
+    let first = dispatcher.run_once().await.unwrap();
+    assert_eq!((first.delivered, first.retried), (1, 1));
+    let mut delivered = first.delivered;
+    let started = std::time::Instant::now();
+    while delivered < 2 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the retried effect was never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        delivered += dispatcher.run_once().await.unwrap().delivered;
+    }
+    // One snapshot: taking one resets the recorder's counters.
+    let counters = counters(snapshotter.snapshot());
+    assert_eq!(counters.get("idempotency.outbox.delivered"), Some(&2));
+    assert_eq!(counters.get("idempotency.outbox.retries"), Some(&1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_outlives_its_dispatcher_is_delivered_by_another() {
     let h = harness().await;

@@ -92,10 +92,19 @@ impl fmt::Debug for PostgresStoreConfig {
     }
 }
 
-/// Why a store could not be built from its configuration.
+/// Why a [`PostgresStore`](crate::PostgresStore) could not be built from its
+/// [`PostgresStoreConfig`] (or from a pool and one): returned by
+/// [`PostgresStore::new`](crate::PostgresStore::new) and
+/// [`PostgresStore::from_config`](crate::PostgresStore::from_config), and wrapped in
+/// [`ConnectError::Config`](crate::ConnectError::Config) by
+/// [`PostgresStore::connect`](crate::PostgresStore::connect).
+///
+/// Not to be confused with the layer's `tower_idempotency::ConfigError`, which refuses an
+/// idempotency *layer* configuration (policies, limits): this one is only about the
+/// PostgreSQL store's settings, and is always detected before any connection is opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum PostgresConfigError {
     /// The schema name is not a plain SQL identifier.
     #[error(
         "invalid schema name `{0}`: use ASCII letters, digits and `_`, not starting with a digit, at most 63 bytes"

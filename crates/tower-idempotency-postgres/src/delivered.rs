@@ -10,13 +10,11 @@
 //! [`Store::mark_delivered`]: tower_idempotency_core::Store::mark_delivered
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::store::execute_on;
+use crate::executor::Executor;
 
 /// Most marks one statement carries.
 const MAX_BATCH: usize = 256;
@@ -30,19 +28,17 @@ struct Mark {
 
 /// The batching half of a store's delivery marks.
 pub(crate) struct DeliveryMarks {
-    pool: Pool,
-    /// `Queries::mark_delivered_batch`.
+    executor: Executor,
+    /// `OperationQueries::mark_delivered_batch`.
     sql: String,
-    timeout: Duration,
     queue: OnceLock<mpsc::UnboundedSender<Mark>>,
 }
 
 impl DeliveryMarks {
-    pub(crate) fn new(pool: Pool, sql: String, timeout: Duration) -> Self {
+    pub(crate) fn new(executor: Executor, sql: String) -> Self {
         Self {
-            pool,
+            executor,
             sql,
-            timeout,
             queue: OnceLock::new(),
         }
     }
@@ -61,12 +57,7 @@ impl DeliveryMarks {
                     let (sender, receiver) = mpsc::unbounded_channel();
                     // The task owns no handle to the store: when the store (and so the
                     // sender) is dropped, `recv` ends and so does the task.
-                    runtime.spawn(run(
-                        receiver,
-                        self.pool.clone(),
-                        self.sql.clone(),
-                        self.timeout,
-                    ));
+                    runtime.spawn(run(receiver, self.executor.clone(), self.sql.clone()));
                     sender
                 })
             }
@@ -84,16 +75,16 @@ impl DeliveryMarks {
     }
 }
 
-async fn run(mut queue: mpsc::UnboundedReceiver<Mark>, pool: Pool, sql: String, timeout: Duration) {
+async fn run(mut queue: mpsc::UnboundedReceiver<Mark>, executor: Executor, sql: String) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let scopes: Vec<&str> = batch.iter().map(|mark| mark.scope.as_str()).collect();
         let ids: Vec<Uuid> = batch.iter().map(|mark| mark.operation_id).collect();
-        let statement = async {
-            let client = pool.get().await.ok()?;
-            execute_on(&client, &sql, &[&scopes, &ids]).await.ok()
-        };
-        let committed = matches!(tokio::time::timeout(timeout, statement).await, Ok(Some(_)));
+        // Checkout and statement within one query timeout, as every store call.
+        let committed = executor
+            .execute("mark_delivered", &sql, &[&scopes, &ids])
+            .await
+            .is_ok();
         drop((scopes, ids));
         for mark in batch.drain(..) {
             let _ = mark.done.send(committed);

@@ -42,29 +42,53 @@
 //! [`PostgresTransaction`] per operation, the handler writes through [`PostgresTx`] (an axum
 //! extractor with feature `axum`, or [`PostgresTx::from_extensions`]), and its writes, the
 //! stored response and the lease-fenced completion commit together. Side effects outside the
-//! database go through the [`outbox`]: [`PostgresTxGuard::enqueue`] in the transaction, an
+//! database go through the outbox: [`PostgresTxGuard::enqueue`] in the transaction, an
 //! [`OutboxDispatcher`] after the commit. See `docs/transactional.md`.
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod admin;
+// Every public item has one path: the crate root. The modules are private; each re-export
+// below is inlined into the root's documentation.
+//
+// Module graph (an arrow is a `use crate::…`; no cycles):
+//   store       → completion, config, delivered, executor, migrate, row, sql, transaction
+//   transaction → completion, executor, row, sql
+//   outbox      → executor, row, store
+//   admin       → resolution, row, store
+//   delivered   → executor
+//   completion  → row
+//   row         → executor::classify, resolution
+//   migrate     → executor::classify
+//   executor    → executor::classify;   sql → sql::fragments;   config, resolution → (none)
+mod admin;
+mod completion;
 mod config;
 mod delivered;
-mod error;
+mod executor;
 mod migrate;
-pub mod outbox;
+mod outbox;
+mod resolution;
 mod row;
 mod sql;
 mod store;
 mod transaction;
 
-pub use admin::{Resolution, ResolutionRecord, ResolveOutcome, UnknownResolution};
-pub use config::{ConfigError, PostgresStoreConfig};
+#[doc(inline)]
+pub use config::{PostgresConfigError, PostgresStoreConfig};
+#[doc(inline)]
 pub use migrate::{MIGRATIONS, Migration};
+#[doc(inline)]
 pub use outbox::{DeliveryError, DispatchReport, DispatcherConfig, Effect, OutboxDispatcher};
+#[doc(inline)]
+pub use resolution::{Resolution, ResolutionRecord, ResolveOutcome, UnknownResolution};
+#[doc(inline)]
 pub use store::{ConnectError, PostgresStore};
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[doc(inline)]
 pub use transaction::MissingTransaction;
+#[doc(inline)]
 pub use transaction::{PostgresTransaction, PostgresTx, PostgresTxGuard};
 
 /// Re-exported so users can build their own pool (TLS, hooks) without a version mismatch.

@@ -10,7 +10,7 @@
 use deadpool_postgres::Client;
 use tower_idempotency_core::StoreError;
 
-use crate::error::from_pg;
+use crate::executor::classify::from_pg;
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,17 +28,17 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "0001_operations.sql",
-        sql: include_str!("../../../migrations/0001_operations.sql"),
+        sql: include_str!("../migrations/0001_operations.sql"),
     },
     Migration {
         version: 2,
         name: "0002_resolutions.sql",
-        sql: include_str!("../../../migrations/0002_resolutions.sql"),
+        sql: include_str!("../migrations/0002_resolutions.sql"),
     },
     Migration {
         version: 3,
         name: "0003_outbox.sql",
-        sql: include_str!("../../../migrations/0003_outbox.sql"),
+        sql: include_str!("../migrations/0003_outbox.sql"),
     },
 ];
 

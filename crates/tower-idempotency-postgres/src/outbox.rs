@@ -21,8 +21,9 @@ use tower_idempotency_core::OperationId;
 use tower_idempotency_core::store::{BoxError, Result};
 use uuid::Uuid;
 
+use crate::executor::micros;
 use crate::row;
-use crate::store::{PostgresStore, execute_on, micros};
+use crate::store::PostgresStore;
 
 /// One side effect as the delivery function receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,11 +197,10 @@ impl OutboxDispatcher {
         let claim_id = Uuid::new_v4();
         let batch = i64::try_from(self.config.batch.max(1)).unwrap_or(i64::MAX);
         let claim = micros(self.config.claim_timeout);
-        let rows = self
-            .store
+        let rows = (self.store.inner.executor)
             .query(
                 "outbox_claim",
-                &self.store.inner.queries.outbox_claim,
+                &self.store.inner.queries.outbox.claim,
                 &[&claim_id, &batch, &claim],
             )
             .await?;
@@ -248,14 +248,13 @@ impl OutboxDispatcher {
         attempt: u32,
         outcome: Result<(), DeliveryError>,
     ) -> Result<Recorded> {
-        let queries = &self.store.inner.queries;
+        let (executor, queries) = (&self.store.inner.executor, &self.store.inner.queries.outbox);
         let (max_attempts, error) = match outcome {
             Ok(()) => {
-                let updated = self
-                    .store
+                let updated = executor
                     .execute(
                         "outbox_delivered",
-                        &queries.outbox_delivered,
+                        &queries.delivered,
                         &[&effect_id, &claim_id],
                     )
                     .await?;
@@ -264,6 +263,7 @@ impl OutboxDispatcher {
                     Recorded::LostClaim
                 } else {
                     tracing::debug!(%effect_id, attempt, "outbox effect delivered");
+                    metrics::counter!("idempotency.outbox.delivered").increment(1);
                     Recorded::Delivered
                 });
             }
@@ -277,9 +277,8 @@ impl OutboxDispatcher {
         let message = error_chain(&*error);
         let params: [&(dyn ToSql + Sync); 5] =
             [&effect_id, &claim_id, &max_attempts, &backoff, &message];
-        let rows = self
-            .store
-            .query("outbox_retry", &queries.outbox_retry, &params)
+        let rows = executor
+            .query("outbox_retry", &queries.retry, &params)
             .await?;
         let Some(row) = rows.first() else {
             return Ok(Recorded::LostClaim);
@@ -290,6 +289,7 @@ impl OutboxDispatcher {
             Ok(Recorded::Failed)
         } else {
             tracing::warn!(%effect_id, attempt, error = %message, "outbox delivery failed; will retry");
+            metrics::counter!("idempotency.outbox.retries").increment(1);
             Ok(Recorded::Retried)
         }
     }
@@ -317,11 +317,10 @@ impl OutboxDispatcher {
     pub async fn purge_delivered(&self, age: Duration, batch: usize) -> Result<usize> {
         let age = micros(age);
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        let deleted = self
-            .store
+        let deleted = (self.store.inner.executor)
             .execute(
                 "outbox_purge",
-                &self.store.inner.queries.outbox_purge,
+                &self.store.inner.queries.outbox.purge,
                 &[&age, &limit],
             )
             .await?;
@@ -357,21 +356,4 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
-}
-
-/// Enqueues `payload` under `name` for the operation, in its transaction; see
-/// [`PostgresTxGuard::enqueue`](crate::PostgresTxGuard::enqueue).
-pub(crate) async fn enqueue(
-    client: &deadpool_postgres::ClientWrapper,
-    store: &PostgresStore,
-    operation_id: OperationId,
-    scope: &str,
-    name: &str,
-    payload: &serde_json::Value,
-) -> Result<Uuid> {
-    let effect_id = operation_id.derived_key(name);
-    let operation = operation_id.as_uuid();
-    let params: [&(dyn ToSql + Sync); 5] = [&effect_id, &operation, &scope, &name, payload];
-    execute_on(client, &store.inner.queries.outbox_enqueue, &params).await?;
-    Ok(effect_id)
 }

@@ -13,8 +13,8 @@ use tower_idempotency_core::{
 };
 use uuid::Uuid;
 
-use crate::admin::{Resolution, ResolutionRecord};
-use crate::error::{corrupt, decode};
+use crate::executor::classify::{corrupt, decode};
+use crate::resolution::{Resolution, ResolutionRecord};
 
 /// A decoded operation row with the database clock it was read at.
 #[derive(Debug, Clone)]

@@ -13,27 +13,32 @@
 use std::any::Any;
 use std::fmt;
 use std::ops::Deref;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
 use tokio::sync::MappedMutexGuard;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
-    Lease, Operation, OperationId, OperationTransaction, OperationTx, Scope, Store, StoreError,
+    Lease, Operation, OperationId, OperationTransaction, OperationTx, Scope, StoreError,
     StoredResponse, TransactionAccessError,
 };
 
-use crate::error::from_pg;
+use crate::completion::{Completion, completed};
+use crate::executor::classify::{from_pg, lease_lost};
+use crate::executor::{Executor, execute_on, prepare};
 use crate::row;
-use crate::store::{Completion, PostgresStore, completed};
+use crate::sql::Queries;
 
 /// An open PostgreSQL transaction belonging to one reserved operation. The layer creates
 /// it (through [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction))
 /// and finishes it; handlers reach its connection
 /// through [`PostgresTx`].
 pub struct PostgresTransaction {
-    store: PostgresStore,
+    executor: Executor,
+    queries: Arc<Queries>,
     lease: Lease,
     /// The connection while the transaction is open; taken (and so returned to the pool)
     /// once `COMMIT` or `ROLLBACK` succeeded. Still here on drop means unfinished.
@@ -51,16 +56,21 @@ impl fmt::Debug for PostgresTransaction {
 
 impl PostgresTransaction {
     /// Checks out a connection and opens the transaction on it, within one query timeout.
-    pub(crate) async fn begin(store: &PostgresStore, lease: &Lease) -> Result<Self> {
-        store
+    pub(crate) async fn begin(
+        executor: &Executor,
+        queries: &Arc<Queries>,
+        lease: &Lease,
+    ) -> Result<Self> {
+        executor
             .bounded("begin", async {
                 // Built before `BEGIN` is sent, so that a failure, or the timeout dropping
                 // this future, drops a transaction that closes its connection instead of
                 // pooling it mid-transaction.
                 let transaction = Self {
-                    store: store.clone(),
+                    executor: executor.clone(),
+                    queries: Arc::clone(queries),
                     lease: lease.clone(),
-                    client: Some(store.client().await?),
+                    client: Some(executor.client().await?),
                 };
                 transaction
                     .connection()?
@@ -84,15 +94,12 @@ impl PostgresTransaction {
     }
 
     /// The fenced completion and `COMMIT`, pipelined in one round trip. A fenced-out
-    /// completion fails (see `Queries::complete_in_transaction`), which turns the `COMMIT`
+    /// completion fails (see `OperationQueries::complete_in_transaction`), which turns the `COMMIT`
     /// into a rollback of everything the attempt wrote.
     async fn complete_and_commit(&mut self, response: StoredResponse) -> Result<Operation> {
         let client = self.connection()?;
         let completion = Completion::new(&self.lease, &response);
-        let statement = client
-            .prepare_cached(&self.store.inner.queries.complete_in_transaction)
-            .await
-            .map_err(from_pg)?;
+        let statement = prepare(client, &self.queries.operations.complete_in_transaction).await?;
         let params = completion.params();
         // Polled in this order, each sends its messages on its first poll: the UPDATE,
         // then the COMMIT, on the one connection, which runs them in order.
@@ -111,7 +118,7 @@ impl PostgresTransaction {
                 }
                 if fenced {
                     // A retry took the operation over: nothing this attempt wrote is kept.
-                    return Err(PostgresStore::lease_lost("complete", &self.lease));
+                    return Err(lease_lost("complete", &self.lease));
                 }
                 return Err(from_pg(error));
             }
@@ -156,22 +163,26 @@ impl Drop for PostgresTransaction {
 #[async_trait]
 impl OperationTransaction for PostgresTransaction {
     async fn complete(mut self: Box<Self>, response: StoredResponse) -> Result<Operation> {
-        let store = self.store.clone();
+        let executor = self.executor.clone();
         // On an error or a timeout `self` is dropped unfinished, which closes the
         // connection: PostgreSQL rolls back whatever it had not committed.
-        store
+        executor
             .bounded("complete", self.complete_and_commit(response))
             .await
     }
 
     async fn abort(mut self: Box<Self>) -> Result<()> {
-        let store = self.store.clone();
+        let executor = self.executor.clone();
+        let queries = Arc::clone(&self.queries);
         let lease = self.lease.clone();
-        if let Err(error) = store.bounded("rollback", self.roll_back()).await {
+        if let Err(error) = executor.bounded("rollback", self.roll_back()).await {
             tracing::warn!(error = %error, "ROLLBACK failed; closing the connection instead");
         }
         drop(self);
-        store.release(&lease).await
+        // The plain release (`Store::release`), on a pooled connection.
+        executor
+            .fenced("release", &queries.operations.release, &lease, &[])
+            .await
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
@@ -228,17 +239,17 @@ impl PostgresTx {
     /// drop it before answering: the layer waits for it to commit.
     ///
     /// Fails when the layer already finished the transaction, or when the store behind the
-    /// layer is not a [`PostgresStore`].
+    /// layer is not a [`PostgresStore`](crate::PostgresStore).
     pub async fn lock(&self) -> Result<PostgresTxGuard<'_>, TransactionAccessError> {
         let transaction = self.handle.lock_as::<PostgresTransaction>().await?;
-        let store = transaction.store.clone();
+        let queries = Arc::clone(&transaction.queries);
         let operation_id = transaction.lease.operation_id;
         let scope = transaction.lease.scope.clone();
         let client = MappedMutexGuard::try_map(transaction, |t| t.client.as_deref_mut())
             .map_err(|_| TransactionAccessError::Finished)?;
         Ok(PostgresTxGuard {
             client,
-            store,
+            queries,
             operation_id,
             scope,
         })
@@ -250,7 +261,7 @@ impl PostgresTx {
 /// [`tokio_postgres::Client`]), inside the open transaction.
 pub struct PostgresTxGuard<'a> {
     client: MappedMutexGuard<'a, ClientWrapper>,
-    store: PostgresStore,
+    queries: Arc<Queries>,
     operation_id: OperationId,
     scope: Scope,
 }
@@ -281,15 +292,12 @@ impl PostgresTxGuard<'_> {
     /// crash, or a second call with the same name) keeps the one effect. Give each effect
     /// of an operation its own `name` (`"notify"`, `"charge"`, `"webhook:order-paid"`).
     pub async fn enqueue(&self, name: &str, payload: &serde_json::Value) -> Result<uuid::Uuid> {
-        crate::outbox::enqueue(
-            &self.client,
-            &self.store,
-            self.operation_id,
-            self.scope.as_str(),
-            name,
-            payload,
-        )
-        .await
+        let effect_id = self.operation_id.derived_key(name);
+        let operation = self.operation_id.as_uuid();
+        let scope = self.scope.as_str();
+        let params: [&(dyn ToSql + Sync); 5] = [&effect_id, &operation, &scope, &name, payload];
+        execute_on(&self.client, &self.queries.outbox.enqueue, &params).await?;
+        Ok(effect_id)
     }
 }
 

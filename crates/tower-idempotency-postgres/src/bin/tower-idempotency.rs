@@ -1,15 +1,19 @@
 //! `tower-idempotency`: the operator's tool for the PostgreSQL idempotency store.
 //!
 //! Applies migrations, looks operations up across scopes, lists the ones whose outcome is
-//! unknown, records an operator's resolution, and purges expired records. Arguments are
-//! parsed by hand (a handful of flags do not justify a parser dependency). Exit codes are
+//! unknown, records an operator's resolution, and purges expired records. The command line
+//! is parsed by clap (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA`
+//! as fallbacks); every value is validated before the database is touched. Exit codes are
 //! stable for scripts: 0 ok, 1 not found, 2 usage, 3 database unreachable, 4 refused,
 //! 5 other database failure.
 
 use std::io::Write;
+use std::num::NonZeroUsize;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::{Value, json};
 use tower_idempotency_core::{
     IdempotencyKey, Operation, OperationId, OperationState, Scope, Store, StoreError,
@@ -18,35 +22,151 @@ use tower_idempotency_postgres::{
     PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome,
 };
 
-const USAGE: &str = "\
-tower-idempotency — operator tool for the tower-idempotency PostgreSQL store
-
-USAGE:
-    tower-idempotency [--database-url URL] [--schema NAME] <COMMAND> [ARGS]
-
-COMMANDS:
-    migrate                          Apply pending schema migrations (safe to repeat)
-    show <operation-id>              Print an operation (any scope) and its resolution, as JSON
-    find --scope S --key K           Print the operation holding a key, as JSON
-    list [--state STATE] [--limit N] List operations; STATE is unknown (default),
-                                     in_progress or completed; N defaults to 100
-    resolve <operation-id> --as failed|completed --reason TEXT
-                                     Record a decision about an operation whose outcome is
-                                     unknown. failed: the record is removed and a retry
-                                     executes again. completed: the record becomes completed
-                                     without a stored response and is never re-run.
-    purge [--batch N]                Delete every record whose retention ended, N at a time
-                                     (default 1000)
-    help                             Print this text
-
-OPTIONS:
-    --database-url URL   Connection string (default: $DATABASE_URL)
-    --schema NAME        Schema holding the tables (default: $TOWER_IDEMPOTENCY_SCHEMA or public)
-
+/// Shown under every command's help.
+const EXIT_CODES: &str = "\
 EXIT CODES:
     0 ok, 1 not found, 2 usage error, 3 database unreachable,
-    4 refused (the operation is not in a state that allows it), 5 other database failure
-";
+    4 refused (the operation is not in a state that allows it), 5 other database failure";
+
+/// Operator tool for the tower-idempotency PostgreSQL store.
+#[derive(Debug, Parser)]
+#[command(name = "tower-idempotency", version, after_help = EXIT_CODES)]
+struct Cli {
+    /// Connection string (URL or key=value form)
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "DATABASE_URL",
+        hide_env_values = true
+    )]
+    database_url: Option<String>,
+    /// Schema holding the tables
+    #[arg(
+        long,
+        global = true,
+        value_name = "NAME",
+        env = "TOWER_IDEMPOTENCY_SCHEMA",
+        default_value = "public"
+    )]
+    schema: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply pending schema migrations (safe to repeat)
+    #[command(after_help = EXIT_CODES)]
+    Migrate,
+    /// Print an operation (any scope) and its resolution, as JSON
+    #[command(after_help = EXIT_CODES)]
+    Show {
+        /// The operation id (a UUID)
+        #[arg(value_parser = operation_id)]
+        operation_id: OperationId,
+    },
+    /// Print the operation holding a key, as JSON
+    #[command(after_help = EXIT_CODES)]
+    Find {
+        /// The scope (account, tenant) the key belongs to
+        #[arg(long, value_name = "S")]
+        scope: String,
+        /// The Idempotency-Key
+        #[arg(long, value_name = "K", value_parser = key)]
+        key: IdempotencyKey,
+    },
+    /// List operations in one state, across scopes, as tab-separated lines
+    #[command(after_help = EXIT_CODES)]
+    List {
+        /// unknown, in_progress or completed
+        #[arg(long, default_value = "unknown", value_parser = state)]
+        state: OperationState,
+        /// Most operations listed
+        #[arg(long, value_name = "N", default_value = "100", value_parser = positive)]
+        limit: NonZeroUsize,
+    },
+    /// Record a decision about an operation whose outcome is unknown.
+    ///
+    /// failed: the record is removed and a retry executes again. completed: the record
+    /// becomes completed without a stored response and is never re-run.
+    #[command(after_help = EXIT_CODES)]
+    Resolve {
+        /// The operation id (a UUID)
+        #[arg(value_parser = operation_id)]
+        operation_id: OperationId,
+        /// The decision
+        #[arg(long = "as", value_name = "failed|completed", value_parser = resolution)]
+        resolution: Resolution,
+        /// Why (kept with the decision); must not be blank
+        #[arg(long, value_name = "TEXT", value_parser = reason)]
+        reason: String,
+    },
+    /// Delete every record whose retention ended, N at a time
+    #[command(after_help = EXIT_CODES)]
+    Purge {
+        /// Records deleted per statement
+        #[arg(long, value_name = "N", default_value = "1000", value_parser = positive)]
+        batch: NonZeroUsize,
+    },
+}
+
+/// Where the database is, with the fallbacks applied.
+#[derive(Debug)]
+struct Target {
+    /// `None`: neither `--database-url` nor a non-blank `DATABASE_URL`.
+    url: Option<String>,
+    schema: String,
+}
+
+impl Target {
+    /// Reads the global options. A blank `DATABASE_URL` counts as unset and a blank
+    /// `TOWER_IDEMPOTENCY_SCHEMA` as `public`; the flags are taken as given.
+    fn new(cli: &Cli, matches: &ArgMatches) -> Self {
+        let from_env = |id: &str| matches.value_source(id) == Some(ValueSource::EnvVariable);
+        let url = match &cli.database_url {
+            Some(url) if from_env("database_url") && url.trim().is_empty() => None,
+            url => url.clone(),
+        };
+        let schema = if from_env("schema") && cli.schema.is_empty() {
+            "public".to_owned()
+        } else {
+            cli.schema.clone()
+        };
+        Self { url, schema }
+    }
+}
+
+fn operation_id(text: &str) -> Result<OperationId, String> {
+    text.parse()
+        .map_err(|_| format!("`{text}` is not an operation id (a UUID)"))
+}
+
+fn key(text: &str) -> Result<IdempotencyKey, String> {
+    IdempotencyKey::new(text).map_err(|err| err.to_string())
+}
+
+fn state(text: &str) -> Result<OperationState, String> {
+    text.parse::<OperationState>()
+        .map_err(|err| err.to_string())
+}
+
+fn resolution(text: &str) -> Result<Resolution, String> {
+    text.parse::<Resolution>().map_err(|err| err.to_string())
+}
+
+fn positive(text: &str) -> Result<NonZeroUsize, String> {
+    text.parse()
+        .map_err(|_| format!("must be a positive number, got `{text}`"))
+}
+
+fn reason(text: &str) -> Result<String, String> {
+    let reason = text.trim();
+    if reason.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    Ok(reason.to_owned())
+}
 
 /// How the tool ends, mapped onto the documented exit codes.
 #[derive(Debug)]
@@ -100,109 +220,6 @@ impl From<StoreError> for Failure {
             _ => Self::Database(text),
         }
     }
-}
-
-/// The command line split into positionals and `--name value` options.
-#[derive(Debug, Default)]
-struct Args {
-    positional: Vec<String>,
-    options: Vec<(String, String)>,
-    help: bool,
-}
-
-const VALUE_OPTIONS: &[&str] = &[
-    "database-url",
-    "schema",
-    "scope",
-    "key",
-    "state",
-    "limit",
-    "as",
-    "reason",
-    "batch",
-];
-
-impl Args {
-    fn parse(raw: impl IntoIterator<Item = String>) -> Result<Self, Failure> {
-        let mut args = Self::default();
-        let mut raw = raw.into_iter();
-        while let Some(arg) = raw.next() {
-            if arg == "-h" || arg == "--help" {
-                args.help = true;
-            } else if arg == "--" {
-                args.positional.extend(raw.by_ref());
-            } else if let Some(option) = arg.strip_prefix("--") {
-                let (name, inline) = match option.split_once('=') {
-                    Some((name, value)) => (name, Some(value.to_owned())),
-                    None => (option, None),
-                };
-                if !VALUE_OPTIONS.contains(&name) {
-                    return Err(Failure::Usage(format!("unknown option --{name}")));
-                }
-                let value = match inline {
-                    Some(value) => value,
-                    None => raw
-                        .next()
-                        .ok_or_else(|| Failure::Usage(format!("--{name} needs a value")))?,
-                };
-                if args.options.iter().any(|(n, _)| n == name) {
-                    return Err(Failure::Usage(format!("--{name} given twice")));
-                }
-                args.options.push((name.to_owned(), value));
-            } else {
-                args.positional.push(arg);
-            }
-        }
-        Ok(args)
-    }
-
-    fn option(&self, name: &str) -> Option<&str> {
-        self.options
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn required(&self, name: &str) -> Result<&str, Failure> {
-        self.option(name)
-            .ok_or_else(|| Failure::Usage(format!("--{name} is required")))
-    }
-
-    /// Refuses options the command does not take and extra positionals.
-    fn expect(&self, command: &str, options: &[&str], positionals: usize) -> Result<(), Failure> {
-        for (name, _) in &self.options {
-            if name != "database-url" && name != "schema" && !options.contains(&name.as_str()) {
-                return Err(Failure::Usage(format!(
-                    "`{command}` does not take --{name}"
-                )));
-            }
-        }
-        // The first positional is the command itself.
-        if self.positional.len() != positionals + 1 {
-            return Err(Failure::Usage(format!(
-                "`{command}` takes {positionals} argument(s), got {}",
-                self.positional.len() - 1
-            )));
-        }
-        Ok(())
-    }
-
-    fn number(&self, name: &str, default: usize) -> Result<usize, Failure> {
-        match self.option(name) {
-            None => Ok(default),
-            Some(text) => match text.parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(Failure::Usage(format!(
-                    "--{name} must be a positive number, got `{text}`"
-                ))),
-            },
-        }
-    }
-}
-
-fn operation_id(text: &str) -> Result<OperationId, Failure> {
-    text.parse()
-        .map_err(|_| Failure::Usage(format!("`{text}` is not an operation id (a UUID)")))
 }
 
 fn time(at: SystemTime) -> String {
@@ -260,153 +277,123 @@ fn print(value: &Value) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn run(args: Args) -> Result<(), Failure> {
-    let Some(command) = args.positional.first().cloned() else {
-        return Err(Failure::Usage("no command given".to_owned()));
-    };
-    if command == "help" {
-        print!("{USAGE}");
-        return Ok(());
-    }
-    if !["migrate", "show", "find", "list", "resolve", "purge"].contains(&command.as_str()) {
-        return Err(Failure::Usage(format!("unknown command `{command}`")));
-    }
-    // Validate the command line completely before touching the database.
-    match command.as_str() {
-        "migrate" => args.expect("migrate", &[], 0)?,
-        "show" => args.expect("show", &[], 1)?,
-        "find" => args.expect("find", &["scope", "key"], 0)?,
-        "list" => args.expect("list", &["state", "limit"], 0)?,
-        "resolve" => args.expect("resolve", &["as", "reason"], 1)?,
-        _ => args.expect("purge", &["batch"], 0)?,
-    }
-    let store = connect(&args)?;
-    match command.as_str() {
-        "migrate" => {
-            let applied = store.migrate().await?;
-            if applied.is_empty() {
-                println!("schema `{}` is up to date", store.schema());
-            } else {
-                println!(
-                    "applied migrations {applied:?} to schema `{}`",
-                    store.schema()
-                );
-            }
-            Ok(())
-        }
-        "show" => {
-            let id = operation_id(&args.positional[1])?;
-            let operation = store.find_operation(id).await?;
-            let resolution = store.find_resolution(id).await?;
-            if operation.is_none() && resolution.is_none() {
-                return Err(Failure::NotFound(format!("no operation {id}")));
-            }
-            print(&json!({
-                "operation": operation.as_ref().map(operation_json),
-                "resolution": resolution.as_ref().map(resolution_json),
-            }))
-        }
-        "find" => {
-            let scope = Scope::new(args.required("scope")?);
-            let key = IdempotencyKey::new(args.required("key")?)
-                .map_err(|err| Failure::Usage(format!("invalid --key: {err}")))?;
-            let Some(operation) = store.get(&scope, &key).await? else {
-                return Err(Failure::NotFound(format!(
-                    "no operation holds key `{key}` in scope `{scope}`"
-                )));
-            };
-            let resolution = store.find_resolution(operation.id).await?;
-            print(&json!({
-                "operation": operation_json(&operation),
-                "resolution": resolution.as_ref().map(resolution_json),
-            }))
-        }
-        "list" => {
-            let state: OperationState = args
-                .option("state")
-                .unwrap_or("unknown")
-                .parse()
-                .map_err(|err| Failure::Usage(format!("--state: {err}")))?;
-            let limit = args.number("limit", 100)?;
-            let operations = store.list_operations(state, limit).await?;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(
-                out,
-                "operation_id\tstate\tscope\tkey\tmethod\troute\tattempts\tcreated_at"
-            );
-            for op in &operations {
-                let _ = writeln!(
-                    out,
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    op.id,
-                    op.state,
-                    op.scope,
-                    op.key,
-                    op.method,
-                    op.route,
-                    op.attempts,
-                    time(op.created_at)
-                );
-            }
-            eprintln!("{} {state} operation(s)", operations.len());
-            Ok(())
-        }
-        "resolve" => {
-            let id = operation_id(&args.positional[1])?;
-            let resolution: Resolution = args
-                .required("as")?
-                .parse()
-                .map_err(|err| Failure::Usage(format!("--as: {err}")))?;
-            let reason = args.required("reason")?.trim();
-            if reason.is_empty() {
-                return Err(Failure::Usage("--reason must not be empty".to_owned()));
-            }
-            match store.resolve(id, resolution, reason).await? {
-                ResolveOutcome::Resolved(record) => {
-                    print(&json!({ "resolution": resolution_json(&record) }))
-                }
-                ResolveOutcome::NotFound => Err(Failure::NotFound(format!("no operation {id}"))),
-                ResolveOutcome::NotUnknown(operation) => Err(Failure::Refused(format!(
-                    "operation {id} is {}, not unknown: only operations whose outcome is unknown can be resolved",
-                    operation.state
-                ))),
-            }
-        }
-        _ => {
-            let batch = args.number("batch", 1000)?;
-            let mut total = 0usize;
-            loop {
-                let purged = store.purge_expired(batch).await?;
-                total += purged;
-                if purged < batch {
-                    break;
-                }
-            }
-            println!("purged {total} expired record(s)");
-            Ok(())
-        }
+async fn run(command: Command, store: PostgresStore) -> Result<(), Failure> {
+    match command {
+        Command::Migrate => migrate(&store).await,
+        Command::Show { operation_id } => show(&store, operation_id).await,
+        Command::Find { scope, key } => find(&store, Scope::new(scope), key).await,
+        Command::List { state, limit } => list(&store, state, limit.get()).await,
+        Command::Resolve {
+            operation_id,
+            resolution,
+            reason,
+        } => resolve(&store, operation_id, resolution, &reason).await,
+        Command::Purge { batch } => purge(&store, batch.get()).await,
     }
 }
 
-fn connect(args: &Args) -> Result<PostgresStore, Failure> {
-    let url = match args.option("database-url") {
-        Some(url) => url.to_owned(),
-        None => std::env::var("DATABASE_URL")
-            .ok()
-            .filter(|url| !url.trim().is_empty())
-            .ok_or_else(|| {
-                Failure::Usage("no database: pass --database-url or set DATABASE_URL".to_owned())
-            })?,
+async fn migrate(store: &PostgresStore) -> Result<(), Failure> {
+    let applied = store.migrate().await?;
+    if applied.is_empty() {
+        println!("schema `{}` is up to date", store.schema());
+    } else {
+        println!(
+            "applied migrations {applied:?} to schema `{}`",
+            store.schema()
+        );
+    }
+    Ok(())
+}
+
+async fn show(store: &PostgresStore, id: OperationId) -> Result<(), Failure> {
+    let operation = store.find_operation(id).await?;
+    let resolution = store.find_resolution(id).await?;
+    if operation.is_none() && resolution.is_none() {
+        return Err(Failure::NotFound(format!("no operation {id}")));
+    }
+    print(&json!({
+        "operation": operation.as_ref().map(operation_json),
+        "resolution": resolution.as_ref().map(resolution_json),
+    }))
+}
+
+async fn find(store: &PostgresStore, scope: Scope, key: IdempotencyKey) -> Result<(), Failure> {
+    let Some(operation) = store.get(&scope, &key).await? else {
+        return Err(Failure::NotFound(format!(
+            "no operation holds key `{key}` in scope `{scope}`"
+        )));
     };
-    let schema = match args.option("schema") {
-        Some(schema) => schema.to_owned(),
-        None => std::env::var("TOWER_IDEMPOTENCY_SCHEMA")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "public".to_owned()),
-    };
+    let resolution = store.find_resolution(operation.id).await?;
+    print(&json!({
+        "operation": operation_json(&operation),
+        "resolution": resolution.as_ref().map(resolution_json),
+    }))
+}
+
+async fn list(store: &PostgresStore, state: OperationState, limit: usize) -> Result<(), Failure> {
+    let operations = store.list_operations(state, limit).await?;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "operation_id\tstate\tscope\tkey\tmethod\troute\tattempts\tcreated_at"
+    );
+    for op in &operations {
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            op.id,
+            op.state,
+            op.scope,
+            op.key,
+            op.method,
+            op.route,
+            op.attempts,
+            time(op.created_at)
+        );
+    }
+    eprintln!("{} {state} operation(s)", operations.len());
+    Ok(())
+}
+
+async fn resolve(
+    store: &PostgresStore,
+    id: OperationId,
+    resolution: Resolution,
+    reason: &str,
+) -> Result<(), Failure> {
+    match store.resolve(id, resolution, reason).await? {
+        ResolveOutcome::Resolved(record) => {
+            print(&json!({ "resolution": resolution_json(&record) }))
+        }
+        ResolveOutcome::NotFound => Err(Failure::NotFound(format!("no operation {id}"))),
+        ResolveOutcome::NotUnknown(operation) => Err(Failure::Refused(format!(
+            "operation {id} is {}, not unknown: only operations whose outcome is unknown can be resolved",
+            operation.state
+        ))),
+    }
+}
+
+async fn purge(store: &PostgresStore, batch: usize) -> Result<(), Failure> {
+    let mut total = 0usize;
+    loop {
+        let purged = store.purge_expired(batch).await?;
+        total += purged;
+        if purged < batch {
+            break;
+        }
+    }
+    println!("purged {total} expired record(s)");
+    Ok(())
+}
+
+/// The store described by `target`, for a short-lived tool: a small pool and a long query
+/// timeout (a purge or a listing may take a while). Opens no connection yet.
+fn connect(target: Target) -> Result<PostgresStore, Failure> {
+    let url = target.url.ok_or_else(|| {
+        Failure::Usage("no database: pass --database-url or set DATABASE_URL".to_owned())
+    })?;
     let config = PostgresStoreConfig {
-        schema,
+        schema: target.schema,
         max_connections: 2,
         connect_timeout: Duration::from_secs(5),
         wait_timeout: Duration::from_secs(5),
@@ -424,14 +411,14 @@ fn connect(args: &Args) -> Result<PostgresStore, Failure> {
 }
 
 fn main() -> ExitCode {
-    let args = match Args::parse(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(failure) => return fail(&failure),
+    // A command line clap refuses is reported by clap (stderr, exit 2); `--help` and
+    // `--version` print to stdout and exit 0.
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
     };
-    if args.help {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
+    let target = Target::new(&cli, &matches);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -443,7 +430,8 @@ fn main() -> ExitCode {
             )));
         }
     };
-    match runtime.block_on(run(args)) {
+    let outcome = runtime.block_on(async { run(cli.command, connect(target)?).await });
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => fail(&failure),
     }
@@ -452,7 +440,7 @@ fn main() -> ExitCode {
 fn fail(failure: &Failure) -> ExitCode {
     eprintln!("tower-idempotency: {}", failure.message());
     if matches!(failure, Failure::Usage(_)) {
-        eprintln!("run `tower-idempotency help` for usage");
+        eprintln!("run `tower-idempotency --help` for usage");
     }
     ExitCode::from(failure.code())
 }

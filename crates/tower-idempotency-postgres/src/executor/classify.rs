@@ -6,8 +6,8 @@
 //! a server shutting down, a timeout) maps there. Everything else — a constraint the store
 //! did not expect, a missing table — is [`StoreError::Backend`].
 
-use tower_idempotency_core::StoreError;
 use tower_idempotency_core::store::BoxError;
+use tower_idempotency_core::{Lease, StoreError};
 
 /// SQLSTATE classes and codes that mean the server cannot serve us now.
 fn is_unavailable_code(code: &str) -> bool {
@@ -79,6 +79,19 @@ pub(crate) fn decode(error: tokio_postgres::Error) -> StoreError {
 /// A row that the store's own schema should never produce.
 pub(crate) fn corrupt(what: String) -> StoreError {
     StoreError::Backend(what.into())
+}
+
+/// A fenced write that touched no row: the caller's lease is not current.
+pub(crate) fn lease_lost(what: &'static str, lease: &Lease) -> StoreError {
+    tracing::warn!(
+        operation_id = %lease.operation_id,
+        scope = %lease.scope,
+        action = what,
+        "idempotency lease lost: the operation was taken over, resolved or released; refusing the stale worker"
+    );
+    StoreError::LeaseLost {
+        operation_id: lease.operation_id,
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,67 @@
+//! A completion's bind values and result, shared by the plain completion (one pooled
+//! statement) and the transactional one (inside the operation's transaction, before its
+//! `COMMIT`).
+
+use tokio_postgres::types::ToSql;
+use tower_idempotency_core::{Lease, Operation, StoredResponse};
+
+use crate::row::OperationRow;
+
+/// The bind values of the fenced completion statement (`OperationQueries::complete`), shared by the
+/// plain completion and the transactional one.
+pub(crate) struct Completion<'a> {
+    scope: &'a str,
+    key: &'a str,
+    operation_id: uuid::Uuid,
+    lease_id: uuid::Uuid,
+    status: i32,
+    names: Vec<&'a str>,
+    values: Vec<&'a [u8]>,
+    body: Option<&'a [u8]>,
+}
+
+impl<'a> Completion<'a> {
+    pub(crate) fn new(lease: &'a Lease, response: &'a StoredResponse) -> Self {
+        Self {
+            scope: lease.scope.as_str(),
+            key: lease.key.as_str(),
+            operation_id: lease.operation_id.as_uuid(),
+            lease_id: lease.lease_id.as_uuid(),
+            status: i32::from(response.status),
+            names: response
+                .headers
+                .iter()
+                .map(|(name, _)| name.as_str())
+                .collect(),
+            values: response
+                .headers
+                .iter()
+                .map(|(_, value)| value.as_ref())
+                .collect(),
+            body: response.body.as_deref(),
+        }
+    }
+
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+        [
+            &self.scope,
+            &self.key,
+            &self.operation_id,
+            &self.lease_id,
+            &self.status,
+            &self.names,
+            &self.values,
+            &self.body,
+        ]
+    }
+}
+
+/// The operation a completion statement returned, with the response it stored: the
+/// statement leaves the headers and body out of its result (`COMPLETED_COLUMNS` in `sql`)
+/// rather than send back what the caller just sent.
+pub(crate) fn completed(row: OperationRow, response: StoredResponse) -> Operation {
+    Operation {
+        response: Some(response),
+        ..row.operation
+    }
+}

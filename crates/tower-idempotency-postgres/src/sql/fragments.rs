@@ -1,0 +1,57 @@
+//! Column lists and row predicates shared by several statements, spelled once so that
+//! "expired" and "lapsed" mean exactly the same thing in reserve, read and purge.
+
+/// The column list of [`COLUMNS`] with `$response` in place of the stored headers and body.
+/// A macro so that both lists below are built from one text at compile time.
+macro_rules! columns {
+    ($response:literal) => {
+        concat!(
+            "operation_id, scope, idempotency_key, fingerprint, method, route, state, \
+             attempts, created_at, completed_at, lease_id, lease_expires_at, expires_at, \
+             (extract(epoch FROM retention) * 1000000)::bigint AS retention_us, response_status, ",
+            $response,
+            ", delivered, replays, now() AS db_now"
+        )
+    };
+}
+
+/// The columns every read returns, decoded by [`crate::row`]. `db_now` is the database clock
+/// at the time of the statement, used to tell a lapsed lease from a live one.
+///
+/// `retention` stays an `interval` in the table (the statements add it to `now()`) and is
+/// converted to microseconds here because tokio-postgres has no `interval` decoder. The
+/// conversion is not worth avoiding: measured on PostgreSQL 15, it adds about 0.15 µs per
+/// row (1,000,000 rows: 65–81 ms → 216–234 ms), against the tens of microseconds a
+/// one-row statement takes before its round trip.
+pub(super) const COLUMNS: &str =
+    columns!("response_header_names, response_header_values, response_body");
+
+/// [`COLUMNS`] for a completion, without the stored headers and body: the caller sent them
+/// in the same statement and fills them in, so a large body does not travel back.
+pub(super) const COMPLETED_COLUMNS: &str = columns!(
+    "NULL::text[] AS response_header_names, NULL::bytea[] AS response_header_values, \
+     NULL::bytea AS response_body"
+);
+
+/// The row's retention has ended and nothing holds it: it is as good as absent (purge will
+/// delete it; a new reservation replaces it). An in-progress row never qualifies while its
+/// lease is live.
+pub(super) const EXPIRED: &str =
+    "(o.expires_at <= now() AND (o.state <> 'in_progress' OR o.lease_expires_at <= now()))";
+
+/// The row is `in_progress` but its lease ran out: its outcome is unknown. A macro so that
+/// [`UNKNOWN`] is built from the same text at compile time.
+macro_rules! lapsed {
+    () => {
+        "(o.state = 'in_progress' AND o.lease_expires_at <= now())"
+    };
+}
+pub(super) const LAPSED: &str = lapsed!();
+
+/// The row is unknown: marked so, or its lease lapsed.
+pub(super) const UNKNOWN: &str = concat!("(o.state = 'unknown' OR ", lapsed!(), ")");
+
+/// A microsecond count parameter as an interval.
+pub(super) fn micros(param: &str) -> String {
+    format!("({param}::bigint * interval '1 microsecond')")
+}
