@@ -201,27 +201,7 @@ fn main() -> ExitCode {
 /// Runs the soak; `Ok(false)` when an invariant was violated.
 async fn soak(o: Options) -> Result<bool, String> {
     let run = format!("chaos{:08x}", o.seed as u32 ^ (o.seed >> 32) as u32);
-    println!(
-        "chaos soak: seed {} ({run}), duration {}, {} instances, {} clients, {} accounts",
-        o.seed,
-        humantime::format_duration(o.duration),
-        o.instances,
-        o.clients,
-        o.accounts
-    );
-    println!(
-        "faults: kill -9 every ~{}, freeze every ~{}, sessions severed every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped, {:.0}% hedged; \
-         demo: handler delay {} ms, lease {} ms, wait {} ms",
-        humantime::format_duration(o.kill_every),
-        humantime::format_duration(o.pause_every),
-        humantime::format_duration(o.sever_every),
-        humantime::format_duration(o.pg_restart_every),
-        o.drop_rate * 100.0,
-        o.hedge_rate * 100.0,
-        o.handler_delay_ms,
-        o.lease_ms,
-        o.wait_ms
-    );
+    print_plan(&o, &run);
     let cluster = tokio::task::spawn_blocking(pg::TestCluster::launch)
         .await
         .map(Arc::new)
@@ -230,24 +210,7 @@ async fn soak(o: Options) -> Result<bool, String> {
     let url = database.url().to_owned();
     let log_dir = std::env::temp_dir().join(format!("chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).map_err(|e| format!("{}: {e}", log_dir.display()))?;
-    let mut demo_args = vec![
-        "--database-url".to_owned(),
-        url.clone(),
-        "--handler-delay-ms".to_owned(),
-        o.handler_delay_ms.to_string(),
-        "--lease-ms".to_owned(),
-        o.lease_ms.to_string(),
-        "--wait-ms".to_owned(),
-        o.wait_ms.to_string(),
-    ];
-    if o.non_transactional {
-        println!("non-transactional: the demo writes tickets and payments in autocommit");
-        demo_args.push("--non-transactional".to_owned());
-    }
-    if o.unguarded {
-        println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
-        demo_args.push("--no-idempotency".to_owned());
-    }
+    let demo_args = demo_args(&o, &url);
     let fleet = Arc::new(Fleet::new(o.instances, demo_args, log_dir.clone())?);
     fleet.start_all().await?;
     println!(
@@ -259,15 +222,7 @@ async fn soak(o: Options) -> Result<bool, String> {
     let stats = Arc::new(Stats::default());
     let accounts: Arc<Vec<String>> =
         Arc::new((0..o.accounts).map(|i| format!("{run}-acct{i}")).collect());
-    let behaviour = Behaviour {
-        bases: Arc::new(fleet.bases()),
-        drop_rate: o.drop_rate,
-        drop_window: Duration::from_millis(o.handler_delay_ms + 100),
-        probe_rate: o.probe_rate,
-        hedge_rate: o.hedge_rate,
-        restart_rate: o.restart_rate,
-        max_attempts: o.max_attempts,
-    };
+    let behaviour = behaviour(&o, fleet.bases());
 
     // The storm.
     let started = Instant::now();
@@ -282,44 +237,15 @@ async fn soak(o: Options) -> Result<bool, String> {
             tokio::spawn(client::run(client, i, run.clone(), accounts.clone(), end))
         })
         .collect();
-    let kills = tokio::spawn(faults::kill_loop(
-        fleet.clone(),
-        stats.clone(),
-        Rng::new(o.seed, 1001),
-        o.kill_every,
-        end,
-    ));
-    let restarts = tokio::spawn(faults::pg_restart_loop(
-        cluster.clone(),
-        stats.clone(),
-        Rng::new(o.seed, 1002),
-        o.pg_restart_every,
-        end,
-    ));
-    let pauses = tokio::spawn(faults::pause_loop(
-        fleet.clone(),
-        stats.clone(),
-        Rng::new(o.seed, 1003),
-        o.pause_every,
-        Duration::from_millis(o.lease_ms),
-        end,
-    ));
-    let severs = tokio::spawn(faults::sever_loop(
-        url.clone(),
-        stats.clone(),
-        Rng::new(o.seed, 1004),
-        o.sever_every,
-        end,
-    ));
+    let faults = spawn_faults(&o, &fleet, &cluster, &url, &stats, end);
     let progress = tokio::spawn(report_progress(stats.clone(), started));
     let mut intents: Vec<Intent> = Vec::new();
     for client in clients {
         intents.extend(client.await.map_err(|e| format!("a client failed: {e}"))?);
     }
-    kills.await.map_err(|e| e.to_string())??;
-    restarts.await.map_err(|e| e.to_string())??;
-    pauses.await.map_err(|e| e.to_string())??;
-    severs.await.map_err(|e| e.to_string())??;
+    for fault in faults {
+        fault.await.map_err(|e| e.to_string())??;
+    }
     progress.abort();
     println!(
         "storm over after {:.0?}: {} intents; settling",
@@ -350,6 +276,109 @@ async fn soak(o: Options) -> Result<bool, String> {
         let _ = std::fs::remove_dir_all(&log_dir);
     }
     Ok(ok)
+}
+
+/// Prints the run's seed, size and fault plan.
+fn print_plan(o: &Options, run: &str) {
+    println!(
+        "chaos soak: seed {} ({run}), duration {}, {} instances, {} clients, {} accounts",
+        o.seed,
+        humantime::format_duration(o.duration),
+        o.instances,
+        o.clients,
+        o.accounts
+    );
+    println!(
+        "faults: kill -9 every ~{}, freeze every ~{}, sessions severed every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped, {:.0}% hedged; \
+         demo: handler delay {} ms, lease {} ms, wait {} ms",
+        humantime::format_duration(o.kill_every),
+        humantime::format_duration(o.pause_every),
+        humantime::format_duration(o.sever_every),
+        humantime::format_duration(o.pg_restart_every),
+        o.drop_rate * 100.0,
+        o.hedge_rate * 100.0,
+        o.handler_delay_ms,
+        o.lease_ms,
+        o.wait_ms
+    );
+}
+
+/// The demo flags of every instance.
+fn demo_args(o: &Options, url: &str) -> Vec<String> {
+    let mut demo_args = vec![
+        "--database-url".to_owned(),
+        url.to_owned(),
+        "--handler-delay-ms".to_owned(),
+        o.handler_delay_ms.to_string(),
+        "--lease-ms".to_owned(),
+        o.lease_ms.to_string(),
+        "--wait-ms".to_owned(),
+        o.wait_ms.to_string(),
+    ];
+    if o.non_transactional {
+        println!("non-transactional: the demo writes tickets and payments in autocommit");
+        demo_args.push("--non-transactional".to_owned());
+    }
+    if o.unguarded {
+        println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
+        demo_args.push("--no-idempotency".to_owned());
+    }
+    demo_args
+}
+
+/// How every client behaves towards the instances at `bases`.
+fn behaviour(o: &Options, bases: Vec<String>) -> Behaviour {
+    Behaviour {
+        bases: Arc::new(bases),
+        drop_rate: o.drop_rate,
+        drop_window: Duration::from_millis(o.handler_delay_ms + 100),
+        probe_rate: o.probe_rate,
+        hedge_rate: o.hedge_rate,
+        restart_rate: o.restart_rate,
+        max_attempts: o.max_attempts,
+    }
+}
+
+/// The fault loops of the storm, each ending at `end`; awaited in this order.
+fn spawn_faults(
+    o: &Options,
+    fleet: &Arc<Fleet>,
+    cluster: &Arc<pg::TestCluster>,
+    url: &str,
+    stats: &Arc<Stats>,
+    end: Instant,
+) -> Vec<tokio::task::JoinHandle<Result<(), String>>> {
+    vec![
+        tokio::spawn(faults::kill_loop(
+            fleet.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1001),
+            o.kill_every,
+            end,
+        )),
+        tokio::spawn(faults::pg_restart_loop(
+            cluster.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1002),
+            o.pg_restart_every,
+            end,
+        )),
+        tokio::spawn(faults::pause_loop(
+            fleet.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1003),
+            o.pause_every,
+            Duration::from_millis(o.lease_ms),
+            end,
+        )),
+        tokio::spawn(faults::sever_loop(
+            url.to_owned(),
+            stats.clone(),
+            Rng::new(o.seed, 1004),
+            o.sever_every,
+            end,
+        )),
+    ]
 }
 
 /// Retries every open intent (no faults now) and replays every acknowledged one, spread
@@ -424,12 +453,12 @@ async fn report_progress(stats: Arc<Stats>, started: Instant) {
     }
 }
 
-/// Prints the result table; `true` when every invariant holds.
 /// One line of the result table: the measure, its value, and a verdict or detail.
-fn row(label: &str, value: impl ToString, note: impl Into<String>) -> (String, String, String) {
+fn row(label: &str, value: impl ToString, note: impl Into<String>) -> Row {
     (label.to_owned(), value.to_string(), note.into())
 }
 
+/// Prints the result table and the verdict; `true` when every invariant holds.
 fn print_table(
     o: &Options,
     intents: &[Intent],
@@ -437,23 +466,80 @@ fn print_table(
     stats: &Stats,
     open_before_settle: usize,
 ) -> bool {
-    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let mut rows = outcome_rows(intents, found, stats, open_before_settle);
+    rows.extend(check_rows(intents, found, stats));
+    rows.extend(fault_rows(found, stats));
+    let notes_match = notifications_match(found);
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    println!();
+    println!(
+        "chaos soak result (seed {}, {})",
+        o.seed,
+        humantime::format_duration(o.duration)
+    );
+    println!(
+        "| {:width$} | {:>value_width$} | verdict / detail |",
+        "measure", "value"
+    );
+    println!(
+        "|{}|{}:|---|",
+        "-".repeat(width + 2),
+        "-".repeat(value_width + 1)
+    );
+    for (label, value, note) in &rows {
+        println!("| {label:width$} | {value:>value_width$} | {note} |");
+    }
+    let ok = found.violations.is_empty()
+        && found.duplicates == 0
+        && found.ack_missing == 0
+        && found.differing == 0
+        && found.probe_effects == 0
+        && notes_match
+        && found.api_mismatches == 0
+        && found.status_disagreements == 0;
+    if ok {
+        println!("\nall invariants hold");
+    } else {
+        println!("\nVIOLATIONS ({}):", found.violations.len());
+        for violation in found.violations.iter().take(50) {
+            println!("  - {violation}");
+        }
+    }
+    ok
+}
+
+type Row = (String, String, String);
+
+fn n(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+fn must_zero(v: u64) -> &'static str {
+    if v == 0 {
+        "ok (must be 0)"
+    } else {
+        "VIOLATION (must be 0)"
+    }
+}
+
+fn notifications_match(found: &check::Findings) -> bool {
+    found.notification_mismatches == 0 && found.notifications == found.tickets
+}
+
+/// What was attempted, acknowledged and found, and the three effect invariants.
+fn outcome_rows(
+    intents: &[Intent],
+    found: &check::Findings,
+    stats: &Stats,
+    open_before_settle: usize,
+) -> Vec<Row> {
     let tickets = intents
         .iter()
         .filter(|i| i.kind == client::Kind::Ticket)
         .count();
     let acked = intents.iter().filter(|i| i.ack.is_some()).count();
-    let unknown = intents.iter().filter(|i| i.unknown).count();
-    let unanswered = intents.iter().filter(|i| i.open()).count();
-    let must_zero = |v: u64| {
-        if v == 0 {
-            "ok (must be 0)"
-        } else {
-            "VIOLATION (must be 0)"
-        }
-    };
-    let notes_match = found.notification_mismatches == 0 && found.notifications == found.tickets;
-    let rows = vec![
+    vec![
         row(
             "operations attempted (intents)",
             intents.len(),
@@ -492,6 +578,16 @@ fn print_table(
             found.differing,
             must_zero(found.differing),
         ),
+    ]
+}
+
+/// Changed-payload reuses, notifications, the status route, the listings and the
+/// outcomes left unknown.
+fn check_rows(intents: &[Intent], found: &check::Findings, stats: &Stats) -> Vec<Row> {
+    let unknown = intents.iter().filter(|i| i.unknown).count();
+    let unanswered = intents.iter().filter(|i| i.open()).count();
+    let notes_match = notifications_match(found);
+    vec![
         row(
             "changed-payload reuses",
             format!(
@@ -532,6 +628,12 @@ fn print_table(
             unknown + unanswered,
             format!("{unknown} outcome-unknown, {unanswered} unanswered after settling"),
         ),
+    ]
+}
+
+/// The faults injected, the answers they caused, and the final state of the tables.
+fn fault_rows(found: &check::Findings, stats: &Stats) -> Vec<Row> {
+    vec![
         row("faults: kill -9 of an instance", n(&stats.kills), ""),
         row(
             "faults: instance frozen past its lease",
@@ -573,44 +675,7 @@ fn print_table(
             "",
         ),
         row("outbox rows by state", format!("{:?}", found.outbox), ""),
-    ];
-    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
-    println!();
-    println!(
-        "chaos soak result (seed {}, {})",
-        o.seed,
-        humantime::format_duration(o.duration)
-    );
-    println!(
-        "| {:width$} | {:>value_width$} | verdict / detail |",
-        "measure", "value"
-    );
-    println!(
-        "|{}|{}:|---|",
-        "-".repeat(width + 2),
-        "-".repeat(value_width + 1)
-    );
-    for (label, value, note) in &rows {
-        println!("| {label:width$} | {value:>value_width$} | {note} |");
-    }
-    let ok = found.violations.is_empty()
-        && found.duplicates == 0
-        && found.ack_missing == 0
-        && found.differing == 0
-        && found.probe_effects == 0
-        && notes_match
-        && found.api_mismatches == 0
-        && found.status_disagreements == 0;
-    if ok {
-        println!("\nall invariants hold");
-    } else {
-        println!("\nVIOLATIONS ({}):", found.violations.len());
-        for violation in found.violations.iter().take(50) {
-            println!("  - {violation}");
-        }
-    }
-    ok
+    ]
 }
 
 #[cfg(test)]
