@@ -1,5 +1,5 @@
 //! The `demo` binary's process contract: it prints `listening on http://ADDR` once it
-//! accepts connections, serves `/healthz`, and exits 0 on SIGTERM.
+//! accepts connections, serves `/healthz` and `/metrics`, and exits 0 on SIGTERM.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -55,6 +55,12 @@ async fn prints_its_address_serves_and_stops_on_sigterm() {
         .await
         .unwrap();
     assert_eq!(anonymous.status(), 401);
+    let metrics = client.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status(), 200, "/metrics needs no authentication");
+    assert_eq!(
+        metrics.headers()["content-type"],
+        "text/plain; version=0.0.4"
+    );
 
     let pid = child.id().unwrap().to_string();
     let kill = Command::new("kill")
