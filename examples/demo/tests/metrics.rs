@@ -146,6 +146,32 @@ fn the_parser_reads_labels_in_any_order_and_escapes() {
     assert_eq!(counter(text, "idempotency", &[]), None);
     assert!(samples(text).iter().all(Option::is_some));
     assert_eq!(samples("broken{a=\"1\" 2"), vec![None]);
+
+    // What metrics-exporter-prometheus renders for the facade's counter and histogram.
+    let rendered = "# TYPE idempotency_decisions counter\n\
+        idempotency_decisions{http_request_method=\"POST\",http_route=\"/v1/tickets\",idempotency_decision=\"executed\"} 1\n\
+        \n\
+        # TYPE idempotency_request_duration summary\n\
+        idempotency_request_duration{idempotency_decision=\"executed\",quantile=\"0.5\"} 0.01000070168099423\n\
+        idempotency_request_duration_sum{idempotency_decision=\"executed\"} 0.01\n\
+        idempotency_request_duration_count{idempotency_decision=\"executed\"} 1\n";
+    assert!(samples(rendered).iter().all(Option::is_some));
+    let executed = [
+        ("idempotency_decision", "executed"),
+        ("http_route", "/v1/tickets"),
+    ];
+    assert_eq!(
+        counter(rendered, "idempotency_decisions", &executed),
+        Some(1.0)
+    );
+    assert_eq!(
+        counter(
+            rendered,
+            "idempotency_request_duration_count",
+            &executed[..1]
+        ),
+        Some(1.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
