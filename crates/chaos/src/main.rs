@@ -6,7 +6,7 @@
 //! effect twice, that every acknowledged intent took effect, and that every replay equals
 //! the first answer. It prints a table and exits non-zero on any violation.
 //!
-//! `chaos --help` lists the knobs; `chaos serve` is the demo instance it runs (internal).
+//! `chaos --help` lists the knobs, `chaos --version` prints the version; `chaos serve` is the demo instance it runs (internal).
 
 #[allow(dead_code, missing_docs)]
 #[path = "../../../tests/src/pg.rs"]
@@ -24,165 +24,137 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, value_parser};
+
 use crate::client::{Behaviour, Client, Intent, Stats};
 use crate::instances::Fleet;
 use crate::rng::Rng;
 
-const USAGE: &str = "\
-chaos: soak tower-idempotency's demo under faults and check its invariants
-
-USAGE:
-    chaos [--duration 60s] [--seed N] [OPTIONS]
-
-OPTIONS:
-    --duration D          how long clients and faults run (default 60s), then the soak
-                          settles and checks
-    --seed N              seed of every random choice (default: from the clock; printed)
-    --instances N         demo instances on the one database (default 3)
-    --clients N           concurrent clients (default 8)
-    --accounts N          accounts (scopes) the clients write for (default 4)
-    --kill-every D        mean time between kill -9 of an instance (default 10s)
-    --pause-every D       mean time between freezing an instance (SIGSTOP for 1.5-4
-                          leases, then SIGCONT) (default 20s)
-    --sever-every D       mean time between terminating every database session of the
-                          soak (pg_terminate_backend) (default 15s)
-    --pg-restart-every D  mean time between PostgreSQL restarts (default 60s)
-    --drop-rate P         share of attempts abandoned mid-flight (default 0.25)
-    --probe-rate P        share of acknowledged keys reused with a changed payload
-                          (default 0.05)
-    --hedge-rate P        share of attempts sent as two concurrent copies to two
-                          instances (default 0.05)
-    --restart-rate P      chance that a failed attempt is followed by a client restart
-                          (default 0.1)
-    --max-attempts N      attempts per intent during the storm (default 10)
-    --handler-delay-ms N  the demo's delay between effect and answer (default 150)
-    --lease-ms N          the demo's in-progress lease (default 1000)
-    --wait-ms N           the demo's wait for an in-progress original (default 300)
-    --non-transactional   run the demo with --non-transactional: tickets and payments
-                          written in autocommit, outside the operation's transaction, so
-                          a kill between effect and completion leaves an unknown outcome
-    --unguarded           run the demo without the idempotency layer (--no-idempotency):
-                          a check of the checker, which must then report violations
-    -h, --help            print this help
-
+/// What `--help` adds after the options.
+const AFTER_HELP: &str = "\
 Faults land at random times (the first of each kind within the first quarter / half of the
 run). Exit status: 0 when every invariant holds, 1 on a violation, 2 on a usage error or a
 soak that could not run.
-";
 
-#[derive(Debug, Clone)]
+Environment:
+  CHAOS_LOG  log filter of the demo instances (their RUST_LOG; default warn); their logs
+             go to files whose directory the soak prints";
+
+/// The soak's knobs.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "chaos",
+    version,
+    about = "chaos: soak tower-idempotency's demo under faults and check its invariants",
+    after_help = AFTER_HELP,
+    args_override_self = true
+)]
 struct Options {
+    /// How long clients and faults run, then the soak settles and checks
+    #[arg(long, value_name = "D", default_value = "60s", value_parser = duration)]
     duration: Duration,
+    /// Seed of every random choice (default: from the clock; printed)
+    #[arg(long, value_name = "N", default_value_t = clock_seed(), hide_default_value = true)]
     seed: u64,
+    /// Demo instances on the one database
+    #[arg(long, value_name = "N", default_value = "3", value_parser = at_least_one)]
     instances: usize,
+    /// Concurrent clients
+    #[arg(long, value_name = "N", default_value = "8", value_parser = at_least_one)]
     clients: usize,
+    /// Accounts (scopes) the clients write for
+    #[arg(long, value_name = "N", default_value = "4", value_parser = at_least_one)]
     accounts: usize,
+    /// Mean time between kill -9 of an instance
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = interval)]
     kill_every: Duration,
+    /// Mean time between freezing an instance (SIGSTOP for 1.5-4 leases, then SIGCONT)
+    #[arg(long, value_name = "D", default_value = "20s", value_parser = interval)]
     pause_every: Duration,
+    /// Mean time between terminating every database session of the soak
+    /// (pg_terminate_backend)
+    #[arg(long, value_name = "D", default_value = "15s", value_parser = duration)]
     sever_every: Duration,
+    /// Share of attempts sent as two concurrent copies to two instances
+    #[arg(long, value_name = "P", default_value = "0.05", value_parser = rate)]
     hedge_rate: f64,
+    /// Mean time between PostgreSQL restarts
+    #[arg(long, value_name = "D", default_value = "60s", value_parser = interval)]
     pg_restart_every: Duration,
+    /// Share of attempts abandoned mid-flight
+    #[arg(long, value_name = "P", default_value = "0.25", value_parser = rate)]
     drop_rate: f64,
+    /// Share of acknowledged keys reused with a changed payload
+    #[arg(long, value_name = "P", default_value = "0.05", value_parser = rate)]
     probe_rate: f64,
+    /// Chance that a failed attempt is followed by a client restart
+    #[arg(long, value_name = "P", default_value = "0.1", value_parser = rate)]
     restart_rate: f64,
+    /// Attempts per intent during the storm
+    #[arg(long, value_name = "N", default_value = "10", value_parser = value_parser!(u32).range(1..))]
     max_attempts: u32,
+    /// The demo's delay between effect and answer, in ms
+    #[arg(long = "handler-delay-ms", value_name = "N", default_value = "150")]
     handler_delay_ms: u64,
+    /// The demo's in-progress lease, in ms
+    #[arg(long = "lease-ms", value_name = "N", default_value = "1000", value_parser = value_parser!(u64).range(1..))]
     lease_ms: u64,
+    /// The demo's wait for an in-progress original, in ms
+    #[arg(long = "wait-ms", value_name = "N", default_value = "300")]
     wait_ms: u64,
+    /// Run the demo without the idempotency layer (--no-idempotency): a check of the
+    /// checker, which must then report violations
+    #[arg(long)]
     unguarded: bool,
+    /// Run the demo with --non-transactional: tickets and payments written in autocommit,
+    /// outside the operation's transaction, so a kill between effect and completion leaves
+    /// an unknown outcome
+    #[arg(long)]
     non_transactional: bool,
 }
 
 impl Options {
-    fn parse(args: Vec<String>) -> Result<Self, String> {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64 ^ u64::from(std::process::id()));
-        let mut o = Self {
-            duration: Duration::from_secs(60),
-            seed,
-            instances: 3,
-            clients: 8,
-            accounts: 4,
-            kill_every: Duration::from_secs(10),
-            pause_every: Duration::from_secs(20),
-            sever_every: Duration::from_secs(15),
-            hedge_rate: 0.05,
-            pg_restart_every: Duration::from_secs(60),
-            drop_rate: 0.25,
-            probe_rate: 0.05,
-            restart_rate: 0.1,
-            max_attempts: 10,
-            handler_delay_ms: 150,
-            lease_ms: 1000,
-            wait_ms: 300,
-            unguarded: false,
-            non_transactional: false,
-        };
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-                _ => (arg, None),
-            };
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .ok_or(format!("{flag} needs a value"))
-            };
-            fn num<T: std::str::FromStr>(flag: &str, raw: String) -> Result<T, String> {
-                raw.parse()
-                    .map_err(|_| format!("{flag}: `{raw}` is not a valid number"))
-            }
-            fn dur(flag: &str, raw: String) -> Result<Duration, String> {
-                humantime::parse_duration(&raw)
-                    .map_err(|e| format!("{flag}: `{raw}` is not a duration like 60s: {e}"))
-            }
-            fn rate(flag: &str, raw: String) -> Result<f64, String> {
-                let p: f64 = num(flag, raw)?;
-                if (0.0..=1.0).contains(&p) {
-                    Ok(p)
-                } else {
-                    Err(format!("{flag}: {p} is not between 0 and 1"))
-                }
-            }
-            match flag.as_str() {
-                "--duration" => o.duration = dur(&flag, value()?)?,
-                "--seed" => o.seed = num(&flag, value()?)?,
-                "--instances" => o.instances = num(&flag, value()?)?,
-                "--clients" => o.clients = num(&flag, value()?)?,
-                "--accounts" => o.accounts = num(&flag, value()?)?,
-                "--kill-every" => o.kill_every = dur(&flag, value()?)?,
-                "--pause-every" => o.pause_every = dur(&flag, value()?)?,
-                "--sever-every" => o.sever_every = dur(&flag, value()?)?,
-                "--hedge-rate" => o.hedge_rate = rate(&flag, value()?)?,
-                "--pg-restart-every" => o.pg_restart_every = dur(&flag, value()?)?,
-                "--drop-rate" => o.drop_rate = rate(&flag, value()?)?,
-                "--probe-rate" => o.probe_rate = rate(&flag, value()?)?,
-                "--restart-rate" => o.restart_rate = rate(&flag, value()?)?,
-                "--max-attempts" => o.max_attempts = num(&flag, value()?)?,
-                "--handler-delay-ms" => o.handler_delay_ms = num(&flag, value()?)?,
-                "--lease-ms" => o.lease_ms = num(&flag, value()?)?,
-                "--wait-ms" => o.wait_ms = num(&flag, value()?)?,
-                "--unguarded" if inline.is_none() => o.unguarded = true,
-                "--non-transactional" if inline.is_none() => o.non_transactional = true,
-                other => return Err(format!("unknown argument `{other}`")),
-            }
-        }
-        if o.instances == 0 || o.clients == 0 || o.accounts == 0 || o.max_attempts == 0 {
-            return Err(
-                "--instances, --clients, --accounts and --max-attempts must be at least 1".into(),
-            );
-        }
-        if o.kill_every.is_zero()
-            || o.pause_every.is_zero()
-            || o.pg_restart_every.is_zero()
-            || o.lease_ms == 0
-        {
-            return Err("fault intervals and the lease must be positive".into());
-        }
-        Ok(o)
+    /// Parses the arguments after the program name.
+    fn parse(args: Vec<String>) -> Result<Self, clap::Error> {
+        Self::try_parse_from(std::iter::once("chaos".to_owned()).chain(args))
+    }
+}
+
+/// A seed from the clock and the process id: a different run each time unless `--seed`.
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64 ^ u64::from(std::process::id()))
+}
+
+fn duration(raw: &str) -> Result<Duration, String> {
+    humantime::parse_duration(raw).map_err(|e| format!("`{raw}` is not a duration like 60s: {e}"))
+}
+
+/// A fault interval: a duration, and positive.
+fn interval(raw: &str) -> Result<Duration, String> {
+    match duration(raw)? {
+        d if d.is_zero() => Err("fault intervals must be positive".to_owned()),
+        d => Ok(d),
+    }
+}
+
+fn rate(raw: &str) -> Result<f64, String> {
+    let p: f64 = raw
+        .parse()
+        .map_err(|_| format!("`{raw}` is not a valid number"))?;
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not between 0 and 1"))
+    }
+}
+
+fn at_least_one(raw: &str) -> Result<usize, String> {
+    match raw.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{raw}` is not a valid number")),
     }
 }
 
@@ -208,15 +180,12 @@ fn main() -> ExitCode {
             }
         };
     }
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
     let options = match Options::parse(args) {
         Ok(options) => options,
         Err(e) => {
-            eprintln!("chaos: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
+            // Help and version on stdout with 0, usage errors on stderr with 2.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
     match runtime.block_on(soak(options)) {
@@ -232,27 +201,7 @@ fn main() -> ExitCode {
 /// Runs the soak; `Ok(false)` when an invariant was violated.
 async fn soak(o: Options) -> Result<bool, String> {
     let run = format!("chaos{:08x}", o.seed as u32 ^ (o.seed >> 32) as u32);
-    println!(
-        "chaos soak: seed {} ({run}), duration {}, {} instances, {} clients, {} accounts",
-        o.seed,
-        humantime::format_duration(o.duration),
-        o.instances,
-        o.clients,
-        o.accounts
-    );
-    println!(
-        "faults: kill -9 every ~{}, freeze every ~{}, sessions severed every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped, {:.0}% hedged; \
-         demo: handler delay {} ms, lease {} ms, wait {} ms",
-        humantime::format_duration(o.kill_every),
-        humantime::format_duration(o.pause_every),
-        humantime::format_duration(o.sever_every),
-        humantime::format_duration(o.pg_restart_every),
-        o.drop_rate * 100.0,
-        o.hedge_rate * 100.0,
-        o.handler_delay_ms,
-        o.lease_ms,
-        o.wait_ms
-    );
+    print_plan(&o, &run);
     let cluster = tokio::task::spawn_blocking(pg::TestCluster::launch)
         .await
         .map(Arc::new)
@@ -261,24 +210,7 @@ async fn soak(o: Options) -> Result<bool, String> {
     let url = database.url().to_owned();
     let log_dir = std::env::temp_dir().join(format!("chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).map_err(|e| format!("{}: {e}", log_dir.display()))?;
-    let mut demo_args = vec![
-        "--database-url".to_owned(),
-        url.clone(),
-        "--handler-delay-ms".to_owned(),
-        o.handler_delay_ms.to_string(),
-        "--lease-ms".to_owned(),
-        o.lease_ms.to_string(),
-        "--wait-ms".to_owned(),
-        o.wait_ms.to_string(),
-    ];
-    if o.non_transactional {
-        println!("non-transactional: the demo writes tickets and payments in autocommit");
-        demo_args.push("--non-transactional".to_owned());
-    }
-    if o.unguarded {
-        println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
-        demo_args.push("--no-idempotency".to_owned());
-    }
+    let demo_args = demo_args(&o, &url);
     let fleet = Arc::new(Fleet::new(o.instances, demo_args, log_dir.clone())?);
     fleet.start_all().await?;
     println!(
@@ -290,15 +222,7 @@ async fn soak(o: Options) -> Result<bool, String> {
     let stats = Arc::new(Stats::default());
     let accounts: Arc<Vec<String>> =
         Arc::new((0..o.accounts).map(|i| format!("{run}-acct{i}")).collect());
-    let behaviour = Behaviour {
-        bases: Arc::new(fleet.bases()),
-        drop_rate: o.drop_rate,
-        drop_window: Duration::from_millis(o.handler_delay_ms + 100),
-        probe_rate: o.probe_rate,
-        hedge_rate: o.hedge_rate,
-        restart_rate: o.restart_rate,
-        max_attempts: o.max_attempts,
-    };
+    let behaviour = behaviour(&o, fleet.bases());
 
     // The storm.
     let started = Instant::now();
@@ -313,44 +237,15 @@ async fn soak(o: Options) -> Result<bool, String> {
             tokio::spawn(client::run(client, i, run.clone(), accounts.clone(), end))
         })
         .collect();
-    let kills = tokio::spawn(faults::kill_loop(
-        fleet.clone(),
-        stats.clone(),
-        Rng::new(o.seed, 1001),
-        o.kill_every,
-        end,
-    ));
-    let restarts = tokio::spawn(faults::pg_restart_loop(
-        cluster.clone(),
-        stats.clone(),
-        Rng::new(o.seed, 1002),
-        o.pg_restart_every,
-        end,
-    ));
-    let pauses = tokio::spawn(faults::pause_loop(
-        fleet.clone(),
-        stats.clone(),
-        Rng::new(o.seed, 1003),
-        o.pause_every,
-        Duration::from_millis(o.lease_ms),
-        end,
-    ));
-    let severs = tokio::spawn(faults::sever_loop(
-        url.clone(),
-        stats.clone(),
-        Rng::new(o.seed, 1004),
-        o.sever_every,
-        end,
-    ));
+    let faults = spawn_faults(&o, &fleet, &cluster, &url, &stats, end);
     let progress = tokio::spawn(report_progress(stats.clone(), started));
     let mut intents: Vec<Intent> = Vec::new();
     for client in clients {
         intents.extend(client.await.map_err(|e| format!("a client failed: {e}"))?);
     }
-    kills.await.map_err(|e| e.to_string())??;
-    restarts.await.map_err(|e| e.to_string())??;
-    pauses.await.map_err(|e| e.to_string())??;
-    severs.await.map_err(|e| e.to_string())??;
+    for fault in faults {
+        fault.await.map_err(|e| e.to_string())??;
+    }
     progress.abort();
     println!(
         "storm over after {:.0?}: {} intents; settling",
@@ -381,6 +276,109 @@ async fn soak(o: Options) -> Result<bool, String> {
         let _ = std::fs::remove_dir_all(&log_dir);
     }
     Ok(ok)
+}
+
+/// Prints the run's seed, size and fault plan.
+fn print_plan(o: &Options, run: &str) {
+    println!(
+        "chaos soak: seed {} ({run}), duration {}, {} instances, {} clients, {} accounts",
+        o.seed,
+        humantime::format_duration(o.duration),
+        o.instances,
+        o.clients,
+        o.accounts
+    );
+    println!(
+        "faults: kill -9 every ~{}, freeze every ~{}, sessions severed every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped, {:.0}% hedged; \
+         demo: handler delay {} ms, lease {} ms, wait {} ms",
+        humantime::format_duration(o.kill_every),
+        humantime::format_duration(o.pause_every),
+        humantime::format_duration(o.sever_every),
+        humantime::format_duration(o.pg_restart_every),
+        o.drop_rate * 100.0,
+        o.hedge_rate * 100.0,
+        o.handler_delay_ms,
+        o.lease_ms,
+        o.wait_ms
+    );
+}
+
+/// The demo flags of every instance.
+fn demo_args(o: &Options, url: &str) -> Vec<String> {
+    let mut demo_args = vec![
+        "--database-url".to_owned(),
+        url.to_owned(),
+        "--handler-delay-ms".to_owned(),
+        o.handler_delay_ms.to_string(),
+        "--lease-ms".to_owned(),
+        o.lease_ms.to_string(),
+        "--wait-ms".to_owned(),
+        o.wait_ms.to_string(),
+    ];
+    if o.non_transactional {
+        println!("non-transactional: the demo writes tickets and payments in autocommit");
+        demo_args.push("--non-transactional".to_owned());
+    }
+    if o.unguarded {
+        println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
+        demo_args.push("--no-idempotency".to_owned());
+    }
+    demo_args
+}
+
+/// How every client behaves towards the instances at `bases`.
+fn behaviour(o: &Options, bases: Vec<String>) -> Behaviour {
+    Behaviour {
+        bases: Arc::new(bases),
+        drop_rate: o.drop_rate,
+        drop_window: Duration::from_millis(o.handler_delay_ms + 100),
+        probe_rate: o.probe_rate,
+        hedge_rate: o.hedge_rate,
+        restart_rate: o.restart_rate,
+        max_attempts: o.max_attempts,
+    }
+}
+
+/// The fault loops of the storm, each ending at `end`; awaited in this order.
+fn spawn_faults(
+    o: &Options,
+    fleet: &Arc<Fleet>,
+    cluster: &Arc<pg::TestCluster>,
+    url: &str,
+    stats: &Arc<Stats>,
+    end: Instant,
+) -> Vec<tokio::task::JoinHandle<Result<(), String>>> {
+    vec![
+        tokio::spawn(faults::kill_loop(
+            fleet.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1001),
+            o.kill_every,
+            end,
+        )),
+        tokio::spawn(faults::pg_restart_loop(
+            cluster.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1002),
+            o.pg_restart_every,
+            end,
+        )),
+        tokio::spawn(faults::pause_loop(
+            fleet.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1003),
+            o.pause_every,
+            Duration::from_millis(o.lease_ms),
+            end,
+        )),
+        tokio::spawn(faults::sever_loop(
+            url.to_owned(),
+            stats.clone(),
+            Rng::new(o.seed, 1004),
+            o.sever_every,
+            end,
+        )),
+    ]
 }
 
 /// Retries every open intent (no faults now) and replays every acknowledged one, spread
@@ -455,12 +453,12 @@ async fn report_progress(stats: Arc<Stats>, started: Instant) {
     }
 }
 
-/// Prints the result table; `true` when every invariant holds.
 /// One line of the result table: the measure, its value, and a verdict or detail.
-fn row(label: &str, value: impl ToString, note: impl Into<String>) -> (String, String, String) {
+fn row(label: &str, value: impl ToString, note: impl Into<String>) -> Row {
     (label.to_owned(), value.to_string(), note.into())
 }
 
+/// Prints the result table and the verdict; `true` when every invariant holds.
 fn print_table(
     o: &Options,
     intents: &[Intent],
@@ -468,23 +466,80 @@ fn print_table(
     stats: &Stats,
     open_before_settle: usize,
 ) -> bool {
-    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let mut rows = outcome_rows(intents, found, stats, open_before_settle);
+    rows.extend(check_rows(intents, found, stats));
+    rows.extend(fault_rows(found, stats));
+    let notes_match = notifications_match(found);
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+    println!();
+    println!(
+        "chaos soak result (seed {}, {})",
+        o.seed,
+        humantime::format_duration(o.duration)
+    );
+    println!(
+        "| {:width$} | {:>value_width$} | verdict / detail |",
+        "measure", "value"
+    );
+    println!(
+        "|{}|{}:|---|",
+        "-".repeat(width + 2),
+        "-".repeat(value_width + 1)
+    );
+    for (label, value, note) in &rows {
+        println!("| {label:width$} | {value:>value_width$} | {note} |");
+    }
+    let ok = found.violations.is_empty()
+        && found.duplicates == 0
+        && found.ack_missing == 0
+        && found.differing == 0
+        && found.probe_effects == 0
+        && notes_match
+        && found.api_mismatches == 0
+        && found.status_disagreements == 0;
+    if ok {
+        println!("\nall invariants hold");
+    } else {
+        println!("\nVIOLATIONS ({}):", found.violations.len());
+        for violation in found.violations.iter().take(50) {
+            println!("  - {violation}");
+        }
+    }
+    ok
+}
+
+type Row = (String, String, String);
+
+fn n(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+fn must_zero(v: u64) -> &'static str {
+    if v == 0 {
+        "ok (must be 0)"
+    } else {
+        "VIOLATION (must be 0)"
+    }
+}
+
+fn notifications_match(found: &check::Findings) -> bool {
+    found.notification_mismatches == 0 && found.notifications == found.tickets
+}
+
+/// What was attempted, acknowledged and found, and the three effect invariants.
+fn outcome_rows(
+    intents: &[Intent],
+    found: &check::Findings,
+    stats: &Stats,
+    open_before_settle: usize,
+) -> Vec<Row> {
     let tickets = intents
         .iter()
         .filter(|i| i.kind == client::Kind::Ticket)
         .count();
     let acked = intents.iter().filter(|i| i.ack.is_some()).count();
-    let unknown = intents.iter().filter(|i| i.unknown).count();
-    let unanswered = intents.iter().filter(|i| i.open()).count();
-    let must_zero = |v: u64| {
-        if v == 0 {
-            "ok (must be 0)"
-        } else {
-            "VIOLATION (must be 0)"
-        }
-    };
-    let notes_match = found.notification_mismatches == 0 && found.notifications == found.tickets;
-    let rows = vec![
+    vec![
         row(
             "operations attempted (intents)",
             intents.len(),
@@ -523,6 +578,16 @@ fn print_table(
             found.differing,
             must_zero(found.differing),
         ),
+    ]
+}
+
+/// Changed-payload reuses, notifications, the status route, the listings and the
+/// outcomes left unknown.
+fn check_rows(intents: &[Intent], found: &check::Findings, stats: &Stats) -> Vec<Row> {
+    let unknown = intents.iter().filter(|i| i.unknown).count();
+    let unanswered = intents.iter().filter(|i| i.open()).count();
+    let notes_match = notifications_match(found);
+    vec![
         row(
             "changed-payload reuses",
             format!(
@@ -563,6 +628,12 @@ fn print_table(
             unknown + unanswered,
             format!("{unknown} outcome-unknown, {unanswered} unanswered after settling"),
         ),
+    ]
+}
+
+/// The faults injected, the answers they caused, and the final state of the tables.
+fn fault_rows(found: &check::Findings, stats: &Stats) -> Vec<Row> {
+    vec![
         row("faults: kill -9 of an instance", n(&stats.kills), ""),
         row(
             "faults: instance frozen past its lease",
@@ -604,51 +675,14 @@ fn print_table(
             "",
         ),
         row("outbox rows by state", format!("{:?}", found.outbox), ""),
-    ];
-    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
-    println!();
-    println!(
-        "chaos soak result (seed {}, {})",
-        o.seed,
-        humantime::format_duration(o.duration)
-    );
-    println!(
-        "| {:width$} | {:>value_width$} | verdict / detail |",
-        "measure", "value"
-    );
-    println!(
-        "|{}|{}:|---|",
-        "-".repeat(width + 2),
-        "-".repeat(value_width + 1)
-    );
-    for (label, value, note) in &rows {
-        println!("| {label:width$} | {value:>value_width$} | {note} |");
-    }
-    let ok = found.violations.is_empty()
-        && found.duplicates == 0
-        && found.ack_missing == 0
-        && found.differing == 0
-        && found.probe_effects == 0
-        && notes_match
-        && found.api_mismatches == 0
-        && found.status_disagreements == 0;
-    if ok {
-        println!("\nall invariants hold");
-    } else {
-        println!("\nVIOLATIONS ({}):", found.violations.len());
-        for violation in found.violations.iter().take(50) {
-            println!("  - {violation}");
-        }
-    }
-    ok
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Options, String> {
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
         Options::parse(args.iter().map(|a| (*a).to_owned()).collect())
     }
 
@@ -681,6 +715,50 @@ mod tests {
             &["--verbose"],
         ] {
             assert!(parse(args).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_help_and_version() {
+        let o = parse(&[]).unwrap();
+        assert_eq!(o.duration, Duration::from_secs(60));
+        assert_eq!((o.instances, o.clients, o.accounts), (3, 8, 4));
+        assert_eq!(o.pg_restart_every, Duration::from_secs(60));
+        assert_eq!((o.max_attempts, o.lease_ms, o.wait_ms), (10, 1000, 300));
+        assert!(!o.unguarded && !o.non_transactional);
+
+        let help = parse(&["--help"]).unwrap_err();
+        assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
+        assert_eq!(help.exit_code(), 0);
+        let text = help.to_string();
+        for flag in [
+            "--duration <D>",
+            "--pg-restart-every <D>",
+            "--non-transactional",
+            "Exit status",
+        ] {
+            assert!(text.contains(flag), "{flag} missing from:\n{text}");
+        }
+        let version = parse(&["--version"]).unwrap_err();
+        assert_eq!(version.kind(), clap::error::ErrorKind::DisplayVersion);
+        assert_eq!(version.exit_code(), 0);
+    }
+
+    #[test]
+    fn mistakes_name_their_flag_and_exit_two() {
+        for (args, word) in [
+            (&["--drop-rate", "1.5"][..], "between 0 and 1"),
+            (&["--kill-every", "0s"], "positive"),
+            (&["--clients", "0"], "at least 1"),
+            (&["--duration", "soon"], "duration like 60s"),
+        ] {
+            let error = parse(args).unwrap_err();
+            assert_eq!(error.exit_code(), 2, "{args:?}");
+            let text = error.to_string();
+            assert!(
+                text.contains(args[0]) && text.contains(word),
+                "{args:?}: {text}"
+            );
         }
     }
 }

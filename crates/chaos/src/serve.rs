@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 
 /// Runs one instance with `args` (the demo's flags) until stdin closes.
 pub async fn serve(args: Vec<String>) -> Result<(), String> {
-    let config = demo::Config::from_args(args.into_iter())?;
+    let config = demo::Config::from_args(args.into_iter()).map_err(|e| e.to_string())?;
     demo::init_logging("warn");
     let router = demo::app(&config)
         .await

@@ -7,10 +7,12 @@
 //! other, the order rotated every round. Every run is bounded by its duration, every target
 //! is on loopback, and everything started is stopped at the end.
 //!
-//! Subcommands:
+//! Subcommands (`load-bench --help`, `load-bench SUBCOMMAND --help`; `--version`):
 //!
 //! - `run [--suite memory|postgres|all] [--rounds 3] [--duration 10] [--warmup 2]
-//!   [--connections 64] [--threads 2] [--fsync on|off] [--log warn]` — the benchmark;
+//!   [--connections 64] [--threads 2] [--fsync on|off] [--log warn]` — the benchmark (also
+//!   without a subcommand); out-of-range values are refused (rounds 1–20, duration 1–120 s,
+//!   warm-up 0–60 s, threads 1–64, connections 1–1024);
 //! - `serve MODE --listen ADDR [--database-url URL]` — one server (used by `run`);
 //! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record.
 
@@ -23,24 +25,136 @@ mod serve;
 mod wrk;
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
 
+use clap::builder::PossibleValuesParser;
+use clap::{Parser, value_parser};
+
 use crate::wrk::{Load, Run};
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("serve") => serve_command(&args[1..]),
-        Some("record-size") => record_size_command(&args[1..]),
-        Some("run") => run_command(&args[1..]),
-        None => run_command(&[]),
-        Some("-h" | "--help") => {
-            print!("{USAGE}");
-            Ok(())
+/// The benchmark's command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "load-bench",
+    version,
+    about = "load-bench: load benchmark of tower-idempotency against the demo's routes (loopback only)",
+    after_help = "Without a subcommand it runs `run` with its defaults. Exit status: 0 on success, \
+                  1 on a usage error or a failed run.",
+    args_override_self = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Subcommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Subcommand {
+    /// The benchmark: throwaway servers driven by wrk in alternating rounds
+    Run(RunArgs),
+    /// One server on loopback (used by `run`)
+    Serve(ServeArgs),
+    /// Memory store bytes per completed record
+    RecordSize(RecordSizeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct RunArgs {
+    /// Which suite to run
+    #[arg(long, value_enum, default_value_t = SuiteChoice::All)]
+    suite: SuiteChoice,
+    /// Measured rounds per case
+    #[arg(long, value_name = "N", default_value = "3", value_parser = value_parser!(u64).range(1..=20))]
+    rounds: u64,
+    /// Seconds per case and round
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = value_parser!(u64).range(1..=120))]
+    duration: u64,
+    /// Seconds of warm-up per case (0: none)
+    #[arg(long, value_name = "SECS", default_value = "2", value_parser = value_parser!(u64).range(0..=60))]
+    warmup: u64,
+    /// wrk connections
+    #[arg(long, value_name = "N", default_value = "64", value_parser = value_parser!(u32).range(1..=1024))]
+    connections: u32,
+    /// wrk threads
+    #[arg(long, value_name = "N", default_value = "2", value_parser = value_parser!(u32).range(1..=64))]
+    threads: u32,
+    /// PostgreSQL's fsync and synchronous_commit (off: a faster, non-durable cluster)
+    #[arg(long, value_enum, default_value_t = Fsync::On)]
+    fsync: Fsync,
+    /// The servers' log filter (their RUST_LOG)
+    #[arg(long, value_name = "LEVEL", default_value = "warn")]
+    log: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SuiteChoice {
+    Memory,
+    Postgres,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Fsync {
+    On,
+    Off,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct ServeArgs {
+    /// The server mode
+    #[arg(value_parser = PossibleValuesParser::new(serve::MODES))]
+    mode: String,
+    /// Address to listen on (port 0 picks one)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// PostgreSQL URL, for the pg-* modes
+    #[arg(long, value_name = "URL")]
+    database_url: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct RecordSizeArgs {
+    /// Completed records stored
+    #[arg(long, value_name = "N", default_value = "200000")]
+    records: usize,
+    /// Bytes of each stored response body
+    #[arg(long = "body-bytes", value_name = "N", default_value = "256")]
+    body_bytes: usize,
+}
+
+impl Cli {
+    /// Parses `args` (the program name first); no subcommand means `run` with its defaults.
+    fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Subcommand, clap::Error> {
+        match Self::try_parse_from(args)?.command {
+            Some(command) => Ok(command),
+            None => Self::parse_args(["load-bench".to_owned(), "run".to_owned()]),
         }
-        Some(other) => Err(format!("unknown subcommand {other}\n\n{USAGE}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let command = match Cli::parse_args(std::env::args()) {
+        Ok(command) => command,
+        Err(error) => {
+            // Help and version on stdout with 0; a usage error on stderr with 1, as every
+            // failure of this tool.
+            let _ = error.print();
+            return if error.exit_code() == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
+    };
+    let result = match command {
+        Subcommand::Serve(args) => serve_command(args),
+        Subcommand::RecordSize(args) => record_size_command(&args),
+        Subcommand::Run(args) => run_command(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,76 +165,20 @@ fn main() -> ExitCode {
     }
 }
 
-const USAGE: &str = "\
-load-bench: load benchmark of tower-idempotency against the demo's routes (loopback only)
-
-USAGE:
-    load-bench run [--suite memory|postgres|all] [--rounds N] [--duration SECS]
-                   [--warmup SECS] [--connections N] [--threads N] [--fsync on|off]
-                   [--log LEVEL]
-    load-bench serve MODE --listen ADDR [--database-url URL]
-    load-bench record-size [--records N] [--body-bytes N]
-";
-
-/// `--flag value` pairs after a subcommand.
-struct Flags(Vec<(String, String)>);
-
-impl Flags {
-    fn parse(args: &[String], known: &[&str]) -> Result<Self, String> {
-        let mut pairs = Vec::new();
-        let mut rest = args.iter();
-        while let Some(flag) = rest.next() {
-            if !known.contains(&flag.as_str()) {
-                return Err(format!("unknown argument {flag}\n\n{USAGE}"));
-            }
-            let value = rest.next().ok_or(format!("{flag} needs a value"))?;
-            pairs.push((flag.clone(), value.clone()));
-        }
-        Ok(Self(pairs))
-    }
-
-    fn get(&self, flag: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .rev()
-            .find(|(f, _)| f == flag)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn number(&self, flag: &str, default: u64) -> Result<u64, String> {
-        self.get(flag).map_or(Ok(default), |v| {
-            v.parse()
-                .map_err(|_| format!("{flag}: `{v}` is not a number"))
-        })
-    }
-}
-
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Runtime::new().map_err(|e| e.to_string())
 }
 
-fn serve_command(args: &[String]) -> Result<(), String> {
-    let (mode, rest) = args.split_first().ok_or("serve needs a MODE")?;
-    let flags = Flags::parse(rest, &["--listen", "--database-url"])?;
-    let listen = flags
-        .get("--listen")
-        .unwrap_or("127.0.0.1:0")
-        .parse()
-        .map_err(|_| "--listen: not an address")?;
+fn serve_command(args: ServeArgs) -> Result<(), String> {
     demo::init_logging("info");
+    let mode = args.mode;
     runtime()?
-        .block_on(serve::serve(
-            mode,
-            listen,
-            flags.get("--database-url").map(str::to_owned),
-        ))
+        .block_on(serve::serve(&mode, args.listen, args.database_url))
         .map_err(|e| format!("serve {mode}: {e}"))
 }
 
-fn record_size_command(args: &[String]) -> Result<(), String> {
-    let flags = Flags::parse(args, &["--records", "--body-bytes"])?;
-    let records = flags.number("--records", 200_000)? as usize;
-    let body = flags.number("--body-bytes", 256)? as usize;
+fn record_size_command(args: &RecordSizeArgs) -> Result<(), String> {
+    let (records, body) = (args.records, args.body_bytes);
     // One thread: no per-thread allocator arenas in the measurement.
     let size = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -326,40 +384,22 @@ fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-fn run_command(args: &[String]) -> Result<(), String> {
-    let flags = Flags::parse(
-        args,
-        &[
-            "--suite",
-            "--rounds",
-            "--duration",
-            "--warmup",
-            "--connections",
-            "--threads",
-            "--fsync",
-            "--log",
-        ],
-    )?;
+fn run_command(args: &RunArgs) -> Result<(), String> {
     let settings = Settings {
-        rounds: flags.number("--rounds", 3)?.clamp(1, 20),
-        duration: Duration::from_secs(flags.number("--duration", 10)?.clamp(1, 120)),
-        warmup: Duration::from_secs(flags.number("--warmup", 2)?.min(60)),
+        rounds: args.rounds,
+        duration: Duration::from_secs(args.duration),
+        warmup: Duration::from_secs(args.warmup),
         load: Load {
-            threads: flags.number("--threads", 2)?.clamp(1, 64) as u32,
-            connections: flags.number("--connections", 64)?.clamp(1, 1024) as u32,
+            threads: args.threads,
+            connections: args.connections,
         },
-        durable: match flags.get("--fsync").unwrap_or("on") {
-            "on" => true,
-            "off" => false,
-            other => return Err(format!("--fsync: `{other}` is not on or off")),
-        },
-        log_level: flags.get("--log").unwrap_or("warn").to_owned(),
+        durable: args.fsync == Fsync::On,
+        log_level: args.log.clone(),
     };
-    let suites: Vec<Suite> = match flags.get("--suite").unwrap_or("all") {
-        "memory" => vec![memory_suite()],
-        "postgres" => vec![postgres_suite()],
-        "all" => vec![memory_suite(), postgres_suite()],
-        other => return Err(format!("--suite: `{other}` is not memory, postgres or all")),
+    let suites: Vec<Suite> = match args.suite {
+        SuiteChoice::Memory => vec![memory_suite()],
+        SuiteChoice::Postgres => vec![postgres_suite()],
+        SuiteChoice::All => vec![memory_suite(), postgres_suite()],
     };
     wrk::ensure_installed()?;
     let work = std::env::temp_dir().join(format!("load-bench-{}", std::process::id()));
@@ -627,4 +667,108 @@ fn print_row_sizes(runtime: &tokio::runtime::Runtime, url: &str) -> Result<(), S
         println!("\nrow sizes: unexpected answer {stats}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Subcommand, clap::Error> {
+        Cli::parse_args(
+            std::iter::once("load-bench")
+                .chain(args.iter().copied())
+                .map(str::to_owned),
+        )
+    }
+
+    fn run(args: &[&str]) -> RunArgs {
+        match parse(args).unwrap() {
+            Subcommand::Run(run) => run,
+            other => panic!("{args:?} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn run_is_the_default_with_the_documented_defaults() {
+        for args in [&[][..], &["run"]] {
+            let run = run(args);
+            assert_eq!(run.suite, SuiteChoice::All);
+            assert_eq!((run.rounds, run.duration, run.warmup), (3, 10, 2));
+            assert_eq!((run.connections, run.threads), (64, 2));
+            assert_eq!(run.fsync, Fsync::On);
+            assert_eq!(run.log, "warn");
+        }
+        let custom = run(&[
+            "run",
+            "--suite",
+            "memory",
+            "--rounds",
+            "1",
+            "--duration=2",
+            "--warmup",
+            "0",
+            "--connections",
+            "8",
+            "--threads",
+            "1",
+            "--fsync",
+            "off",
+            "--log",
+            "info",
+        ]);
+        assert_eq!(custom.suite, SuiteChoice::Memory);
+        assert_eq!((custom.rounds, custom.duration, custom.warmup), (1, 2, 0));
+        assert_eq!((custom.connections, custom.threads), (8, 1));
+        assert_eq!(custom.fsync, Fsync::Off);
+        assert_eq!(custom.log, "info");
+    }
+
+    #[test]
+    fn serve_and_record_size() {
+        let Subcommand::Serve(serve) = parse(&[
+            "serve",
+            "pg-transactional",
+            "--database-url",
+            "postgres://x",
+        ])
+        .unwrap() else {
+            panic!("not serve");
+        };
+        assert_eq!(serve.mode, "pg-transactional");
+        assert_eq!(serve.listen, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(serve.database_url.as_deref(), Some("postgres://x"));
+        let Subcommand::RecordSize(size) = parse(&["record-size", "--body-bytes", "4096"]).unwrap()
+        else {
+            panic!("not record-size");
+        };
+        assert_eq!((size.records, size.body_bytes), (200_000, 4096));
+    }
+
+    #[test]
+    fn mistakes_are_refused_and_help_is_not_an_error() {
+        for args in [
+            &["bench"][..],
+            &["run", "--suite", "disk"],
+            &["run", "--fsync", "maybe"],
+            &["run", "--rounds", "0"],
+            &["run", "--duration", "121"],
+            &["run", "--connections", "many"],
+            &["run", "--verbose"],
+            &["serve"],
+            &["serve", "memory-fast"],
+            &["serve", "memory-guarded", "--listen", "localhost"],
+            &["record-size", "--records", "-1"],
+        ] {
+            let error = parse(args).unwrap_err();
+            assert_ne!(error.exit_code(), 0, "{args:?} should be refused");
+        }
+        for args in [&["--help"][..], &["run", "--help"], &["--version"]] {
+            assert_eq!(parse(args).unwrap_err().exit_code(), 0, "{args:?}");
+        }
+        let help = parse(&["run", "--help"]).unwrap_err().to_string();
+        assert!(
+            help.contains("--fsync <FSYNC>") && help.contains("[default: 64]"),
+            "{help}"
+        );
+    }
 }

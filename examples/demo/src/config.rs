@@ -1,49 +1,86 @@
 //! Command-line configuration of the demo server.
 //!
-//! Parsing is hand-written and strict: an unknown flag, a missing value or a value that does
-//! not parse is an error, so a typo never silently runs the server with a default.
+//! Parsed with clap and strict: an unknown flag, a missing value or a value that does not
+//! parse is an error, so a typo never silently runs the server with a default.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// The `--help` text.
-pub const USAGE: &str = "\
-demo: a small write API (tickets, payments, deploys) guarded by tower-idempotency
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
-USAGE:
-    demo [--listen ADDR] [--database-url URL] [--handler-delay-ms N] [--lease-ms N]
-         [--wait-ms N] [--no-heartbeat] [--no-idempotency]
-         [--non-transactional | --memory-records]
+/// What `--help` adds after the options.
+const ENVIRONMENT: &str = "\
+Environment:
+  DATABASE_URL  used when --database-url is not given (an empty value counts as unset)
+  RUST_LOG      log filter (default info); logs go to stderr";
 
-OPTIONS:
-    --listen ADDR           address to listen on (default 127.0.0.1:3000; port 0 picks one)
-    --database-url URL      PostgreSQL: the idempotency store and the tickets, payments,
-                            deploys and notifications live there; ticket and payment
-                            writes commit in one transaction with their idempotency
-                            record, and ticket notifications go through the outbox.
-                            Without it (and without DATABASE_URL) everything is in
-                            memory and lives in this process only
-    --handler-delay-ms N    every write handler sleeps N ms after its write (default 0)
-    --lease-ms N            in-progress lease of an operation (default 60000); renewed
-                            every third of it while the handler runs
-    --no-heartbeat          do not renew leases: a handler slower than its lease reads
-                            as an unknown outcome (for demonstrating that case)
-    --wait-ms N             how long a duplicate waits for an in-progress original
-                            (default 10000)
-    --no-idempotency        same routes without the idempotency layer (baseline); with a
-                            database URL the records stay in PostgreSQL, written in
-                            autocommit as with --non-transactional
-    --non-transactional     with a database URL: records in PostgreSQL, but every handler
-                            writes in autocommit through the pool, outside the
-                            operation's transaction (ordinary, non-transactional routes)
-    --memory-records        with a database URL: only the idempotency store is in
-                            PostgreSQL; the records live in this process's memory
-    -h, --help              print this help
+/// The demo's command line as clap reads it; [`Config`] is what it means.
+#[derive(Debug, Parser)]
+#[command(
+    name = "demo",
+    version,
+    about = "demo: a small write API (tickets, payments, deploys) guarded by tower-idempotency",
+    after_help = ENVIRONMENT,
+    args_override_self = true
+)]
+struct Cli {
+    /// Address to listen on (port 0 picks one)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000", value_parser = address)]
+    listen: SocketAddr,
+    /// PostgreSQL: the idempotency store and the tickets, payments, deploys and
+    /// notifications live there; ticket and payment writes commit in one transaction with
+    /// their idempotency record, and ticket notifications go through the outbox. Without it
+    /// (and without DATABASE_URL) everything is in memory and lives in this process only
+    #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Every write handler sleeps N ms after its write
+    #[arg(long = "handler-delay-ms", value_name = "N", default_value = "0", value_parser = millis)]
+    handler_delay: Duration,
+    /// In-progress lease of an operation, in ms; renewed every third of it while the
+    /// handler runs
+    #[arg(long = "lease-ms", value_name = "N", default_value = "60000", value_parser = lease)]
+    lease: Duration,
+    /// How long a duplicate waits for an in-progress original, in ms
+    #[arg(long = "wait-ms", value_name = "N", default_value = "10000", value_parser = millis)]
+    wait: Duration,
+    /// Do not renew leases: a handler slower than its lease reads as an unknown outcome
+    /// (for demonstrating that case)
+    #[arg(long)]
+    no_heartbeat: bool,
+    /// Same routes without the idempotency layer (baseline); with a database URL the
+    /// records stay in PostgreSQL, written in autocommit as with --non-transactional
+    #[arg(long)]
+    no_idempotency: bool,
+    /// With a database URL: records in PostgreSQL, but every handler writes in autocommit
+    /// through the pool, outside the operation's transaction (ordinary, non-transactional
+    /// routes)
+    #[arg(long, conflicts_with = "memory_records")]
+    non_transactional: bool,
+    /// With a database URL: only the idempotency store is in PostgreSQL; the records live
+    /// in this process's memory
+    #[arg(long)]
+    memory_records: bool,
+}
 
-ENVIRONMENT:
-    DATABASE_URL            used when --database-url is not given
-    RUST_LOG                log filter (default info); logs go to stderr
-";
+fn address(raw: &str) -> Result<SocketAddr, String> {
+    raw.parse()
+        .map_err(|_| format!("`{raw}` is not an address like 127.0.0.1:3000"))
+}
+
+fn millis(raw: &str) -> Result<Duration, String> {
+    raw.parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|_| format!("`{raw}` is not a whole number of milliseconds"))
+}
+
+fn lease(raw: &str) -> Result<Duration, String> {
+    match millis(raw)? {
+        lease if lease.is_zero() => Err("the lease must be at least 1 ms".to_owned()),
+        lease => Ok(lease),
+    }
+}
 
 /// Where the business records (tickets, payments, deploys, notifications) live and how the
 /// handlers write them, when the demo has a database URL. Without one, everything is in
@@ -108,12 +145,14 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Parses the command-line arguments that follow the program name.
+    /// Parses the command-line arguments that follow the program name, without reading the
+    /// environment (`DATABASE_URL` is [`Config::from_command_line`]'s business).
     ///
-    /// Accepts `--flag VALUE` and `--flag=VALUE`. `--help` is answered with
-    /// `Err(USAGE)`; callers that want to print help and exit 0 check for it first
-    /// (see [`Config::wants_help`]). `DATABASE_URL` is not read here: the environment is
-    /// the binary's business.
+    /// Accepts `--flag VALUE` and `--flag=VALUE`; a repeated option keeps its last value.
+    /// `--help` and `--version` are answered with an error of kind
+    /// [`ErrorKind::DisplayHelp`] / [`ErrorKind::DisplayVersion`], whose text is the help
+    /// or version; `clap::Error::exit_code` is 0 for them and 2 for a usage error. A help
+    /// flag anywhere on the line wins over any mistake on it (see [`Config::wants_help`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -125,60 +164,20 @@ impl Config {
     /// assert!(!config.idempotency);
     /// assert!(demo::Config::from_args(["--lease-ms".to_string()].into_iter()).is_err());
     /// ```
-    pub fn from_args(args: impl Iterator<Item = String>) -> Result<Self, String> {
-        let mut config = Self::default();
-        let mut args = args;
-        while let Some(arg) = args.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((flag, value)) if flag.starts_with("--") => {
-                    (flag.to_owned(), Some(value.to_owned()))
-                }
-                _ => (arg, None),
-            };
-            let mut value = |name: &str| -> Result<String, String> {
-                match inline.clone().or_else(|| args.next()) {
-                    Some(v) => Ok(v),
-                    None => Err(format!("{name} needs a value\n\n{USAGE}")),
-                }
-            };
-            match flag.as_str() {
-                "--listen" => {
-                    let raw = value("--listen")?;
-                    config.listen = raw.parse().map_err(|_| {
-                        format!("--listen: `{raw}` is not an address like 127.0.0.1:3000")
-                    })?;
-                }
-                "--database-url" => {
-                    let raw = value("--database-url")?;
-                    if raw.is_empty() {
-                        return Err("--database-url: the URL is empty".to_owned());
-                    }
-                    config.database_url = Some(raw);
-                }
-                "--handler-delay-ms" => {
-                    config.handler_delay =
-                        millis("--handler-delay-ms", &value("--handler-delay-ms")?)?
-                }
-                "--lease-ms" => {
-                    config.lease = millis("--lease-ms", &value("--lease-ms")?)?;
-                    if config.lease.is_zero() {
-                        return Err("--lease-ms: the lease must be at least 1 ms".to_owned());
-                    }
-                }
-                "--wait-ms" => config.wait = millis("--wait-ms", &value("--wait-ms")?)?,
-                "--no-idempotency" if inline.is_none() => config.idempotency = false,
-                "--no-heartbeat" if inline.is_none() => config.heartbeat = false,
-                "--non-transactional" if inline.is_none() => {
-                    config.records = pick(config.records, Records::NonTransactional)?
-                }
-                "--memory-records" if inline.is_none() => {
-                    config.records = pick(config.records, Records::Memory)?
-                }
-                "-h" | "--help" => return Err(USAGE.to_owned()),
-                other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
-            }
-        }
-        Ok(config)
+    pub fn from_args(args: impl Iterator<Item = String>) -> Result<Self, clap::Error> {
+        let command = Cli::command().mut_arg("database_url", |arg| arg.env(None::<&str>));
+        parse(command, args.collect())
+    }
+
+    /// Parses the demo binary's command line (`std::env::args`), with `DATABASE_URL` as
+    /// the fallback of `--database-url` (an empty `DATABASE_URL` counts as unset).
+    pub fn from_command_line() -> Result<Self, clap::Error> {
+        parse(Cli::command(), std::env::args().skip(1).collect())
+    }
+
+    /// The `--help` text.
+    pub fn help() -> String {
+        Cli::command().render_long_help().to_string()
     }
 
     /// Whether the arguments ask for `--help` (checked before parsing, so that help wins
@@ -188,26 +187,50 @@ impl Config {
     }
 }
 
-/// `--non-transactional` and `--memory-records` contradict each other.
-fn pick(current: Records, wanted: Records) -> Result<Records, String> {
-    if current == Records::Transactional || current == wanted {
-        Ok(wanted)
+/// Parses `args` with `command` (the demo's, with or without its environment fallback).
+fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::Error> {
+    let args = if Config::wants_help(&args) {
+        vec!["--help".to_owned()]
     } else {
-        Err("--non-transactional and --memory-records exclude each other".to_owned())
-    }
-}
-
-fn millis(flag: &str, raw: &str) -> Result<Duration, String> {
-    raw.parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|_| format!("{flag}: `{raw}` is not a whole number of milliseconds"))
+        args
+    };
+    let matches =
+        command.try_get_matches_from_mut(std::iter::once("demo".to_owned()).chain(args))?;
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+    let database_url = match cli.database_url {
+        Some(url) if url.is_empty() => {
+            if matches.value_source("database_url") != Some(ValueSource::EnvVariable) {
+                let message = "invalid value for '--database-url <URL>': the URL is empty";
+                return Err(command.error(ErrorKind::InvalidValue, message));
+            }
+            None
+        }
+        url => url,
+    };
+    let records = if cli.non_transactional {
+        Records::NonTransactional
+    } else if cli.memory_records {
+        Records::Memory
+    } else {
+        Records::Transactional
+    };
+    Ok(Config {
+        listen: cli.listen,
+        database_url,
+        handler_delay: cli.handler_delay,
+        lease: cli.lease,
+        wait: cli.wait,
+        heartbeat: !cli.no_heartbeat,
+        idempotency: !cli.no_idempotency,
+        records,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Config, String> {
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
         Config::from_args(args.iter().map(|a| (*a).to_owned()))
     }
 
@@ -274,11 +297,97 @@ mod tests {
 
     #[test]
     fn help_is_recognised() {
-        assert_eq!(parse(&["--help"]).unwrap_err(), USAGE);
+        // clap renders the help: `--help` is an error of kind DisplayHelp whose text is it.
+        let help = parse(&["--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        assert_eq!(help.exit_code(), 0);
+        let text = help.to_string();
+        for flag in [
+            "--listen <ADDR>",
+            "--database-url <URL>",
+            "--handler-delay-ms <N>",
+            "--lease-ms <N>",
+            "--wait-ms <N>",
+            "--no-heartbeat",
+            "--no-idempotency",
+            "--non-transactional",
+            "--memory-records",
+            "--version",
+            "DATABASE_URL",
+            "RUST_LOG",
+            "[default: 60000]",
+        ] {
+            assert!(text.contains(flag), "{flag} missing from the help:\n{text}");
+        }
+        // Help wins over a mistake elsewhere on the line.
+        assert_eq!(
+            parse(&["--lease-ms", "-h"]).unwrap_err().kind(),
+            ErrorKind::DisplayHelp
+        );
+        assert_eq!(
+            parse(&["--verbose", "--help"]).unwrap_err().kind(),
+            ErrorKind::DisplayHelp
+        );
+        assert!(Config::help().contains("--handler-delay-ms"));
         assert!(Config::wants_help(&["--lease-ms".into(), "-h".into()]));
         assert!(!Config::wants_help(&[
             "--listen".into(),
             "127.0.0.1:1".into()
         ]));
+    }
+
+    #[test]
+    fn version_is_the_crate_version() {
+        let version = parse(&["--version"]).unwrap_err();
+        assert_eq!(version.kind(), ErrorKind::DisplayVersion);
+        assert_eq!(version.exit_code(), 0);
+        assert_eq!(
+            version.to_string().trim(),
+            format!("demo {}", env!("CARGO_PKG_VERSION"))
+        );
+    }
+
+    #[test]
+    fn mistakes_name_their_flag_and_exit_two() {
+        for (args, words) in [
+            (
+                &["--lease-ms", "0"][..],
+                &["--lease-ms", "at least 1 ms"][..],
+            ),
+            (
+                &["--wait-ms", "1.5"],
+                &["--wait-ms", "whole number of milliseconds"],
+            ),
+            (&["--listen", "localhost"], &["--listen", "127.0.0.1:3000"]),
+            (&["--database-url="], &["--database-url", "empty"]),
+            (
+                &["--non-transactional", "--memory-records"],
+                &["--non-transactional", "--memory-records"],
+            ),
+            (&["--verbose"], &["--verbose"]),
+        ] {
+            let error = parse(args).unwrap_err();
+            assert_eq!(error.exit_code(), 2, "{args:?}");
+            let text = error.to_string();
+            for word in words {
+                assert!(text.contains(word), "{args:?}: {word} not in {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_repeated_flag_keeps_its_last_value() {
+        let config = parse(&[
+            "--lease-ms",
+            "5",
+            "--lease-ms=7",
+            "--no-heartbeat",
+            "--no-heartbeat",
+        ]);
+        let config = config.unwrap();
+        assert_eq!(config.lease, Duration::from_millis(7));
+        assert!(!config.heartbeat);
+        let twice = parse(&["--memory-records", "--memory-records"]).unwrap();
+        assert_eq!(twice.records, Records::Memory);
     }
 }

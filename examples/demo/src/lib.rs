@@ -27,6 +27,7 @@ pub mod commands;
 pub mod config;
 pub mod database;
 pub mod ledger;
+pub mod metrics;
 pub mod problem;
 pub mod routes;
 
@@ -43,7 +44,7 @@ use tower_idempotency::{CommandRejection, IdempotencyLayer, MemoryStore, RoutePo
 use tower_idempotency_postgres::{ConnectError, PostgresStore};
 
 pub use crate::auth::Account;
-pub use crate::config::{Config, Records, USAGE};
+pub use crate::config::{Config, Records};
 use crate::database::Database;
 pub use crate::ledger::Ledger;
 pub use crate::problem::Problem;
@@ -71,8 +72,8 @@ pub enum DemoError {
     Io(#[from] std::io::Error),
 }
 
-/// Builds the demo's router for `config`: `/healthz` (no authentication), the write and
-/// list routes and, unless idempotency is off, the status routes under `/operations`.
+/// Builds the demo's router for `config`: `/healthz` and `/metrics` (no authentication),
+/// the write and list routes and, unless idempotency is off, the status routes under `/operations`.
 ///
 /// This is the one place that picks where the records live and how they are written:
 ///
@@ -141,6 +142,8 @@ pub fn router(config: &Config, store: impl Store) -> Router {
 }
 
 fn build(config: &Config, store: impl Store, records: Backend) -> Router {
+    // Installed before the layer exists, so that its first request is already counted.
+    metrics::handle();
     let transactional = matches!(records, Backend::Transactional(_));
     let state = AppState {
         records,
@@ -177,6 +180,7 @@ fn build(config: &Config, store: impl Store, records: Backend) -> Router {
         .with_state(state);
     Router::new()
         .route("/healthz", get(routes::healthz))
+        .route("/metrics", get(metrics::render))
         .merge(api)
 }
 

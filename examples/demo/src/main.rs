@@ -6,23 +6,14 @@ use tokio::net::TcpListener;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if demo::Config::wants_help(&args) {
-        print!("{}", demo::USAGE);
-        return ExitCode::SUCCESS;
-    }
-    let mut config = match demo::Config::from_args(args.into_iter()) {
+    let config = match demo::Config::from_command_line() {
         Ok(config) => config,
-        Err(message) => {
-            eprintln!("demo: {message}");
-            return ExitCode::from(2);
+        Err(error) => {
+            // Help and version on stdout with 0, usage errors on stderr with 2.
+            let _ = error.print();
+            return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
         }
     };
-    if config.database_url.is_none() {
-        config.database_url = std::env::var("DATABASE_URL")
-            .ok()
-            .filter(|url| !url.is_empty());
-    }
     demo::init_logging("info");
     match run(&config).await {
         Ok(()) => ExitCode::SUCCESS,

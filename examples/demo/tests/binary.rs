@@ -1,5 +1,5 @@
 //! The `demo` binary's process contract: it prints `listening on http://ADDR` once it
-//! accepts connections, serves `/healthz`, and exits 0 on SIGTERM.
+//! accepts connections, serves `/healthz` and `/metrics`, and exits 0 on SIGTERM.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -55,6 +55,12 @@ async fn prints_its_address_serves_and_stops_on_sigterm() {
         .await
         .unwrap();
     assert_eq!(anonymous.status(), 401);
+    let metrics = client.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status(), 200, "/metrics needs no authentication");
+    assert_eq!(
+        metrics.headers()["content-type"],
+        "text/plain; version=0.0.4"
+    );
 
     let pid = child.id().unwrap().to_string();
     let kill = Command::new("kill")
@@ -79,6 +85,57 @@ async fn help_exits_zero_and_bad_arguments_exit_two() {
     let bad = demo().arg("--lease-ms").arg("soon").output().await.unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--lease-ms"));
+    assert!(bad.stdout.is_empty());
+
+    let excluded = demo()
+        .args(["--non-transactional", "--memory-records"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(excluded.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&excluded.stderr);
+    assert!(
+        stderr.contains("--non-transactional") && stderr.contains("--memory-records"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn version_prints_the_crate_version_and_exits_zero() {
+    let version = demo().arg("--version").output().await.unwrap();
+    assert!(version.status.success(), "{version:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("demo {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[tokio::test]
+async fn database_url_comes_from_the_environment_unless_empty() {
+    // A URL nobody answers: the demo read it, tried PostgreSQL and gave up (exit 1).
+    let unreachable = demo()
+        .args(["--listen", "127.0.0.1:0"])
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(1), "{unreachable:?}");
+    assert!(
+        String::from_utf8_lossy(&unreachable.stderr).contains("PostgreSQL"),
+        "{unreachable:?}"
+    );
+    assert!(unreachable.stdout.is_empty());
+
+    // An empty DATABASE_URL counts as unset: memory mode, so the database-only flag is
+    // refused as needing a database URL.
+    let empty = demo()
+        .args(["--listen", "127.0.0.1:0", "--memory-records"])
+        .env("DATABASE_URL", "")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(empty.status.code(), Some(1), "{empty:?}");
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("needs a database URL"));
 }
 
 #[tokio::test]
