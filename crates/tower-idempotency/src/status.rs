@@ -16,9 +16,10 @@ use http::{HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 use tower_idempotency_core::{IdempotencyKey, Operation, OperationId};
 
-use crate::IdempotencyLayer;
-use crate::layer::Shared;
+use crate::config::Shared;
+use crate::layer::IdempotencyLayer;
 use crate::problem::Rejection;
+use crate::refusal;
 
 impl IdempotencyLayer {
     /// The status routes, mounted at the status path (default `/operations`), scoped with
@@ -56,7 +57,7 @@ impl IdempotencyLayer {
 }
 
 fn refuse(shared: &Shared, rejection: Rejection) -> Response {
-    shared.problem(&rejection).map(axum::body::Body::from)
+    refusal::problem(shared, &rejection).map(axum::body::Body::from)
 }
 
 async fn by_id(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
@@ -109,7 +110,7 @@ fn timestamp(at: Option<SystemTime>) -> Value {
 }
 
 /// The JSON form of an operation record served by the status routes.
-pub fn operation_json(operation: &Operation) -> Value {
+fn operation_json(operation: &Operation) -> Value {
     json!({
         "operation_id": operation.id.to_string(),
         "idempotency_key": operation.key.as_str(),
