@@ -207,12 +207,90 @@ pub(crate) fn pending_records(delta: f64) {
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::Full;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::{CompositeKey, MetricKind};
+    use tower::{Layer, ServiceExt, service_fn};
+    use tower_idempotency_core::metrics as names;
+    use tower_idempotency_core::{MemoryStore, Scope};
+
     use super::Decision;
+    use crate::IdempotencyLayer;
 
     #[test]
     fn every_decision_round_trips_through_its_number() {
         for decision in Decision::ALL {
             assert_eq!(Decision::from_u8(decision as u8), decision);
         }
+    }
+
+    fn decisions(key: &CompositeKey, value: &DebugValue, decision: &str) -> Option<u64> {
+        let labelled = key
+            .key()
+            .labels()
+            .any(|l| l.key() == names::DECISION && l.value() == decision);
+        match (key.kind(), value) {
+            (MetricKind::Counter, DebugValue::Counter(n))
+                if key.key().name() == names::DECISIONS && labelled =>
+            {
+                Some(*n)
+            }
+            _ => None,
+        }
+    }
+
+    /// The test runs on one thread (a current-thread runtime), so the thread-local
+    /// recorder sees everything the layer emits.
+    #[test]
+    fn a_fresh_request_and_its_replay_are_counted_once_each() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let handler = service_fn(|_request: Request<_>| async {
+                let mut response = Response::new(Full::new(Bytes::from_static(b"made")));
+                *response.status_mut() = StatusCode::CREATED;
+                Ok::<_, Infallible>(response)
+            });
+            let service = IdempotencyLayer::new(MemoryStore::default())
+                .with_scope(|_| Some(Scope::new("acct_1")))
+                .layer(handler);
+            let request = || {
+                Request::post("/v1/tickets")
+                    .header("idempotency-key", "k-1")
+                    .body(Full::new(Bytes::from_static(b"{}")))
+                    .unwrap()
+            };
+            let first = service.clone().oneshot(request()).await.unwrap();
+            assert_eq!(first.status(), StatusCode::CREATED);
+            let retry = service.oneshot(request()).await.unwrap();
+            assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        });
+        let snapshot = snapshotter.snapshot().into_vec();
+        let count = |decision: &str| -> u64 {
+            snapshot
+                .iter()
+                .filter_map(|(key, _, _, value)| decisions(key, value, decision))
+                .sum()
+        };
+        assert_eq!(count("executed"), 1, "{snapshot:?}");
+        assert_eq!(count("replayed"), 1, "{snapshot:?}");
+        assert_eq!(count("conflict"), 0);
+        let store_calls = snapshot
+            .iter()
+            .filter(|(key, ..)| key.key().name() == names::STORE_DURATION)
+            .count();
+        assert!(
+            store_calls >= 2,
+            "reserve and complete are timed: {snapshot:?}"
+        );
     }
 }
