@@ -78,15 +78,30 @@ where
         // Waits for the handler to let go of the lock; later uses of its handle find nothing.
         Some(handle) => Sink::Transaction(handle.take().await),
     };
+    settle(shared, policy, &lease, sink, outcome).await
+}
+
+/// What the handler's outcome becomes: its answer recorded and sent, or, when it failed
+/// or panicked, the operation abandoned (or rolled back).
+async fn settle<ResB, E>(
+    shared: &Arc<Shared>,
+    policy: &RoutePolicy,
+    lease: &Lease,
+    sink: Sink,
+    outcome: std::thread::Result<Result<Response<ResB>, E>>,
+) -> Answer<ResB, E>
+where
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
     match outcome {
-        Ok(Ok(response)) => Ok(finish(shared, policy, &lease, sink, response).await),
+        Ok(Ok(response)) => Ok(finish(shared, policy, lease, sink, response).await),
         Ok(Err(error)) => {
-            sink.fail(shared, &lease, "the service returned an error")
+            sink.fail(shared, lease, "the service returned an error")
                 .await;
             Err(error)
         }
         Err(_panic) => {
-            sink.fail(shared, &lease, "the handler panicked").await;
+            sink.fail(shared, lease, "the handler panicked").await;
             Ok(refuse(
                 shared,
                 Rejection::HandlerFailed {
@@ -165,6 +180,21 @@ where
             },
         );
     };
+    send_buffered(shared, policy, lease, sink, parts, buffered).await
+}
+
+/// Records a buffered answer and sends it, or what must be sent instead.
+async fn send_buffered<ResB>(
+    shared: &Arc<Shared>,
+    policy: &RoutePolicy,
+    lease: &Lease,
+    sink: Sink,
+    parts: http::response::Parts,
+    buffered: Buffered<ResB>,
+) -> Response<ResponseBody<ResB>>
+where
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
     match buffered {
         Buffered::Complete(bytes) => {
             match record::record(shared, policy, lease, sink, &parts, Some(&bytes)).await {

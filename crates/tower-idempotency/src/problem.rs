@@ -390,110 +390,41 @@ impl RejectionMeta {
 
 impl Rejection {
     /// The table of cases: each one's status, slug, title and extension members.
+    #[rustfmt::skip]
     pub fn meta(&self) -> RejectionMeta {
         use StatusCode as S;
         match self {
-            Self::MissingKey => meta(
-                S::BAD_REQUEST,
-                "missing-idempotency-key",
-                "Idempotency-Key required",
-            ),
-            Self::InvalidKey(_) | Self::RepeatedKey => meta(
-                S::BAD_REQUEST,
-                "invalid-idempotency-key",
-                "Invalid Idempotency-Key",
-            ),
-            Self::MissingScope => meta(
-                S::UNAUTHORIZED,
-                "missing-scope",
-                "No principal to scope the key",
-            ),
-            Self::BodyTooLarge { .. } => meta(
-                S::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                "Request body too large",
-            ),
-            Self::BodyReadFailed => meta(
-                S::BAD_REQUEST,
-                "body-read-failed",
-                "Request body unreadable",
-            ),
-            Self::BodyReadTimeout { .. } => meta(
-                S::REQUEST_TIMEOUT,
-                "body-read-timeout",
-                "Request body too slow",
-            ),
-            Self::InvalidJson(error) => {
-                meta(S::UNPROCESSABLE_ENTITY, "invalid-json", "Invalid JSON")
-                    .extra("reason", Extra::Text(error.code()))
-            }
-            Self::UnsupportedMediaType => meta(
-                S::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported-media-type",
-                "Unsupported media type",
-            ),
-            Self::InvalidCommand(_) => meta(
-                S::UNPROCESSABLE_ENTITY,
-                "invalid-command",
-                "Invalid command",
-            ),
-            Self::FingerprintMismatch {
-                operation_id,
-                state,
-            } => meta(
-                S::CONFLICT,
-                "fingerprint-mismatch",
-                "Idempotency-Key reused with a different request",
-            )
-            .operation(*operation_id)
-            .extra("state", Extra::Text(state.as_str())),
-            Self::RequestInProgress {
-                operation_id,
-                retry_after,
-            } => meta(S::CONFLICT, "request-in-progress", "Request in progress")
+            Self::MissingKey => meta(S::BAD_REQUEST, "missing-idempotency-key", "Idempotency-Key required"),
+            Self::InvalidKey(_) | Self::RepeatedKey => meta(S::BAD_REQUEST, "invalid-idempotency-key", "Invalid Idempotency-Key"),
+            Self::MissingScope => meta(S::UNAUTHORIZED, "missing-scope", "No principal to scope the key"),
+            Self::BodyTooLarge { .. } => meta(S::PAYLOAD_TOO_LARGE, "body-too-large", "Request body too large"),
+            Self::BodyReadFailed => meta(S::BAD_REQUEST, "body-read-failed", "Request body unreadable"),
+            Self::BodyReadTimeout { .. } => meta(S::REQUEST_TIMEOUT, "body-read-timeout", "Request body too slow"),
+            Self::InvalidJson(error) => meta(S::UNPROCESSABLE_ENTITY, "invalid-json", "Invalid JSON")
+                .extra("reason", Extra::Text(error.code())),
+            Self::UnsupportedMediaType => meta(S::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type"),
+            Self::InvalidCommand(_) => meta(S::UNPROCESSABLE_ENTITY, "invalid-command", "Invalid command"),
+            Self::FingerprintMismatch { operation_id, state } => meta(S::CONFLICT, "fingerprint-mismatch", "Idempotency-Key reused with a different request")
+                .operation(*operation_id)
+                .extra("state", Extra::Text(state.as_str())),
+            Self::RequestInProgress { operation_id, retry_after } => meta(S::CONFLICT, "request-in-progress", "Request in progress")
                 .linked(*operation_id)
                 .retry_after(*retry_after),
-            Self::OutcomeUnknown { operation_id } => {
-                meta(S::CONFLICT, "outcome-unknown", "Outcome unknown").linked(*operation_id)
-            }
-            Self::ResponseNotReplayable {
-                operation_id,
-                status,
-            } => meta(
-                S::CONFLICT,
-                "response-not-replayable",
-                "Response not replayable",
-            )
-            .linked(*operation_id)
-            .extra("original_status", Extra::Status(*status)),
-            Self::OperationNotFound => {
-                meta(S::NOT_FOUND, "operation-not-found", "Operation not found")
-            }
-            Self::StoreUnavailable => meta(
-                S::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Idempotency store unavailable",
-            ),
-            Self::StoreFull => meta(
-                S::SERVICE_UNAVAILABLE,
-                "store-full",
-                "Idempotency store full",
-            )
-            .retry_after(1),
-            Self::TransactionsUnsupported => meta(
-                S::INTERNAL_SERVER_ERROR,
-                "transactions-unsupported",
-                "Transactions unsupported by the store",
-            ),
-            Self::NotCommitted { operation_id } => {
-                meta(S::SERVICE_UNAVAILABLE, "not-committed", "Not committed")
-                    .operation(*operation_id)
-                    .retry_after(1)
-            }
-            Self::HandlerFailed { operation_id } => {
-                meta(S::INTERNAL_SERVER_ERROR, "handler-failed", "Handler failed")
-                    .linked(*operation_id)
-            }
+            Self::OutcomeUnknown { operation_id } => meta(S::CONFLICT, "outcome-unknown", "Outcome unknown")
+                .linked(*operation_id),
+            Self::ResponseNotReplayable { operation_id, status } => meta(S::CONFLICT, "response-not-replayable", "Response not replayable")
+                .linked(*operation_id)
+                .extra("original_status", Extra::Status(*status)),
+            Self::OperationNotFound => meta(S::NOT_FOUND, "operation-not-found", "Operation not found"),
+            Self::StoreUnavailable => meta(S::SERVICE_UNAVAILABLE, "store-unavailable", "Idempotency store unavailable"),
+            Self::StoreFull => meta(S::SERVICE_UNAVAILABLE, "store-full", "Idempotency store full")
+                .retry_after(1),
+            Self::TransactionsUnsupported => meta(S::INTERNAL_SERVER_ERROR, "transactions-unsupported", "Transactions unsupported by the store"),
+            Self::NotCommitted { operation_id } => meta(S::SERVICE_UNAVAILABLE, "not-committed", "Not committed")
+                .operation(*operation_id)
+                .retry_after(1),
+            Self::HandlerFailed { operation_id } => meta(S::INTERNAL_SERVER_ERROR, "handler-failed", "Handler failed")
+                .linked(*operation_id),
         }
     }
 
