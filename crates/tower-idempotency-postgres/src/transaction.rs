@@ -360,6 +360,58 @@ mod extract {
             })
         }
     }
+
+    #[cfg(test)]
+    mod tests {
+        use axum::extract::FromRequestParts;
+        use axum::http::{Request, StatusCode};
+        use axum::response::IntoResponse;
+        use tower_idempotency::problem::{DEFAULT_PROBLEM_BASE, ProblemBase};
+
+        use super::PostgresTx;
+
+        async fn problem_type(request: Request<()>) -> (StatusCode, String, serde_json::Value) {
+            let (mut parts, ()) = request.into_parts();
+            let Err(rejection) = PostgresTx::from_request_parts(&mut parts, &()).await else {
+                panic!("no transaction was put in the request");
+            };
+            let response = rejection.into_response();
+            let status = response.status();
+            let content_type = response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, content_type, serde_json::from_slice(&body).unwrap())
+        }
+
+        #[tokio::test]
+        async fn the_rejection_renders_under_the_layers_problem_base() {
+            let mut request = Request::new(());
+            request
+                .extensions_mut()
+                .insert(ProblemBase::new("https://example.com/errors/"));
+            let (status, content_type, body) = problem_type(request).await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(content_type, "application/problem+json");
+            assert_eq!(
+                body["type"],
+                "https://example.com/errors/transaction-missing"
+            );
+            assert_eq!(body["title"], "No operation transaction");
+            assert_eq!(body["status"], 500);
+            assert!(body["detail"].is_string());
+
+            // Without a layer in front: the default base, as before.
+            let (_, _, body) = problem_type(Request::new(())).await;
+            assert_eq!(
+                body["type"],
+                format!("{DEFAULT_PROBLEM_BASE}transaction-missing")
+            );
+        }
+    }
 }
 
 #[cfg(feature = "axum")]

@@ -492,4 +492,33 @@ mod tests {
         );
         assert_eq!(retry_after(&running_until(now - Duration::from_secs(5))), 1);
     }
+
+    #[tokio::test]
+    async fn guarded_requests_carry_the_layers_problem_base() {
+        use bytes::Bytes;
+        use http::Request;
+        use http_body_util::{BodyExt, Full};
+        use tower::{Layer, ServiceExt, service_fn};
+        use tower_idempotency_core::MemoryStore;
+
+        use crate::IdempotencyLayer;
+        use crate::problem::ProblemBase;
+
+        let handler = service_fn(|request: Request<_>| async move {
+            let base = request.extensions().get::<ProblemBase>().cloned();
+            let text = base.map_or_else(String::new, |b| b.as_str().to_owned());
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(text))))
+        });
+        let service = IdempotencyLayer::new(MemoryStore::default())
+            .with_scope(|_| Some(Scope::new("acct")))
+            .with_problem_base("https://example.com/errors/")
+            .layer(handler);
+        let request = Request::post("/v1/x")
+            .header("idempotency-key", "k")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = service.oneshot(request).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "https://example.com/errors/");
+    }
 }
