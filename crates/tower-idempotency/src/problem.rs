@@ -334,7 +334,7 @@ pub struct RejectionMeta {
     pub retry_after: Option<u64>,
 }
 
-/// The value of a case's own extension member (see [`RejectionMeta::extra`]).
+/// The value of a case's own extension member (the `extra` field of [`RejectionMeta`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Extra {
