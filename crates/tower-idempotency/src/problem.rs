@@ -2,9 +2,9 @@
 //! `application/problem+json` body they are rendered as, [`Problem`].
 //!
 //! Each case has a fixed status and a stable `type` URI whose last path segment is the
-//! case's slug (`…/problems/fingerprint-mismatch`): [`Rejection::meta`] is the one table
-//! that says so. The typed rejection is also put in the response extensions, for callers
-//! that want to inspect it without parsing JSON.
+//! case's slug (`…/problems/fingerprint-mismatch`): one table in this module says so, and
+//! [`Rejection::problem`] renders it. The typed rejection is also put in the response
+//! extensions, for callers that want to inspect it without parsing JSON.
 //!
 //! [`Problem`] is public so that an application's own refusals (and the PostgreSQL
 //! crate's) render the same way and under the same [`ProblemBase`]:
@@ -317,27 +317,26 @@ pub enum Rejection {
 
 /// What [`Rejection::meta`] says of a case: everything but its `detail`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RejectionMeta {
+pub(crate) struct RejectionMeta {
     /// The HTTP status.
-    pub status: StatusCode,
+    pub(crate) status: StatusCode,
     /// The stable slug: the last path segment of the problem `type` URI.
-    pub slug: &'static str,
+    pub(crate) slug: &'static str,
     /// A short, fixed summary of the case (the problem `title`).
-    pub title: &'static str,
+    pub(crate) title: &'static str,
     /// The operation named in the body (`operation_id`).
-    pub operation_id: Option<OperationId>,
+    pub(crate) operation_id: Option<OperationId>,
     /// Whether the body links the operation's status route (`status_url`).
-    pub status_url: bool,
+    pub(crate) status_url: bool,
     /// The case's own extension member, if it has one.
-    pub extra: Option<(&'static str, Extra)>,
+    pub(crate) extra: Option<(&'static str, Extra)>,
     /// The `Retry-After` header, in seconds.
-    pub retry_after: Option<u64>,
+    pub(crate) retry_after: Option<u64>,
 }
 
 /// The value of a case's own extension member (the `extra` field of [`RejectionMeta`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Extra {
+pub(crate) enum Extra {
     /// A fixed string (`reason`, `state`).
     Text(&'static str),
     /// A status that may be unknown (`original_status`: a number or `null`).
@@ -391,7 +390,7 @@ impl RejectionMeta {
 impl Rejection {
     /// The table of cases: each one's status, slug, title and extension members.
     #[rustfmt::skip]
-    pub fn meta(&self) -> RejectionMeta {
+    pub(crate) fn meta(&self) -> RejectionMeta {
         use StatusCode as S;
         match self {
             Self::MissingKey => meta(S::BAD_REQUEST, "missing-idempotency-key", "Idempotency-Key required"),
