@@ -28,7 +28,7 @@ pub const REQUEST_DURATION: &str = "idempotency.request.duration";
 /// Histogram, seconds: the latency of one store call made by the layer.
 ///
 /// Label: [`OPERATION`] — `reserve`, `wait`, `complete`, `release`, `abandon`, `renew`,
-/// `begin`, `commit`, `rollback`, `get`.
+/// `begin`, `commit`, `rollback`, `get`, `mark_delivered`.
 pub const STORE_DURATION: &str = "idempotency.store.duration";
 
 /// Gauge: handlers running under a reservation right now (up when a handler starts,

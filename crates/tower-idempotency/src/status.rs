@@ -20,7 +20,9 @@ use crate::config::Shared;
 use crate::layer::IdempotencyLayer;
 use crate::problem::Rejection;
 use crate::refusal;
+use crate::telemetry::store_call;
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IdempotencyLayer {
     /// The status routes, mounted at the status path (default `/operations`), scoped with
     /// the layer's scope extractor. Merge them into your router inside your
@@ -68,7 +70,7 @@ async fn by_id(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
     let Ok(id) = id.parse::<OperationId>() else {
         return refuse(shared, Rejection::OperationNotFound);
     };
-    match shared.store.get_by_id(&scope, id).await {
+    match store_call("get", shared.store.get_by_id(&scope, id)).await {
         Ok(Some(operation)) => render(&operation),
         Ok(None) => refuse(shared, Rejection::OperationNotFound),
         Err(error) => {
@@ -93,7 +95,7 @@ async fn by_key(shared: &Arc<Shared>, request: Request) -> Response {
         Ok(key) => key,
         Err(error) => return refuse(shared, Rejection::InvalidKey(error)),
     };
-    match shared.store.get(&scope, &key).await {
+    match store_call("get", shared.store.get(&scope, &key)).await {
         Ok(Some(operation)) => render(&operation),
         Ok(None) => refuse(shared, Rejection::OperationNotFound),
         Err(error) => {
