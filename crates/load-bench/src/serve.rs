@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use demo::{Config, Records};
 use tokio::net::TcpListener;
-use tower_idempotency::purge::spawn_purge_task;
+use tower_idempotency::spawn_purge_task;
 use tower_idempotency::{MemoryStore, MemoryStoreConfig};
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;

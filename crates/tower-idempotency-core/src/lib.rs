@@ -15,6 +15,7 @@ pub mod conformance;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;
+pub mod metrics;
 pub mod operation;
 pub mod purge;
 pub mod scope;

@@ -312,36 +312,43 @@ impl Deref for PostgresTxGuard<'_> {
 #[cfg(feature = "axum")]
 mod extract {
     use axum::extract::FromRequestParts;
+    use axum::http::StatusCode;
     use axum::http::request::Parts;
-    use axum::http::{HeaderValue, StatusCode, header};
     use axum::response::{IntoResponse, Response};
+    use tower_idempotency::problem::{Problem, ProblemBase};
 
     use super::PostgresTx;
 
     /// Rejection of the [`PostgresTx`] extractor: the request carries no operation
     /// transaction (the route is not transactional, or the idempotency layer is not in
-    /// front of it). Answered `500` with an `application/problem+json` body: this is a
-    /// server configuration mistake, not a client error.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+    /// front of it). Answered `500 transaction-missing` with an `application/problem+json`
+    /// body under the layer's problem base (see
+    /// [`IdempotencyLayer::with_problem_base`](tower_idempotency::IdempotencyLayer::with_problem_base)):
+    /// this is a server configuration mistake, not a client error.
+    #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
     #[error("the request carries no operation transaction (is the route transactional?)")]
-    pub struct MissingTransaction;
+    pub struct MissingTransaction {
+        /// The base the layer put in the request; the default one without a layer.
+        base: ProblemBase,
+    }
+
+    impl MissingTransaction {
+        /// The problem this rejection is answered with.
+        pub fn problem(&self) -> Problem {
+            self.base
+                .problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "transaction-missing",
+                    "No operation transaction",
+                )
+                .with_detail(self.to_string())
+        }
+    }
 
     impl IntoResponse for MissingTransaction {
         fn into_response(self) -> Response {
             tracing::error!("{self}");
-            let body = serde_json::json!({
-                "type": "https://tower-idempotency.dev/problems/transaction-missing",
-                "title": "No operation transaction",
-                "status": 500,
-                "detail": self.to_string(),
-            });
-            let mut response =
-                (StatusCode::INTERNAL_SERVER_ERROR, body.to_string()).into_response();
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/problem+json"),
-            );
-            response
+            self.problem().to_response().map(axum::body::Body::from)
         }
     }
 
@@ -352,7 +359,65 @@ mod extract {
             parts: &mut Parts,
             _state: &S,
         ) -> Result<Self, Self::Rejection> {
-            Self::from_extensions(&parts.extensions).ok_or(MissingTransaction)
+            Self::from_extensions(&parts.extensions).ok_or_else(|| MissingTransaction {
+                base: parts
+                    .extensions
+                    .get::<ProblemBase>()
+                    .cloned()
+                    .unwrap_or_default(),
+            })
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use axum::extract::FromRequestParts;
+        use axum::http::{Request, StatusCode};
+        use axum::response::IntoResponse;
+        use tower_idempotency::problem::{DEFAULT_PROBLEM_BASE, ProblemBase};
+
+        use super::PostgresTx;
+
+        async fn problem_type(request: Request<()>) -> (StatusCode, String, serde_json::Value) {
+            let (mut parts, ()) = request.into_parts();
+            let Err(rejection) = PostgresTx::from_request_parts(&mut parts, &()).await else {
+                panic!("no transaction was put in the request");
+            };
+            let response = rejection.into_response();
+            let status = response.status();
+            let content_type = response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, content_type, serde_json::from_slice(&body).unwrap())
+        }
+
+        #[tokio::test]
+        async fn the_rejection_renders_under_the_layers_problem_base() {
+            let mut request = Request::new(());
+            request
+                .extensions_mut()
+                .insert(ProblemBase::new("https://example.com/errors/"));
+            let (status, content_type, body) = problem_type(request).await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(content_type, "application/problem+json");
+            assert_eq!(
+                body["type"],
+                "https://example.com/errors/transaction-missing"
+            );
+            assert_eq!(body["title"], "No operation transaction");
+            assert_eq!(body["status"], 500);
+            assert!(body["detail"].is_string());
+
+            // Without a layer in front: the default base, as before.
+            let (_, _, body) = problem_type(Request::new(())).await;
+            assert_eq!(
+                body["type"],
+                format!("{DEFAULT_PROBLEM_BASE}transaction-missing")
+            );
         }
     }
 }

@@ -119,7 +119,8 @@ impl DeliveryHook {
             operation_id,
         } = self;
         let mut mark = Box::pin(async move {
-            if let Err(error) = store.mark_delivered(&scope, operation_id).await {
+            let marked = store.mark_delivered(&scope, operation_id);
+            if let Err(error) = crate::telemetry::store_call("mark_delivered", marked).await {
                 tracing::warn!(%operation_id, error = %error, "could not record delivery");
             }
         });

@@ -13,7 +13,7 @@ use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
 use http::HeaderName;
 use tower_idempotency_core::{OperationId, Scope};
 
-use crate::policy::ConfigError;
+use crate::error::ConfigError;
 
 /// Stored header naming the key a stored body was sealed with. Reserved: it is never
 /// stored from a handler's response and never replayed.

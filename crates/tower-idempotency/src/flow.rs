@@ -1,12 +1,14 @@
-//! The protocol for one guarded request: key, scope, body, fingerprint, atomic
-//! reservation, then execute, replay, wait or refuse.
+//! The protocol for one guarded request, top to bottom: key, scope, body, fingerprint
+//! ([`admit`]); one atomic reservation, then what to do with an existing record
+//! ([`decide`]): execute, replay, wait or refuse.
 //!
 //! Invariants: nothing is stored for a request refused before reservation; the handler
 //! runs only after this request won the reservation (or, by explicit opt-in, when the
 //! store is down); reservation, the handler and the storing of its result run as one
 //! future that moves into a task of its own if the client disconnects
 //! ([`detach`](crate::detach)), so a disconnect cannot cancel them. Running the handler is
-//! in [`execute`](crate::execute); buffering in [`buffer`](crate::buffer).
+//! in [`execute`](crate::execute), storing its result in [`record`](crate::record), every
+//! refusal in [`refusal`](crate::refusal).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -16,20 +18,21 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Part
 use http_body::Body;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::{
-    IdempotencyKey, Operation, OperationState, Reservation, ReserveRequest, StoreError,
+    IdempotencyKey, Operation, OperationState, Reservation, ReserveRequest, Scope, StoreError,
 };
 use tracing::{Instrument, Span, field};
 
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
+use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
-use crate::layer::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
-use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy};
+use crate::execute::{Answer, execute};
+use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
+use crate::refusal::refuse;
 use crate::request_fingerprint::fingerprint;
-
-pub(crate) type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
+use crate::telemetry::{self, Decision, Tally, store_call};
 
 pub(crate) async fn run<S, B, ResB>(
     shared: Arc<Shared>,
@@ -45,7 +48,9 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    // Extractors downstream render their own problems under the layer's base.
+    parts.extensions.insert(shared.problem_base.clone());
     let route = route_of(&parts);
     let span = tracing::info_span!(
         "idempotency",
@@ -57,9 +62,9 @@ where
         decision = field::Empty,
         store_ms = field::Empty,
     );
-    guarded(shared, inner, parts, body, route)
-        .instrument(span)
-        .await
+    let tally = Tally::new(&parts.method, &route);
+    let guarded = guarded(shared, inner, parts, body, route, tally.clone());
+    tally.scope(guarded).instrument(span).await
 }
 
 #[cfg(feature = "axum")]
@@ -75,31 +80,13 @@ fn route_of(parts: &Parts) -> String {
     parts.uri.path().to_owned()
 }
 
-pub(crate) fn refuse<ResB: Body>(
-    shared: &Shared,
-    rejection: Rejection,
-) -> Response<ResponseBody<ResB>> {
-    let decision = match rejection {
-        Rejection::FingerprintMismatch { .. } | Rejection::RequestInProgress { .. } => "conflict",
-        Rejection::OutcomeUnknown { .. } => "unknown",
-        _ => "rejected",
-    };
-    Span::current().record("decision", decision);
-    tracing::info!(
-        decision,
-        problem = rejection.slug(),
-        status = rejection.status().as_u16(),
-        "idempotency refusal"
-    );
-    shared.problem(&rejection).map(ResponseBody::full)
-}
-
 async fn guarded<S, B, ResB>(
     shared: Arc<Shared>,
     inner: S,
     parts: Parts,
     body: B,
     route: String,
+    tally: Arc<Tally>,
 ) -> Answer<ResB, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
@@ -111,84 +98,26 @@ where
     ResB::Error: Send + 'static,
 {
     let policy = shared.policy_for(&parts.method, &route).clone();
-
-    let mut values = parts.headers.get_all(&shared.header_name).iter();
-    let key = match (values.next(), values.next()) {
-        (None, _) => match policy.key {
-            KeyRequirement::Optional => {
-                Span::current().record("decision", "passthrough");
-                let request = Request::from_parts(parts, RequestBody::streaming(body));
-                return inner
-                    .oneshot(request)
-                    .await
-                    .map(|r| r.map(ResponseBody::inner));
-            }
-            _ => return Ok(refuse(&shared, Rejection::MissingKey)),
-        },
-        (Some(_), Some(_)) => return Ok(refuse(&shared, Rejection::RepeatedKey)),
-        (Some(value), None) => match IdempotencyKey::parse_header(value.as_bytes()) {
-            Ok(key) => key,
-            Err(error) => return Ok(refuse(&shared, Rejection::InvalidKey(error))),
-        },
-    };
-    Span::current().record("key", key.as_str());
-
-    let scope = match (shared.scope)(&parts) {
-        Some(scope) if scope.is_valid() => scope,
-        _ => return Ok(refuse(&shared, Rejection::MissingScope)),
-    };
-    Span::current().record("scope", scope.as_str());
-
-    let read = read_body(body, &parts, shared.body_limit);
-    let timeout = shared.body_read_timeout;
-    let read = if timeout.is_zero() {
-        Ok(read.await)
-    } else {
-        tokio::time::timeout(timeout, read).await
-    };
-    let body = match read {
-        Ok(Ok(body)) => body,
-        Ok(Err(rejection)) => return Ok(refuse(&shared, rejection)),
-        Err(_elapsed) => {
-            let seconds = whole_seconds(timeout);
-            return Ok(refuse(&shared, Rejection::BodyReadTimeout { seconds }));
+    let key = match key_of(&shared, &parts, &policy) {
+        Ok(Some(key)) => key,
+        Ok(None) => {
+            telemetry::record(Decision::Passthrough);
+            return unprotected(inner, parts, RequestBody::streaming(body)).await;
         }
-    };
-
-    let fingerprint = match fingerprint(
-        &shared.fingerprinter,
-        &policy,
-        &parts,
-        &route,
-        &scope,
-        &body,
-    ) {
-        Ok(fingerprint) => fingerprint,
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
-
-    let request = ReserveRequest {
-        scope: scope.clone(),
-        key: key.clone(),
-        fingerprint,
-        method: parts.method.as_str().to_owned(),
-        route,
-        lease: policy.lease,
-        retention: policy.retention,
-        unknown_retention: policy.unknown_retention,
-        take_over_unknown: matches!(
-            policy.unknown_outcome,
-            crate::policy::UnknownOutcomePolicy::Reexecute
-        ),
+    let (request, body) = match admit(&shared, &policy, &parts, body, route, key).await {
+        Ok(admitted) => admitted,
+        Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
-
     // From here on the request is valid and nothing may cancel what follows: a server drops
     // this future when the client disconnects, and a reservation made without its handler
     // running would block the key until its lease ran out.
     let decision = decide(shared.clone(), policy, inner, parts, body, request);
     // So reservation, execution and storing run in place while the client waits, and in a
     // task of their own if it leaves.
-    match DetachOnDrop::new(decision.instrument(Span::current())).await {
+    let decision = tally.scope(decision).instrument(Span::current());
+    match DetachOnDrop::new(decision).await {
         Ok(answer) => answer,
         Err(Panicked) => {
             tracing::error!("the idempotency decision panicked");
@@ -197,6 +126,105 @@ where
     }
 }
 
+/// Runs the handler without the protocol (no key on an optional route, or a fail-open
+/// route while the store is down).
+async fn unprotected<S, B, ResB>(
+    inner: S,
+    parts: Parts,
+    body: RequestBody<B>,
+) -> Answer<ResB, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>>,
+    ResB: Body,
+{
+    let request = Request::from_parts(parts, body);
+    inner
+        .oneshot(request)
+        .await
+        .map(|r| r.map(ResponseBody::inner))
+}
+
+/// The request's key: `None` when it has none and the route does not require one.
+fn key_of(
+    shared: &Shared,
+    parts: &Parts,
+    policy: &RoutePolicy,
+) -> Result<Option<IdempotencyKey>, Rejection> {
+    let mut values = parts.headers.get_all(&shared.header_name).iter();
+    match (values.next(), values.next()) {
+        (None, _) if policy.key == KeyRequirement::Optional => Ok(None),
+        (None, _) => Err(Rejection::MissingKey),
+        (Some(_), Some(_)) => Err(Rejection::RepeatedKey),
+        (Some(value), None) => IdempotencyKey::parse_header(value.as_bytes())
+            .map(Some)
+            .map_err(Rejection::InvalidKey),
+    }
+}
+
+/// Everything checked before the store is asked: scope, body, fingerprint. Returns what
+/// to reserve and the buffered body.
+async fn admit<B>(
+    shared: &Shared,
+    policy: &RoutePolicy,
+    parts: &Parts,
+    body: B,
+    route: String,
+    key: IdempotencyKey,
+) -> Result<(ReserveRequest, Bytes), Rejection>
+where
+    B: Body<Data = Bytes>,
+{
+    Span::current().record("key", key.as_str());
+    let scope = scope_of(shared, parts)?;
+    let body = read_bounded(shared, parts, body).await?;
+    let fingerprint = fingerprint(&shared.fingerprinter, policy, parts, &route, &scope, &body)?;
+    let request = ReserveRequest {
+        scope,
+        key,
+        fingerprint,
+        method: parts.method.as_str().to_owned(),
+        route,
+        lease: policy.lease,
+        retention: policy.retention,
+        unknown_retention: policy.unknown_retention,
+        take_over_unknown: matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute),
+    };
+    Ok((request, body))
+}
+
+fn scope_of(shared: &Shared, parts: &Parts) -> Result<Scope, Rejection> {
+    match (shared.scope)(parts) {
+        Some(scope) if scope.is_valid() => {
+            Span::current().record("scope", scope.as_str());
+            Ok(scope)
+        }
+        _ => Err(Rejection::MissingScope),
+    }
+}
+
+/// The body, read within the body limit and the body read timeout.
+async fn read_bounded<B>(shared: &Shared, parts: &Parts, body: B) -> Result<Bytes, Rejection>
+where
+    B: Body<Data = Bytes>,
+{
+    let read = read_body(body, parts, shared.body_limit);
+    let timeout = shared.body_read_timeout;
+    if timeout.is_zero() {
+        return read.await;
+    }
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or_else(|_elapsed| {
+            Err(Rejection::BodyReadTimeout {
+                seconds: whole_seconds(timeout),
+            })
+        })
+}
+
+/// Reserves the key once, then follows what the store answers: execute when this request
+/// won, otherwise replay, wait, or refuse. Each round asks the store again, so a replay
+/// after waiting is counted, and a reservation that was released while we waited is won
+/// afresh.
 async fn decide<S, B, ResB>(
     shared: Arc<Shared>,
     policy: RoutePolicy,
@@ -216,93 +244,116 @@ where
     let started = Instant::now();
     let deadline = started.checked_add(policy.wait).unwrap_or(started);
     let mut waited = false;
-    // Each round asks the store again, so a replay after waiting is counted, and a
-    // reservation that was released while we waited is won afresh.
     loop {
-        let asked = Instant::now();
-        let reservation = shared.store.reserve(request.clone()).await;
-        Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
-        let reservation = match reservation {
-            Ok(reservation) => reservation,
-            Err(StoreError::CapacityExhausted { capacity }) => {
-                tracing::warn!(capacity, "idempotency store full");
-                return Ok(refuse(&shared, Rejection::StoreFull));
-            }
-            Err(StoreError::Unavailable(error))
-                if policy.store_failure == StoreFailurePolicy::FailOpen =>
-            {
-                Span::current().record("decision", "bypassed");
-                tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
-                let request = Request::from_parts(parts, RequestBody::buffered(body));
-                return inner
-                    .oneshot(request)
-                    .await
-                    .map(|r| r.map(ResponseBody::inner));
-            }
-            Err(error) => {
-                tracing::error!(error = %error, source = ?std::error::Error::source(&error), "idempotency store failed; handler not run");
-                return Ok(refuse(&shared, Rejection::StoreUnavailable));
-            }
-        };
-        let operation = match reservation {
-            Reservation::Acquired {
+        let operation = match reserve(&shared, &policy, &request).await {
+            Ok(Reservation::Acquired {
                 operation,
                 lease,
                 takeover,
-            } => {
+            }) => {
                 Span::current().record("operation_id", field::display(operation.id));
-                return crate::execute::execute(
-                    &shared, &policy, inner, parts, body, lease, takeover,
-                )
-                .await;
+                return execute(&shared, &policy, inner, parts, body, lease, takeover).await;
             }
-            Reservation::Existing(operation) => operation,
+            Ok(Reservation::Existing(operation)) => operation,
+            Err(NotReserved::FailOpen) => {
+                telemetry::record(Decision::Bypassed);
+                return unprotected(inner, parts, RequestBody::buffered(body)).await;
+            }
+            Err(NotReserved::Refused(rejection)) => return Ok(refuse(&shared, rejection)),
         };
-        Span::current().record("operation_id", field::display(operation.id));
-        if operation.fingerprint != request.fingerprint {
-            return Ok(refuse(
-                &shared,
-                Rejection::FingerprintMismatch {
-                    operation_id: operation.id,
-                    state: operation.state,
-                },
-            ));
+        match existing(&shared, &policy, &request, operation, deadline, waited).await {
+            Ok(Some(replayed)) => return Ok(replayed),
+            Ok(None) => waited = true,
+            Err(rejection) => return Ok(refuse(&shared, rejection)),
         }
-        match operation.state {
-            OperationState::Completed => return Ok(replay(&shared, operation, waited)),
-            OperationState::InProgress => {
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                if remaining.is_zero() {
-                    return Ok(refuse(&shared, in_progress(&operation, policy.lease)));
-                }
-                waited = true;
-                match shared
-                    .store
-                    .wait(&request.scope, &request.key, remaining)
-                    .await
-                {
-                    Ok(Some(current))
-                        if current.state == OperationState::InProgress
-                            && Instant::now() >= deadline =>
-                    {
-                        return Ok(refuse(&shared, in_progress(&current, policy.lease)));
-                    }
-                    // Completed, unknown, released, or replaced by a new attempt: ask again.
-                    Ok(_) => continue,
-                    Err(error) => {
-                        tracing::error!(error = %error, "idempotency store failed while waiting");
-                        return Ok(refuse(&shared, Rejection::StoreUnavailable));
-                    }
-                }
-            }
-            _ => {
-                return Ok(refuse(
-                    &shared,
-                    Rejection::OutcomeUnknown {
-                        operation_id: operation.id,
-                    },
-                ));
-            }
+    }
+}
+
+/// Why the store gave no reservation.
+enum NotReserved {
+    /// The store is down and the route fails open: run the handler unprotected.
+    FailOpen,
+    /// Refuse the request; the handler does not run.
+    Refused(Rejection),
+}
+
+async fn reserve(
+    shared: &Shared,
+    policy: &RoutePolicy,
+    request: &ReserveRequest,
+) -> Result<Reservation, NotReserved> {
+    let asked = Instant::now();
+    let reservation = store_call("reserve", shared.store.reserve(request.clone())).await;
+    Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
+    reservation.map_err(|error| match error {
+        StoreError::CapacityExhausted { capacity } => {
+            tracing::warn!(capacity, "idempotency store full");
+            NotReserved::Refused(Rejection::StoreFull)
+        }
+        StoreError::Unavailable(error) if policy.store_failure == StoreFailurePolicy::FailOpen => {
+            tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
+            NotReserved::FailOpen
+        }
+        error => {
+            tracing::error!(error = %error, source = ?std::error::Error::source(&error), "idempotency store failed; handler not run");
+            NotReserved::Refused(Rejection::StoreUnavailable)
+        }
+    })
+}
+
+/// What to do with a record that already holds the key: `Some` replay, `None` after
+/// waiting for the original (ask the store again), or a refusal.
+async fn existing<ResB: Body>(
+    shared: &Shared,
+    policy: &RoutePolicy,
+    request: &ReserveRequest,
+    operation: Operation,
+    deadline: Instant,
+    waited: bool,
+) -> Result<Option<Response<ResponseBody<ResB>>>, Rejection> {
+    Span::current().record("operation_id", field::display(operation.id));
+    if operation.fingerprint != request.fingerprint {
+        return Err(Rejection::FingerprintMismatch {
+            operation_id: operation.id,
+            state: operation.state,
+        });
+    }
+    match operation.state {
+        OperationState::Completed => replay(shared, operation, waited).map(Some),
+        OperationState::InProgress => {
+            wait_for(shared, policy, request, &operation, deadline).await?;
+            Ok(None)
+        }
+        _ => Err(Rejection::OutcomeUnknown {
+            operation_id: operation.id,
+        }),
+    }
+}
+
+/// Waits, until `deadline`, for the running original to change state.
+async fn wait_for(
+    shared: &Shared,
+    policy: &RoutePolicy,
+    request: &ReserveRequest,
+    operation: &Operation,
+    deadline: Instant,
+) -> Result<(), Rejection> {
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if remaining.is_zero() {
+        return Err(in_progress(operation, policy.lease));
+    }
+    let waiting = shared.store.wait(&request.scope, &request.key, remaining);
+    match store_call("wait", waiting).await {
+        Ok(Some(current))
+            if current.state == OperationState::InProgress && Instant::now() >= deadline =>
+        {
+            Err(in_progress(&current, policy.lease))
+        }
+        // Completed, unknown, released, or replaced by a new attempt: ask again.
+        Ok(_) => Ok(()),
+        Err(error) => {
+            tracing::error!(error = %error, "idempotency store failed while waiting");
+            Err(Rejection::StoreUnavailable)
         }
     }
 }
@@ -325,28 +376,26 @@ fn in_progress(operation: &Operation, lease: Duration) -> Rejection {
     }
 }
 
+/// The stored response of a completed operation, as it was first sent, marked replayed.
 fn replay<ResB: Body>(
     shared: &Shared,
     operation: Operation,
     waited: bool,
-) -> Response<ResponseBody<ResB>> {
+) -> Result<Response<ResponseBody<ResB>>, Rejection> {
     // Completed without a response: an operator resolved it. Completed without a body:
     // the response was too large to keep. Either way there is nothing true to replay.
     let Some(stored) = operation.response else {
-        return refuse(
-            shared,
-            Rejection::ResponseNotReplayable {
-                operation_id: operation.id,
-                status: None,
-            },
-        );
+        return Err(Rejection::ResponseNotReplayable {
+            operation_id: operation.id,
+            status: None,
+        });
     };
     let not_replayable = Rejection::ResponseNotReplayable {
         operation_id: operation.id,
         status: Some(stored.status),
     };
     let Some(body) = stored.body else {
-        return refuse(shared, not_replayable);
+        return Err(not_replayable);
     };
     let binding = Binding {
         scope: &operation.scope,
@@ -355,12 +404,16 @@ fn replay<ResB: Body>(
     };
     let Some(body) = open_stored(shared.encryption.as_ref(), &binding, &stored.headers, body)
     else {
-        return refuse(shared, not_replayable);
+        return Err(not_replayable);
     };
-    let decision = if waited { "waited" } else { "replayed" };
-    Span::current().record("decision", decision);
+    let decision = if waited {
+        Decision::Waited
+    } else {
+        Decision::Replayed
+    };
+    telemetry::record(decision);
     tracing::info!(
-        decision,
+        decision = decision.as_str(),
         replays = operation.replays,
         status = stored.status,
         "idempotent replay"
@@ -382,7 +435,7 @@ fn replay<ResB: Body>(
     }
     headers.insert(OPERATION_ID, operation_id_header(operation.id));
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response
+    Ok(response)
 }
 
 #[cfg(test)]
@@ -438,5 +491,34 @@ mod tests {
             30
         );
         assert_eq!(retry_after(&running_until(now - Duration::from_secs(5))), 1);
+    }
+
+    #[tokio::test]
+    async fn guarded_requests_carry_the_layers_problem_base() {
+        use bytes::Bytes;
+        use http::Request;
+        use http_body_util::{BodyExt, Full};
+        use tower::{Layer, ServiceExt, service_fn};
+        use tower_idempotency_core::MemoryStore;
+
+        use crate::IdempotencyLayer;
+        use crate::problem::ProblemBase;
+
+        let handler = service_fn(|request: Request<_>| async move {
+            let base = request.extensions().get::<ProblemBase>().cloned();
+            let text = base.map_or_else(String::new, |b| b.as_str().to_owned());
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(text))))
+        });
+        let service = IdempotencyLayer::new(MemoryStore::default())
+            .with_scope(|_| Some(Scope::new("acct")))
+            .with_problem_base("https://example.com/errors/")
+            .layer(handler);
+        let request = Request::post("/v1/x")
+            .header("idempotency-key", "k")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = service.oneshot(request).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "https://example.com/errors/");
     }
 }

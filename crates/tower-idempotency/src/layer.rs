@@ -7,78 +7,17 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, request::Parts};
+use http::{HeaderName, Method, request::Parts};
 use tower::Layer;
-use tower_idempotency_core::{Fingerprinter, OperationId, Scope, Store};
+use tower_idempotency_core::{Fingerprinter, Scope, Store};
 
+use crate::config::{DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, Shared};
+use crate::error::ConfigError;
 use crate::headers::{DEFAULT_STORED_HEADERS, NEVER_STORED};
-use crate::policy::{ConfigError, RoutePolicy, header_names};
-use crate::problem::{DEFAULT_PROBLEM_BASE, Rejection};
+use crate::policy::{RoutePolicy, header_names};
+use crate::problem::ProblemBase;
 use crate::service::IdempotencyService;
 use crate::storage::ResponseEncryption;
-
-/// Default bound on reading a guarded request's body.
-pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
-
-/// The `Idempotency-Key` header name.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// Response header naming the operation: `Operation-Id: <uuid>`.
-pub const OPERATION_ID: HeaderName = HeaderName::from_static("operation-id");
-/// Response header on replays: `Idempotent-Replayed: true`.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// Everything a service instance shares, behind one `Arc`.
-#[derive(Clone)]
-pub(crate) struct Shared {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) scope: ScopeFn,
-    pub(crate) default_policy: RoutePolicy,
-    pub(crate) routes: HashMap<String, Vec<(Method, RoutePolicy)>>,
-    pub(crate) body_limit: usize,
-    pub(crate) response_limit: usize,
-    pub(crate) header_name: HeaderName,
-    pub(crate) fingerprinter: Fingerprinter,
-    pub(crate) stored_headers: Vec<HeaderName>,
-    pub(crate) guarded_methods: Vec<Method>,
-    pub(crate) problem_base: String,
-    pub(crate) status_path: String,
-    pub(crate) encryption: Option<ResponseEncryption>,
-    pub(crate) body_read_timeout: Duration,
-    /// Results waiting to be recorded in the background (see `execute::record_later`).
-    pub(crate) pending_records: Arc<AtomicUsize>,
-}
-
-impl Shared {
-    pub(crate) fn policy_for(&self, method: &Method, route: &str) -> &RoutePolicy {
-        self.routes
-            .get(route)
-            .and_then(|policies| policies.iter().find(|(m, _)| m == method))
-            .map_or(&self.default_policy, |(_, policy)| policy)
-    }
-
-    pub(crate) fn guards(&self, method: &Method) -> bool {
-        self.guarded_methods.contains(method)
-    }
-
-    /// The problem response for `rejection`, with this layer's type base and status path.
-    pub(crate) fn problem(&self, rejection: &Rejection) -> http::Response<Bytes> {
-        rejection.to_response(&self.problem_base, &self.status_path)
-    }
-}
-
-/// The `Operation-Id` header value, encoded without an intermediate `String`.
-pub(crate) fn operation_id_header(id: OperationId) -> HeaderValue {
-    let mut buffer = [0u8; 36];
-    let text = id.as_uuid().hyphenated().encode_lower(&mut buffer);
-    match HeaderValue::from_str(text) {
-        Ok(value) => value,
-        // A hyphenated UUID is 36 visible ASCII characters.
-        Err(_) => unreachable!("a UUID is a valid header value"),
-    }
-}
 
 /// A tower [`Layer`] that makes the wrapped write endpoints safe to retry.
 ///
@@ -141,7 +80,7 @@ impl IdempotencyLayer {
                     .map(|h| HeaderName::from_static(h))
                     .collect(),
                 guarded_methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
-                problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+                problem_base: ProblemBase::default(),
                 status_path: "/operations".to_owned(),
                 encryption: None,
                 body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
@@ -250,7 +189,7 @@ impl IdempotencyLayer {
     /// [`DEFAULT_PROBLEM_BASE`](crate::problem::DEFAULT_PROBLEM_BASE)); the slug is
     /// appended.
     pub fn with_problem_base(self, base: impl Into<String>) -> Self {
-        let base = base.into();
+        let base = ProblemBase::new(base);
         self.edit(|s| s.problem_base = base)
     }
 

@@ -62,49 +62,86 @@
 //!
 //! # Crate layout
 //!
-//! - [`IdempotencyLayer`] / [`IdempotencyService`]: the middleware and its builder.
-//! - [`policy`]: per-route [`RoutePolicy`].
-//! - [`problem`]: the refusals and their problem responses.
+//! Every public item has one path.
+//!
+//! - [`IdempotencyLayer`] / [`IdempotencyService`]: the middleware and its builder, and
+//!   the protocol's header names ([`IDEMPOTENCY_KEY`], [`OPERATION_ID`],
+//!   [`IDEMPOTENT_REPLAYED`]).
+//! - [`RoutePolicy`] and its choices ([`KeyRequirement`], [`ServerErrorPolicy`],
+//!   [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]), [`CommandRejection`] for
+//!   normalizers, [`ConfigError`] for settings refused when they are built.
+//! - [`problem`]: the refusals ([`problem::Rejection`]) and the RFC 9457 body they are
+//!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`]).
 //! - [`storage`]: what is kept of responses at rest (redaction, status only) and
 //!   their encryption.
 //! - [`body`]: the request and response body types the middleware uses.
-//! - the core types, re-exported from `tower-idempotency-core`: [`Store`],
-//!   [`MemoryStore`], [`Operation`], [`IdempotencyKey`], [`Scope`],
-//!   [`canonicalize_json`], …
+//! - [`metrics`]: the names of the metrics the layer emits through the `metrics` facade.
+//! - the core types a user of the layer meets, re-exported from
+//!   `tower-idempotency-core`: the [`Store`] trait and what it exchanges, [`MemoryStore`],
+//!   [`spawn_purge_task`], the records ([`Operation`], …), [`IdempotencyKey`], [`Scope`],
+//!   fingerprints and [`canonicalize_json`], and the transaction handle of transactional
+//!   routes ([`OperationTx`]). The rest of core (its modules, the conformance suite) is
+//!   reached through `tower-idempotency-core` itself.
 //!
-//! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints and
-//! [`IdempotencyLayer::status_router`].
+//! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
+//! [`IdempotencyLayer::status_router`] and `IntoResponse` for problems.
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
 mod buffer;
+mod config;
 mod detach;
 mod encryption;
+mod error;
 mod execute;
 mod flow;
 mod headers;
 mod layer;
-pub mod policy;
+mod policy;
 pub mod problem;
+mod record;
+mod refusal;
 mod request_fingerprint;
 mod service;
 #[cfg(feature = "axum")]
 mod status;
 pub mod storage;
-mod transactional;
+mod telemetry;
 
-pub use layer::{
-    DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer, OPERATION_ID,
-};
+pub use config::{DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, OPERATION_ID};
+pub use error::ConfigError;
+pub use layer::IdempotencyLayer;
 pub use policy::{
-    CommandRejection, ConfigError, KeyRequirement, RoutePolicy, ServerErrorPolicy,
-    StoreFailurePolicy, UnknownOutcomePolicy,
+    CommandRejection, KeyRequirement, RoutePolicy, ServerErrorPolicy, StoreFailurePolicy,
+    UnknownOutcomePolicy,
 };
 pub use service::{IdempotencyService, ResponseFuture};
-#[cfg(feature = "axum")]
-pub use status::operation_json;
-pub use tower_idempotency_core::*;
+
+// The store: the trait, what it exchanges, and the in-memory implementation.
+#[doc(inline)]
+pub use tower_idempotency_core::{
+    MemoryStore, MemoryStoreConfig, Reservation, ReserveRequest, Store, StoreError,
+    purge::spawn_purge_task,
+};
+// The records a store keeps and the status routes show.
+#[doc(inline)]
+pub use tower_idempotency_core::{
+    Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse,
+};
+// What a request is identified by.
+#[doc(inline)]
+pub use tower_idempotency_core::{
+    CanonicalizeError, Fingerprint, FingerprintKey, Fingerprinter, IdempotencyKey, KeyError, Scope,
+    canonical::parse_json, canonicalize_json,
+};
+// The transaction handle of a transactional route (see `RoutePolicy::transactional`).
+#[doc(inline)]
+pub use tower_idempotency_core::{OperationTransaction, OperationTx, TransactionAccessError};
+// The metric names.
+#[doc(inline)]
+pub use tower_idempotency_core::metrics;
 
 /// The Rust examples in the README and in `docs/`, compiled and run as doctests so they
 /// stay true.

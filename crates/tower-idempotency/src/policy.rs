@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use crate::error::ConfigError;
 use crate::storage::ResponseStorage;
 
 /// Whether a guarded route demands an `Idempotency-Key`.
@@ -88,29 +89,6 @@ impl fmt::Display for CommandRejection {
 
 impl std::error::Error for CommandRejection {}
 
-/// Invalid layer or policy configuration, refused when it is built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// A header that must never enter a fingerprint (credentials, cookies, tracing,
-    /// idempotency headers).
-    #[error("header `{0}` must not be part of a fingerprint")]
-    ForbiddenFingerprintHeader(String),
-    /// A header that must never be stored and replayed (`Set-Cookie`, hop-by-hop headers).
-    #[error("header `{0}` must not be stored for replay")]
-    ForbiddenStoredHeader(String),
-    /// A redaction pointer that is not an RFC 6901 JSON pointer to a member.
-    #[error("`{0}` is not a JSON pointer to a member (RFC 6901: `/a/b`, escapes `~0` `~1`)")]
-    InvalidJsonPointer(String),
-    /// An encryption key name that is empty, too long, has characters other than
-    /// `A–Z a–z 0–9 . _ -`, or is listed twice.
-    #[error("`{0}` is not a usable encryption key id (1–64 of A–Z a–z 0–9 . _ -, each once)")]
-    InvalidKeyId(String),
-    /// A string that is not a valid header name.
-    #[error("`{0}` is not a valid header name")]
-    InvalidHeaderName(String),
-}
-
 pub(crate) type Normalizer =
     Arc<dyn Fn(&mut serde_json::Value) -> Result<(), CommandRejection> + Send + Sync>;
 
@@ -118,7 +96,7 @@ pub(crate) type Normalizer =
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::policy::{RoutePolicy, ServerErrorPolicy};
+/// use tower_idempotency::{RoutePolicy, ServerErrorPolicy};
 ///
 /// let payments = RoutePolicy::required()
 ///     .with_lease(Duration::from_secs(30))
@@ -227,7 +205,7 @@ impl RoutePolicy {
     /// Otherwise like [`RoutePolicy::required`].
     ///
     /// ```
-    /// use tower_idempotency::policy::RoutePolicy;
+    /// use tower_idempotency::RoutePolicy;
     ///
     /// assert!(RoutePolicy::transactional().is_transactional());
     /// assert!(!RoutePolicy::required().is_transactional());
@@ -326,7 +304,7 @@ impl RoutePolicy {
     /// tracing and idempotency headers.
     ///
     /// ```
-    /// use tower_idempotency::policy::RoutePolicy;
+    /// use tower_idempotency::RoutePolicy;
     ///
     /// assert!(RoutePolicy::required().with_fingerprint_headers(["x-tenant-region"]).is_ok());
     /// assert!(RoutePolicy::required().with_fingerprint_headers(["Authorization"]).is_err());

@@ -1,19 +1,206 @@
-//! Every refusal the layer makes, as a typed [`Rejection`] and as an RFC 9457
-//! `application/problem+json` response.
+//! Every refusal the layer makes, as a typed [`Rejection`], and the RFC 9457
+//! `application/problem+json` body they are rendered as, [`Problem`].
 //!
 //! Each case has a fixed status and a stable `type` URI whose last path segment is the
-//! case's slug (`…/problems/fingerprint-mismatch`). The typed rejection is also put in the
-//! response extensions, for callers that want to inspect it without parsing JSON.
+//! case's slug (`…/problems/fingerprint-mismatch`): one table in this module says so, and
+//! [`Rejection::problem`] renders it. The typed rejection is also put in the response
+//! extensions, for callers that want to inspect it without parsing JSON.
+//!
+//! [`Problem`] is public so that an application's own refusals (and the PostgreSQL
+//! crate's) render the same way and under the same [`ProblemBase`]:
+//!
+//! ```
+//! use http::StatusCode;
+//! use tower_idempotency::problem::ProblemBase;
+//!
+//! let base = ProblemBase::new("https://example.com/problems/");
+//! let problem = base
+//!     .problem(StatusCode::UNPROCESSABLE_ENTITY, "invalid-command", "Invalid command")
+//!     .with_detail("amount_minor must be positive")
+//!     .with_member("field", "amount_minor");
+//! let response = problem.to_response();
+//! assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+//! assert_eq!(response.headers()["content-type"], "application/problem+json");
+//! let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+//! assert_eq!(body["type"], "https://example.com/problems/invalid-command");
+//! assert_eq!(body["field"], "amount_minor");
+//! ```
+
+use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 use tower_idempotency_core::{CanonicalizeError, KeyError, OperationId, OperationState};
 
 use crate::policy::CommandRejection;
 
 /// Default base of problem `type` URIs; the slug is appended.
 pub const DEFAULT_PROBLEM_BASE: &str = "https://tower-idempotency.dev/problems/";
+
+/// The base of problem `type` URIs, set with
+/// [`IdempotencyLayer::with_problem_base`](crate::IdempotencyLayer::with_problem_base)
+/// (default [`DEFAULT_PROBLEM_BASE`]); a case's slug is appended.
+///
+/// The layer puts its base in the request extensions of every guarded request, so that
+/// extractors and handlers downstream (the PostgreSQL crate's transaction extractor, an
+/// application's own refusals) render their problems under the same base.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProblemBase(Arc<str>);
+
+impl ProblemBase {
+    /// A base of `type` URIs, such as `https://example.com/problems/`.
+    pub fn new(base: impl Into<String>) -> Self {
+        Self(Arc::from(base.into()))
+    }
+
+    /// The base as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The `type` URI of the case `slug`: the base with the slug appended.
+    pub fn type_uri(&self, slug: &str) -> String {
+        format!("{}{slug}", self.0)
+    }
+
+    /// A problem of the case `slug` under this base.
+    pub fn problem(
+        &self,
+        status: StatusCode,
+        slug: &str,
+        title: impl Into<Cow<'static, str>>,
+    ) -> Problem {
+        Problem::new(status, self.type_uri(slug), title)
+    }
+}
+
+impl Default for ProblemBase {
+    fn default() -> Self {
+        Self::new(DEFAULT_PROBLEM_BASE)
+    }
+}
+
+impl AsRef<str> for ProblemBase {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+/// An RFC 9457 problem: `type`, `title`, `status`, an optional `detail` and extension
+/// members, serialized as one JSON object and rendered as `application/problem+json`
+/// (with `Retry-After` when set).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[must_use]
+pub struct Problem {
+    #[serde(rename = "type")]
+    type_uri: String,
+    title: Cow<'static, str>,
+    #[serde(serialize_with = "status_number")]
+    status: StatusCode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+    #[serde(flatten)]
+    members: Map<String, Value>,
+    #[serde(skip)]
+    retry_after: Option<u64>,
+}
+
+fn status_number<S: serde::Serializer>(status: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u16(status.as_u16())
+}
+
+impl Problem {
+    /// A problem with the full `type` URI (see [`ProblemBase::problem`] to build it from
+    /// a slug).
+    pub fn new(
+        status: StatusCode,
+        type_uri: impl Into<String>,
+        title: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        Self {
+            type_uri: type_uri.into(),
+            title: title.into(),
+            status,
+            detail: None,
+            members: Map::new(),
+            retry_after: None,
+        }
+    }
+
+    /// The human-readable explanation of this occurrence.
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    /// An extension member (`operation_id`, `status_url`, …). The standard members
+    /// cannot be replaced this way.
+    pub fn with_member(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
+        let name = name.into();
+        if !matches!(name.as_str(), "type" | "title" | "status" | "detail") {
+            self.members.insert(name, value.into());
+        }
+        self
+    }
+
+    /// A `Retry-After` header, in seconds (at least 1), on the rendered response.
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds.max(1));
+        self
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The `type` URI.
+    pub fn type_uri(&self) -> &str {
+        &self.type_uri
+    }
+
+    /// The short, fixed summary of the case.
+    pub fn title(&self) -> &str {
+        &self.title
+    }
+
+    /// The explanation of this occurrence, if any.
+    pub fn detail(&self) -> Option<&str> {
+        self.detail.as_deref()
+    }
+
+    /// An extension member.
+    pub fn member(&self, name: &str) -> Option<&Value> {
+        self.members.get(name)
+    }
+
+    /// The `application/problem+json` response.
+    pub fn to_response(&self) -> Response<Bytes> {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        let mut response = Response::new(Bytes::from(bytes));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum::response::IntoResponse for Problem {
+    fn into_response(self) -> axum::response::Response {
+        self.to_response().map(axum::body::Body::from)
+    }
+}
 
 /// A request the layer refused (or could not finish), with the reason.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -128,171 +315,173 @@ pub enum Rejection {
     },
 }
 
+/// What [`Rejection::meta`] says of a case: everything but its `detail`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RejectionMeta {
+    /// The HTTP status.
+    pub(crate) status: StatusCode,
+    /// The stable slug: the last path segment of the problem `type` URI.
+    pub(crate) slug: &'static str,
+    /// A short, fixed summary of the case (the problem `title`).
+    pub(crate) title: &'static str,
+    /// The operation named in the body (`operation_id`).
+    pub(crate) operation_id: Option<OperationId>,
+    /// Whether the body links the operation's status route (`status_url`).
+    pub(crate) status_url: bool,
+    /// The case's own extension member, if it has one.
+    pub(crate) extra: Option<(&'static str, Extra)>,
+    /// The `Retry-After` header, in seconds.
+    pub(crate) retry_after: Option<u64>,
+}
+
+/// The value of a case's own extension member (the `extra` field of [`RejectionMeta`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extra {
+    /// A fixed string (`reason`, `state`).
+    Text(&'static str),
+    /// A status that may be unknown (`original_status`: a number or `null`).
+    Status(Option<u16>),
+}
+
+impl From<Extra> for Value {
+    fn from(extra: Extra) -> Self {
+        match extra {
+            Extra::Text(text) => Value::from(text),
+            Extra::Status(status) => Value::from(status),
+        }
+    }
+}
+
+const fn meta(status: StatusCode, slug: &'static str, title: &'static str) -> RejectionMeta {
+    RejectionMeta {
+        status,
+        slug,
+        title,
+        operation_id: None,
+        status_url: false,
+        extra: None,
+        retry_after: None,
+    }
+}
+
+impl RejectionMeta {
+    const fn operation(mut self, id: OperationId) -> Self {
+        self.operation_id = Some(id);
+        self
+    }
+
+    const fn linked(mut self, id: OperationId) -> Self {
+        self.operation_id = Some(id);
+        self.status_url = true;
+        self
+    }
+
+    const fn extra(mut self, name: &'static str, value: Extra) -> Self {
+        self.extra = Some((name, value));
+        self
+    }
+
+    const fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+}
+
 impl Rejection {
+    /// The table of cases: each one's status, slug, title and extension members.
+    #[rustfmt::skip]
+    pub(crate) fn meta(&self) -> RejectionMeta {
+        use StatusCode as S;
+        match self {
+            Self::MissingKey => meta(S::BAD_REQUEST, "missing-idempotency-key", "Idempotency-Key required"),
+            Self::InvalidKey(_) | Self::RepeatedKey => meta(S::BAD_REQUEST, "invalid-idempotency-key", "Invalid Idempotency-Key"),
+            Self::MissingScope => meta(S::UNAUTHORIZED, "missing-scope", "No principal to scope the key"),
+            Self::BodyTooLarge { .. } => meta(S::PAYLOAD_TOO_LARGE, "body-too-large", "Request body too large"),
+            Self::BodyReadFailed => meta(S::BAD_REQUEST, "body-read-failed", "Request body unreadable"),
+            Self::BodyReadTimeout { .. } => meta(S::REQUEST_TIMEOUT, "body-read-timeout", "Request body too slow"),
+            Self::InvalidJson(error) => meta(S::UNPROCESSABLE_ENTITY, "invalid-json", "Invalid JSON")
+                .extra("reason", Extra::Text(error.code())),
+            Self::UnsupportedMediaType => meta(S::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type"),
+            Self::InvalidCommand(_) => meta(S::UNPROCESSABLE_ENTITY, "invalid-command", "Invalid command"),
+            Self::FingerprintMismatch { operation_id, state } => meta(S::CONFLICT, "fingerprint-mismatch", "Idempotency-Key reused with a different request")
+                .operation(*operation_id)
+                .extra("state", Extra::Text(state.as_str())),
+            Self::RequestInProgress { operation_id, retry_after } => meta(S::CONFLICT, "request-in-progress", "Request in progress")
+                .linked(*operation_id)
+                .retry_after(*retry_after),
+            Self::OutcomeUnknown { operation_id } => meta(S::CONFLICT, "outcome-unknown", "Outcome unknown")
+                .linked(*operation_id),
+            Self::ResponseNotReplayable { operation_id, status } => meta(S::CONFLICT, "response-not-replayable", "Response not replayable")
+                .linked(*operation_id)
+                .extra("original_status", Extra::Status(*status)),
+            Self::OperationNotFound => meta(S::NOT_FOUND, "operation-not-found", "Operation not found"),
+            Self::StoreUnavailable => meta(S::SERVICE_UNAVAILABLE, "store-unavailable", "Idempotency store unavailable"),
+            Self::StoreFull => meta(S::SERVICE_UNAVAILABLE, "store-full", "Idempotency store full")
+                .retry_after(1),
+            Self::TransactionsUnsupported => meta(S::INTERNAL_SERVER_ERROR, "transactions-unsupported", "Transactions unsupported by the store"),
+            Self::NotCommitted { operation_id } => meta(S::SERVICE_UNAVAILABLE, "not-committed", "Not committed")
+                .operation(*operation_id)
+                .retry_after(1),
+            Self::HandlerFailed { operation_id } => meta(S::INTERNAL_SERVER_ERROR, "handler-failed", "Handler failed")
+                .linked(*operation_id),
+        }
+    }
+
     /// The HTTP status of this case.
     pub fn status(&self) -> StatusCode {
-        match self {
-            Self::MissingKey | Self::InvalidKey(_) | Self::RepeatedKey | Self::BodyReadFailed => {
-                StatusCode::BAD_REQUEST
-            }
-            Self::MissingScope => StatusCode::UNAUTHORIZED,
-            Self::BodyReadTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::OperationNotFound => StatusCode::NOT_FOUND,
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::InvalidJson(_) | Self::InvalidCommand(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::FingerprintMismatch { .. }
-            | Self::RequestInProgress { .. }
-            | Self::OutcomeUnknown { .. }
-            | Self::ResponseNotReplayable { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable | Self::StoreFull | Self::NotCommitted { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Self::HandlerFailed { .. } | Self::TransactionsUnsupported => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-        }
+        self.meta().status
     }
 
     /// The stable slug: the last path segment of the problem `type` URI.
     pub fn slug(&self) -> &'static str {
-        match self {
-            Self::MissingKey => "missing-idempotency-key",
-            Self::InvalidKey(_) | Self::RepeatedKey => "invalid-idempotency-key",
-            Self::MissingScope => "missing-scope",
-            Self::BodyTooLarge { .. } => "body-too-large",
-            Self::UnsupportedMediaType => "unsupported-media-type",
-            Self::BodyReadFailed => "body-read-failed",
-            Self::BodyReadTimeout { .. } => "body-read-timeout",
-            Self::InvalidJson(_) => "invalid-json",
-            Self::InvalidCommand(_) => "invalid-command",
-            Self::FingerprintMismatch { .. } => "fingerprint-mismatch",
-            Self::RequestInProgress { .. } => "request-in-progress",
-            Self::OutcomeUnknown { .. } => "outcome-unknown",
-            Self::ResponseNotReplayable { .. } => "response-not-replayable",
-            Self::OperationNotFound => "operation-not-found",
-            Self::StoreUnavailable => "store-unavailable",
-            Self::StoreFull => "store-full",
-            Self::HandlerFailed { .. } => "handler-failed",
-            Self::TransactionsUnsupported => "transactions-unsupported",
-            Self::NotCommitted { .. } => "not-committed",
-        }
+        self.meta().slug
     }
 
     /// A short, fixed summary of the case (the problem `title`).
     pub fn title(&self) -> &'static str {
-        match self {
-            Self::MissingKey => "Idempotency-Key required",
-            Self::InvalidKey(_) | Self::RepeatedKey => "Invalid Idempotency-Key",
-            Self::MissingScope => "No principal to scope the key",
-            Self::BodyTooLarge { .. } => "Request body too large",
-            Self::UnsupportedMediaType => "Unsupported media type",
-            Self::BodyReadFailed => "Request body unreadable",
-            Self::BodyReadTimeout { .. } => "Request body too slow",
-            Self::InvalidJson(_) => "Invalid JSON",
-            Self::InvalidCommand(_) => "Invalid command",
-            Self::FingerprintMismatch { .. } => "Idempotency-Key reused with a different request",
-            Self::RequestInProgress { .. } => "Request in progress",
-            Self::OutcomeUnknown { .. } => "Outcome unknown",
-            Self::ResponseNotReplayable { .. } => "Response not replayable",
-            Self::OperationNotFound => "Operation not found",
-            Self::StoreUnavailable => "Idempotency store unavailable",
-            Self::StoreFull => "Idempotency store full",
-            Self::HandlerFailed { .. } => "Handler failed",
-            Self::TransactionsUnsupported => "Transactions unsupported by the store",
-            Self::NotCommitted { .. } => "Not committed",
+        self.meta().title
+    }
+
+    /// The problem body: the case's `type` under `base`, its title and status, this
+    /// occurrence's detail, and its extension members (`status_url` points under
+    /// `status_path`).
+    pub fn problem(&self, base: &ProblemBase, status_path: &str) -> Problem {
+        let meta = self.meta();
+        let mut problem = base
+            .problem(meta.status, meta.slug, meta.title)
+            .with_detail(self.to_string());
+        if let Some(id) = meta.operation_id {
+            problem = problem.with_member("operation_id", id.to_string());
+            if meta.status_url {
+                problem = problem.with_member("status_url", format!("{status_path}/{id}"));
+            }
         }
+        if let Some((name, value)) = meta.extra {
+            problem = problem.with_member(name, value);
+        }
+        if let Some(seconds) = meta.retry_after {
+            problem = problem.with_retry_after(seconds);
+        }
+        problem
     }
 
     /// Renders the problem response (`application/problem+json`) with this rejection in
-    /// its extensions. `type_base` is prepended to the slug.
-    pub fn to_response(&self, type_base: &str, status_path: &str) -> Response<Bytes> {
-        let status = self.status();
-        let mut body = Map::new();
-        body.insert(
-            "type".into(),
-            Value::String(format!("{type_base}{}", self.slug())),
-        );
-        body.insert("title".into(), Value::String(self.title().into()));
-        body.insert("status".into(), json!(status.as_u16()));
-        body.insert("detail".into(), Value::String(self.to_string()));
-        let mut retry_after = None;
-        match self {
-            Self::InvalidJson(error) => {
-                body.insert("reason".into(), Value::String(error.code().into()));
-            }
-            Self::FingerprintMismatch {
-                operation_id,
-                state,
-            } => {
-                body.insert(
-                    "operation_id".into(),
-                    Value::String(operation_id.to_string()),
-                );
-                body.insert("state".into(), Value::String(state.as_str().into()));
-            }
-            Self::RequestInProgress {
-                operation_id,
-                retry_after: secs,
-            } => {
-                body.insert(
-                    "operation_id".into(),
-                    Value::String(operation_id.to_string()),
-                );
-                body.insert(
-                    "status_url".into(),
-                    Value::String(format!("{status_path}/{operation_id}")),
-                );
-                retry_after = Some(*secs);
-            }
-            Self::OutcomeUnknown { operation_id } | Self::HandlerFailed { operation_id } => {
-                body.insert(
-                    "operation_id".into(),
-                    Value::String(operation_id.to_string()),
-                );
-                body.insert(
-                    "status_url".into(),
-                    Value::String(format!("{status_path}/{operation_id}")),
-                );
-            }
-            Self::ResponseNotReplayable {
-                operation_id,
-                status: original,
-            } => {
-                body.insert(
-                    "operation_id".into(),
-                    Value::String(operation_id.to_string()),
-                );
-                body.insert("original_status".into(), json!(original));
-                body.insert(
-                    "status_url".into(),
-                    Value::String(format!("{status_path}/{operation_id}")),
-                );
-            }
-            Self::NotCommitted { operation_id } => {
-                body.insert(
-                    "operation_id".into(),
-                    Value::String(operation_id.to_string()),
-                );
-                retry_after = Some(1);
-            }
-            Self::StoreFull => retry_after = Some(1),
-            _ => {}
-        }
-        let bytes = serde_json::to_vec(&Value::Object(body)).unwrap_or_default();
-        let mut response = Response::new(Bytes::from(bytes));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if let Some(secs) = retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-        }
+    /// its extensions.
+    pub fn to_response(&self, base: &ProblemBase, status_path: &str) -> Response<Bytes> {
+        let mut response = self.problem(base, status_path).to_response();
         response.extensions_mut().insert(self.clone());
         response
+    }
+}
+
+/// Renders with the default problem base and status path; the layer renders its own
+/// refusals with its configured ones.
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum::response::IntoResponse for Rejection {
+    fn into_response(self) -> axum::response::Response {
+        self.to_response(&ProblemBase::default(), "/operations")
+            .map(axum::body::Body::from)
     }
 }
 
@@ -347,7 +536,7 @@ mod tests {
             ),
         ];
         for (rejection, status, slug) in cases {
-            let response = rejection.to_response(DEFAULT_PROBLEM_BASE, "/operations");
+            let response = rejection.to_response(&ProblemBase::default(), "/operations");
             assert_eq!(response.status().as_u16(), status, "{slug}");
             assert_eq!(
                 response.headers()[header::CONTENT_TYPE],
@@ -368,7 +557,7 @@ mod tests {
             operation_id: id,
             retry_after: 3,
         }
-        .to_response(DEFAULT_PROBLEM_BASE, "/operations");
+        .to_response(&ProblemBase::default(), "/operations");
         assert_eq!(response.headers()[header::RETRY_AFTER], "3");
         let json = body(&response);
         assert_eq!(json["operation_id"], id.to_string());
@@ -383,7 +572,7 @@ mod tests {
                 operation_id: id,
                 state: OperationState::InProgress,
             }
-            .to_response(DEFAULT_PROBLEM_BASE, "/operations"),
+            .to_response(&ProblemBase::default(), "/operations"),
         );
         assert_eq!(json["state"], "in_progress");
         let keys: Vec<_> = json.as_object().unwrap().keys().cloned().collect();

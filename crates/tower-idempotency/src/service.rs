@@ -18,8 +18,8 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::body::{RequestBody, ResponseBody};
+use crate::config::Shared;
 use crate::flow;
-use crate::layer::Shared;
 
 /// Middleware that guards write requests with idempotency keys. Made by
 /// [`IdempotencyLayer`](crate::IdempotencyLayer).

@@ -16,10 +16,13 @@ use http::{HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 use tower_idempotency_core::{IdempotencyKey, Operation, OperationId};
 
-use crate::IdempotencyLayer;
-use crate::layer::Shared;
+use crate::config::Shared;
+use crate::layer::IdempotencyLayer;
 use crate::problem::Rejection;
+use crate::refusal;
+use crate::telemetry::store_call;
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IdempotencyLayer {
     /// The status routes, mounted at the status path (default `/operations`), scoped with
     /// the layer's scope extractor. Merge them into your router inside your
@@ -56,7 +59,7 @@ impl IdempotencyLayer {
 }
 
 fn refuse(shared: &Shared, rejection: Rejection) -> Response {
-    shared.problem(&rejection).map(axum::body::Body::from)
+    refusal::problem(shared, &rejection).map(axum::body::Body::from)
 }
 
 async fn by_id(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
@@ -67,7 +70,7 @@ async fn by_id(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
     let Ok(id) = id.parse::<OperationId>() else {
         return refuse(shared, Rejection::OperationNotFound);
     };
-    match shared.store.get_by_id(&scope, id).await {
+    match store_call("get", shared.store.get_by_id(&scope, id)).await {
         Ok(Some(operation)) => render(&operation),
         Ok(None) => refuse(shared, Rejection::OperationNotFound),
         Err(error) => {
@@ -92,7 +95,7 @@ async fn by_key(shared: &Arc<Shared>, request: Request) -> Response {
         Ok(key) => key,
         Err(error) => return refuse(shared, Rejection::InvalidKey(error)),
     };
-    match shared.store.get(&scope, &key).await {
+    match store_call("get", shared.store.get(&scope, &key)).await {
         Ok(Some(operation)) => render(&operation),
         Ok(None) => refuse(shared, Rejection::OperationNotFound),
         Err(error) => {
@@ -109,7 +112,7 @@ fn timestamp(at: Option<SystemTime>) -> Value {
 }
 
 /// The JSON form of an operation record served by the status routes.
-pub fn operation_json(operation: &Operation) -> Value {
+fn operation_json(operation: &Operation) -> Value {
     json!({
         "operation_id": operation.id.to_string(),
         "idempotency_key": operation.key.as_str(),

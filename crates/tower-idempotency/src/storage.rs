@@ -15,7 +15,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use tower_idempotency_core::canonical::{canonicalize_value, parse_json};
 
-use crate::policy::ConfigError;
+use crate::error::ConfigError;
 
 /// The string that replaces a redacted JSON member in a stored response.
 pub const REDACTED: &str = "[redacted]";

@@ -193,7 +193,7 @@ pub fn parse_command<T: DeserializeOwned>(
     body: &[u8],
     normalize: fn(&mut Value) -> Result<(), Problem>,
 ) -> Result<T, Problem> {
-    let mut value = tower_idempotency::canonical::parse_json(body)
+    let mut value = tower_idempotency::parse_json(body)
         .map_err(|e| Problem::invalid_json(format!("the body is not valid JSON: {e}")))?;
     normalize(&mut value)?;
     serde_json::from_value(value).map_err(|e| Problem::invalid_command(e.to_string()))

@@ -108,7 +108,7 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
     let store = PostgresStore::connect(url).await?;
     store.migrate().await.map_err(ConnectError::from)?;
     if config.idempotency {
-        tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+        tower_idempotency::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
     }
     let records = match config.records {
         Records::Memory => Backend::Memory(Ledger::new()),
@@ -128,7 +128,7 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
 fn in_memory(config: &Config) -> Router {
     let store = MemoryStore::default();
     if config.idempotency {
-        tower_idempotency::purge::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+        tower_idempotency::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
     }
     router(config, store)
 }

@@ -3,11 +3,12 @@
 //! Every refusal the demo makes is `application/problem+json` with a `type` URI under
 //! [`PROBLEM_BASE`] whose last path segment is the case slug. Refusals made by the
 //! idempotency layer use the layer's own URIs (`…/problems/<slug>`), with the same slugs
-//! where the cases coincide (`invalid-json`, `invalid-command`, `body-too-large`).
+//! where the cases coincide (`invalid-json`, `invalid-command`, `body-too-large`). Both
+//! are rendered by the layer's [`tower_idempotency::problem::Problem`].
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use tower_idempotency::problem::ProblemBase;
 
 /// Prefix of the `type` URI of every demo problem.
 pub const PROBLEM_BASE: &str = "https://tower-idempotency.dev/problems/demo/";
@@ -83,31 +84,12 @@ impl Problem {
     }
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    #[serde(rename = "type")]
-    type_uri: String,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
-}
-
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = Body {
-            type_uri: format!("{PROBLEM_BASE}{}", self.slug),
-            title: self.title,
-            status: self.status.as_u16(),
-            detail: &self.detail,
-        };
-        // Serializing four plain fields cannot fail; fall back to an empty object anyway
-        // rather than panicking inside a request.
-        let bytes = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
-        let mut response = (self.status, bytes).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let problem = ProblemBase::new(PROBLEM_BASE)
+            .problem(self.status, self.slug, self.title)
+            .with_detail(self.detail);
+        let mut response = problem.into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

@@ -1,0 +1,67 @@
+//! The names of the metrics the idempotency crates emit through the [`metrics`] facade.
+//!
+//! The crates never install a recorder: the application picks one (Prometheus,
+//! OpenTelemetry, StatsD, …) and every metric below appears in it. Labels are
+//! low-cardinality by construction — method, route template, decision, store operation,
+//! store kind — and never carry a scope, a key or an operation id. Durations are in
+//! seconds. See `docs/observability.md` for what an operator should alert on.
+//!
+//! [`metrics`]: https://docs.rs/metrics
+
+/// Counter: guarded requests by the layer's decision.
+///
+/// Labels: [`METHOD`], [`ROUTE`], [`DECISION`]. The decisions are `executed`,
+/// `re_executed` (a take-over of an unknown outcome), `replayed`, `waited` (replayed after
+/// waiting for the original), `conflict` (`fingerprint-mismatch`), `in_progress`
+/// (`request-in-progress`), `unknown` (`outcome-unknown`), `rejected` (any other
+/// refusal), `store_unavailable` (`store-unavailable`, `store-full`), `released` (a `5xx`
+/// given back), `not_committed` (a transactional commit that failed), `bypassed`
+/// (fail-open while the store is down) and `passthrough` (optional key absent).
+pub const DECISIONS: &str = "idempotency.decisions";
+
+/// Histogram, seconds: how long a guarded request took in the layer, from its arrival
+/// to its answer (or, for a request whose client left, to the end of its recording).
+///
+/// Labels: [`METHOD`], [`ROUTE`], [`DECISION`].
+pub const REQUEST_DURATION: &str = "idempotency.request.duration";
+
+/// Histogram, seconds: the latency of one store call made by the layer.
+///
+/// Label: [`OPERATION`] — `reserve`, `wait`, `complete`, `release`, `abandon`, `renew`,
+/// `begin`, `commit`, `rollback`, `get`, `mark_delivered`.
+pub const STORE_DURATION: &str = "idempotency.store.duration";
+
+/// Gauge: handlers running under a reservation right now (up when a handler starts,
+/// down when it ends, panics or is dropped).
+pub const OPERATIONS_IN_FLIGHT: &str = "idempotency.operations.in_flight";
+
+/// Gauge: results the store could not take, waiting to be recorded in the background.
+/// Bounded per layer; a result past the bound reads `unknown` once its lease runs out.
+pub const RECORDS_PENDING: &str = "idempotency.records.pending";
+
+/// Counter: expired records deleted by the purge task.
+///
+/// Label: [`STORE`].
+pub const PURGE_DELETED: &str = "idempotency.purge.deleted";
+
+/// Counter: outbox messages delivered.
+pub const OUTBOX_DELIVERED: &str = "idempotency.outbox.delivered";
+
+/// Counter: outbox deliveries that failed and were scheduled again.
+pub const OUTBOX_RETRIES: &str = "idempotency.outbox.retries";
+
+/// Label: the request method (OpenTelemetry `http.request.method`).
+pub const METHOD: &str = "http.request.method";
+
+/// Label: the route template, such as `/v1/tickets/{id}` (OpenTelemetry `http.route`);
+/// without axum, the request path.
+pub const ROUTE: &str = "http.route";
+
+/// Label: the layer's decision (see [`DECISIONS`]).
+pub const DECISION: &str = "idempotency.decision";
+
+/// Label: the store call (see [`STORE_DURATION`]).
+pub const OPERATION: &str = "operation";
+
+/// Label: the kind of store (see [`PURGE_DELETED`]), such as `MemoryStore`.
+pub const STORE: &str = "store";

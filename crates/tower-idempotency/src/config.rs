@@ -1,0 +1,71 @@
+//! What every guarded request reads: the layer's configuration ([`Shared`]) and the
+//! protocol's header names.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, request::Parts};
+use tower_idempotency_core::{Fingerprinter, OperationId, Scope, Store};
+
+use crate::policy::RoutePolicy;
+use crate::problem::ProblemBase;
+use crate::storage::ResponseEncryption;
+
+/// Default bound on reading a guarded request's body.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `Idempotency-Key` header name.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Response header naming the operation: `Operation-Id: <uuid>`.
+pub const OPERATION_ID: HeaderName = HeaderName::from_static("operation-id");
+/// Response header on replays: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
+
+/// Everything a service instance shares, behind one `Arc`.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) scope: ScopeFn,
+    pub(crate) default_policy: RoutePolicy,
+    pub(crate) routes: HashMap<String, Vec<(Method, RoutePolicy)>>,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) header_name: HeaderName,
+    pub(crate) fingerprinter: Fingerprinter,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) guarded_methods: Vec<Method>,
+    pub(crate) problem_base: ProblemBase,
+    pub(crate) status_path: String,
+    pub(crate) encryption: Option<ResponseEncryption>,
+    pub(crate) body_read_timeout: Duration,
+    /// Results waiting to be recorded in the background (see `record::record_later`).
+    pub(crate) pending_records: Arc<AtomicUsize>,
+}
+
+impl Shared {
+    pub(crate) fn policy_for(&self, method: &Method, route: &str) -> &RoutePolicy {
+        self.routes
+            .get(route)
+            .and_then(|policies| policies.iter().find(|(m, _)| m == method))
+            .map_or(&self.default_policy, |(_, policy)| policy)
+    }
+
+    pub(crate) fn guards(&self, method: &Method) -> bool {
+        self.guarded_methods.contains(method)
+    }
+}
+
+/// The `Operation-Id` header value, encoded without an intermediate `String`.
+pub(crate) fn operation_id_header(id: OperationId) -> HeaderValue {
+    let mut buffer = [0u8; 36];
+    let text = id.as_uuid().hyphenated().encode_lower(&mut buffer);
+    match HeaderValue::from_str(text) {
+        Ok(value) => value,
+        // A hyphenated UUID is 36 visible ASCII characters.
+        Err(_) => unreachable!("a UUID is a valid header value"),
+    }
+}
