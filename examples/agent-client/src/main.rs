@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
 use tower::{Layer, ServiceExt};
 use tower_idempotency_client::{
     ActionName, FileJournal, IdempotencyClientLayer, Outcome, OutcomeKind, RetryPolicy,
@@ -131,15 +132,25 @@ async fn run(cli: Cli) -> Result<Outcome, String> {
     }
 }
 
-/// The output line (a contract: field names and spellings stay as they are).
-fn line(outcome: &Outcome) -> serde_json::Value {
-    serde_json::json!({
-        "outcome": outcome.kind.as_str(),
-        "http_status": outcome.http_status,
-        "operation_id": outcome.operation_id,
-        "key": outcome.key,
-        "attempts": outcome.attempts,
+/// The output line (a contract: field names, their order and spellings stay as they are).
+#[derive(Debug, Serialize)]
+struct Line<'a> {
+    outcome: &'static str,
+    http_status: Option<u16>,
+    operation_id: Option<&'a str>,
+    key: &'a str,
+    attempts: u32,
+}
+
+fn line(outcome: &Outcome) -> String {
+    serde_json::to_string(&Line {
+        outcome: outcome.kind.as_str(),
+        http_status: outcome.http_status,
+        operation_id: outcome.operation_id.as_deref(),
+        key: &outcome.key,
+        attempts: outcome.attempts,
     })
+    .expect("a line of strings and numbers serializes")
 }
 
 fn exit_code(kind: OutcomeKind) -> u8 {

@@ -264,9 +264,16 @@ impl Agent {
             "one output line; stdout: {stdout}\nstderr: {stderr}"
         );
         let line: Value = serde_json::from_str(lines[0]).expect("the output line is JSON");
-        for field in ["outcome", "http_status", "operation_id", "key", "attempts"] {
-            assert!(line.get(field).is_some(), "field {field} missing in {line}");
-        }
+        // The documented fields, in the documented order.
+        let positions: Vec<usize> = ["outcome", "http_status", "operation_id", "key", "attempts"]
+            .iter()
+            .map(|field| {
+                assert!(line.get(field).is_some(), "field {field} missing in {line}");
+                lines[0].find(&format!("\"{field}\":")).unwrap()
+            })
+            .collect();
+        assert!(positions.is_sorted(), "fields out of order: {}", lines[0]);
+        assert_eq!(line.as_object().unwrap().len(), 5, "{line}");
         Ran {
             code: output.status.code().expect("exited, not killed"),
             line,
