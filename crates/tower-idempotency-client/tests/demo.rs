@@ -18,9 +18,11 @@ use tower_idempotency_client::{
 const TICKET: &str = r#"{"project":"ops","title":"Disk full"}"#;
 
 async fn demo(handler_delay: Duration) -> SocketAddr {
-    let mut config = demo::Config::default();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.handler_delay = handler_delay;
+    let config = demo::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        handler_delay,
+        ..demo::Config::default()
+    };
     let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { demo::serve(&config, listener, std::future::pending()).await });

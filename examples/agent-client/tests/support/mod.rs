@@ -41,21 +41,23 @@ impl DemoSpec {
     /// The demo configuration this spec stands for (in the server process).
     pub fn config_from_json(json: &str) -> demo::Config {
         let spec: Value = serde_json::from_str(json).expect("a demo spec");
-        let mut config = demo::Config::default();
-        config.listen = spec["listen"]
-            .as_str()
-            .unwrap_or("127.0.0.1:0")
-            .parse()
-            .expect("a listen address");
-        config.database_url = spec["database_url"].as_str().map(str::to_owned);
-        config.handler_delay = Duration::from_millis(spec["handler_delay_ms"].as_u64().unwrap());
-        if let Some(ms) = spec["lease_ms"].as_u64() {
-            config.lease = Duration::from_millis(ms);
+        let defaults = demo::Config::default();
+        demo::Config {
+            listen: spec["listen"]
+                .as_str()
+                .unwrap_or("127.0.0.1:0")
+                .parse()
+                .expect("a listen address"),
+            database_url: spec["database_url"].as_str().map(str::to_owned),
+            handler_delay: Duration::from_millis(spec["handler_delay_ms"].as_u64().unwrap()),
+            lease: spec["lease_ms"]
+                .as_u64()
+                .map_or(defaults.lease, Duration::from_millis),
+            wait: spec["wait_ms"]
+                .as_u64()
+                .map_or(defaults.wait, Duration::from_millis),
+            ..defaults
         }
-        if let Some(ms) = spec["wait_ms"].as_u64() {
-            config.wait = Duration::from_millis(ms);
-        }
-        config
     }
 }
 
