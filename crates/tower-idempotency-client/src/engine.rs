@@ -55,6 +55,8 @@ enum Status {
     InProgress,
     Unknown,
     NotFound,
+    /// The server could not be reached: says nothing about the route; retry.
+    Unreachable,
     /// No status route, or it did not answer usefully: retry with the same key.
     Unavailable,
 }
@@ -358,6 +360,10 @@ impl<J: ActionJournal> Engine<J> {
                 }
                 Status::NotFound => {
                     tracing::info!(key = %record.key, "status: not found; the attempt did not arrive");
+                    break;
+                }
+                Status::Unreachable => {
+                    tracing::info!(key = %record.key, "status: server unreachable; retrying with the same key");
                     break;
                 }
                 Status::Unavailable => {

@@ -532,3 +532,23 @@ async fn a_status_of_unknown_stops_with_an_unknown_outcome() {
     );
     assert_eq!(finished.outcome.operation_id.as_deref(), Some("op-1"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_status_route_is_asked_again_after_the_next_failure() {
+    let journal = MemoryJournal::new();
+    let mut script = Script::new(
+        &journal,
+        vec![Step::Refused, Step::Refused, answer(201)],
+        vec![Step::Refused, status("completed")],
+    );
+    let finished = run(&journal, true, policy(), &mut script, "{}").await;
+    assert_eq!(finished.outcome.kind, OutcomeKind::Succeeded);
+    assert_eq!(
+        script.lookups().len(),
+        2,
+        "a refused look-up does not mean no route"
+    );
+    let writes = script.writes();
+    assert_eq!(writes.len(), 3);
+    assert!(keys(&writes).iter().all(|k| *k == keys(&writes)[0]));
+}
