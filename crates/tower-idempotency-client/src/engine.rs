@@ -415,8 +415,7 @@ impl<J: ActionJournal> Engine<J> {
         .await
         {
             Ok(Ok(answer)) => answer,
-            // The server is unreachable right now: that says nothing about the route.
-            Ok(Err(_)) | Err(_) => return Status::NotFound,
+            Ok(Err(_)) | Err(_) => return Status::Unreachable,
         };
         let problem = Problem::parse(answer.headers(), answer.body());
         if answer.status() == StatusCode::NOT_FOUND
