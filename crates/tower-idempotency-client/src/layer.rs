@@ -28,6 +28,8 @@ use crate::outcome::{BoxError, ClientError, Outcome};
 /// answers handled by the retry contract (see the crate docs).
 ///
 /// Name the action with an [`ActionName`] in the request's extensions to make it resumable.
+/// Every attempt carries the action's key in `Idempotency-Key`, replacing one already on the
+/// request: the journal owns the key.
 #[derive(Clone)]
 #[must_use]
 pub struct IdempotencyClientLayer<J> {
