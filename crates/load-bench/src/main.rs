@@ -14,10 +14,6 @@
 //! - `serve MODE --listen ADDR [--database-url URL]` — one server (used by `run`);
 //! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record.
 
-// The test harness's throwaway cluster, started here with durable settings.
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
 mod record_size;
 mod serve;
 mod wrk;
@@ -26,6 +22,9 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
+
+// The test harness's throwaway cluster, started here with durable settings.
+use test_harness::pg;
 
 use crate::wrk::{Load, Run};
 

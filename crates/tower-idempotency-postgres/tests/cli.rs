@@ -1,9 +1,7 @@
 //! The `tower-idempotency` operator CLI, run as the built binary against a real PostgreSQL
 //! (the workspace's throwaway-cluster harness, or `DATABASE_URL`).
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
+use test_harness::pg;
 
 use std::process::{Command, Output};
 use std::time::Duration;

@@ -2,9 +2,7 @@
 //! shared statements) each set their own operation's flag and no other, and a mark made
 //! after the store's batching task is gone still lands.
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
+use test_harness::pg;
 
 use std::time::Duration;
 

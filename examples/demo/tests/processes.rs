@@ -8,9 +8,7 @@
 //! every process lists the same tickets: one ticket is one execution, whichever process
 //! ran it.
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
+use test_harness::pg;
 
 use std::time::Duration;
 

@@ -4,9 +4,7 @@
 //! and the retry after a restart executes once — one ticket, one notification effect.
 //! Retries of a completed create never add a second of either.
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
+use test_harness::pg;
 
 use std::time::{Duration, Instant};
 

@@ -12,10 +12,9 @@
 //! directory. When no PostgreSQL can be found or started the call **panics** with
 //! installation advice: PostgreSQL tests fail, they never skip.
 //!
-//! The file is also compiled via `#[path]` into `tower-idempotency-postgres`'s and the
-//! demo's tests and into the load benchmark (which starts a durable cluster with
-//! [`TestCluster::launch_with`]), so it depends on nothing but `tokio`, `tokio-postgres` and
-//! `uuid`.
+//! Besides the tests, the load benchmark starts a durable cluster with
+//! [`TestCluster::launch_with`] and the chaos soak one with [`TestCluster::launch`]; the
+//! module depends on nothing but `tokio`, `tokio-postgres` and `uuid`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
