@@ -1,15 +1,17 @@
 //! What the checks share: fresh scopes, keys and fingerprints, the reservation request
 //! fixture, and helpers that name the failing check in their panic.
 
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use uuid::Uuid;
+
 use super::{KEEP, LONG, SHORT, WAKE_BOUND};
 use crate::store::Result;
 use crate::{
     Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation, ReserveRequest, Scope,
     Store, StoreError, StoredResponse,
 };
-use bytes::Bytes;
-use std::time::{Duration, SystemTime};
-use uuid::Uuid;
 
 /// A fresh `(scope, key, fingerprint)` and the requests checks make with it.
 pub(super) struct Fixture {

@@ -1,12 +1,13 @@
 //! Leases: expiry reads `unknown`, a taken-over lease is fenced, a late result of a lease
 //! that merely ran out is accepted, and heartbeats extend it.
 
+use std::time::Duration;
+
 use super::fixture::{
     Fixture, acquire, existing, expect_lost, fresh_key, get, join_wait, must, response, spawn_wait,
 };
 use super::{LONG, PAST_SHORT, SHORT, WAIT_LONG};
 use crate::{Lease, LeaseId, OperationId, OperationState, Reservation, ReserveRequest, Store};
-use std::time::Duration;
 
 /// An in-progress record whose lease runs out reads as `unknown`, wakes its waiters, and
 /// is not taken over by a reservation that does not ask to.
@@ -82,88 +83,20 @@ pub async fn stale_lease_is_fenced<S: Store>(store: &S) {
         other => panic!("{CHECK}: expected a take-over, got {other:?}"),
     };
     let before = get(CHECK, store, &fixture.scope, &fixture.key).await;
-    expect_lost(
-        CHECK,
-        "complete with a stale lease",
-        op.id,
-        store.complete(&stale, response("stale")).await,
-    );
-    expect_lost(
-        CHECK,
-        "release with a stale lease",
-        op.id,
-        store.release(&stale).await,
-    );
-    expect_lost(
-        CHECK,
-        "abandon with a stale lease",
-        op.id,
-        store.abandon(&stale).await,
-    );
-    expect_lost(
-        CHECK,
-        "extend with a stale lease",
-        op.id,
-        store.extend_lease(&stale, LONG).await,
-    );
+    expect_every_call_lost(CHECK, store, &stale, op.id, "with a stale lease").await;
     let after = get(CHECK, store, &fixture.scope, &fixture.key).await;
     assert_eq!(
         after, before,
         "{CHECK}: a refused stale lease changed the record"
     );
-
-    let forged = Lease {
-        lease_id: LeaseId::new(),
-        ..current.clone()
-    };
-    expect_lost(
-        CHECK,
-        "complete with a forged lease",
-        op.id,
-        store.complete(&forged, response("forged")).await,
-    );
-    let nowhere = Lease {
-        scope: fixture.scope.clone(),
-        key: fresh_key(),
-        operation_id: OperationId::new(),
-        lease_id: LeaseId::new(),
-    };
-    expect_lost(
-        CHECK,
-        "release of a missing record",
-        nowhere.operation_id,
-        store.release(&nowhere).await,
-    );
+    expect_unissued_leases_lost(CHECK, store, &fixture, &current, op.id).await;
 
     must(
         CHECK,
         "complete",
         store.complete(&current, response("current")).await,
     );
-    expect_lost(
-        CHECK,
-        "complete twice",
-        op.id,
-        store.complete(&current, response("twice")).await,
-    );
-    expect_lost(
-        CHECK,
-        "release after completion",
-        op.id,
-        store.release(&current).await,
-    );
-    expect_lost(
-        CHECK,
-        "abandon after completion",
-        op.id,
-        store.abandon(&current).await,
-    );
-    expect_lost(
-        CHECK,
-        "extend after completion",
-        op.id,
-        store.extend_lease(&current, LONG).await,
-    );
+    expect_every_call_lost(CHECK, store, &current, op.id, "after completion").await;
     let done = get(CHECK, store, &fixture.scope, &fixture.key).await;
     assert_eq!(
         done.state,
@@ -174,6 +107,74 @@ pub async fn stale_lease_is_fenced<S: Store>(store: &S) {
         done.response,
         Some(response("current")),
         "{CHECK}: the first result must stay"
+    );
+}
+
+/// Complete, release, abandon and extend with `lease` are each refused as
+/// [`StoreError::LeaseLost`](crate::StoreError::LeaseLost) for operation `id`.
+async fn expect_every_call_lost<S: Store>(
+    check: &str,
+    store: &S,
+    lease: &Lease,
+    id: OperationId,
+    when: &str,
+) {
+    expect_lost(
+        check,
+        &format!("complete {when}"),
+        id,
+        store.complete(lease, response("refused")).await,
+    );
+    expect_lost(
+        check,
+        &format!("release {when}"),
+        id,
+        store.release(lease).await,
+    );
+    expect_lost(
+        check,
+        &format!("abandon {when}"),
+        id,
+        store.abandon(lease).await,
+    );
+    expect_lost(
+        check,
+        &format!("extend {when}"),
+        id,
+        store.extend_lease(lease, LONG).await,
+    );
+}
+
+/// A lease nobody issued is refused: `current` with another lease id, and one naming a
+/// record that does not exist.
+async fn expect_unissued_leases_lost<S: Store>(
+    check: &str,
+    store: &S,
+    fixture: &Fixture,
+    current: &Lease,
+    id: OperationId,
+) {
+    let forged = Lease {
+        lease_id: LeaseId::new(),
+        ..current.clone()
+    };
+    expect_lost(
+        check,
+        "complete with a forged lease",
+        id,
+        store.complete(&forged, response("forged")).await,
+    );
+    let nowhere = Lease {
+        scope: fixture.scope.clone(),
+        key: fresh_key(),
+        operation_id: OperationId::new(),
+        lease_id: LeaseId::new(),
+    };
+    expect_lost(
+        check,
+        "release of a missing record",
+        nowhere.operation_id,
+        store.release(&nowhere).await,
     );
 }
 

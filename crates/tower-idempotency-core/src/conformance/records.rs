@@ -5,7 +5,7 @@ use super::fixture::{
     reserve_request, response,
 };
 use super::{KEEP, LONG, PAST_SHORT, SHORT};
-use crate::{OperationId, OperationState, ReserveRequest, Store};
+use crate::{IdempotencyKey, OperationId, OperationState, ReserveRequest, Scope, Store};
 
 /// Purging removes completed records past their retention and unknown ones past their
 /// unknown retention, never in-progress records (even past their unknown retention) nor
@@ -115,34 +115,14 @@ pub async fn scopes_are_isolated<S: Store>(store: &S) {
         "{CHECK}: a reservation crossed scopes"
     );
 
-    let cross = must(
+    expect_ids_scoped(
         CHECK,
-        "get_by_id",
-        store.get_by_id(&theirs, op_mine.id).await,
-    );
-    assert_eq!(
-        cross, None,
-        "{CHECK}: get_by_id must not find another scope's operation"
-    );
-    let cross = must(
-        CHECK,
-        "get_by_id",
-        store.get_by_id(&mine, op_theirs.id).await,
-    );
-    assert_eq!(
-        cross, None,
-        "{CHECK}: get_by_id must not find another scope's operation"
-    );
-    must(
-        CHECK,
-        "mark_delivered",
-        store.mark_delivered(&theirs, op_mine.id).await,
-    );
-    let read = get(CHECK, store, &mine, &key).await;
-    assert!(
-        !read.delivered,
-        "{CHECK}: another scope marked the operation delivered"
-    );
+        store,
+        (&mine, op_mine.id),
+        (&theirs, op_theirs.id),
+        &key,
+    )
+    .await;
 
     must(CHECK, "release", store.release(&lease_theirs).await);
     let read = get(CHECK, store, &mine, &key).await;
@@ -150,6 +130,36 @@ pub async fn scopes_are_isolated<S: Store>(store: &S) {
         read.state,
         OperationState::Completed,
         "{CHECK}: a release crossed scopes"
+    );
+}
+
+/// Operation ids are scoped: neither scope finds or marks the other's operation by id.
+async fn expect_ids_scoped<S: Store>(
+    check: &str,
+    store: &S,
+    (mine, op_mine): (&Scope, OperationId),
+    (theirs, op_theirs): (&Scope, OperationId),
+    key: &IdempotencyKey,
+) {
+    let cross = must(check, "get_by_id", store.get_by_id(theirs, op_mine).await);
+    assert_eq!(
+        cross, None,
+        "{check}: get_by_id must not find another scope's operation"
+    );
+    let cross = must(check, "get_by_id", store.get_by_id(mine, op_theirs).await);
+    assert_eq!(
+        cross, None,
+        "{check}: get_by_id must not find another scope's operation"
+    );
+    must(
+        check,
+        "mark_delivered",
+        store.mark_delivered(theirs, op_mine).await,
+    );
+    let read = get(check, store, mine, key).await;
+    assert!(
+        !read.delivered,
+        "{check}: another scope marked the operation delivered"
     );
 }
 

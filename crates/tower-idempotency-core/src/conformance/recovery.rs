@@ -1,13 +1,14 @@
 //! Recovering an operation: taking over an `unknown` one (same fingerprint only),
 //! releasing one for re-execution, abandoning one as `unknown`.
 
+use std::time::Duration;
+
 use super::fixture::{
     Fixture, acquire, existing, expect_lost, fresh_fingerprint, get, join_wait, must, response,
     spawn_wait,
 };
 use super::{LONG, PAST_SHORT, WAIT_LONG};
-use crate::{OperationState, Reservation, ReserveRequest, Store};
-use std::time::Duration;
+use crate::{Lease, Operation, OperationState, Reservation, ReserveRequest, Store};
 
 /// Only a reservation with `take_over_unknown` and the same fingerprint takes an unknown
 /// record over: same operation, new lease, one more attempt. Completed and in-progress
@@ -18,65 +19,8 @@ pub async fn take_over_unknown_same_fingerprint_only<S: Store>(store: &S) {
     let (op, first) = acquire(CHECK, store, fixture.short_lease()).await;
     tokio::time::sleep(PAST_SHORT).await;
 
-    let mismatch = ReserveRequest {
-        fingerprint: fresh_fingerprint(),
-        ..fixture.take_over()
-    };
-    let seen = existing(CHECK, must(CHECK, "reserve", store.reserve(mismatch).await));
-    assert_eq!(
-        seen.state,
-        OperationState::Unknown,
-        "{CHECK}: another fingerprint must not take over"
-    );
-    assert_eq!(
-        seen.fingerprint, fixture.fingerprint,
-        "{CHECK}: the fingerprint changed"
-    );
-    let seen = existing(
-        CHECK,
-        must(CHECK, "reserve", store.reserve(fixture.request()).await),
-    );
-    assert_eq!(
-        seen.state,
-        OperationState::Unknown,
-        "{CHECK}: no take-over without take_over_unknown"
-    );
-
-    let (taken, second) = match must(CHECK, "reserve", store.reserve(fixture.take_over()).await) {
-        Reservation::Acquired {
-            operation,
-            lease,
-            takeover: true,
-        } => (operation, lease),
-        other => panic!(
-            "{CHECK}: an unknown record with the same fingerprint must be taken over, got {other:?}"
-        ),
-    };
-    assert_eq!(
-        taken.id, op.id,
-        "{CHECK}: a take-over continues the same operation"
-    );
-    assert_eq!(
-        taken.state,
-        OperationState::InProgress,
-        "{CHECK}: state after a take-over"
-    );
-    assert_eq!(
-        taken.attempts, 2,
-        "{CHECK}: a take-over is a second attempt"
-    );
-    assert_ne!(
-        second.lease_id, first.lease_id,
-        "{CHECK}: a take-over needs a new lease"
-    );
-    assert_eq!(
-        second.operation_id, op.id,
-        "{CHECK}: the new lease names another operation"
-    );
-    assert!(
-        taken.lease_expires_at > op.lease_expires_at,
-        "{CHECK}: a take-over must start a fresh lease"
-    );
+    expect_take_over_refused(CHECK, store, &fixture).await;
+    let second = take_over(CHECK, store, &fixture, &op, &first).await;
 
     let again = existing(
         CHECK,
@@ -112,6 +56,82 @@ pub async fn take_over_unknown_same_fingerprint_only<S: Store>(store: &S) {
         "{CHECK}: a completed record is replayed, not taken over"
     );
     assert_eq!(replay.replays, 1, "{CHECK}: replay count");
+}
+
+/// An `unknown` record is not taken over by another fingerprint, nor by a reservation
+/// that does not ask for a take-over.
+async fn expect_take_over_refused<S: Store>(check: &str, store: &S, fixture: &Fixture) {
+    let mismatch = ReserveRequest {
+        fingerprint: fresh_fingerprint(),
+        ..fixture.take_over()
+    };
+    let seen = existing(check, must(check, "reserve", store.reserve(mismatch).await));
+    assert_eq!(
+        seen.state,
+        OperationState::Unknown,
+        "{check}: another fingerprint must not take over"
+    );
+    assert_eq!(
+        seen.fingerprint, fixture.fingerprint,
+        "{check}: the fingerprint changed"
+    );
+    let seen = existing(
+        check,
+        must(check, "reserve", store.reserve(fixture.request()).await),
+    );
+    assert_eq!(
+        seen.state,
+        OperationState::Unknown,
+        "{check}: no take-over without take_over_unknown"
+    );
+}
+
+/// Takes over the `unknown` operation `op` (first leased as `first`): same operation, new
+/// lease, one more attempt, a fresh lease expiry. Returns the new lease.
+async fn take_over<S: Store>(
+    check: &str,
+    store: &S,
+    fixture: &Fixture,
+    op: &Operation,
+    first: &Lease,
+) -> Lease {
+    let (taken, second) = match must(check, "reserve", store.reserve(fixture.take_over()).await) {
+        Reservation::Acquired {
+            operation,
+            lease,
+            takeover: true,
+        } => (operation, lease),
+        other => panic!(
+            "{check}: an unknown record with the same fingerprint must be taken over, got {other:?}"
+        ),
+    };
+    assert_eq!(
+        taken.id, op.id,
+        "{check}: a take-over continues the same operation"
+    );
+    assert_eq!(
+        taken.state,
+        OperationState::InProgress,
+        "{check}: state after a take-over"
+    );
+    assert_eq!(
+        taken.attempts, 2,
+        "{check}: a take-over is a second attempt"
+    );
+    assert_ne!(
+        second.lease_id, first.lease_id,
+        "{check}: a take-over needs a new lease"
+    );
+    assert_eq!(
+        second.operation_id, op.id,
+        "{check}: the new lease names another operation"
+    );
+    assert!(
+        taken.lease_expires_at > op.lease_expires_at,
+        "{check}: a take-over must start a fresh lease"
+    );
+
+    second
 }
 
 /// Releasing deletes the record and wakes its waiters, so that the next reservation

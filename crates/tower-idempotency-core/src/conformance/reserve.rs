@@ -1,16 +1,18 @@
 //! Reservation: exactly one of concurrent reservations acquires, records carry what the
 //! request said, completed records count replays, and a changed fingerprint is reported.
 
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+
 use super::SLACK;
 use super::fixture::{
     Fixture, acquire, assert_close, existing, fresh_fingerprint, fresh_key, fresh_scope, get, must,
     reserve_request, response,
 };
-use crate::{OperationState, Reservation, ReserveRequest, Store};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-use tokio::sync::Barrier;
-use tokio::task::JoinSet;
+use crate::{Lease, Operation, OperationState, Reservation, ReserveRequest, Store};
 
 /// Of 48 concurrent reservations of one `(scope, key)`, half with one fingerprint and
 /// half with another, exactly one acquires; every other sees the winner's record.
@@ -90,49 +92,7 @@ pub async fn records_carry_request_and_timestamps<S: Store>(store: &S) {
     let fixture = Fixture::new();
     let request = fixture.request();
     let (op, lease) = acquire(CHECK, store, request.clone()).await;
-    assert_eq!(op.scope, request.scope, "{CHECK}: scope");
-    assert_eq!(op.key, request.key, "{CHECK}: key");
-    assert_eq!(op.fingerprint, request.fingerprint, "{CHECK}: fingerprint");
-    assert_eq!(op.method, request.method, "{CHECK}: method");
-    assert_eq!(op.route, request.route, "{CHECK}: route");
-    assert_eq!(op.retention, request.retention, "{CHECK}: retention");
-    assert_eq!(op.state, OperationState::InProgress, "{CHECK}: state");
-    assert_eq!(
-        (op.attempts, op.replays, op.delivered),
-        (1, 0, false),
-        "{CHECK}: counters"
-    );
-    assert_eq!(
-        (&op.response, op.completed_at),
-        (&None, None),
-        "{CHECK}: no result yet"
-    );
-    assert_eq!(
-        lease.operation_id, op.id,
-        "{CHECK}: the lease names another operation"
-    );
-    assert_eq!(
-        (&lease.scope, &lease.key),
-        (&op.scope, &op.key),
-        "{CHECK}: the lease names another key"
-    );
-    assert_close(
-        CHECK,
-        "created_at vs. this machine's clock",
-        op.created_at,
-        SystemTime::now(),
-        Duration::from_secs(300),
-    );
-    let lease_expires_at = op
-        .lease_expires_at
-        .unwrap_or_else(|| panic!("{CHECK}: an in-progress record has no lease_expires_at"));
-    assert_close(
-        CHECK,
-        "lease_expires_at",
-        lease_expires_at,
-        op.created_at + request.lease,
-        SLACK,
-    );
+    expect_reserved_record(CHECK, &op, &lease, &request);
 
     let stored = must(
         CHECK,
@@ -175,6 +135,54 @@ pub async fn records_carry_request_and_timestamps<S: Store>(store: &S) {
     assert!(
         read.completed_at.is_some(),
         "{CHECK}: get lost completed_at"
+    );
+}
+
+/// A just-reserved record: what the request said, in progress with fresh counters, no
+/// result, a lease naming it, timestamps on a sane clock.
+fn expect_reserved_record(check: &str, op: &Operation, lease: &Lease, request: &ReserveRequest) {
+    assert_eq!(op.scope, request.scope, "{check}: scope");
+    assert_eq!(op.key, request.key, "{check}: key");
+    assert_eq!(op.fingerprint, request.fingerprint, "{check}: fingerprint");
+    assert_eq!(op.method, request.method, "{check}: method");
+    assert_eq!(op.route, request.route, "{check}: route");
+    assert_eq!(op.retention, request.retention, "{check}: retention");
+    assert_eq!(op.state, OperationState::InProgress, "{check}: state");
+    assert_eq!(
+        (op.attempts, op.replays, op.delivered),
+        (1, 0, false),
+        "{check}: counters"
+    );
+    assert_eq!(
+        (&op.response, op.completed_at),
+        (&None, None),
+        "{check}: no result yet"
+    );
+    assert_eq!(
+        lease.operation_id, op.id,
+        "{check}: the lease names another operation"
+    );
+    assert_eq!(
+        (&lease.scope, &lease.key),
+        (&op.scope, &op.key),
+        "{check}: the lease names another key"
+    );
+    assert_close(
+        check,
+        "created_at vs. this machine's clock",
+        op.created_at,
+        SystemTime::now(),
+        Duration::from_secs(300),
+    );
+    let lease_expires_at = op
+        .lease_expires_at
+        .unwrap_or_else(|| panic!("{check}: an in-progress record has no lease_expires_at"));
+    assert_close(
+        check,
+        "lease_expires_at",
+        lease_expires_at,
+        op.created_at + request.lease,
+        SLACK,
     );
 }
 

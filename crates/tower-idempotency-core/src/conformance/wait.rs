@@ -1,11 +1,12 @@
 //! Waiting: a waiter wakes when the record leaves `in_progress`, or at its timeout.
 
+use std::time::Duration;
+
 use super::WAIT_LONG;
 use super::fixture::{
     Fixture, acquire, bounded, existing, fresh_key, join_wait, must, response, spawn_wait,
 };
 use crate::{OperationState, Store};
-use std::time::Duration;
 
 /// A waiter on an in-progress record returns with the completed record as soon as it is
 /// completed, long before its timeout. Waiting on a missing key returns `None`, on a
