@@ -7,6 +7,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::*;
+use crate::conformance::reserve_request;
 use crate::store::Result;
 use crate::{
     Fingerprint, IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest,
@@ -17,17 +18,17 @@ const LEASE: Duration = Duration::from_secs(5);
 const RETENTION: Duration = Duration::from_secs(60);
 const UNKNOWN_RETENTION: Duration = Duration::from_secs(600);
 
+/// The suite's request fixture with this module's durations (on paused time).
 fn request(scope: &str, key: &str, fingerprint: &str) -> ReserveRequest {
     ReserveRequest {
-        scope: Scope::new(scope),
-        key: IdempotencyKey::new(key).unwrap(),
-        fingerprint: Fingerprint::from_stored(fingerprint),
-        method: "POST".to_owned(),
-        route: "/v1/things".to_owned(),
         lease: LEASE,
         retention: RETENTION,
         unknown_retention: UNKNOWN_RETENTION,
-        take_over_unknown: false,
+        ..reserve_request(
+            &Scope::new(scope),
+            &IdempotencyKey::new(key).unwrap(),
+            &Fingerprint::from_stored(fingerprint),
+        )
     }
 }
 
