@@ -5,11 +5,10 @@
 //! briefly preceded by `request-in-progress` or `outcome-unknown` while the store
 //! recovers — instead of reading `outcome-unknown` for good.
 
-use test_harness::pg;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use test_harness::pg;
 use tokio::net::TcpListener;
 
 const PAYMENT: &str =

@@ -8,11 +8,10 @@
 //! every process lists the same tickets: one ticket is one execution, whichever process
 //! ran it.
 
-use test_harness::pg;
-
 use std::time::Duration;
 
 use serde_json::Value;
+use test_harness::pg;
 
 mod support;
 
