@@ -52,7 +52,7 @@ pub enum CanonicalizeError {
     /// Arrays and objects nested deeper than `max` levels.
     #[error("nesting deeper than {max} levels at byte {offset}")]
     TooDeep {
-        /// The limit, [`MAX_DEPTH`].
+        /// The limit, [`MAX_DEPTH`](super::MAX_DEPTH).
         max: usize,
         /// Where the first level too deep opens.
         offset: usize,

@@ -16,7 +16,7 @@
 //!
 //! [`MemoryStoreConfig::capacity`] bounds the number of records held. When a new key
 //! arrives at a full store, expired records are purged first; if the store is still full,
-//! [`Store::reserve`] fails with [`StoreError::CapacityExhausted`] and the layer answers
+//! [`Store::reserve`](crate::Store::reserve) fails with [`StoreError::CapacityExhausted`](crate::StoreError::CapacityExhausted) and the layer answers
 //! `503` with `Retry-After`. The store never evicts an `in_progress` record or one whose
 //! retention is still running: forgetting a key early would let its retry execute twice,
 //! which is the one thing this crate exists to prevent. Run
@@ -27,15 +27,15 @@
 //!
 //! An `in_progress` record whose lease ran out reads (and is stored) as `unknown`. Its
 //! lease stays current until someone takes the operation over: a result that arrives late
-//! is real, so [`Store::complete`] still accepts it, turning an unknown outcome into a
-//! replayable one (and a late [`Store::extend_lease`] puts it back `in_progress`). A take-
+//! is real, so [`Store::complete`](crate::Store::complete) still accepts it, turning an unknown outcome into a
+//! replayable one (and a late [`Store::extend_lease`](crate::Store::extend_lease) puts it back `in_progress`). A take-
 //! over, completion, abandonment or release ends the lease; after that every call with it
-//! fails with [`StoreError::LeaseLost`].
+//! fails with [`StoreError::LeaseLost`](crate::StoreError::LeaseLost).
 //!
 //! # Time
 //!
 //! Leases and retention are decided with [`tokio::time::Instant`] (so tests can pause and
-//! advance time); the wall-clock timestamps in [`Operation`] are derived from those
+//! advance time); the wall-clock timestamps in [`Operation`](crate::Operation) are derived from those
 //! instants and one wall-clock reading taken when the store was created.
 //!
 //! # Example
@@ -114,7 +114,7 @@ impl Default for MemoryStoreConfig {
     }
 }
 
-/// The embedded in-memory [`Store`]. Cheap to clone: clones share the same records.
+/// The embedded in-memory [`Store`](crate::Store). Cheap to clone: clones share the same records.
 ///
 /// See the [module documentation](self) for its guarantees and limits.
 #[derive(Clone, Default)]
