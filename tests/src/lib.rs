@@ -2,4 +2,5 @@
 //! helpers that serve apps over loopback.
 
 pub mod app;
-pub mod pg;
+/// The throwaway-PostgreSQL harness, from the `test-harness` crate.
+pub use test_harness::pg;

@@ -16,7 +16,8 @@ use http::{Request, StatusCode};
 use integration_tests::pg::TestCluster;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, RoutePolicy, Scope};
-use tower_idempotency_core::{Fingerprint, IdempotencyKey, ReserveRequest, Store, StoreError};
+use tower_idempotency_core::conformance::reserve_request;
+use tower_idempotency_core::{Fingerprint, IdempotencyKey, Store, StoreError};
 use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
 
 /// Generous upper bound for "answers rather than hangs": the configured timeouts are about
@@ -111,17 +112,11 @@ async fn outage_answers_503_without_running_the_handler_and_recovers_by_itself()
     );
 
     // The store itself reports the outage as Unavailable.
-    let request = ReserveRequest {
-        scope: tower_idempotency_core::Scope::new("acct_outage"),
-        key: IdempotencyKey::new("direct").unwrap(),
-        fingerprint: Fingerprint::from_stored("sha256:direct"),
-        method: "POST".to_owned(),
-        route: "/direct".to_owned(),
-        lease: Duration::from_secs(30),
-        retention: Duration::from_secs(60),
-        unknown_retention: Duration::from_secs(600),
-        take_over_unknown: false,
-    };
+    let request = reserve_request(
+        &Scope::new("acct_outage"),
+        &IdempotencyKey::new("direct").unwrap(),
+        &Fingerprint::from_stored("sha256:direct"),
+    );
     let error = tokio::time::timeout(ANSWER_BOUND, store.reserve(request))
         .await
         .expect("reserve must answer during an outage")

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use integration_tests::pg::{connect, test_database};
 use tokio::sync::Barrier;
+use tower_idempotency_core::conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, OperationState, Reservation, ReserveRequest, Scope, Store,
     StoreError, StoredResponse,
@@ -26,17 +27,11 @@ async fn store(url: &str) -> PostgresStore {
 }
 
 fn request(scope: &Scope, key: &str, fingerprint: &str) -> ReserveRequest {
-    ReserveRequest {
-        scope: scope.clone(),
-        key: IdempotencyKey::new(key).unwrap(),
-        fingerprint: Fingerprint::from_stored(fingerprint),
-        method: "POST".to_owned(),
-        route: "/v1/payments".to_owned(),
-        lease: Duration::from_secs(60),
-        retention: Duration::from_secs(600),
-        unknown_retention: Duration::from_secs(3600),
-        take_over_unknown: false,
-    }
+    reserve_request(
+        scope,
+        &IdempotencyKey::new(key).unwrap(),
+        &Fingerprint::from_stored(fingerprint),
+    )
 }
 
 fn response(body: &str) -> StoredResponse {

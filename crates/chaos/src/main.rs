@@ -8,9 +8,7 @@
 //!
 //! `chaos --help` lists the knobs, `chaos --version` prints the version; `chaos serve` is the demo instance it runs (internal).
 
-#[allow(dead_code, missing_docs)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
+use test_harness::pg;
 
 mod check;
 mod client;

@@ -5,13 +5,10 @@
 //! briefly preceded by `request-in-progress` or `outcome-unknown` while the store
 //! recovers — instead of reading `outcome-unknown` for good.
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use test_harness::pg;
 use tokio::net::TcpListener;
 
 const PAYMENT: &str =

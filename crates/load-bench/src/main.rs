@@ -16,10 +16,6 @@
 //! - `serve MODE --listen ADDR [--database-url URL]` — one server (used by `run`);
 //! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record.
 
-// The test harness's throwaway cluster, started here with durable settings.
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
 mod record_size;
 mod serve;
 mod wrk;
@@ -32,6 +28,8 @@ use std::time::Duration;
 
 use clap::builder::PossibleValuesParser;
 use clap::{Parser, value_parser};
+// The test harness's throwaway cluster, started here with durable settings.
+use test_harness::pg;
 
 use crate::wrk::{Load, Run};
 

@@ -11,6 +11,7 @@
 
 pub mod canonical;
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 pub mod fingerprint;
 pub mod key;

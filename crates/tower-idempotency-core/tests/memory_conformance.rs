@@ -30,17 +30,16 @@ async fn arc_wrapped_store_passes_the_concurrency_check() {
     conformance::replay_counts(&store).await;
 }
 
+/// The suite's request fixture with a 30-second lease and a minute of retention.
 fn request(key: &str) -> ReserveRequest {
     ReserveRequest {
-        scope: Scope::new("tenant"),
-        key: IdempotencyKey::new(key).unwrap(),
-        fingerprint: Fingerprint::from_stored("sha256:fp"),
-        method: "POST".to_owned(),
-        route: "/v1/things".to_owned(),
         lease: Duration::from_secs(30),
         retention: Duration::from_secs(60),
-        unknown_retention: Duration::from_secs(600),
-        take_over_unknown: false,
+        ..conformance::reserve_request(
+            &Scope::new("tenant"),
+            &IdempotencyKey::new(key).unwrap(),
+            &Fingerprint::from_stored("sha256:fp"),
+        )
     }
 }
 

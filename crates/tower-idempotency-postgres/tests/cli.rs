@@ -1,14 +1,12 @@
 //! The `tower-idempotency` operator CLI, run as the built binary against a real PostgreSQL
 //! (the workspace's throwaway-cluster harness, or `DATABASE_URL`).
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
-
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::Value;
+use test_harness::pg;
+use tower_idempotency_core::conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, OperationId, OperationState, Reservation, ReserveRequest, Scope,
     Store,
@@ -49,15 +47,12 @@ fn json(output: &Output) -> Value {
 
 fn request(scope: &Scope, key: &str, lease: Duration) -> ReserveRequest {
     ReserveRequest {
-        scope: scope.clone(),
-        key: IdempotencyKey::new(key).unwrap(),
-        fingerprint: Fingerprint::from_stored("sha256:cli"),
-        method: "POST".to_owned(),
-        route: "/v1/deploys".to_owned(),
         lease,
-        retention: Duration::from_secs(600),
-        unknown_retention: Duration::from_secs(3600),
-        take_over_unknown: false,
+        ..reserve_request(
+            scope,
+            &IdempotencyKey::new(key).unwrap(),
+            &Fingerprint::from_stored("sha256:cli"),
+        )
     }
 }
 

@@ -2,12 +2,8 @@
 //! shared statements) each set their own operation's flag and no other, and a mark made
 //! after the store's batching task is gone still lands.
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
-
-use std::time::Duration;
-
+use test_harness::pg;
+use tower_idempotency_core::conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, Operation, Reservation, ReserveRequest, Scope, Store,
     StoredResponse,
@@ -15,17 +11,11 @@ use tower_idempotency_core::{
 use tower_idempotency_postgres::PostgresStore;
 
 fn request(scope: &Scope, key: &str) -> ReserveRequest {
-    ReserveRequest {
-        scope: scope.clone(),
-        key: IdempotencyKey::new(key).unwrap(),
-        fingerprint: Fingerprint::from_stored("sha256:delivered"),
-        method: "POST".to_owned(),
-        route: "/v1/payments".to_owned(),
-        lease: Duration::from_secs(60),
-        retention: Duration::from_secs(600),
-        unknown_retention: Duration::from_secs(3600),
-        take_over_unknown: false,
-    }
+    reserve_request(
+        scope,
+        &IdempotencyKey::new(key).unwrap(),
+        &Fingerprint::from_stored("sha256:delivered"),
+    )
 }
 
 async fn completed(store: &PostgresStore, scope: &Scope, key: &str) -> Operation {

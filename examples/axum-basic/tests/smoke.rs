@@ -1,10 +1,6 @@
 //! The example starts, guards `POST /orders` and replays a retry.
 
-mod support {
-    pub mod example;
-}
-
-use support::example::Example;
+use test_harness::example::Example;
 
 #[tokio::test]
 async fn starts_and_replays_a_retry() {

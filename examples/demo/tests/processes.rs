@@ -8,13 +8,10 @@
 //! every process lists the same tickets: one ticket is one execution, whichever process
 //! ran it.
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
-
 use std::time::Duration;
 
 use serde_json::Value;
+use test_harness::pg;
 
 mod support;
 

@@ -4,13 +4,10 @@
 //! and the retry after a restart executes once — one ticket, one notification effect.
 //! Retries of a completed create never add a second of either.
 
-#[allow(dead_code)]
-#[path = "../../../tests/src/pg.rs"]
-mod pg;
-
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use test_harness::pg;
 
 mod support;
 

@@ -1,9 +1,6 @@
 //! The example starts, guards `POST /orders` and replays a retry.
 
-#[path = "../../axum-basic/tests/support/example.rs"]
-mod example;
-
-use example::Example;
+use test_harness::example::Example;
 
 #[tokio::test]
 async fn starts_and_replays_a_retry() {

@@ -1,6 +1,6 @@
-//! What the axum-basic and hyper-basic smoke tests share (hyper-basic includes this file
-//! via `#[path]`): start an example binary on a free port, send it `POST /orders` with a
-//! key, and check that a retry is a byte-for-byte replay.
+//! What the axum-basic and hyper-basic smoke tests share: start an example binary on a free
+//! port, send it `POST /orders` with a key, and check that a retry is a byte-for-byte
+//! replay.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use tokio::process::Child;
 const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A running example; dropping it kills the process.
+#[derive(Debug)]
 pub struct Example {
     /// `http://127.0.0.1:PORT`, as the example printed it.
     pub base: String,

@@ -1,0 +1,16 @@
+//! Test support shared by the workspace's test targets (never published).
+//!
+//! - [`pg`]: a real PostgreSQL for tests — a throwaway cluster started by the test process,
+//!   or the server named by `DATABASE_URL` — and a fresh database per test.
+//! - `example` (feature `example`): start an example binary on a free port and check
+//!   that a retry is replayed.
+//!
+//! Test targets take it as a dev-dependency; `chaos` and `load-bench` start their
+//! PostgreSQL through [`pg::TestCluster`] at run time, so there it is a normal dependency.
+//! The crate depends on no crate of this workspace, so every crate can use it in its tests.
+
+#![deny(missing_docs)]
+
+#[cfg(feature = "example")]
+pub mod example;
+pub mod pg;

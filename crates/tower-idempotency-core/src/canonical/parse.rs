@@ -1,0 +1,318 @@
+//! The I-JSON parser: one pass over the input, rejecting what RFC 7493 forbids (duplicate
+//! names, lone surrogates, too deep nesting) at its byte offset. Numbers are in
+//! [`number`](super::number).
+
+use std::borrow::Cow;
+
+use super::MAX_DEPTH;
+use super::error::{CanonicalizeError, excerpt};
+use super::node::{Member, Node, cmp_utf16};
+
+pub(super) fn parse_document(bytes: &[u8]) -> Result<Node<'_>, CanonicalizeError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| CanonicalizeError::InvalidUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    let mut parser = Parser {
+        text,
+        bytes,
+        pos: 0,
+    };
+    parser.skip_whitespace();
+    let node = parser.parse_value(0)?;
+    parser.skip_whitespace();
+    if parser.pos < bytes.len() {
+        return Err(CanonicalizeError::TrailingData { offset: parser.pos });
+    }
+    Ok(node)
+}
+
+pub(super) struct Parser<'a> {
+    pub(super) text: &'a str,
+    pub(super) bytes: &'a [u8],
+    pub(super) pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    pub(super) fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    pub(super) fn syntax(&self, reason: &'static str) -> CanonicalizeError {
+        CanonicalizeError::Syntax {
+            offset: self.pos,
+            reason,
+        }
+    }
+
+    pub(super) fn skip_whitespace(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// `depth` is the number of arrays/objects enclosing this value.
+    pub(super) fn parse_value(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+        match self.peek() {
+            None => Err(self.syntax("unexpected end of input")),
+            Some(b'{') => self.parse_object(self.enter(depth)?),
+            Some(b'[') => self.parse_array(self.enter(depth)?),
+            Some(b'"') => Ok(Node::String(self.parse_string()?)),
+            Some(b't') => self.parse_literal(b"true", Node::Bool(true)),
+            Some(b'f') => self.parse_literal(b"false", Node::Bool(false)),
+            Some(b'n') => self.parse_literal(b"null", Node::Null),
+            Some(b'-' | b'0'..=b'9') => self.parse_number(),
+            Some(_) => Err(self.syntax("expected a JSON value")),
+        }
+    }
+
+    pub(super) fn enter(&self, depth: usize) -> Result<usize, CanonicalizeError> {
+        if depth >= MAX_DEPTH {
+            return Err(CanonicalizeError::TooDeep {
+                max: MAX_DEPTH,
+                offset: self.pos,
+            });
+        }
+        Ok(depth + 1)
+    }
+
+    pub(super) fn parse_literal(
+        &mut self,
+        word: &'static [u8],
+        node: Node<'a>,
+    ) -> Result<Node<'a>, CanonicalizeError> {
+        if self.bytes[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            Ok(node)
+        } else {
+            Err(self.syntax("expected a JSON value"))
+        }
+    }
+
+    pub(super) fn parse_array(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+        self.pos += 1; // '['
+        self.skip_whitespace();
+        let mut items = Vec::new();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(Node::Array(items));
+        }
+        loop {
+            items.push(self.parse_value(depth)?);
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                    if self.peek() == Some(b']') {
+                        return Err(self.syntax("trailing comma in array"));
+                    }
+                }
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Node::Array(items));
+                }
+                None => return Err(self.syntax("unexpected end of input in array")),
+                Some(_) => return Err(self.syntax("expected ',' or ']' in array")),
+            }
+        }
+    }
+
+    pub(super) fn parse_object(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+        self.pos += 1; // '{'
+        self.skip_whitespace();
+        let mut members = Vec::new();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Node::Object(members));
+        }
+        loop {
+            match self.peek() {
+                Some(b'"') => {}
+                Some(b'}') if !members.is_empty() => {
+                    return Err(self.syntax("trailing comma in object"));
+                }
+                None => return Err(self.syntax("unexpected end of input in object")),
+                Some(_) => return Err(self.syntax("expected a member name")),
+            }
+            let offset = self.pos;
+            let name = self.parse_string()?;
+            self.skip_whitespace();
+            if self.peek() != Some(b':') {
+                return Err(self.syntax("expected ':' after member name"));
+            }
+            self.pos += 1;
+            self.skip_whitespace();
+            let value = self.parse_value(depth)?;
+            members.push(Member {
+                name,
+                offset,
+                value,
+            });
+            self.skip_whitespace();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_whitespace();
+                }
+                Some(b'}') => {
+                    self.pos += 1;
+                    break;
+                }
+                None => return Err(self.syntax("unexpected end of input in object")),
+                Some(_) => return Err(self.syntax("expected ',' or '}' in object")),
+            }
+        }
+        // Sorting first turns duplicate detection into a scan of neighbours; the sort is
+        // stable, so the later of two equal names is the second of the pair.
+        members.sort_by(|a, b| cmp_utf16(&a.name, &b.name));
+        if let Some(pair) = members.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(CanonicalizeError::DuplicateMember {
+                name: excerpt(&pair[1].name),
+                offset: pair[1].offset,
+            });
+        }
+        Ok(Node::Object(members))
+    }
+
+    pub(super) fn parse_string(&mut self) -> Result<Cow<'a, str>, CanonicalizeError> {
+        let start = self.pos + 1; // after '"'
+        let mut i = start;
+        // Fast path: no escapes, borrow from the input.
+        loop {
+            match self.bytes.get(i) {
+                None => {
+                    self.pos = i;
+                    return Err(self.syntax("unterminated string"));
+                }
+                Some(&b) if !STRING_SPECIAL[usize::from(b)] => i += 1,
+                Some(b'"') => {
+                    self.pos = i + 1;
+                    return self.slice(start, i).map(Cow::Borrowed);
+                }
+                Some(b'\\') => break,
+                Some(_) => {
+                    self.pos = i;
+                    return Err(self.syntax("control character in string"));
+                }
+            }
+        }
+        let mut owned = String::with_capacity(i - start + 16);
+        owned.push_str(self.slice(start, i)?);
+        let mut run = i;
+        loop {
+            match self.bytes.get(i) {
+                None => {
+                    self.pos = i;
+                    return Err(self.syntax("unterminated string"));
+                }
+                Some(&b) if !STRING_SPECIAL[usize::from(b)] => i += 1,
+                Some(b'"') => {
+                    owned.push_str(self.slice(run, i)?);
+                    self.pos = i + 1;
+                    return Ok(Cow::Owned(owned));
+                }
+                Some(b'\\') => {
+                    owned.push_str(self.slice(run, i)?);
+                    i = self.parse_escape(i, &mut owned)?;
+                    run = i;
+                }
+                Some(_) => {
+                    self.pos = i;
+                    return Err(self.syntax("control character in string"));
+                }
+            }
+        }
+    }
+
+    /// Decodes the escape starting at the backslash at `at` into `out`; returns the offset
+    /// just past it.
+    pub(super) fn parse_escape(
+        &mut self,
+        at: usize,
+        out: &mut String,
+    ) -> Result<usize, CanonicalizeError> {
+        let decoded = match self.bytes.get(at + 1) {
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'u') => return self.parse_unicode_escape(at, out),
+            _ => {
+                self.pos = at;
+                return Err(self.syntax("invalid escape in string"));
+            }
+        };
+        out.push(decoded);
+        Ok(at + 2)
+    }
+
+    pub(super) fn parse_unicode_escape(
+        &mut self,
+        at: usize,
+        out: &mut String,
+    ) -> Result<usize, CanonicalizeError> {
+        let unit = self.hex4(at + 2)?;
+        let lone = CanonicalizeError::LoneSurrogate { offset: at };
+        let scalar = match unit {
+            0xD800..=0xDBFF => {
+                if self.bytes.get(at + 6..at + 8) != Some(b"\\u") {
+                    return Err(lone);
+                }
+                let low = self.hex4(at + 8)?;
+                if !(0xDC00..=0xDFFF).contains(&low) {
+                    return Err(lone);
+                }
+                let scalar =
+                    0x10000 + ((u32::from(unit) - 0xD800) << 10) + (u32::from(low) - 0xDC00);
+                out.push(char::from_u32(scalar).ok_or(lone)?);
+                return Ok(at + 12);
+            }
+            0xDC00..=0xDFFF => return Err(lone),
+            _ => u32::from(unit),
+        };
+        out.push(char::from_u32(scalar).ok_or(lone)?);
+        Ok(at + 6)
+    }
+
+    pub(super) fn hex4(&mut self, at: usize) -> Result<u16, CanonicalizeError> {
+        let mut value: u16 = 0;
+        for k in 0..4 {
+            let digit = match self.bytes.get(at + k) {
+                Some(&b @ b'0'..=b'9') => b - b'0',
+                Some(&b @ b'a'..=b'f') => b - b'a' + 10,
+                Some(&b @ b'A'..=b'F') => b - b'A' + 10,
+                _ => {
+                    self.pos = at + k;
+                    return Err(self.syntax("expected four hex digits in \\u escape"));
+                }
+            };
+            value = (value << 4) | u16::from(digit);
+        }
+        Ok(value)
+    }
+
+    pub(super) fn slice(&self, start: usize, end: usize) -> Result<&'a str, CanonicalizeError> {
+        // Both ends sit next to ASCII bytes, so they are always char boundaries.
+        self.text.get(start..end).ok_or(CanonicalizeError::Syntax {
+            offset: start,
+            reason: "string boundary inside a character",
+        })
+    }
+}
+
+/// Bytes that end the fast scan of a string: the quote, the backslash, control characters.
+pub(super) static STRING_SPECIAL: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = true;
+        b += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};

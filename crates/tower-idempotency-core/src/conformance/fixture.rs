@@ -1,0 +1,218 @@
+//! What the checks share: fresh scopes, keys and fingerprints, the reservation request
+//! fixture, and helpers that name the failing check in their panic.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use uuid::Uuid;
+
+use super::{KEEP, LONG, SHORT, WAKE_BOUND};
+use crate::store::Result;
+use crate::{
+    Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation, ReserveRequest, Scope,
+    Store, StoreError, StoredResponse,
+};
+
+/// A fresh `(scope, key, fingerprint)` and the requests checks make with it.
+pub(super) struct Fixture {
+    pub(super) scope: Scope,
+    pub(super) key: IdempotencyKey,
+    pub(super) fingerprint: Fingerprint,
+}
+
+impl Fixture {
+    pub(super) fn new() -> Self {
+        Self {
+            scope: fresh_scope(),
+            key: fresh_key(),
+            fingerprint: fresh_fingerprint(),
+        }
+    }
+
+    pub(super) fn request(&self) -> ReserveRequest {
+        reserve_request(&self.scope, &self.key, &self.fingerprint)
+    }
+
+    pub(super) fn short_lease(&self) -> ReserveRequest {
+        ReserveRequest {
+            lease: SHORT,
+            ..self.request()
+        }
+    }
+
+    pub(super) fn take_over(&self) -> ReserveRequest {
+        ReserveRequest {
+            take_over_unknown: true,
+            ..self.request()
+        }
+    }
+}
+
+pub(super) fn fresh_scope() -> Scope {
+    Scope::new(format!("conformance-{}", Uuid::new_v4()))
+}
+
+pub(super) fn fresh_key() -> IdempotencyKey {
+    match IdempotencyKey::new(&Uuid::new_v4().to_string()) {
+        Ok(key) => key,
+        Err(error) => panic!("a UUID is a valid idempotency key: {error}"),
+    }
+}
+
+pub(super) fn fresh_fingerprint() -> Fingerprint {
+    Fingerprint::from_stored(format!(
+        "sha256:{}{}",
+        Uuid::new_v4().simple(),
+        Uuid::new_v4().simple()
+    ))
+}
+
+/// The reservation request the checks make, a fixture for a store's own tests too: `POST`
+/// on route `/conformance/{id}`, a 60-second lease, 600 seconds of retention (completed
+/// and `unknown` alike), no take-over. Vary it with struct-update syntax:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency_core::conformance::reserve_request;
+/// use tower_idempotency_core::{Fingerprint, IdempotencyKey, ReserveRequest, Scope};
+///
+/// let key = IdempotencyKey::new("order-1").unwrap();
+/// let fingerprint = Fingerprint::from_stored("sha256:fp");
+/// let short = ReserveRequest {
+///     lease: Duration::from_millis(300),
+///     ..reserve_request(&Scope::new("tenant"), &key, &fingerprint)
+/// };
+/// assert_eq!(short.method, "POST");
+/// ```
+pub fn reserve_request(
+    scope: &Scope,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+) -> ReserveRequest {
+    ReserveRequest {
+        scope: scope.clone(),
+        key: key.clone(),
+        fingerprint: fingerprint.clone(),
+        method: "POST".to_owned(),
+        route: "/conformance/{id}".to_owned(),
+        lease: LONG,
+        retention: KEEP,
+        unknown_retention: KEEP,
+        take_over_unknown: false,
+    }
+}
+
+pub(super) fn response(tag: &str) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![
+            (
+                "content-type".to_owned(),
+                Bytes::from_static(b"application/json"),
+            ),
+            (
+                "location".to_owned(),
+                Bytes::from(format!("/conformance/{tag}")),
+            ),
+        ],
+        body: Some(Bytes::from(format!(r#"{{"tag":"{tag}"}}"#))),
+    }
+}
+
+pub(super) fn must<T>(check: &str, what: &str, result: Result<T>) -> T {
+    result.unwrap_or_else(|error| panic!("{check}: {what} failed: {error:?}"))
+}
+
+pub(super) async fn acquire<S: Store>(
+    check: &str,
+    store: &S,
+    request: ReserveRequest,
+) -> (Operation, Lease) {
+    match must(check, "reserve", store.reserve(request).await) {
+        Reservation::Acquired {
+            operation,
+            lease,
+            takeover: false,
+        } => (operation, lease),
+        other => panic!("{check}: a fresh key must be acquired, got {other:?}"),
+    }
+}
+
+pub(super) fn existing(check: &str, reservation: Reservation) -> Operation {
+    match reservation {
+        Reservation::Existing(operation) => operation,
+        other => panic!("{check}: the key is taken, but the reservation acquired it: {other:?}"),
+    }
+}
+
+pub(super) async fn get<S: Store>(
+    check: &str,
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> Operation {
+    must(check, "get", store.get(scope, key).await)
+        .unwrap_or_else(|| panic!("{check}: the record of {scope}/{key} is missing"))
+}
+
+pub(super) fn expect_lost<T: std::fmt::Debug>(
+    check: &str,
+    what: &str,
+    id: OperationId,
+    result: Result<T>,
+) {
+    match result {
+        Err(StoreError::LeaseLost { operation_id }) => {
+            assert_eq!(
+                operation_id, id,
+                "{check}: {what}: LeaseLost names another operation"
+            );
+        }
+        other => panic!("{check}: {what} must fail with LeaseLost, got {other:?}"),
+    }
+}
+
+pub(super) fn assert_close(
+    check: &str,
+    what: &str,
+    actual: SystemTime,
+    expected: SystemTime,
+    slack: Duration,
+) {
+    let gap = actual
+        .duration_since(expected)
+        .or_else(|_| expected.duration_since(actual))
+        .unwrap_or_default();
+    assert!(
+        gap <= slack,
+        "{check}: {what} is {actual:?}, expected {expected:?} (within {slack:?})"
+    );
+}
+
+/// Awaits a store call that must finish long before any timeout it was given.
+pub(super) async fn bounded<T>(check: &str, what: &str, call: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAKE_BOUND, call)
+        .await
+        .unwrap_or_else(|_| panic!("{check}: {what} did not return within {WAKE_BOUND:?}"))
+}
+
+pub(super) fn spawn_wait<S: Store + Clone>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    timeout: Duration,
+) -> tokio::task::JoinHandle<Result<Option<Operation>>> {
+    let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
+    tokio::spawn(async move { store.wait(&scope, &key, timeout).await })
+}
+
+pub(super) async fn join_wait(
+    check: &str,
+    what: &str,
+    waiter: tokio::task::JoinHandle<Result<Option<Operation>>>,
+) -> Option<Operation> {
+    let joined = bounded(check, what, waiter).await;
+    let result =
+        joined.unwrap_or_else(|error| panic!("{check}: {what}: the waiting task failed: {error}"));
+    must(check, "wait", result)
+}

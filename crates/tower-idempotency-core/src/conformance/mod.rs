@@ -1,0 +1,105 @@
+//! The conformance suite: the behaviour every [`Store`] must show, as one set of checks.
+//!
+//! Each check is a `pub async fn` that panics with a message naming itself when the store
+//! misbehaves; [`run_all`] runs them in turn. Checks use fresh random scopes and keys, so
+//! they can run repeatedly against a shared database, and real (short) durations rather
+//! than paused time, because a durable store decides leases and retention by its own clock.
+//!
+//! # Running it against your store
+//!
+//! Enable the `conformance` feature in your dev-dependencies and add one test:
+//!
+//! ```no_run
+//! # use tower_idempotency_core::MemoryStore as MyStore;
+//! # fn new_store() -> MyStore { MyStore::default() }
+//! #[tokio::test(flavor = "multi_thread")]
+//! async fn conformance() {
+//!     tower_idempotency_core::conformance::run_all(&new_store()).await;
+//! }
+//! ```
+//!
+//! The suite needs `S: Store + Clone` because the concurrency checks run reservations on
+//! separate Tokio tasks; a store that is not `Clone` runs as `Arc::new(store)` (an
+//! `Arc<S>` is a [`Store`]). Use the multi-thread runtime so that concurrent reservations
+//! really overlap. A full run takes a few seconds: lease and retention checks wait for
+//! leases of a few hundred milliseconds to run out.
+//!
+//! # The contract in brief
+//!
+//! - Of concurrent reservations for one `(scope, key)`, exactly one acquires.
+//! - A completed record returned for the same fingerprint counts one replay per call, in
+//!   the same step (concurrent replays see distinct counts).
+//! - An `in_progress` record whose lease ran out reads as `unknown`; only a reservation
+//!   with `take_over_unknown` and the same fingerprint takes it over.
+//! - A lease stops being current once its operation is taken over, completed, abandoned or
+//!   released. A lease that merely ran out is still current: its late result is accepted.
+//! - Waiters return when the record leaves `in_progress` (including by its lease running
+//!   out), or at their timeout, never earlier.
+//! - Purging removes only records whose retention ended, never `in_progress` ones.
+//! - Scopes are isolated, by key and by operation id.
+
+mod fixture;
+mod lease;
+mod records;
+mod recovery;
+mod reserve;
+mod wait;
+
+use std::time::Duration;
+
+use crate::Store;
+
+pub use fixture::reserve_request;
+pub use lease::{
+    extend_lease_keeps_in_progress, late_completion_after_expiry_is_accepted,
+    lease_expiry_reads_unknown, stale_lease_is_fenced,
+};
+pub use records::{
+    get_by_id_finds_operation, mark_delivered_sets_flag, purge_removes_only_expired,
+    scopes_are_isolated,
+};
+pub use recovery::{
+    abandon_marks_unknown, release_allows_reexecution, take_over_unknown_same_fingerprint_only,
+};
+pub use reserve::{
+    fingerprint_mismatch_is_reported, records_carry_request_and_timestamps, replay_counts,
+    reserve_is_atomic_under_concurrency,
+};
+pub use wait::{in_progress_then_wait_wakes_on_complete, wait_times_out};
+
+/// A lease that outlives any check.
+const LONG: Duration = Duration::from_secs(60);
+/// How long records made by the suite stay around when a check does not care.
+const KEEP: Duration = Duration::from_secs(600);
+/// A lease or retention a check waits out.
+const SHORT: Duration = Duration::from_millis(300);
+/// How long a check sleeps to be sure a [`SHORT`] duration ran out, with margin for a
+/// database round trip and a little clock skew.
+const PAST_SHORT: Duration = Duration::from_millis(700);
+/// How long a waiter may take to notice a change before the check calls it stuck.
+const WAKE_BOUND: Duration = Duration::from_secs(10);
+/// The timeout given to waiters that are expected to be woken long before it.
+const WAIT_LONG: Duration = Duration::from_secs(60);
+/// Tolerance when comparing timestamps a store derived from durations.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// Runs every check in this module against `store`, one after the other.
+pub async fn run_all<S: Store + Clone>(store: &S) {
+    reserve_is_atomic_under_concurrency(store).await;
+    records_carry_request_and_timestamps(store).await;
+    replay_counts(store).await;
+    fingerprint_mismatch_is_reported(store).await;
+    in_progress_then_wait_wakes_on_complete(store).await;
+    wait_times_out(store).await;
+    lease_expiry_reads_unknown(store).await;
+    take_over_unknown_same_fingerprint_only(store).await;
+    stale_lease_is_fenced(store).await;
+    late_completion_after_expiry_is_accepted(store).await;
+    release_allows_reexecution(store).await;
+    abandon_marks_unknown(store).await;
+    extend_lease_keeps_in_progress(store).await;
+    purge_removes_only_expired(store).await;
+    scopes_are_isolated(store).await;
+    mark_delivered_sets_flag(store).await;
+    get_by_id_finds_operation(store).await;
+}

@@ -1,0 +1,97 @@
+//! One record as the store keeps it, and the [`Operation`] it hands out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::clock::{Clock, Tick};
+use super::shard::RecordKey;
+use crate::{Fingerprint, Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
+
+/// One record, kept compact: the [`Operation`] handed out is built from it on demand (the
+/// scope and key come from the map key), times are [`Tick`]s on the store's clock, and the
+/// method and route are shared with the shard's other records.
+pub(super) struct Entry {
+    pub(super) id: OperationId,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) method: Arc<str>,
+    pub(super) route: Arc<str>,
+    pub(super) state: OperationState,
+    pub(super) delivered: bool,
+    pub(super) attempts: u32,
+    pub(super) replays: u64,
+    pub(super) created: Tick,
+    pub(super) completed: Tick,
+    pub(super) lease_expires: Tick,
+    /// End of retention; never while `in_progress`.
+    pub(super) expires: Tick,
+    pub(super) retention: Duration,
+    pub(super) unknown_retention: Duration,
+    /// The lease that may still finish the operation: set while `in_progress` and kept when
+    /// the lease merely ran out (a late result is real and is accepted until someone takes
+    /// the operation over); cleared once it is completed or abandoned.
+    pub(super) lease_id: Option<LeaseId>,
+    pub(super) response: Option<StoredResponse>,
+    /// Created by the first waiter (most records never have one), under the shard lock.
+    pub(super) notify: Option<Arc<Notify>>,
+}
+
+impl Entry {
+    pub(super) fn is_in_progress(&self) -> bool {
+        self.state == OperationState::InProgress
+    }
+
+    pub(super) fn is_expired(&self, now: Tick) -> bool {
+        self.expires.has_passed(now)
+    }
+
+    /// The record as the [`Store`] API hands it out.
+    pub(super) fn operation(&self, record_key: &RecordKey, clock: &Clock) -> Operation {
+        Operation {
+            id: self.id,
+            scope: record_key.scope.clone(),
+            key: record_key.key.clone(),
+            fingerprint: self.fingerprint.clone(),
+            method: String::from(&*self.method),
+            route: String::from(&*self.route),
+            state: self.state,
+            attempts: self.attempts,
+            created_at: clock.system_time(self.created).unwrap_or(clock.system),
+            completed_at: clock.system_time(self.completed),
+            lease_expires_at: clock.system_time(self.lease_expires),
+            expires_at: clock.system_time(self.expires),
+            retention: self.retention,
+            response: self.response.clone(),
+            delivered: self.delivered,
+            replays: self.replays,
+        }
+    }
+
+    /// Turns an `in_progress` record whose lease ran out into `unknown` and wakes its
+    /// waiters. The lease id stays, so the late worker may still finish it.
+    pub(super) fn refresh(&mut self, now: Tick, clock: &Clock) {
+        if self.is_in_progress() && self.lease_expires.has_passed(now) {
+            let lapsed = self.lease_expires;
+            self.state = OperationState::Unknown;
+            self.lease_expires = Tick::NEVER;
+            // Counted from the moment the outcome became unknown, so a short unknown
+            // retention can never make an unknown outcome vanish as soon as it appears.
+            self.expires = clock.later(lapsed, self.unknown_retention);
+            self.wake();
+        }
+    }
+
+    /// Wakes every waiter on this record.
+    pub(super) fn wake(&self) {
+        if let Some(notify) = &self.notify {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Whether `lease` may still act on this record: same operation, same lease id, and
+    /// no result or abandonment recorded since.
+    pub(super) fn is_held_by(&self, lease: &Lease) -> bool {
+        self.id == lease.operation_id && self.lease_id == Some(lease.lease_id)
+    }
+}

@@ -1,0 +1,157 @@
+//! The in-memory store: the embedded default for a single process, with no setup.
+//!
+//! Records live in sharded maps guarded by short, synchronous locks (never held across an
+//! `.await`); reservation checks and inserts under one shard lock, so of concurrent
+//! reservations for one `(scope, key)` exactly one wins. Memory is bounded: a full store
+//! refuses new keys rather than evict a record that is still live.
+//!
+//! # When to use it
+//!
+//! One process serving the API, tests, demos. Records are lost when the process exits, so
+//! a retry that arrives after a restart executes again; several app instances behind a load
+//! balancer need a shared store (PostgreSQL) instead, or a retry routed to another instance
+//! executes twice.
+//!
+//! # Capacity
+//!
+//! [`MemoryStoreConfig::capacity`] bounds the number of records held. When a new key
+//! arrives at a full store, expired records are purged first; if the store is still full,
+//! [`Store::reserve`](crate::Store::reserve) fails with [`StoreError::CapacityExhausted`](crate::StoreError::CapacityExhausted) and the layer answers
+//! `503` with `Retry-After`. The store never evicts an `in_progress` record or one whose
+//! retention is still running: forgetting a key early would let its retry execute twice,
+//! which is the one thing this crate exists to prevent. Run
+//! [`spawn_purge_task`](crate::purge::spawn_purge_task) so that expired records leave
+//! before the store fills up.
+//!
+//! # Leases
+//!
+//! An `in_progress` record whose lease ran out reads (and is stored) as `unknown`. Its
+//! lease stays current until someone takes the operation over: a result that arrives late
+//! is real, so [`Store::complete`](crate::Store::complete) still accepts it, turning an unknown outcome into a
+//! replayable one (and a late [`Store::extend_lease`](crate::Store::extend_lease) puts it back `in_progress`). A take-
+//! over, completion, abandonment or release ends the lease; after that every call with it
+//! fails with [`StoreError::LeaseLost`](crate::StoreError::LeaseLost).
+//!
+//! # Time
+//!
+//! Leases and retention are decided with [`tokio::time::Instant`] (so tests can pause and
+//! advance time); the wall-clock timestamps in [`Operation`](crate::Operation) are derived from those
+//! instants and one wall-clock reading taken when the store was created.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use tower_idempotency_core::{
+//!     Fingerprint, IdempotencyKey, MemoryStore, OperationState, Reservation, ReserveRequest,
+//!     Scope, Store, StoredResponse,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::default();
+//! let request = ReserveRequest {
+//!     scope: Scope::new("acct_42"),
+//!     key: IdempotencyKey::new("order-7f3a")?,
+//!     fingerprint: Fingerprint::from_stored("sha256:0123"),
+//!     method: "POST".to_owned(),
+//!     route: "/v1/orders".to_owned(),
+//!     lease: Duration::from_secs(30),
+//!     retention: Duration::from_secs(24 * 3600),
+//!     unknown_retention: Duration::from_secs(7 * 24 * 3600),
+//!     take_over_unknown: false,
+//! };
+//!
+//! // The first reservation wins and must run the handler.
+//! let Reservation::Acquired { lease, .. } = store.reserve(request.clone()).await? else {
+//!     panic!("a fresh key is acquired");
+//! };
+//! let response = StoredResponse { status: 201, headers: vec![], body: Some(Bytes::from("{}")) };
+//! store.complete(&lease, response).await?;
+//!
+//! // A retry with the same fingerprint gets the stored operation, counted as a replay.
+//! let Reservation::Existing(operation) = store.reserve(request).await? else {
+//!     panic!("the key is taken");
+//! };
+//! assert_eq!(operation.state, OperationState::Completed);
+//! assert_eq!(operation.response.map(|r| r.status), Some(201));
+//! assert_eq!(operation.replays, 1);
+//! # Ok(())
+//! # }
+//! ```
+
+mod clock;
+mod entry;
+mod inner;
+mod shard;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use inner::Inner;
+
+/// Configuration of a [`MemoryStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryStoreConfig {
+    /// Most records held at once, expired ones not yet purged included (default 100 000).
+    pub capacity: usize,
+    /// Number of independently locked shards (default 16; 0 counts as 1).
+    pub shards: usize,
+}
+
+impl Default for MemoryStoreConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 100_000,
+            shards: 16,
+        }
+    }
+}
+
+/// The embedded in-memory [`Store`](crate::Store). Cheap to clone: clones share the same records.
+///
+/// See the [module documentation](self) for its guarantees and limits.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+impl MemoryStore {
+    /// Creates an empty store.
+    pub fn new(config: MemoryStoreConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner::new(config)),
+        }
+    }
+
+    /// Number of records held, expired ones not yet purged included.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Acquire)
+    }
+
+    /// Whether the store holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured capacity.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("capacity", &self.inner.capacity)
+            .field("shards", &self.inner.records.len())
+            .field("len", &self.len())
+            .finish()
+    }
+}

@@ -1,0 +1,161 @@
+//! [`Store`] for [`MemoryStore`]: each call is one step on [`Inner`](super::inner::Inner).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::MemoryStore;
+use super::clock::{Tick, later};
+use crate::store::Result;
+use crate::{
+    IdempotencyKey, Lease, Operation, OperationId, OperationState, Reservation, ReserveRequest,
+    Scope, Store, StoreError, StoredResponse,
+};
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        let mut purged = false;
+        loop {
+            match self.inner.try_reserve(&request) {
+                Some(reservation) => return Ok(reservation),
+                None if !purged => {
+                    purged = true;
+                    let inner = &self.inner;
+                    if inner
+                        .purging
+                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        inner.purge(usize::MAX);
+                        inner.purging.store(false, Ordering::Release);
+                    }
+                }
+                None => {
+                    return Err(StoreError::CapacityExhausted {
+                        capacity: self.inner.capacity,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Accepted while the lease is current, and also after it ran out as long as nobody
+    /// took the operation over: the result is real, and storing it turns an `unknown`
+    /// outcome into a replayable one.
+    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
+        self.inner
+            .with_lease(lease, |entry, record_key, now, clock| {
+                entry.lease_id = None;
+                entry.state = OperationState::Completed;
+                entry.response = Some(response);
+                entry.completed = now;
+                entry.lease_expires = Tick::NEVER;
+                entry.expires = clock.later(now, entry.retention);
+                (entry.operation(record_key, clock), false)
+            })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.with_lease(lease, |_, _, _, _| ((), true))
+    }
+
+    async fn abandon(&self, lease: &Lease) -> Result<()> {
+        self.inner.with_lease(lease, |entry, _, now, clock| {
+            entry.lease_id = None;
+            entry.state = OperationState::Unknown;
+            entry.lease_expires = Tick::NEVER;
+            entry.expires = clock.later(now, entry.unknown_retention);
+            ((), false)
+        })
+    }
+
+    /// A heartbeat that arrives after the lease ran out (but before a take-over) puts the
+    /// operation back `in_progress`: its worker is evidently still alive.
+    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
+        self.inner.with_lease(lease, |entry, _, now, clock| {
+            entry.state = OperationState::InProgress;
+            entry.lease_expires = clock.later(now, by);
+            entry.expires = Tick::NEVER;
+            ((), false)
+        })
+    }
+
+    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
+        let Some(record_key) = self.inner.record_key_of(scope, id) else {
+            return Ok(());
+        };
+        let mut records = self.inner.records_for(&record_key);
+        if let Some(entry) = records.get_mut(&record_key) {
+            if entry.id == id && entry.state == OperationState::Completed {
+                entry.delivered = true;
+            }
+        }
+        Ok(())
+    }
+
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
+        Ok(self.inner.read(&self.inner.record_key(scope, key)))
+    }
+
+    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
+        let Some(record_key) = self.inner.record_key_of(scope, id) else {
+            return Ok(None);
+        };
+        Ok(self
+            .inner
+            .read(&record_key)
+            .filter(|operation| operation.id == id))
+    }
+
+    /// Returns the record as it stands once the one seen first leaves `in_progress`: it
+    /// may then be completed, unknown, gone (`None`), or a new operation reserved after a
+    /// release.
+    async fn wait(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        timeout: Duration,
+    ) -> Result<Option<Operation>> {
+        let deadline = later(Instant::now(), timeout);
+        let record_key = self.inner.record_key(scope, key);
+        let mut first_id = None;
+        loop {
+            let now = Instant::now();
+            let clock = &self.inner.clock;
+            let (notified, lease_expires) = {
+                let mut records = self.inner.records_for(&record_key);
+                let Some(entry) = records.get_mut(&record_key) else {
+                    return Ok(None);
+                };
+                let tick = clock.tick(now);
+                entry.refresh(tick, clock);
+                if entry.is_expired(tick) {
+                    return Ok(None);
+                }
+                let id = *first_id.get_or_insert(entry.id);
+                if !entry.is_in_progress() || entry.id != id || now >= deadline {
+                    return Ok(Some(entry.operation(&record_key, clock)));
+                }
+                // Created under the lock: every later `notify_waiters` reaches it.
+                let notify = entry.notify.get_or_insert_with(|| Arc::new(Notify::new()));
+                (
+                    Arc::clone(notify).notified_owned(),
+                    clock.instant(entry.lease_expires),
+                )
+            };
+            let wake_at = lease_expires.map_or(deadline, |at| at.min(deadline));
+            // Whether woken by a change, the lease running out or the deadline, the next
+            // turn re-reads the record and decides.
+            let _ = tokio::time::timeout_at(wake_at, notified).await;
+        }
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<usize> {
+        Ok(self.inner.purge(batch))
+    }
+}

@@ -1,0 +1,384 @@
+//! The memory store's own tests: its clock, capacity, purging and poisoning, on paused
+//! time (the conformance suite covers the shared contract in `tests/memory_conformance.rs`).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::*;
+use crate::conformance::reserve_request;
+use crate::store::Result;
+use crate::{
+    Fingerprint, IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest,
+    Scope, Store, StoreError, StoredResponse,
+};
+
+const LEASE: Duration = Duration::from_secs(5);
+const RETENTION: Duration = Duration::from_secs(60);
+const UNKNOWN_RETENTION: Duration = Duration::from_secs(600);
+
+/// The suite's request fixture with this module's durations (on paused time).
+fn request(scope: &str, key: &str, fingerprint: &str) -> ReserveRequest {
+    ReserveRequest {
+        lease: LEASE,
+        retention: RETENTION,
+        unknown_retention: UNKNOWN_RETENTION,
+        ..reserve_request(
+            &Scope::new(scope),
+            &IdempotencyKey::new(key).unwrap(),
+            &Fingerprint::from_stored(fingerprint),
+        )
+    }
+}
+
+fn response() -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![("content-type".to_owned(), Bytes::from("application/json"))],
+        body: Some(Bytes::from(r#"{"id":1}"#)),
+    }
+}
+
+async fn acquire(store: &MemoryStore, request: ReserveRequest) -> (Operation, Lease) {
+    match store.reserve(request).await.unwrap() {
+        Reservation::Acquired {
+            operation,
+            lease,
+            takeover: false,
+        } => (operation, lease),
+        other => panic!("expected a fresh acquisition, got {other:?}"),
+    }
+}
+
+fn existing(reservation: Reservation) -> Operation {
+    match reservation {
+        Reservation::Existing(operation) => operation,
+        other => panic!("expected an existing record, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn timestamps_follow_the_store_clock() {
+    let store = MemoryStore::default();
+    let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+    assert_eq!(op.lease_expires_at, Some(op.created_at + LEASE));
+    assert_eq!(op.expires_at, None);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let done = store.complete(&lease, response()).await.unwrap();
+    let completed_at = done.completed_at.unwrap();
+    assert_eq!(completed_at, op.created_at + Duration::from_secs(2));
+    assert_eq!(done.expires_at, Some(completed_at + RETENTION));
+    assert_eq!(done.lease_expires_at, None);
+    assert_eq!(
+        store.get(&Scope::new("a"), &op.key).await.unwrap(),
+        Some(done)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_lease_reads_unknown_and_a_late_result_is_still_accepted() {
+    let store = MemoryStore::default();
+    let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+    tokio::time::advance(LEASE).await;
+    let seen = store.get(&op.scope, &op.key).await.unwrap().unwrap();
+    assert_eq!(seen.state, OperationState::Unknown);
+    assert_eq!(seen.lease_expires_at, None);
+    // Unknown retention runs from the moment the lease lapsed.
+    assert_eq!(
+        seen.expires_at,
+        Some(op.created_at + LEASE + UNKNOWN_RETENTION)
+    );
+    // Nobody took it over, so the worker's real result still lands.
+    let done = store.complete(&lease, response()).await.unwrap();
+    assert_eq!(done.state, OperationState::Completed);
+    assert_eq!(done.attempts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_heartbeat_revives_an_expired_lease() {
+    let store = MemoryStore::default();
+    let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+    tokio::time::advance(LEASE * 2).await;
+    store.extend_lease(&lease, LEASE).await.unwrap();
+    let seen = store.get(&op.scope, &op.key).await.unwrap().unwrap();
+    assert_eq!(seen.state, OperationState::InProgress);
+    assert_eq!(seen.lease_expires_at, Some(op.created_at + LEASE * 3));
+    assert_eq!(seen.expires_at, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn take_over_fences_the_old_lease() {
+    let store = MemoryStore::default();
+    let (op, old) = acquire(&store, request("a", "k", "fp")).await;
+    tokio::time::advance(LEASE).await;
+    let takeover = ReserveRequest {
+        take_over_unknown: true,
+        ..request("a", "k", "fp")
+    };
+    let Reservation::Acquired {
+        operation,
+        lease,
+        takeover: true,
+    } = store.reserve(takeover.clone()).await.unwrap()
+    else {
+        panic!("an unknown record with the same fingerprint is taken over");
+    };
+    assert_eq!(operation.id, op.id);
+    assert_eq!(operation.attempts, 2);
+    assert_ne!(lease.lease_id, old.lease_id);
+    let lost = |r: Result<()>| matches!(r, Err(StoreError::LeaseLost { operation_id }) if operation_id == op.id);
+    assert!(store.complete(&old, response()).await.is_err());
+    assert!(lost(store.release(&old).await));
+    assert!(lost(store.abandon(&old).await));
+    assert!(lost(store.extend_lease(&old, LEASE).await));
+    // A second take-over while the first runs finds it in progress.
+    let again = existing(store.reserve(takeover).await.unwrap());
+    assert_eq!(again.state, OperationState::InProgress);
+    assert_eq!(again.attempts, 2);
+    store.complete(&lease, response()).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn abandoned_operation_is_unknown_and_fenced() {
+    let store = MemoryStore::default();
+    let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+    store.abandon(&lease).await.unwrap();
+    let seen = store.get(&op.scope, &op.key).await.unwrap().unwrap();
+    assert_eq!(seen.state, OperationState::Unknown);
+    assert_eq!(seen.expires_at, Some(op.created_at + UNKNOWN_RETENTION));
+    assert!(matches!(
+        store.complete(&lease, response()).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_wakes_on_completion_without_the_clock_moving() {
+    let store = MemoryStore::default();
+    let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+    let start = Instant::now();
+    let waiter = tokio::spawn({
+        let store = store.clone();
+        let (scope, key) = (op.scope.clone(), op.key.clone());
+        async move { store.wait(&scope, &key, Duration::from_secs(3600)).await }
+    });
+    tokio::task::yield_now().await;
+    store.complete(&lease, response()).await.unwrap();
+    let seen = waiter.await.unwrap().unwrap().unwrap();
+    assert_eq!(seen.state, OperationState::Completed);
+    // Paused time only moves when every task sleeps: the waiter was woken, not timed out.
+    assert_eq!(Instant::now(), start);
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_wakes_when_the_lease_runs_out() {
+    let store = MemoryStore::default();
+    let (op, _lease) = acquire(&store, request("a", "k", "fp")).await;
+    let start = Instant::now();
+    let seen = store
+        .wait(&op.scope, &op.key, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.state, OperationState::Unknown);
+    assert_eq!(Instant::now() - start, LEASE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_returns_the_record_at_the_deadline() {
+    let store = MemoryStore::default();
+    let (op, _lease) = acquire(&store, request("a", "k", "fp")).await;
+    let start = Instant::now();
+    let seen = store
+        .wait(&op.scope, &op.key, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.state, OperationState::InProgress);
+    assert_eq!(Instant::now() - start, Duration::from_secs(1));
+    assert_eq!(
+        store
+            .wait(&op.scope, &IdempotencyKey::new("other").unwrap(), LEASE)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_store_refuses_new_keys_and_frees_up_once_records_expire() {
+    let store = MemoryStore::new(MemoryStoreConfig {
+        capacity: 2,
+        shards: 1,
+    });
+    let (_, first) = acquire(&store, request("a", "1", "fp")).await;
+    let (second, _) = acquire(&store, request("a", "2", "fp")).await;
+    let refused = store.reserve(request("a", "3", "fp")).await;
+    assert!(
+        matches!(refused, Err(StoreError::CapacityExhausted { capacity: 2 })),
+        "{refused:?}"
+    );
+    // Keys already held still answer.
+    assert_eq!(
+        existing(store.reserve(request("a", "2", "fp")).await.unwrap()).id,
+        second.id
+    );
+
+    store.complete(&first, response()).await.unwrap();
+    tokio::time::advance(RETENTION).await;
+    // The completed record's retention ended: the store purges it to make room.
+    acquire(&store, request("a", "3", "fp")).await;
+    assert_eq!(store.len(), 2);
+    assert_eq!(
+        store
+            .get(&Scope::new("a"), &IdempotencyKey::new("1").unwrap())
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(
+        store
+            .get(&Scope::new("a"), &IdempotencyKey::new("2").unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn purge_respects_batch_and_spares_live_records() {
+    let store = MemoryStore::new(MemoryStoreConfig {
+        capacity: 100,
+        shards: 4,
+    });
+    for i in 0..5 {
+        let (_, lease) = acquire(&store, request("a", &format!("done-{i}"), "fp")).await;
+        store.complete(&lease, response()).await.unwrap();
+    }
+    let (running, _) = acquire(&store, request("a", "running", "fp")).await;
+    let long = ReserveRequest {
+        lease: Duration::from_secs(3600),
+        ..request("a", "long", "fp")
+    };
+    let (long_running, _) = acquire(&store, long).await;
+    tokio::time::advance(RETENTION).await;
+    assert_eq!(store.purge_expired(2).await.unwrap(), 2);
+    assert_eq!(store.purge_expired(100).await.unwrap(), 3);
+    assert_eq!(store.purge_expired(100).await.unwrap(), 0);
+    assert_eq!(store.len(), 2);
+    let unknown = store
+        .get(&running.scope, &running.key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(unknown.state, OperationState::Unknown);
+    let live = store
+        .get(&long_running.scope, &long_running.key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(live.state, OperationState::InProgress);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_key_is_a_new_operation() {
+    let store = MemoryStore::default();
+    let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+    store.complete(&lease, response()).await.unwrap();
+    tokio::time::advance(RETENTION).await;
+    assert_eq!(store.get(&op.scope, &op.key).await.unwrap(), None);
+    let (fresh, _) = acquire(&store, request("a", "k", "other")).await;
+    assert_ne!(fresh.id, op.id);
+    assert_eq!(store.len(), 1);
+    assert_eq!(store.get_by_id(&op.scope, op.id).await.unwrap(), None);
+    assert_eq!(
+        store
+            .get_by_id(&op.scope, fresh.id)
+            .await
+            .unwrap()
+            .map(|o| o.id),
+        Some(fresh.id)
+    );
+}
+
+#[tokio::test]
+async fn scopes_do_not_see_each_other() {
+    let store = MemoryStore::default();
+    let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+    let (other, _) = acquire(&store, request("b", "k", "fp")).await;
+    assert_ne!(op.id, other.id);
+    store.complete(&lease, response()).await.unwrap();
+    assert_eq!(
+        store.get_by_id(&Scope::new("b"), op.id).await.unwrap(),
+        None
+    );
+    store.mark_delivered(&Scope::new("b"), op.id).await.unwrap();
+    assert!(
+        !store
+            .get_by_id(&op.scope, op.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .delivered
+    );
+    store.mark_delivered(&op.scope, op.id).await.unwrap();
+    assert!(
+        store
+            .get_by_id(&op.scope, op.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .delivered
+    );
+}
+
+#[tokio::test]
+async fn huge_durations_saturate_instead_of_panicking() {
+    let store = MemoryStore::default();
+    let huge = ReserveRequest {
+        lease: Duration::MAX,
+        retention: Duration::MAX,
+        unknown_retention: Duration::MAX,
+        ..request("a", "k", "fp")
+    };
+    let (op, lease) = acquire(&store, huge).await;
+    store.extend_lease(&lease, Duration::MAX).await.unwrap();
+    let done = store.complete(&lease, response()).await.unwrap();
+    assert!(done.expires_at.unwrap() > op.created_at);
+    let _ = store.wait(&op.scope, &op.key, Duration::MAX).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_poisoned_shard_keeps_working() {
+    let store = MemoryStore::new(MemoryStoreConfig {
+        capacity: 10,
+        shards: 1,
+    });
+    let poisoner = store.clone();
+    let outcome = std::thread::spawn(move || {
+        let _guard = poisoner.inner.records[0].lock();
+        panic!("poison the shard");
+    })
+    .join();
+    assert!(outcome.is_err());
+    assert!(store.inner.records[0].is_poisoned());
+    let (op, lease) = acquire(&store, request("a", "k", "fp")).await;
+    store.complete(&lease, response()).await.unwrap();
+    assert_eq!(
+        store.get(&op.scope, &op.key).await.unwrap().unwrap().state,
+        OperationState::Completed
+    );
+}
+
+#[test]
+fn debug_shows_size_not_records() {
+    let store = MemoryStore::new(MemoryStoreConfig {
+        capacity: 7,
+        shards: 0,
+    });
+    assert_eq!(
+        format!("{store:?}"),
+        "MemoryStore { capacity: 7, shards: 1, len: 0 }"
+    );
+}
