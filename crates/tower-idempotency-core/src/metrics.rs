@@ -39,7 +39,8 @@ pub const OPERATIONS_IN_FLIGHT: &str = "idempotency.operations.in_flight";
 /// Bounded per layer; a result past the bound reads `unknown` once its lease runs out.
 pub const RECORDS_PENDING: &str = "idempotency.records.pending";
 
-/// Counter: expired records deleted by the purge task.
+/// Counter: expired records deleted by a store's purge (`Store::purge_expired`, which
+/// `spawn_purge_task` calls).
 ///
 /// Label: [`STORE`].
 pub const PURGE_DELETED: &str = "idempotency.purge.deleted";
@@ -63,5 +64,5 @@ pub const DECISION: &str = "idempotency.decision";
 /// Label: the store call (see [`STORE_DURATION`]).
 pub const OPERATION: &str = "operation";
 
-/// Label: the kind of store (see [`PURGE_DELETED`]), such as `MemoryStore`.
+/// Label: the kind of store (see [`PURGE_DELETED`]): `memory` or `postgres`.
 pub const STORE: &str = "store";

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
     IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, OperationTransaction,
@@ -412,7 +413,7 @@ impl Store for PostgresStore {
                 &[&limit],
             )
             .await?;
-        metrics::counter!("idempotency.purge.deleted", "store" => "postgres").increment(deleted);
+        metrics::counter!(names::PURGE_DELETED, names::STORE => "postgres").increment(deleted);
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
