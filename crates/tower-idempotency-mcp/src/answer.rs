@@ -81,6 +81,17 @@ pub(crate) fn json_response(message: &Value) -> Response<McpBody> {
     response
 }
 
+/// An empty response with `status`.
+pub(crate) fn empty(status: StatusCode) -> Response<McpBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::new())
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    response
+}
+
 /// The stored message of a completed execution, readdressed to `id`.
 pub(crate) fn replay(operation: &Operation, id: &Value, attached: bool) -> Option<Value> {
     let body = operation.response.as_ref()?.body.as_ref()?;

@@ -52,3 +52,28 @@ impl Body for ChannelBody {
         }
     }
 }
+
+impl ChannelBody {
+    /// A body of one chunk whose handing-over records delivery of `id` (a replay that
+    /// reached the caller closes the intent just as a first delivery does).
+    pub(crate) fn delivering(
+        bytes: Bytes,
+        store: Arc<dyn Store>,
+        scope: Scope,
+        id: OperationId,
+    ) -> Self {
+        let (sender, chunks) = mpsc::channel(1);
+        // A fresh channel with room for one: the send cannot fail.
+        let _ = sender.try_send(Chunk {
+            bytes,
+            delivers: Some(id),
+        });
+        let (guard, _) = oneshot::channel();
+        Self {
+            chunks,
+            store,
+            scope,
+            _guard: guard,
+        }
+    }
+}

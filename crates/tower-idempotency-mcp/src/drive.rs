@@ -21,6 +21,7 @@ use tower_idempotency_core::{Store, StoreError, StoredResponse};
 use crate::answer::{self, execution_member, with_execution};
 use crate::body::{ChannelBody, Chunk};
 use crate::execution::Execution;
+use crate::inflight::InflightGuard;
 use crate::jsonrpc::is_response_to;
 use crate::policy::OnDisconnect;
 use crate::sse::EventReader;
@@ -54,14 +55,21 @@ fn kind(headers: &http::HeaderMap) -> Kind {
     }
 }
 
+/// What one execution's task needs besides the service and the request.
+pub(crate) struct Run {
+    /// The JSON-RPC id of the call (its final message answers it).
+    pub(crate) id: Value,
+    pub(crate) execution: Execution,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) on_disconnect: OnDisconnect,
+    pub(crate) response_limit: usize,
+    pub(crate) inflight: Option<InflightGuard>,
+}
+
 pub(crate) async fn drive<S, ResBody>(
     inner: S,
     request: Request<Full<Bytes>>,
-    id: Value,
-    execution: Execution,
-    store: Arc<dyn Store>,
-    on_disconnect: OnDisconnect,
-    response_limit: usize,
+    run: Run,
 ) -> Result<Response<McpBody>, S::Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Send + 'static,
@@ -70,6 +78,14 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let Run {
+        id,
+        execution,
+        store,
+        on_disconnect,
+        response_limit,
+        inflight,
+    } = run;
     let (head_tx, head_rx) = oneshot::channel();
     let (chunks_tx, chunks_rx) = mpsc::channel(32);
     let (guard, gone) = oneshot::channel::<()>();
@@ -82,6 +98,7 @@ where
         gone,
         cancel: on_disconnect == OnDisconnect::Cancel,
         response_limit,
+        _inflight: inflight,
     };
     tokio::spawn(task.run(inner, request, head_tx));
     match head_rx.await {
@@ -116,6 +133,8 @@ struct Task {
     gone: oneshot::Receiver<()>,
     cancel: bool,
     response_limit: usize,
+    /// Held until the task ends: the call counts as running for cancellation signals.
+    _inflight: Option<InflightGuard>,
 }
 
 impl Task {

@@ -20,6 +20,8 @@ pub(crate) enum Classified {
     ToolCall(ToolCall),
     /// One `tools/list` request; `first_page` when it carries no cursor.
     ToolsList { first_page: bool },
+    /// A `notifications/cancelled` naming the request it cancels (the id as JSON text).
+    Cancelled { request_id: String },
     /// Anything else.
     Other,
 }
@@ -47,6 +49,19 @@ pub(crate) fn classify(body: &[u8]) -> Classified {
     };
     if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Classified::Other;
+    }
+    if message.get("id").is_none()
+        && message.get("method").and_then(Value::as_str) == Some("notifications/cancelled")
+    {
+        return match message
+            .get("params")
+            .and_then(|params| params.get("requestId"))
+        {
+            Some(id) if id.is_string() || id.is_number() => Classified::Cancelled {
+                request_id: id.to_string(),
+            },
+            _ => Classified::Other,
+        };
     }
     let Some(id) = message
         .get("id")
@@ -125,6 +140,10 @@ mod tests {
         ] {
             assert!(matches!(classify(other), Classified::Other), "{other:?}");
         }
+        assert!(matches!(
+            classify(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":4}}"#),
+            Classified::Cancelled { request_id } if request_id == "4"
+        ));
         assert!(matches!(
             classify(br#"{"jsonrpc":"2.0","id":"a","method":"tools/list"}"#),
             Classified::ToolsList { first_page: true }

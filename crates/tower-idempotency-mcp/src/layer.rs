@@ -10,6 +10,7 @@ use serde_json::Value;
 use tower::Layer;
 use tower_idempotency_core::{FingerprintKey, Fingerprinter, Scope, Store};
 
+use crate::inflight::Inflight;
 use crate::policy::ToolPolicy;
 use crate::service::McpIdempotency;
 
@@ -27,6 +28,7 @@ pub(crate) struct Config {
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) key_header: HeaderName,
+    pub(crate) inflight: Arc<Inflight>,
 }
 
 impl Config {
@@ -84,6 +86,7 @@ impl McpIdempotencyLayer {
                 body_limit: 4 * 1024 * 1024,
                 response_limit: 16 * 1024 * 1024,
                 key_header: HeaderName::from_static("idempotency-key"),
+                inflight: Arc::default(),
             },
         }
     }

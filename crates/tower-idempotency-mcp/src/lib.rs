@@ -47,6 +47,7 @@ mod answer;
 mod body;
 mod drive;
 mod execution;
+mod inflight;
 mod intent;
 mod jsonrpc;
 mod layer;

@@ -22,13 +22,16 @@ use tower_idempotency_core::{
 };
 
 use crate::answer::{self, Uncertain};
-use crate::drive::drive;
+use crate::drive::{Run, drive};
 use crate::execution::{DispatchError, Execution, dispatched_at};
 use crate::intent::{Intent, intent};
 use crate::jsonrpc::{self, Classified, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE, ToolCall};
 use crate::layer::Config;
-use crate::policy::{KeyRequirement, ToolPolicy};
+use crate::policy::{KeyRequirement, OnDisconnect, ToolPolicy};
 use crate::{BoxError, McpBody, status};
+
+/// The Streamable HTTP session header.
+const SESSION_HEADER: &str = "mcp-session-id";
 
 /// Rounds of the decision loop before a call is answered `request-in-progress`: each
 /// round is one reservation, so this bounds the work one call can cause.
@@ -156,10 +159,43 @@ where
             ));
         }
     };
+    let session = parts
+        .headers
+        .get(SESSION_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    if parts.method == Method::DELETE {
+        if let Some(session) = session
+            .clone()
+            .filter(|session| config.inflight.has_session(session))
+        {
+            // Closing the session would cancel its running calls: close it once they
+            // have settled, and tell the client now.
+            let inflight = Arc::clone(&config.inflight);
+            let request = Request::from_parts(parts, Full::new(bytes));
+            tokio::spawn(async move {
+                inflight.session_settled(&session).await;
+                let _ = inner.oneshot(request).await;
+            });
+            return Ok(answer::empty(StatusCode::OK));
+        }
+    }
     if parts.method != Method::POST {
         return forward(inner, Request::from_parts(parts, Full::new(bytes))).await;
     }
     match jsonrpc::classify(&bytes) {
+        Classified::Cancelled { request_id } => {
+            let running = (config.scope)(&parts).is_some_and(|actor| {
+                config
+                    .inflight
+                    .is_running(session.as_deref(), actor.as_str(), &request_id)
+            });
+            if running {
+                tracing::info!(%request_id, "cancellation of a call that runs to completion: not forwarded");
+                return Ok(answer::empty(StatusCode::ACCEPTED));
+            }
+            forward(inner, Request::from_parts(parts, Full::new(bytes))).await
+        }
         Classified::Other => forward(inner, Request::from_parts(parts, Full::new(bytes))).await,
         Classified::ToolsList { first_page } => {
             let response = forward(inner, Request::from_parts(parts, Full::new(bytes))).await?;
@@ -388,6 +424,22 @@ impl CallContext {
         window_end.is_none_or(|end| SystemTime::now() >= end)
     }
 
+    fn delivering(&self, message: &Value, operation: &Operation) -> Response<McpBody> {
+        let bytes = Bytes::from(serde_json::to_vec(message).unwrap_or_default());
+        let body = crate::body::ChannelBody::delivering(
+            bytes,
+            Arc::clone(&self.config.store),
+            operation.scope.clone(),
+            operation.id,
+        );
+        let mut response = Response::new(body.map_err(|never| match never {}).boxed_unsync());
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+
     fn answer(&self, message: &Value) -> Result<Decision, StoreError> {
         Ok(Decision::Answer(answer::json_response(message)))
     }
@@ -412,7 +464,7 @@ impl CallContext {
         let deadline = Instant::now() + self.policy.wait;
         let mut attached = false;
         let mut generation = 0u32;
-        let mut last_seen = None;
+        let mut last_seen: Option<Operation> = None;
         for _ in 0..MAX_ROUNDS {
             let key = self.key(generation);
             match store
@@ -454,7 +506,12 @@ impl CallContext {
                         continue;
                     }
                     match operation.state {
-                        OperationState::Completed if self.closed(&operation) => {
+                        // A call that waited on this execution gets its result, delivered
+                        // to another caller or not.
+                        OperationState::Completed
+                            if self.closed(&operation)
+                                && last_seen.as_ref().map(|seen| seen.id) != Some(operation.id) =>
+                        {
                             generation += 1;
                         }
                         OperationState::Completed => {
@@ -466,7 +523,9 @@ impl CallContext {
                                 "tool call answered with the stored result"
                             );
                             return match answer::replay(&operation, &self.call.id, attached) {
-                                Some(message) => self.answer(&message),
+                                Some(message) => {
+                                    Ok(Decision::Answer(self.delivering(&message, &operation)))
+                                }
                                 None => self.uncertain(Uncertain::OutcomeUnknown, &operation).await,
                             };
                         }
@@ -576,17 +635,27 @@ impl CallContext {
                 });
             }
         }
+        let inflight = (self.policy.on_disconnect == OnDisconnect::Complete).then(|| {
+            let session = parts
+                .headers
+                .get(SESSION_HEADER)
+                .and_then(|value| value.to_str().ok());
+            self.config.inflight.enter(
+                session,
+                self.intent.actor.as_str(),
+                &self.call.id.to_string(),
+            )
+        });
         parts.extensions.insert(execution.clone());
         let request = Request::from_parts(parts, Full::new(bytes));
-        drive(
-            inner,
-            request,
-            self.call.id.clone(),
+        let run = Run {
+            id: self.call.id.clone(),
             execution,
             store,
-            self.policy.on_disconnect,
-            self.config.response_limit,
-        )
-        .await
+            on_disconnect: self.policy.on_disconnect,
+            response_limit: self.config.response_limit,
+            inflight,
+        };
+        drive(inner, request, run).await
     }
 }
