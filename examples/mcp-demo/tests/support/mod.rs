@@ -369,10 +369,9 @@ pub fn answer_of(text: &str, id: u64) -> Value {
             .filter_map(|line| line.strip_prefix("data:"))
             .map(|data| data.strip_prefix(' ').unwrap_or(data))
             .collect();
-        if let Ok(message) = serde_json::from_str::<Value>(&data.join("\n")) {
-            if message["id"] == json!(id) {
-                return message;
-            }
+        match serde_json::from_str::<Value>(&data.join("\n")) {
+            Ok(message) if message["id"] == json!(id) => return message,
+            _ => {}
         }
     }
     panic!("no answer to {id} in {text:?}")
