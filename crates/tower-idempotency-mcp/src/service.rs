@@ -171,6 +171,7 @@ where
         {
             // Closing the session would cancel its running calls: close it once they
             // have settled, and tell the client now.
+            tracing::info!(%session, "session close deferred until its running calls settle");
             let inflight = Arc::clone(&config.inflight);
             let request = Request::from_parts(parts, Full::new(bytes));
             tokio::spawn(async move {

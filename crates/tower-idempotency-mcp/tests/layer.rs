@@ -540,3 +540,113 @@ async fn hmac_fingerprints_still_match_identical_commands() {
     assert_eq!(retry["result"]["_meta"][EXECUTION]["replayed"], true);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A server whose tool runs for 300 ms (counted when it starts).
+fn slow_server(
+    runs: Arc<AtomicUsize>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
++ Send
++ 'static {
+    service_fn(move |request: Request<Full<Bytes>>| {
+        let runs = Arc::clone(&runs);
+        async move {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let message: Value = serde_json::from_slice(&body).unwrap();
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let reply = json!({"jsonrpc": "2.0", "id": message["id"], "result": {"content": [], "structuredContent": {"run": run}}});
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(reply.to_string())))
+                    .unwrap(),
+            )
+        }
+    })
+}
+
+/// Sends a call and goes away after 50 ms, before the answer.
+async fn call_and_leave<S>(service: &S, id: u64)
+where
+    S: Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_idempotency_mcp::McpBody>,
+            Error = Infallible,
+        > + Clone,
+{
+    let request = post(Some("alice"), &call(id, "deploy", json!({"v": "1"}), None));
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        service.clone().oneshot(request),
+    )
+    .await;
+    assert!(answer.is_err(), "the call answered before the client left");
+}
+
+#[tokio::test]
+async fn on_disconnect_complete_runs_to_the_end_and_the_retry_gets_the_result() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service =
+        McpIdempotencyLayer::new(MemoryStore::default()).layer(slow_server(Arc::clone(&runs)));
+    call_and_leave(&service, 1).await;
+    let (_, retry) = send(
+        &service,
+        post(Some("alice"), &call(2, "deploy", json!({"v": "1"}), None)),
+    )
+    .await;
+    assert_eq!(retry["id"], 2);
+    assert_eq!(retry["result"]["structuredContent"]["run"], 1);
+    assert_eq!(retry["result"]["_meta"][EXECUTION]["attached"], true);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn on_disconnect_cancel_after_dispatch_leaves_the_outcome_unknown() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let policy =
+        ToolPolicy::guarded().with_on_disconnect(tower_idempotency_mcp::OnDisconnect::Cancel);
+    // The layer marks dispatch when it hands the call over.
+    let service = McpIdempotencyLayer::new(MemoryStore::default())
+        .with_tool("deploy", policy)
+        .layer(slow_server(Arc::clone(&runs)));
+    call_and_leave(&service, 1).await;
+    let (_, retry) = send(
+        &service,
+        post(Some("alice"), &call(2, "deploy", json!({"v": "1"}), None)),
+    )
+    .await;
+    assert_eq!(retry["result"]["isError"], true, "{retry}");
+    assert!(
+        retry["result"]["structuredContent"]["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("outcome-unknown")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn on_disconnect_cancel_before_dispatch_lets_the_retry_run_afresh() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    // The tool marks dispatch itself, and this one never got there.
+    let policy = ToolPolicy::guarded()
+        .with_on_disconnect(tower_idempotency_mcp::OnDisconnect::Cancel)
+        .with_marks_dispatch(true);
+    let service = McpIdempotencyLayer::new(MemoryStore::default())
+        .with_tool("deploy", policy)
+        .layer(slow_server(Arc::clone(&runs)));
+    call_and_leave(&service, 1).await;
+    let (_, retry) = send(
+        &service,
+        post(Some("alice"), &call(2, "deploy", json!({"v": "1"}), None)),
+    )
+    .await;
+    assert_eq!(retry["result"]["isError"], Value::Null, "{retry}");
+    assert_eq!(retry["result"]["structuredContent"]["run"], 2);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -14,9 +14,10 @@ async fn a_cut_call_retried_with_a_new_id_runs_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_stateless_disconnect_does_not_cancel_and_the_retry_attaches() {
+async fn a_client_that_goes_away_does_not_cancel_and_the_retry_attaches() {
     let demo = Demo::start(config(400)).await;
-    scenarios::stateless_disconnect_then_retry(&demo.base(), "alice").await;
+    scenarios::client_gone_then_retry(&demo.base(), "alice", Era::Stateless).await;
+    scenarios::client_gone_then_retry(&demo.base(), "bob", Era::Session).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -82,4 +83,10 @@ async fn missing_credentials_are_refused() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_notification_does_not_stop_a_complete_call() {
+    let demo = Demo::start(config(600)).await;
+    scenarios::cancellation_does_not_stop_a_complete_call(&demo.base(), "alice").await;
 }

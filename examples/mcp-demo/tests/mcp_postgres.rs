@@ -27,9 +27,10 @@ async fn a_cut_call_retried_with_a_new_id_runs_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_stateless_disconnect_does_not_cancel_and_the_retry_attaches() {
+async fn a_client_that_goes_away_does_not_cancel_and_the_retry_attaches() {
     let (demo, _db) = demo(400).await;
-    scenarios::stateless_disconnect_then_retry(&demo.base(), "alice").await;
+    scenarios::client_gone_then_retry(&demo.base(), "alice", Era::Stateless).await;
+    scenarios::client_gone_then_retry(&demo.base(), "bob", Era::Session).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

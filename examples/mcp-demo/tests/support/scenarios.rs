@@ -41,10 +41,10 @@ pub async fn cut_after_dispatch_then_retry(base: &str, actor: &str) {
     client.cancel().await.unwrap();
 }
 
-/// The same in the 2026-07-28 stateless era: the first client goes away mid-call (its
-/// connection closes), a new client re-issues the call.
-pub async fn stateless_disconnect_then_retry(base: &str, actor: &str) {
-    let first = client(base, actor, Era::Stateless).await;
+/// An rmcp client goes away mid-call (its connection closes; in session mode it also
+/// deletes its session, which would cancel the tool), a new client re-issues the call.
+pub async fn client_gone_then_retry(base: &str, actor: &str, era: Era) {
+    let first = client(base, actor, era).await;
     let running = tokio::spawn(async move {
         let result = call(&first, "charge", charge("inv-9", 1250), None).await;
         drop(first);
@@ -53,7 +53,7 @@ pub async fn stateless_disconnect_then_retry(base: &str, actor: &str) {
     wait_for_effect(base, actor, "charge", 1).await;
     running.abort();
     assert!(running.await.unwrap_err().is_cancelled());
-    let second = client(base, actor, Era::Stateless).await;
+    let second = client(base, actor, era).await;
     let result = call(&second, "charge", charge("inv-9", 1250), None).await;
     assert_eq!(result["isError"], false, "{result}");
     assert_eq!(result["structuredContent"]["invoice_ref"], "inv-9");
@@ -277,4 +277,21 @@ pub async fn in_progress_past_the_wait(base: &str, actor: &str) {
             .contains("execution_status")
     );
     assert_eq!(effects(base, actor).await["deploy_release"], 1);
+}
+
+/// `notifications/cancelled` for a running call whose policy is `complete` does not reach
+/// the server: the call finishes and its retry gets the result.
+pub async fn cancellation_does_not_stop_a_complete_call(base: &str, actor: &str) {
+    let raw = RawSession::open(base, actor).await;
+    raw.call_and_cut(base, 5, "create_ticket", ticket("Keep going"), None, &[])
+        .await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": 5, "reason": "client timeout"}});
+    assert_eq!(raw.post(cancel, &[]).await.status(), 202);
+    let answer = raw
+        .call(6, "create_ticket", ticket("Keep going"), None, &[])
+        .await;
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    assert_eq!(answer["result"]["structuredContent"]["title"], "Keep going");
+    assert_eq!(effects(base, actor).await["create_ticket"], 1);
 }
