@@ -174,8 +174,14 @@ impl Task {
             .map_err(|error| -> BoxError { error.into() })
             .boxed_unsync();
         if parts.status != StatusCode::OK {
-            self.settle_without_result("the server refused the call")
-                .await;
+            // An HTTP error status is the transport refusing the request (unknown
+            // session, bad headers) before any tool ran, unless the tool says otherwise.
+            if self.execution.is_dispatched() && !self.execution.dispatched_at_handoff_only() {
+                self.settle_without_result("the server refused the call")
+                    .await;
+            } else {
+                self.release("the server refused the call").await;
+            }
             let _ = head.send(Ok(parts));
             self.pass_through(body).await;
             return;
@@ -345,6 +351,13 @@ impl Task {
         };
         if let Err(error) = result {
             tracing::warn!(%error, execution_id = %self.execution.id(), "could not settle the execution");
+        }
+    }
+
+    async fn release(&self, why: &str) {
+        tracing::info!(execution_id = %self.execution.id(), why, "execution released: the tool did not run");
+        if let Err(error) = self.store.release(self.execution.lease()).await {
+            tracing::warn!(%error, execution_id = %self.execution.id(), "could not release the execution");
         }
     }
 

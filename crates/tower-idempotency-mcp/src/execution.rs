@@ -55,6 +55,8 @@ struct Inner {
     lease_duration: Duration,
     mark_retention: Duration,
     dispatched: AtomicBool,
+    /// The mark was set by the layer at hand-off, not by the tool.
+    handoff: AtomicBool,
 }
 
 impl fmt::Debug for Execution {
@@ -86,6 +88,7 @@ impl Execution {
                 lease_duration,
                 mark_retention,
                 dispatched: AtomicBool::new(false),
+                handoff: AtomicBool::new(false),
             }),
         }
     }
@@ -152,6 +155,18 @@ impl Execution {
         }
         inner.dispatched.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Marks dispatch on the tool's behalf as the call is handed to it.
+    pub(crate) async fn dispatched_at_handoff(&self) -> Result<(), DispatchError> {
+        self.dispatched().await?;
+        self.inner.handoff.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the only dispatch mark is the layer's hand-off mark.
+    pub(crate) fn dispatched_at_handoff_only(&self) -> bool {
+        self.inner.handoff.load(Ordering::Acquire)
     }
 
     pub(crate) fn lease(&self) -> &Lease {

@@ -619,7 +619,7 @@ impl CallContext {
             "tool call accepted as a new execution"
         );
         if !self.policy.marks_dispatch {
-            if let Err(error) = execution.dispatched().await {
+            if let Err(error) = execution.dispatched_at_handoff().await {
                 return Ok(match error {
                     DispatchError::Superseded(_) => answer::json_response(&answer::uncertain(
                         &self.call.id,

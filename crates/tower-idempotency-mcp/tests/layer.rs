@@ -650,3 +650,49 @@ async fn on_disconnect_cancel_before_dispatch_lets_the_retry_run_afresh() {
     assert_eq!(retry["result"]["structuredContent"]["run"], 2);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn a_transport_refusal_releases_the_execution() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let refusing = {
+        let runs = Arc::clone(&runs);
+        service_fn(move |_: Request<Full<Bytes>>| {
+            let attempt = runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                // The first attempt meets an unknown session; the second is served.
+                let response = if attempt == 0 {
+                    Response::builder()
+                        .status(404)
+                        .body(Full::new(Bytes::from_static(
+                            b"Not Found: Session not found",
+                        )))
+                } else {
+                    Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(
+                            json!({"jsonrpc": "2.0", "id": 2, "result": {"content": []}})
+                                .to_string(),
+                        )))
+                };
+                Ok::<_, Infallible>(response.unwrap())
+            }
+        })
+    };
+    let service = McpIdempotencyLayer::new(MemoryStore::default()).layer(refusing);
+    let response = service
+        .clone()
+        .oneshot(post(Some("alice"), &call(1, "charge", json!({}), None)))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    let (_, retry) = send(
+        &service,
+        post(Some("alice"), &call(2, "charge", json!({}), None)),
+    )
+    .await;
+    assert_eq!(
+        retry["result"]["_meta"][EXECUTION]["replayed"], false,
+        "{retry}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
