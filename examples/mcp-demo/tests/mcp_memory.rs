@@ -60,7 +60,7 @@ async fn read_only_tools_pass_through() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retry_past_the_wait_bound_is_told_the_call_is_in_progress() {
     let demo = Demo::start(DemoConfig {
-        tool_delay: Duration::from_millis(2000),
+        tool_delay: Duration::from_millis(10_000),
         wait: Duration::from_millis(200),
         ..DemoConfig::default()
     })

@@ -130,11 +130,17 @@ pub async fn explicit_keys(base: &str, actor: &str) {
 
 /// Concurrent identical calls without a key: one effect, all get the result.
 pub async fn concurrent_identical_calls(base: &str, actor: &str, era: Era) {
-    let mut calls = Vec::new();
+    // Connected first, so that the calls really overlap.
+    let mut clients = Vec::new();
     for _ in 0..5 {
-        let (base, actor) = (base.to_owned(), actor.to_owned());
+        clients.push(client(base, actor, era).await);
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let mut calls = Vec::new();
+    for client in clients {
+        let start = std::sync::Arc::clone(&start);
         calls.push(tokio::spawn(async move {
-            let client = client(&base, &actor, era).await;
+            start.wait().await;
             let result = call(&client, "create_ticket", ticket("Rotate keys"), None).await;
             drop(client);
             result
