@@ -45,6 +45,7 @@
 
 mod answer;
 mod body;
+mod decide;
 mod drive;
 mod execution;
 mod inflight;
