@@ -1,5 +1,5 @@
-//! Schema migrations: the plain SQL files in the workspace's `migrations/` folder, embedded
-//! at build time and applied in order.
+//! Schema migrations: the plain SQL files in this crate's `migrations/` folder, embedded at
+//! build time and applied in order.
 //!
 //! All pending migrations run in one transaction that first takes a transaction-scoped
 //! advisory lock (one per schema), so any number of app instances may call `migrate()` at
