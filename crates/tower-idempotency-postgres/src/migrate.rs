@@ -1,4 +1,4 @@
-//! Schema migrations: the plain SQL files in the workspace's `migrations/` folder, embedded
+//! Schema migrations: the plain SQL files in the crate's `migrations/` folder, embedded
 //! at build time and applied in order.
 //!
 //! All pending migrations run in one transaction that first takes a transaction-scoped
@@ -39,6 +39,11 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 3,
         name: "0003_outbox.sql",
         sql: include_str!("../migrations/0003_outbox.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "0004_resolution_operator.sql",
+        sql: include_str!("../migrations/0004_resolution_operator.sql"),
     },
 ];
 
