@@ -35,10 +35,22 @@ pub struct PostgresStoreConfig {
     pub schema: String,
     /// Largest number of connections the pool opens. Default 16.
     pub max_connections: usize,
+    /// Most operation transactions (transactional routes) open at once, each holding one
+    /// pooled connection for its handler's whole run. The rest of the pool is kept for the
+    /// store's short statements — reservations, completions, lease renewals, status
+    /// lookups — so slow transactional handlers can never starve them. Past the bound,
+    /// opening a transaction waits up to `wait_timeout` and then fails as unavailable (the
+    /// layer answers `503` and releases the reservation).
+    ///
+    /// `None` (the default): three quarters of the pool, keeping a quarter (at least one
+    /// connection) for short statements — 12 of the default 16. A value must be positive
+    /// and, for a pool of more than one connection, smaller than the pool.
+    pub transaction_connections: Option<usize>,
     /// How long opening one connection may take before the store reports itself
     /// unavailable. Default 2 s.
     pub connect_timeout: Duration,
-    /// How long a request may wait for a free pooled connection. Default 2 s.
+    /// How long a request may wait for a free pooled connection, and an operation
+    /// transaction for a place within `transaction_connections`. Default 2 s.
     pub wait_timeout: Duration,
     /// Upper bound on one store call (checking out a connection and its query). Past it the
     /// call fails as unavailable. Default 5 s.
@@ -67,6 +79,7 @@ impl Default for PostgresStoreConfig {
             url: String::new(),
             schema: "public".to_owned(),
             max_connections: 16,
+            transaction_connections: None,
             connect_timeout: Duration::from_secs(2),
             wait_timeout: Duration::from_secs(2),
             query_timeout: Duration::from_secs(5),
@@ -83,6 +96,7 @@ impl fmt::Debug for PostgresStoreConfig {
             .field("url", &redact_url(&self.url))
             .field("schema", &self.schema)
             .field("max_connections", &self.max_connections)
+            .field("transaction_connections", &self.transaction_connections)
             .field("connect_timeout", &self.connect_timeout)
             .field("wait_timeout", &self.wait_timeout)
             .field("query_timeout", &self.query_timeout)

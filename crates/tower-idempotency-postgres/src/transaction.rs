@@ -8,7 +8,8 @@
 //! `COMMIT` rolls the attempt's writes back. `BEGIN` locks nothing, so lease
 //! heartbeats and take-overs proceed while the handler runs. A connection is never returned
 //! to the pool with a transaction open: if the transaction is dropped unfinished, the
-//! connection is closed and PostgreSQL rolls it back.
+//! connection is closed and PostgreSQL rolls it back. Each open transaction also holds a
+//! place in the store's transaction budget (`budget.rs`), given back with its connection.
 
 use std::any::Any;
 use std::fmt;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
-use tokio::sync::MappedMutexGuard;
+use tokio::sync::{MappedMutexGuard, OwnedSemaphorePermit};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tower_idempotency_core::store::Result;
@@ -43,6 +44,9 @@ pub struct PostgresTransaction {
     /// The connection while the transaction is open; taken (and so returned to the pool)
     /// once `COMMIT` or `ROLLBACK` succeeded. Still here on drop means unfinished.
     client: Option<Object>,
+    /// The transaction's place in the store's transaction budget, given back after the
+    /// connection (declared after `client`, so it is dropped after it).
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl fmt::Debug for PostgresTransaction {
@@ -60,6 +64,7 @@ impl PostgresTransaction {
         executor: &Executor,
         queries: &Arc<Queries>,
         lease: &Lease,
+        permit: OwnedSemaphorePermit,
     ) -> Result<Self> {
         executor
             .bounded("begin", async {
@@ -71,6 +76,7 @@ impl PostgresTransaction {
                     queries: Arc::clone(queries),
                     lease: lease.clone(),
                     client: Some(executor.client().await?),
+                    permit: Some(permit),
                 };
                 transaction
                     .connection()?
@@ -144,6 +150,7 @@ impl PostgresTransaction {
     /// `COMMIT` or `ROLLBACK` went through: the connection goes back to the pool.
     fn finished(&mut self) {
         drop(self.client.take());
+        drop(self.permit.take());
     }
 }
 
