@@ -61,6 +61,36 @@ pub struct PostgresStoreConfig {
     /// Longest pause of [`Store::wait`](tower_idempotency_core::Store::wait) between two
     /// reads. Default 100 ms.
     pub poll_max: Duration,
+    /// How statements are sent: prepared once per connection (the default), or unnamed with
+    /// their parameter types, which a connection pooler in transaction mode (PgBouncer
+    /// before 1.21) requires. See [`StatementMode`].
+    pub statement_mode: StatementMode,
+}
+
+/// How the store sends its statements to PostgreSQL.
+///
+/// A connection pooler in *transaction* pooling mode (PgBouncer's `pool_mode = transaction`)
+/// hands each transaction — each statement, outside an explicit transaction — to whichever
+/// server connection is free. A statement prepared by name on one server connection is then
+/// executed on another, where it does not exist: PgBouncer 1.18 in transaction mode fails
+/// most reservations with `prepared statement "s7" does not exist` (measured in
+/// `tests/tests/postgres_pgbouncer.rs`). PgBouncer 1.21 and later can track prepared
+/// statements (`max_prepared_statements`); older ones, and other poolers, need
+/// [`StatementMode::Unnamed`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StatementMode {
+    /// Each statement is prepared by name once per connection and then executed by name:
+    /// one extra round trip the first time on each connection, none later, and the server
+    /// plans it once. For direct connections, PgBouncer in session mode, and PgBouncer ≥ 1.21
+    /// in transaction mode with `max_prepared_statements` set.
+    #[default]
+    Prepared,
+    /// Each statement is sent unnamed, with its parameter types, and parsed, bound and
+    /// executed in the same round trip (tokio-postgres's `query_typed`): nothing outlives
+    /// the statement on the server connection, so it works through any transaction-mode
+    /// pooler. The server parses and plans every statement; the round trips are the same.
+    Unnamed,
 }
 
 impl PostgresStoreConfig {
@@ -85,6 +115,7 @@ impl Default for PostgresStoreConfig {
             query_timeout: Duration::from_secs(5),
             poll_initial: Duration::from_millis(5),
             poll_max: Duration::from_millis(100),
+            statement_mode: StatementMode::Prepared,
         }
     }
 }
@@ -102,6 +133,7 @@ impl fmt::Debug for PostgresStoreConfig {
             .field("query_timeout", &self.query_timeout)
             .field("poll_initial", &self.poll_initial)
             .field("poll_max", &self.poll_max)
+            .field("statement_mode", &self.statement_mode)
             .finish()
     }
 }

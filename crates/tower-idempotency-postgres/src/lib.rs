@@ -62,7 +62,7 @@
 //   completion  → row
 //   row         → executor::classify, resolution
 //   migrate     → executor::classify
-//   executor    → executor::classify;   sql → sql::fragments;   budget, config, resolution → (none)
+//   executor    → config, executor::classify;   sql → sql::fragments;   budget, config, resolution → (none)
 mod admin;
 mod budget;
 mod completion;
@@ -78,7 +78,7 @@ mod store;
 mod transaction;
 
 #[doc(inline)]
-pub use config::{PostgresConfigError, PostgresStoreConfig};
+pub use config::{PostgresConfigError, PostgresStoreConfig, StatementMode};
 #[doc(inline)]
 pub use migrate::{MIGRATIONS, Migration};
 #[doc(inline)]

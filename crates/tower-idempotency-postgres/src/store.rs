@@ -108,7 +108,7 @@ impl PostgresStore {
             Some(n) => n,
         };
         let queries = Queries::new(&config.schema);
-        let executor = Executor::new(pool, config.query_timeout);
+        let executor = Executor::new(pool, config.query_timeout, config.statement_mode);
         Ok(Self {
             inner: Arc::new(Inner {
                 delivered: DeliveryMarks::new(

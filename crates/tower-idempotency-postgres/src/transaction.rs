@@ -19,8 +19,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
 use tokio::sync::{MappedMutexGuard, OwnedSemaphorePermit};
+use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
     Lease, Operation, OperationId, OperationTransaction, OperationTx, Scope, StoreError,
@@ -28,8 +29,9 @@ use tower_idempotency_core::{
 };
 
 use crate::completion::{Completion, completed};
+use crate::config::StatementMode;
 use crate::executor::classify::{from_pg, lease_lost};
-use crate::executor::{Executor, execute_on, prepare};
+use crate::executor::{Executor, execute_on, prepare, typed};
 use crate::row;
 use crate::sql::Queries;
 
@@ -105,14 +107,23 @@ impl PostgresTransaction {
     async fn complete_and_commit(&mut self, response: StoredResponse) -> Result<Operation> {
         let client = self.connection()?;
         let completion = Completion::new(&self.lease, &response);
-        let statement = prepare(client, &self.queries.operations.complete_in_transaction).await?;
+        let sql = &self.queries.operations.complete_in_transaction;
         let params = completion.params();
+        // Everything that can fail before the UPDATE is sent fails here, before the COMMIT
+        // could be sent without it.
+        let update = match self.executor.statements {
+            StatementMode::Prepared => Update::Prepared(prepare(client, sql).await?),
+            StatementMode::Unnamed => Update::Unnamed(typed(&params)?),
+        };
         // Polled in this order, each sends its messages on its first poll: the UPDATE,
         // then the COMMIT, on the one connection, which runs them in order.
-        let (rows, committed) = tokio::join!(
-            client.query(&statement, &params),
-            client.batch_execute("COMMIT")
-        );
+        let query = async {
+            match &update {
+                Update::Prepared(statement) => client.query(statement, &params).await,
+                Update::Unnamed(typed) => client.query_typed(sql, typed).await,
+            }
+        };
+        let (rows, committed) = tokio::join!(query, client.batch_execute("COMMIT"));
         let rows = match rows {
             Ok(rows) => rows,
             Err(error) => {
@@ -152,6 +163,12 @@ impl PostgresTransaction {
         drop(self.client.take());
         drop(self.permit.take());
     }
+}
+
+/// The completion `UPDATE` of [`PostgresTransaction::complete_and_commit`], ready to send.
+enum Update<'a> {
+    Prepared(Statement),
+    Unnamed(Vec<(&'a (dyn ToSql + Sync), Type)>),
 }
 
 impl Drop for PostgresTransaction {
@@ -250,6 +267,7 @@ impl PostgresTx {
     pub async fn lock(&self) -> Result<PostgresTxGuard<'_>, TransactionAccessError> {
         let transaction = self.handle.lock_as::<PostgresTransaction>().await?;
         let queries = Arc::clone(&transaction.queries);
+        let statements = transaction.executor.statements;
         let operation_id = transaction.lease.operation_id;
         let scope = transaction.lease.scope.clone();
         let client = MappedMutexGuard::try_map(transaction, |t| t.client.as_deref_mut())
@@ -257,6 +275,7 @@ impl PostgresTx {
         Ok(PostgresTxGuard {
             client,
             queries,
+            statements,
             operation_id,
             scope,
         })
@@ -269,6 +288,7 @@ impl PostgresTx {
 pub struct PostgresTxGuard<'a> {
     client: MappedMutexGuard<'a, ClientWrapper>,
     queries: Arc<Queries>,
+    statements: StatementMode,
     operation_id: OperationId,
     scope: Scope,
 }
@@ -303,7 +323,13 @@ impl PostgresTxGuard<'_> {
         let operation = self.operation_id.as_uuid();
         let scope = self.scope.as_str();
         let params: [&(dyn ToSql + Sync); 5] = [&effect_id, &operation, &scope, &name, payload];
-        execute_on(&self.client, &self.queries.outbox.enqueue, &params).await?;
+        execute_on(
+            &self.client,
+            self.statements,
+            &self.queries.outbox.enqueue,
+            &params,
+        )
+        .await?;
         Ok(effect_id)
     }
 }
