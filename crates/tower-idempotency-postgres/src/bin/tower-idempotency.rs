@@ -22,7 +22,7 @@ use tower_idempotency_core::{
     IdempotencyKey, Operation, OperationId, OperationState, Scope, Store, StoreError,
 };
 use tower_idempotency_postgres::{
-    PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome,
+    PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome, StatementMode,
 };
 
 /// Shown under every command's help.
@@ -456,8 +456,10 @@ async fn purge(store: &PostgresStore, batch: usize) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The store described by `target`, for a short-lived tool: a small pool and a long query
-/// timeout (a purge or a listing may take a while). Opens no connection yet.
+/// The store described by `target`, for a short-lived tool: a small pool, a long query
+/// timeout (a purge or a listing may take a while), and unnamed statements, so that the
+/// tool works through a connection pooler in transaction mode too (it runs each statement
+/// a few times at most, so preparing them would buy nothing). Opens no connection yet.
 fn connect(target: Target) -> Result<PostgresStore, Failure> {
     let url = target.url.map_err(Failure::Usage)?;
     let config = PostgresStoreConfig {
@@ -466,6 +468,7 @@ fn connect(target: Target) -> Result<PostgresStore, Failure> {
         connect_timeout: Duration::from_secs(5),
         wait_timeout: Duration::from_secs(5),
         query_timeout: Duration::from_secs(60),
+        statement_mode: StatementMode::Unnamed,
         ..PostgresStoreConfig::new(url)
     };
     PostgresStore::from_config(&config).map_err(|err| {
