@@ -553,3 +553,57 @@ async fn url_file_and_operator_against_a_real_database() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(json(&out)["resolution"]["operator"], "carol");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolutions_recorded_before_operators_were_kept_read_as_no_operator() {
+    let db = pg::test_database().await;
+    let client = db.client().await;
+    // A database migrated by the previous version: migrations 1 to 3, and one resolution.
+    client
+        .batch_execute(
+            "CREATE TABLE idempotency_schema_migrations (version integer PRIMARY KEY, \
+             name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .unwrap();
+    for migration in &tower_idempotency_postgres::MIGRATIONS[..3] {
+        client.batch_execute(migration.sql).await.unwrap();
+        client
+            .execute(
+                "INSERT INTO idempotency_schema_migrations (version, name) VALUES ($1, $2)",
+                &[&migration.version, &migration.name],
+            )
+            .await
+            .unwrap();
+    }
+    let id = OperationId::new();
+    client
+        .execute(
+            "INSERT INTO idempotency_resolutions (operation_id, scope, idempotency_key, \
+             fingerprint, method, route, attempts, created_at, resolution, reason) \
+             VALUES ($1, 'acct_old', 'k-old', 'sha256:x', 'POST', '/v1/x', 1, now(), 'failed', \
+             'before operators were recorded')",
+            &[&id.as_uuid()],
+        )
+        .await
+        .unwrap();
+
+    let out = cli(&["migrate"], &[("DATABASE_URL", db.url())]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("applied migrations [4]"),
+        "{}",
+        stdout(&out)
+    );
+    let out = cli(&["show", &id.to_string()], &[("DATABASE_URL", db.url())]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let shown = json(&out);
+    assert_eq!(
+        shown["resolution"]["reason"],
+        "before operators were recorded"
+    );
+    assert_eq!(shown["resolution"]["operator"], Value::Null);
+    let store = PostgresStore::connect(db.url()).await.unwrap();
+    let record = store.find_resolution(id).await.unwrap().unwrap();
+    assert_eq!(record.operator, None);
+}
