@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_outbox.sql",
         sql: include_str!("../migrations/0003_outbox.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_resolution_operator.sql",
+        sql: include_str!("../migrations/0004_resolution_operator.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the
