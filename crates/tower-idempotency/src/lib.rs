@@ -110,7 +110,10 @@ mod status;
 pub mod storage;
 mod telemetry;
 
-pub use config::{DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, OPERATION_ID};
+pub use config::{
+    DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+    OPERATION_ID,
+};
 pub use error::ConfigError;
 pub use layer::IdempotencyLayer;
 pub use policy::{
