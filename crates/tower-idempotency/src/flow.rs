@@ -167,7 +167,15 @@ where
     Span::current().record("key", key.as_str());
     let scope = scope_of(shared, parts)?;
     let body = read_bounded(shared, parts, body).await?;
-    let fingerprint = fingerprint(&shared.fingerprinter, policy, parts, &route, &scope, &body)?;
+    let fingerprint = fingerprint(
+        &shared.fingerprinter,
+        &shared.header_name,
+        policy,
+        parts,
+        &route,
+        &scope,
+        &body,
+    )?;
     let request = ReserveRequest {
         scope,
         key,

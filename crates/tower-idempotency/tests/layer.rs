@@ -688,3 +688,129 @@ async fn a_released_server_error_is_released_whatever_its_size() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[test]
+fn credentials_and_the_default_key_header_cannot_be_fingerprinted() {
+    for name in [
+        "Idempotency-Key",
+        "authorization",
+        "Cookie",
+        "proxy-authorization",
+    ] {
+        let refused = RoutePolicy::required().with_fingerprint_headers([name]);
+        assert_eq!(
+            refused.err(),
+            Some(tower_idempotency::ConfigError::ForbiddenFingerprintHeader(
+                name.to_ascii_lowercase()
+            )),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_custom_key_header_never_enters_the_fingerprint() {
+    // The policy is built apart from the layer, so it cannot refuse a key header it does
+    // not know; the layer leaves its own key header out of every fingerprint.
+    let store = MemoryStore::default();
+    let policy = RoutePolicy::required()
+        .with_fingerprint_headers(["x-key", "x-region"])
+        .unwrap();
+    let (handler, calls) = counted(|| StatusCode::CREATED);
+    let app = Router::new().route("/v1/things", handler).layer(
+        IdempotencyLayer::new(store.clone())
+            .with_scope(|_| Some(Scope::new("a")))
+            .with_header_name(http::HeaderName::from_static("x-key"))
+            .with_default_policy(policy),
+    );
+    let send = |key: &'static str, region: &'static str| {
+        let request = Request::post("/v1/things")
+            .header("content-type", "application/json")
+            .header("x-key", key)
+            .header("x-region", region)
+            .body(Body::from(r#"{"x":1}"#))
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    for (key, region) in [("k-1", "eu"), ("k-2", "eu"), ("k-3", "us")] {
+        let response = send(key, region).await.unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED, "{key}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let fingerprint = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .get(&Scope::new("a"), &key.parse().unwrap())
+                .await
+                .unwrap()
+                .unwrap()
+                .fingerprint
+        }
+    };
+    assert_eq!(
+        fingerprint("k-1").await,
+        fingerprint("k-2").await,
+        "the key header is not part of the fingerprint"
+    );
+    assert_ne!(
+        fingerprint("k-1").await,
+        fingerprint("k-3").await,
+        "the allow-listed header is"
+    );
+}
+
+#[tokio::test]
+async fn redacted_and_status_only_replays_carry_no_body_digest() {
+    use tower_idempotency::storage::ResponseStorage;
+
+    let answer = || {
+        (
+            StatusCode::CREATED,
+            [
+                ("etag", "\"sha256-of-the-secret\""),
+                ("content-digest", "sha-256=:c2VjcmV0:"),
+                ("location", "/v1/things/1"),
+                ("content-type", "application/json"),
+            ],
+            r#"{"id":1,"secret":"s3cr3t"}"#,
+        )
+    };
+    let cases = [
+        (ResponseStorage::full(), true),
+        (ResponseStorage::redacted(["/secret"]).unwrap(), false),
+        (ResponseStorage::status_only(), false),
+    ];
+    for (storage, digests) in cases {
+        let (handler, calls) = counted(answer);
+        let layer = IdempotencyLayer::new(MemoryStore::default())
+            .with_scope(|_| Some(Scope::new("a")))
+            .with_stored_headers(["etag", "content-digest", "location", "content-type"])
+            .unwrap()
+            .with_default_policy(RoutePolicy::required().with_response_storage(storage.clone()));
+        let app = Router::new().route("/v1/things", handler).layer(layer);
+        let first = app
+            .clone()
+            .oneshot(post_req(Some("k"), "a", "{}"))
+            .await
+            .unwrap();
+        assert!(
+            first.headers().contains_key("etag"),
+            "the first answer is the handler's"
+        );
+        let replay = app.oneshot(post_req(Some("k"), "a", "{}")).await.unwrap();
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.headers()["location"], "/v1/things/1", "{storage:?}");
+        assert_eq!(
+            replay.headers().contains_key("etag"),
+            digests,
+            "{storage:?}"
+        );
+        assert_eq!(
+            replay.headers().contains_key("content-digest"),
+            digests,
+            "{storage:?}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}
