@@ -7,7 +7,10 @@
 //! not stored at all (retries then get `409 response-not-replayable`), never stored in the
 //! clear.
 
-pub use crate::encryption::{ResponseEncryption, SEALED_WITH};
+pub use crate::encryption::{ResponseEncryption, ResponseKey, SEALED_WITH};
+/// Re-exported from [`zeroize`](https://docs.rs/zeroize): wraps key material handed to
+/// [`ResponseEncryption`] so that it is wiped when dropped.
+pub use zeroize::Zeroizing;
 
 use std::sync::Arc;
 
