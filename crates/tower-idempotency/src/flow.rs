@@ -52,6 +52,11 @@ where
     ResB::Error: Send + 'static,
 {
     let (mut parts, body) = request.into_parts();
+    if refused_by_router(&parts) {
+        // Not a route: nothing to protect, and its path is the client's choice, so it is
+        // neither reserved nor counted under a route label.
+        return unprotected(inner, parts, RequestBody::streaming(body)).await;
+    }
     // Extractors downstream render their own problems under the layer's base.
     parts.extensions.insert(shared.problem_base.clone());
     let route = route_of(&parts);
@@ -81,6 +86,32 @@ fn route_of(parts: &Parts) -> String {
 #[cfg(not(feature = "axum"))]
 fn route_of(parts: &Parts) -> String {
     parts.uri.path().to_owned()
+}
+
+/// Whether an axum `Router` routed this request to its fallback (no route matched the
+/// path): the router stamps every request it routes with `OriginalUri`, and a matched one
+/// also with `MatchedPath`. Such a request is passed through unguarded, so that the
+/// router's `404` (or a catch-all fallback's answer) reserves nothing. A layer wrapped
+/// around a whole router, outside its routing, sees neither and guards as before.
+///
+/// A route whose method does not match is answered by the route's own method fallback
+/// (`405`), which carries `MatchedPath` and runs inside the layer: `405` answers are
+/// released, never stored ([`execute`](crate::execute)).
+#[cfg(feature = "axum")]
+fn refused_by_router(parts: &Parts) -> bool {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .is_none()
+        && parts
+            .extensions
+            .get::<axum::extract::OriginalUri>()
+            .is_some()
+}
+
+#[cfg(not(feature = "axum"))]
+fn refused_by_router(_parts: &Parts) -> bool {
+    false
 }
 
 async fn guarded<S, B, ResB>(

@@ -36,7 +36,8 @@
 //!
 //! let app = Router::new()
 //!     .route("/v1/payments", post(|| async { (StatusCode::CREATED, "pay_1") }))
-//!     .layer(idempotency.clone())
+//!     // `route_layer`: the router's own 404 and 405 stay outside the layer.
+//!     .route_layer(idempotency.clone())
 //!     .merge(idempotency.status_router());
 //!
 //! let request = || {

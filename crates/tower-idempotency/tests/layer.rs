@@ -814,3 +814,66 @@ async fn redacted_and_status_only_replays_carry_no_body_digest() {
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }
+
+#[tokio::test]
+async fn a_path_no_route_matches_passes_through_even_under_router_layer() {
+    // `Router::layer` also wraps the router's not-found fallback: the layer recognises a
+    // request axum routed there (no `MatchedPath`) and reserves nothing for it.
+    let (app, calls, store) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+    let request = Request::post("/v1/elsewhere")
+        .header("content-type", "application/json")
+        .header("x-account", "a")
+        .header("idempotency-key", "k")
+        .body(Body::from("{}"))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert!(!response.headers().contains_key("operation-id"));
+    let stored = store
+        .get(&Scope::new("a"), &"k".parse().unwrap())
+        .await
+        .unwrap();
+    assert!(stored.is_none(), "{stored:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // A routed request with the same key is guarded as ever.
+    let routed = app.oneshot(post_req(Some("k"), "a", "{}")).await.unwrap();
+    assert_eq!(routed.status(), StatusCode::CREATED);
+    assert!(routed.headers().contains_key("operation-id"));
+}
+
+#[tokio::test]
+async fn the_method_fallback_of_a_route_keeps_nothing() {
+    // axum's `Router::layer` and `Router::route_layer` both wrap each route's
+    // method-not-allowed fallback: its `405` is released, never stored.
+    let layered = |store: &MemoryStore| {
+        IdempotencyLayer::new(store.clone()).with_scope(|_| Some(Scope::new("a")))
+    };
+    for route_layer in [false, true] {
+        let store = MemoryStore::default();
+        let (handler, calls) = counted(|| StatusCode::CREATED);
+        let router = Router::new().route("/v1/things", handler);
+        let app = if route_layer {
+            router.route_layer(layered(&store))
+        } else {
+            router.layer(layered(&store))
+        };
+        for _ in 0..2 {
+            let request = Request::put("/v1/things")
+                .header("idempotency-key", "k")
+                .body(Body::from("{}"))
+                .unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+            assert_eq!(response.headers()["allow"], "POST");
+            assert!(!response.headers().contains_key("idempotent-replayed"));
+            assert!(!response.headers().contains_key("operation-id"));
+        }
+        let stored = store
+            .get(&Scope::new("a"), &"k".parse().unwrap())
+            .await
+            .unwrap();
+        assert!(stored.is_none(), "route_layer {route_layer}: {stored:?}");
+        assert_eq!(store.len(), 0);
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+    }
+}
