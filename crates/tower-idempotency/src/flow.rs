@@ -306,7 +306,7 @@ where
             Ok(Round::Answered(answer)) => return answer,
             Ok(Round::Existing(operation, returned)) => {
                 held = returned;
-                operation
+                *operation
             }
             Ok(Round::FailOpen(held)) => {
                 telemetry::record(Decision::Bypassed);
@@ -332,7 +332,7 @@ enum Round<S, A> {
     /// This request won the reservation and ran the handler: its answer.
     Answered(A),
     /// The key is held by this record; what the request held is handed back.
-    Existing(Operation, Held<S>),
+    Existing(Box<Operation>, Held<S>),
     /// The store is down and the route fails open.
     FailOpen(Held<S>),
     /// The store refused the reservation.
@@ -365,7 +365,7 @@ where
             let answer = execute(&shared, &policy, inner, parts, body, lease, takeover).await;
             Round::Answered(answer)
         }
-        Ok(Reservation::Existing(operation)) => Round::Existing(operation, held),
+        Ok(Reservation::Existing(operation)) => Round::Existing(Box::new(operation), held),
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
         Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
     }
