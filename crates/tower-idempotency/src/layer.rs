@@ -223,8 +223,11 @@ impl IdempotencyLayer {
     /// this many are running, new guarded requests are refused with
     /// `503 detached-limit` (and `Retry-After`) before anything is reserved. Requests that
     /// only wait for, replay or are refused on an existing record never detach: they are
-    /// cancelled with their client. `0` refuses every guarded request while any task is
-    /// detached — requests still detach when their client leaves, as they must.
+    /// cancelled with their client. The bound is checked before each reservation, so the
+    /// count can pass it by the requests that already hold a reservation when their
+    /// clients leave (bounded by the server's own concurrency). `0` refuses every guarded
+    /// request while any task is detached — requests still detach when their client
+    /// leaves, as they must.
     pub fn with_max_detached(self, max: usize) -> Self {
         self.edit(|s| s.max_detached = max)
     }
