@@ -289,6 +289,15 @@ pub enum Rejection {
     /// `503 store-full` with `Retry-After`.
     #[error("the idempotency store is full")]
     StoreFull,
+    /// The layer is finishing as many requests of departed clients as it may
+    /// ([`IdempotencyLayer::with_max_detached`](crate::IdempotencyLayer::with_max_detached));
+    /// nothing was reserved and the handler did not run. `503 detached-limit` with
+    /// `Retry-After`.
+    #[error("the server is finishing {limit} requests whose clients left; retry shortly")]
+    DetachedLimit {
+        /// The configured bound.
+        limit: usize,
+    },
     /// The route is transactional but the store has no transactions; nothing ran and
     /// nothing is kept. `500 transactions-unsupported`.
     #[error("this route runs in a database transaction and the idempotency store has none")]
@@ -418,6 +427,8 @@ impl Rejection {
             Self::StoreUnavailable => meta(S::SERVICE_UNAVAILABLE, "store-unavailable", "Idempotency store unavailable"),
             Self::StoreFull => meta(S::SERVICE_UNAVAILABLE, "store-full", "Idempotency store full")
                 .retry_after(1),
+            Self::DetachedLimit { .. } => meta(S::SERVICE_UNAVAILABLE, "detached-limit", "Too many unfinished requests")
+                .retry_after(1),
             Self::TransactionsUnsupported => meta(S::INTERNAL_SERVER_ERROR, "transactions-unsupported", "Transactions unsupported by the store"),
             Self::NotCommitted { operation_id } => meta(S::SERVICE_UNAVAILABLE, "not-committed", "Not committed")
                 .operation(*operation_id)
@@ -524,6 +535,7 @@ mod tests {
                 "outcome-unknown",
             ),
             (Rejection::StoreUnavailable, 503, "store-unavailable"),
+            (Rejection::DetachedLimit { limit: 4 }, 503, "detached-limit"),
             (
                 Rejection::TransactionsUnsupported,
                 500,
