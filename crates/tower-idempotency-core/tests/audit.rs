@@ -1,0 +1,8 @@
+//! Tests of the audit journal. Everything sits in one `audit` module so that
+//! `cargo test -p tower-idempotency-core audit` selects exactly these tests.
+
+mod audit {
+    mod encoding;
+    mod merkle;
+    mod sample;
+}
