@@ -2,6 +2,7 @@
 //! `cargo test -p tower-idempotency-core audit` selects exactly these tests.
 
 mod audit {
+    mod checkpoint;
     mod encoding;
     mod merkle;
     mod sample;

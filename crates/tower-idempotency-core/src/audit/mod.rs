@@ -8,17 +8,24 @@
 //! consistency proofs. See `docs/audit.md` for the design and what it does and does not
 //! detect.
 
+mod checkpoint;
 mod encoding;
 mod event;
 mod merkle;
+mod note;
 mod proof;
 
+pub use checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
 pub use encoding::{
     DecodeError, EncodeError, decode_event, encode_event, seal_event, truncate_to_micros,
 };
 pub use event::{AuditEvent, AuditEventKind, Correlation, SealedEvent};
 pub use merkle::{
     Frontier, LEAF_PREFIX, NODE_PREFIX, Sha256Hash, empty_root, leaf_hash, node_hash, tree_root,
+};
+pub use note::{
+    ED25519_SIGNATURE_TYPE, MAX_SIGNATURES, NoteError, NoteKeyError, NoteSigningKey,
+    NoteVerifyingKey, key_id,
 };
 pub use proof::{
     ProofError, consistency_proof, inclusion_proof, verify_consistency, verify_inclusion,
