@@ -6,4 +6,5 @@ mod audit {
     mod encoding;
     mod merkle;
     mod sample;
+    mod tamper;
 }

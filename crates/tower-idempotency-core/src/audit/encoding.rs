@@ -131,10 +131,14 @@ pub fn seal_event(
 
 /// Reads an encoded event back, recomputing its hash from the canonical form of `json`.
 pub fn decode_event(json: &[u8]) -> Result<SealedEvent, DecodeError> {
-    let canonical = canonicalize_json(json)?;
+    decode_canonical(&canonicalize_json(json)?)
+}
+
+/// [`decode_event`] of bytes already in canonical form.
+pub(crate) fn decode_canonical(canonical: &[u8]) -> Result<SealedEvent, DecodeError> {
     let wire: WireEvent =
-        serde_json::from_slice(&canonical).map_err(|err| DecodeError::Shape(err.to_string()))?;
-    let hash = leaf_hash(&canonical);
+        serde_json::from_slice(canonical).map_err(|err| DecodeError::Shape(err.to_string()))?;
+    let hash = leaf_hash(canonical);
     from_wire(wire, hash)
 }
 

@@ -11,15 +11,19 @@
 mod checkpoint;
 mod encoding;
 mod event;
+mod export;
 mod merkle;
 mod note;
 mod proof;
+mod tree;
+mod verify;
 
 pub use checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
 pub use encoding::{
     DecodeError, EncodeError, decode_event, encode_event, seal_event, truncate_to_micros,
 };
 pub use event::{AuditEvent, AuditEventKind, Correlation, SealedEvent};
+pub use export::{JournalLine, JournalReader, LineError, checkpoint_line, event_line, parse_line};
 pub use merkle::{
     Frontier, LEAF_PREFIX, NODE_PREFIX, Sha256Hash, empty_root, leaf_hash, node_hash, tree_root,
 };
@@ -29,4 +33,8 @@ pub use note::{
 };
 pub use proof::{
     ProofError, consistency_proof, inclusion_proof, verify_consistency, verify_inclusion,
+};
+pub use tree::MerkleTree;
+pub use verify::{
+    CheckpointSource, ModifiedEvidence, VerifiedJournal, Verifier, VerifyError, Violation,
 };

@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
 use tower_idempotency_core::audit::{
-    ProofError, Sha256Hash, consistency_proof, empty_root, inclusion_proof, leaf_hash, tree_root,
-    verify_consistency, verify_inclusion,
+    MerkleTree, ProofError, Sha256Hash, consistency_proof, empty_root, inclusion_proof, leaf_hash,
+    tree_root, verify_consistency, verify_inclusion,
 };
 
 fn data(n: usize, salt: u8) -> Vec<Vec<u8>> {
@@ -325,6 +325,38 @@ fn a_fork_is_never_consistent_with_the_tree_it_left() {
             }
         }
     }
+}
+
+#[test]
+fn the_stored_tree_agrees_with_the_rfc_at_every_earlier_size() {
+    let d = data(130, 9);
+    let l = leaves(&d);
+    let mut tree = MerkleTree::new();
+    for leaf in &l {
+        tree.push(*leaf);
+    }
+    assert_eq!(tree.leaves(), &l[..]);
+    assert_eq!(tree.root_at(131), None);
+    for n in 0..=130 {
+        assert_eq!(tree.root_at(n as u64), Some(root_of(&d[..n])), "size {n}");
+    }
+    for n in 1..=130usize {
+        for i in (0..n).step_by(7) {
+            let proof = tree.inclusion_proof(i as u64, n as u64).unwrap();
+            assert_eq!(raw(&proof), reference_path(i, &d[..n]), "PATH({i}, D[{n}])");
+        }
+        for m in (0..=n).step_by(5) {
+            let proof = tree.consistency_proof(m as u64, n as u64).unwrap();
+            assert_eq!(
+                proof,
+                consistency_proof(&l[..n], m as u64).unwrap(),
+                "({m}, {n})"
+            );
+        }
+    }
+    assert!(tree.inclusion_proof(130, 130).is_err());
+    assert!(tree.consistency_proof(5, 131).is_err());
+    assert!(tree.consistency_proof(6, 5).is_err());
 }
 
 proptest! {
