@@ -4,6 +4,7 @@
 mod audit {
     mod checkpoint;
     mod encoding;
+    mod journal;
     mod merkle;
     mod sample;
     mod tamper;

@@ -38,6 +38,9 @@ pub enum JournalLine {
     },
 }
 
+/// A line number (from 1) and what the line holds.
+pub type NumberedLine = (u64, Result<JournalLine, LineError>);
+
 /// Why a line is not a journal line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -116,6 +119,7 @@ pub struct JournalReader<R> {
     reader: R,
     line: u64,
     buffer: String,
+    complete_bytes: u64,
     torn: bool,
     done: bool,
 }
@@ -127,6 +131,7 @@ impl<R: BufRead> JournalReader<R> {
             reader,
             line: 0,
             buffer: String::new(),
+            complete_bytes: 0,
             torn: false,
             done: false,
         }
@@ -137,8 +142,14 @@ impl<R: BufRead> JournalReader<R> {
         self.torn
     }
 
+    /// How many bytes of the input the lines returned so far took (a torn tail excluded):
+    /// where a writer continuing the file must cut it.
+    pub fn complete_bytes(&self) -> u64 {
+        self.complete_bytes
+    }
+
     /// The next line as `(line number, parsed line)`; `None` at the end.
-    pub fn next_line(&mut self) -> Option<io::Result<(u64, Result<JournalLine, LineError>)>> {
+    pub fn next_line(&mut self) -> Option<io::Result<NumberedLine>> {
         if self.done {
             return None;
         }
@@ -160,6 +171,7 @@ impl<R: BufRead> JournalReader<R> {
             self.done = true;
             return None;
         }
+        self.complete_bytes += self.buffer.len() as u64;
         Some(Ok((self.line, parsed)))
     }
 }

@@ -12,9 +12,11 @@ mod checkpoint;
 mod encoding;
 mod event;
 mod export;
+mod journal;
 mod merkle;
 mod note;
 mod proof;
+mod sink;
 mod tree;
 mod verify;
 
@@ -23,7 +25,10 @@ pub use encoding::{
     DecodeError, EncodeError, decode_event, encode_event, seal_event, truncate_to_micros,
 };
 pub use event::{AuditEvent, AuditEventKind, Correlation, SealedEvent};
-pub use export::{JournalLine, JournalReader, LineError, checkpoint_line, event_line, parse_line};
+pub use export::{
+    JournalLine, JournalReader, LineError, NumberedLine, checkpoint_line, event_line, parse_line,
+};
+pub use journal::{ANCHOR_FILE, Journal, JournalConfig, JournalError};
 pub use merkle::{
     Frontier, LEAF_PREFIX, NODE_PREFIX, Sha256Hash, empty_root, leaf_hash, node_hash, tree_root,
 };
@@ -34,6 +39,7 @@ pub use note::{
 pub use proof::{
     ProofError, consistency_proof, inclusion_proof, verify_consistency, verify_inclusion,
 };
+pub use sink::AppendFile;
 pub use tree::MerkleTree;
 pub use verify::{
     CheckpointSource, ModifiedEvidence, VerifiedJournal, Verifier, VerifyError, Violation,
