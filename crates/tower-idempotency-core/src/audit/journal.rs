@@ -43,6 +43,10 @@ pub struct JournalConfig {
     /// A directory outside the database where every checkpoint is also appended (to
     /// [`ANCHOR_FILE`]), for an operator to ship elsewhere.
     pub anchor_dir: Option<PathBuf>,
+    /// Keep every sealed event in memory (default `true`) for [`Journal::events`],
+    /// [`Journal::events_of`] and [`Journal::export`]. Without it the journal keeps about 64
+    /// bytes per event (the Merkle tree) and exports by copying its file sink.
+    pub retain_events: bool,
 }
 
 impl Default for JournalConfig {
@@ -52,6 +56,7 @@ impl Default for JournalConfig {
             checkpoint_interval: Duration::from_secs(10),
             file_sink: None,
             anchor_dir: None,
+            retain_events: true,
         }
     }
 }
@@ -91,6 +96,8 @@ struct Inner {
 
 #[derive(Debug)]
 struct State {
+    retain: bool,
+    head: Sha256Hash,
     tree: MerkleTree,
     events: Vec<SealedEvent>,
     checkpoints: Vec<SignedCheckpoint>,
@@ -110,6 +117,8 @@ impl Journal {
     /// verifying it, with the anchor when configured), and opens the anchor.
     pub fn open(key: NoteSigningKey, config: JournalConfig) -> Result<Self, JournalError> {
         let mut state = State {
+            retain: config.retain_events,
+            head: Sha256Hash::ZERO,
             tree: MerkleTree::new(),
             events: Vec::new(),
             checkpoints: Vec::new(),
@@ -249,9 +258,18 @@ impl Journal {
     }
 
     /// Writes the sealed journal in the export format: each checkpoint right after the last
-    /// event it covers.
+    /// event it covers. Without [`JournalConfig::retain_events`] this copies the file sink
+    /// (and fails with [`io::ErrorKind::Unsupported`] when there is none).
     pub fn export(&self, out: &mut impl Write) -> Result<(), JournalError> {
         let state = lock(&self.inner.state);
+        if !state.retain {
+            let Some(sink) = &state.sink else {
+                let message = "neither retained events nor a file sink to export";
+                return Err(io::Error::new(io::ErrorKind::Unsupported, message).into());
+            };
+            io::copy(&mut std::fs::File::open(sink.path())?, out)?;
+            return Ok(());
+        }
         let mut checkpoints = state.checkpoints.iter().peekable();
         for event in &state.events {
             writeln!(out, "{}", event_line(event)?)?;
@@ -265,9 +283,15 @@ impl Journal {
 
 impl State {
     fn head(&self) -> Sha256Hash {
-        self.events
-            .last()
-            .map_or(Sha256Hash::ZERO, |event| event.hash)
+        self.head
+    }
+
+    fn push(&mut self, event: SealedEvent) {
+        self.tree.push(event.hash);
+        self.head = event.hash;
+        if self.retain {
+            self.events.push(event);
+        }
     }
 
     /// Rebuilds the state from the lines of a file that verified.
@@ -278,10 +302,7 @@ impl State {
     ) -> Result<(), JournalError> {
         for (_, line) in lines {
             match line {
-                Ok(JournalLine::Event { event, .. }) => {
-                    self.tree.push(event.hash);
-                    self.events.push(*event);
-                }
+                Ok(JournalLine::Event { event, .. }) => self.push(*event),
                 Ok(JournalLine::Checkpoint { note }) => {
                     self.checkpoints.push(SignedCheckpoint::verify(&note, key)?);
                 }
@@ -296,8 +317,7 @@ impl State {
         self.unwritten
             .push_str(&event_line_from(&canonical, &sealed.hash));
         self.unwritten.push('\n');
-        self.tree.push(sealed.hash);
-        self.events.push(sealed);
+        self.push(sealed);
         Ok(())
     }
 

@@ -263,3 +263,49 @@ async fn the_background_sealer_seals_and_checkpoints() {
     assert_eq!(journal.size(), 10);
     assert_eq!(journal.latest_checkpoint().unwrap().checkpoint.size, 10);
 }
+
+#[test]
+fn a_journal_of_twenty_thousand_events_verifies_from_its_file_without_keeping_events() {
+    let dir = scratch("large");
+    let journal = Journal::open(
+        key(),
+        JournalConfig {
+            retain_events: false,
+            ..with_files(&dir, 1000)
+        },
+    )
+    .unwrap();
+    for i in 0..20_000 {
+        journal.append(sample::event(i));
+        if i % 2500 == 0 {
+            journal.seal().unwrap();
+        }
+    }
+    journal.seal().unwrap();
+    assert!(journal.events().is_empty());
+    let sink = dir.join("journal.jsonl");
+    assert_eq!(exported(&journal), std::fs::read(&sink).unwrap());
+    let verified = Verifier::new(key().verifying_key())
+        .with_anchor(&dir.join("anchor"))
+        .unwrap()
+        .verify_path(&sink)
+        .unwrap();
+    assert_eq!((verified.events, verified.checkpoints), (20_000, 40));
+    assert_eq!(
+        verified.latest.unwrap().root,
+        journal.latest_checkpoint().unwrap().checkpoint.root
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    let memory_only = Journal::open(
+        key(),
+        JournalConfig {
+            retain_events: false,
+            ..config(10)
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        memory_only.export(&mut Vec::new()),
+        Err(JournalError::Io(_))
+    ));
+}
