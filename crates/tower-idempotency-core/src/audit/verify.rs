@@ -246,9 +246,7 @@ impl Verifier {
         let mut lines = JournalReader::new(reader);
         while let Some(next) = lines.next_line() {
             let (line, parsed) = next?;
-            if scan.read(self, line, parsed)? == Flow::Stop {
-                break;
-            }
+            scan.read(self, line, parsed)?;
         }
         scan.finish(lines.torn())
     }
@@ -270,18 +268,44 @@ fn source_line(source: &CheckpointSource) -> u64 {
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Flow {
-    Continue,
-    Stop,
-}
-
-/// A hole in the sequence: resolved as a reordering if the missing event turns up later,
-/// as a deletion otherwise.
+/// A hole in the sequence: event `expected` was due at `line`, `found` was there.
 struct Gap {
     expected: u64,
     found: u64,
+    found_prev: Sha256Hash,
     line: u64,
+    /// Events read since, none of them `expected`.
+    skipped: u64,
+}
+
+/// One event line ahead of its place (`found` where `expected` was due), the sequence having
+/// resumed right after it: a line moved earlier (a reordering) or a line that does not belong
+/// (an insertion), told apart by what turns up at its own place.
+struct Displaced {
+    expected: u64,
+    found: u64,
+    found_prev: Sha256Hash,
+    line: u64,
+}
+
+impl Displaced {
+    /// Whether `violation` is this displacement's own verdict.
+    fn explains(&self, violation: &Violation) -> bool {
+        match violation {
+            Violation::Inserted { line, .. } | Violation::Reordered { line, .. } => {
+                *line == self.line
+            }
+            _ => false,
+        }
+    }
+
+    fn reordered(&self) -> Violation {
+        Violation::Reordered {
+            expected: self.expected,
+            found: self.found,
+            line: self.line,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -290,6 +314,7 @@ struct Scan {
     head: Sha256Hash,
     checkpoints: Vec<Known>,
     gap: Option<Gap>,
+    displaced: Option<Displaced>,
 }
 
 impl Scan {
@@ -298,31 +323,50 @@ impl Scan {
         verifier: &Verifier,
         line: u64,
         parsed: Result<JournalLine, LineError>,
-    ) -> Result<Flow, Violation> {
+    ) -> Result<(), Violation> {
         let parsed = parsed.map_err(|err| Violation::Malformed {
             line,
             reason: err.to_string(),
         })?;
-        match (parsed, &self.gap) {
-            (JournalLine::Event { event, .. }, Some(gap)) => {
-                if event.seq == gap.expected {
-                    return Err(Violation::Reordered {
+        match parsed {
+            JournalLine::Event { event, stored_hash } => {
+                if let Some(gap) = &mut self.gap {
+                    if event.seq != gap.expected {
+                        gap.skipped += 1;
+                        return Ok(());
+                    }
+                    let gap = self.gap.take().expect("checked above");
+                    if gap.skipped > 0 || self.displaced.is_some() {
+                        return Err(Violation::Reordered {
+                            expected: gap.expected,
+                            found: gap.found,
+                            line: gap.line,
+                        });
+                    }
+                    self.displaced = Some(Displaced {
                         expected: gap.expected,
                         found: gap.found,
+                        found_prev: gap.found_prev,
                         line: gap.line,
                     });
                 }
+                let result = self.event(line, event.seq, &event.prev, event.hash, stored_hash);
+                match (&self.displaced, result) {
+                    // Another violation after a displaced line: the displacement came first.
+                    (Some(displaced), Err(other)) if !displaced.explains(&other) => {
+                        Err(displaced.reordered())
+                    }
+                    (_, result) => result,
+                }
             }
-            (JournalLine::Checkpoint { .. }, Some(_)) => {}
-            (JournalLine::Event { event, stored_hash }, None) => {
-                self.event(line, event.seq, &event.prev, event.hash, stored_hash)?;
-            }
-            (JournalLine::Checkpoint { note }, None) => {
+            // After a gap the outcome is decided by the events alone.
+            JournalLine::Checkpoint { .. } if self.gap.is_some() => Ok(()),
+            JournalLine::Checkpoint { note } => {
                 let known = verifier.checkpoint(&note, CheckpointSource::Export { line })?;
                 self.checkpoints.push(known);
+                Ok(())
             }
         }
-        Ok(Flow::Continue)
     }
 
     fn event(
@@ -342,6 +386,18 @@ impl Scan {
             });
         }
         let next = self.tree.size();
+        if let Some(displaced) = self.displaced.as_ref().filter(|d| d.found == next) {
+            // The displaced line's own place: a second event there means the displaced one
+            // was extra; a hole there means it was moved.
+            return Err(if seq == next {
+                Violation::Inserted {
+                    seq,
+                    line: displaced.line,
+                }
+            } else {
+                displaced.reordered()
+            });
+        }
         if seq < next {
             return Err(Violation::Inserted { seq, line });
         }
@@ -349,7 +405,9 @@ impl Scan {
             self.gap = Some(Gap {
                 expected: next,
                 found: seq,
+                found_prev: *prev,
                 line,
+                skipped: 0,
             });
             return Ok(());
         }
@@ -365,7 +423,23 @@ impl Scan {
         Ok(())
     }
 
+    /// A displaced line whose place was never reached: the next event moved up (its `prev`
+    /// is the last event's hash), or one that does not belong.
+    fn unresolved(&self, displaced: &Displaced) -> Violation {
+        if displaced.found == self.tree.size() && displaced.found_prev == self.head {
+            displaced.reordered()
+        } else {
+            Violation::Inserted {
+                seq: displaced.found,
+                line: displaced.line,
+            }
+        }
+    }
+
     fn finish(mut self, torn_tail: bool) -> Result<VerifiedJournal, VerifyError> {
+        if let Some(displaced) = &self.displaced {
+            return Err(self.unresolved(displaced).into());
+        }
         if let Some(gap) = self.gap {
             return Err(Violation::Deleted {
                 seq: gap.expected,

@@ -469,3 +469,70 @@ fn an_anchor_directory_is_read_and_checked() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_line_ahead_of_its_place_is_told_apart_as_moved_or_extra() {
+    let lines = export(&events(40), 10, &key());
+    let (at_21, at_23) = (line_of(&lines, 21), line_of(&lines, 23));
+    // Event 23 moved before 21: its own place is then a hole.
+    let mut moved = lines.clone();
+    let line = moved.remove(at_23);
+    moved.insert(at_21, line);
+    assert_eq!(
+        violation(&moved),
+        Violation::Reordered {
+            expected: 21,
+            found: 23,
+            line: at_21 as u64 + 1
+        }
+    );
+    // A copy of event 23 before 21: event 23 is still at its own place.
+    let mut copied = lines.clone();
+    copied.insert(at_21, lines[at_23].clone());
+    assert_eq!(
+        violation(&copied),
+        Violation::Inserted {
+            seq: 23,
+            line: at_21 as u64 + 1
+        }
+    );
+    // An event that was never in the journal, numbered past its end.
+    let mut foreign = lines.clone();
+    let bogus = edit(&lines[at_23], true, |event| event["seq"] = 99.into());
+    foreign.insert(at_21, bogus);
+    assert_eq!(
+        violation(&foreign),
+        Violation::Inserted {
+            seq: 99,
+            line: at_21 as u64 + 1
+        }
+    );
+    // The last event moved up: nothing after it, but it chains onto the one before.
+    let mut last_moved = lines.clone();
+    last_moved.pop(); // the checkpoint of 40
+    let last = last_moved.pop().unwrap();
+    last_moved.insert(at_21, last);
+    assert_eq!(
+        violation(&last_moved),
+        Violation::Reordered {
+            expected: 21,
+            found: 39,
+            line: at_21 as u64 + 1
+        }
+    );
+    // A displaced line followed by another change before its place is reached: the
+    // displacement is named first (as out of order: which of the two it is shows only later).
+    let mut both = copied.clone();
+    let at_22 = line_of(&both, 22);
+    both[at_22] = edit(&both[at_22], false, |event| {
+        event["scope"] = "acct_x".into()
+    });
+    assert_eq!(
+        violation(&both),
+        Violation::Reordered {
+            expected: 21,
+            found: 23,
+            line: at_21 as u64 + 1
+        }
+    );
+}
