@@ -6,6 +6,7 @@ mod audit {
     mod encoding;
     mod journal;
     mod merkle;
+    mod prove;
     mod sample;
     mod tamper;
 }

@@ -21,6 +21,7 @@ use super::export::{JournalLine, NumberedLine, checkpoint_line, event_line, even
 use super::merkle::Sha256Hash;
 use super::note::{NoteSigningKey, NoteVerifyingKey};
 use super::proof::ProofError;
+use super::prove::EventProof;
 use super::sink::AppendFile;
 use super::tree::MerkleTree;
 use super::verify::{Verifier, VerifyError};
@@ -244,6 +245,27 @@ impl Journal {
     /// The inclusion proof of event `seq` in the tree of the first `size` events.
     pub fn inclusion_proof(&self, seq: u64, size: u64) -> Result<Vec<Sha256Hash>, ProofError> {
         lock(&self.inner.state).tree.inclusion_proof(seq, size)
+    }
+
+    /// The proofs, against the newest checkpoint, of every retained event of `operation` that
+    /// checkpoint covers (events after it are not signed yet and are left out).
+    pub fn prove(&self, operation: OperationId) -> Result<Vec<EventProof>, JournalError> {
+        let state = lock(&self.inner.state);
+        let Some(latest) = state.checkpoints.last() else {
+            return Ok(Vec::new());
+        };
+        let size = latest.checkpoint.size;
+        let mut proofs = Vec::new();
+        for event in state.events.iter().take(size as usize) {
+            if event.event.operation_id == Some(operation) {
+                let path = state
+                    .tree
+                    .inclusion_proof(event.seq, size)
+                    .expect("the event is inside the checkpoint");
+                proofs.push(EventProof::new(event, latest, path)?);
+            }
+        }
+        Ok(proofs)
     }
 
     /// The consistency proof between the trees of the first `first` and `second` events.

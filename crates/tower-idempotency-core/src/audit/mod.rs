@@ -16,6 +16,7 @@ mod journal;
 mod merkle;
 mod note;
 mod proof;
+mod prove;
 mod sink;
 mod tree;
 mod verify;
@@ -39,6 +40,7 @@ pub use note::{
 pub use proof::{
     ProofError, consistency_proof, inclusion_proof, verify_consistency, verify_inclusion,
 };
+pub use prove::{EventProof, EventProofError};
 pub use sink::AppendFile;
 pub use tree::MerkleTree;
 pub use verify::{
