@@ -7,6 +7,47 @@
 //! up to there; later checkpoints prove themselves extensions of earlier ones with
 //! consistency proofs. See `docs/audit.md` for the design and what it does and does not
 //! detect.
+//!
+//! ```
+//! use std::io::Cursor;
+//! use std::time::SystemTime;
+//!
+//! use tower_idempotency_core::audit::{
+//!     AuditEvent, AuditEventKind, Correlation, Journal, JournalConfig, ModifiedEvidence,
+//!     NoteSigningKey, Verifier, VerifyError, Violation,
+//! };
+//! use tower_idempotency_core::{OperationId, Scope};
+//!
+//! let key = NoteSigningKey::generate("audit.example/journal").unwrap();
+//! let public_key = key.verifying_key();
+//! let config = JournalConfig { checkpoint_every: 2, ..JournalConfig::default() };
+//! let journal = Journal::open(key, config).unwrap();
+//!
+//! let operation = Some(OperationId::new());
+//! let correlation = Correlation::Http { method: "POST".into(), route: "/orders".into() };
+//! for kind in [
+//!     AuditEventKind::Accepted { correlation },
+//!     AuditEventKind::Dispatched,
+//!     AuditEventKind::Completed { status: 201 },
+//!     AuditEventKind::Replayed,
+//! ] {
+//!     journal.append(AuditEvent::new(SystemTime::now(), Scope::new("acct_42"), operation, kind));
+//! }
+//! assert_eq!(journal.seal().unwrap(), 4);
+//!
+//! let mut export = Vec::new();
+//! journal.export(&mut export).unwrap();
+//! let verified = Verifier::new(public_key.clone()).verify(Cursor::new(&export)).unwrap();
+//! assert_eq!((verified.events, verified.checkpoints), (4, 2));
+//!
+//! // Rewrite the stored status: the verifier names the event and how it knows.
+//! let tampered = String::from_utf8(export).unwrap().replace(r#""status":201"#, r#""status":500"#);
+//! let result = Verifier::new(public_key).verify(Cursor::new(tampered));
+//! let Err(VerifyError::Violation(Violation::Modified { seq: 2, evidence, .. })) = result else {
+//!     panic!("{result:?}");
+//! };
+//! assert_eq!(evidence, ModifiedEvidence::StoredHash);
+//! ```
 
 mod checkpoint;
 mod encoding;
