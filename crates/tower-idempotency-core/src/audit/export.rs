@@ -71,8 +71,7 @@ pub(crate) fn event_line_from(canonical: &[u8], hash: &Sha256Hash) -> String {
     line.push_str(r#"{"kind":"event","hash":""#);
     line.push_str(&hash.to_base64());
     line.push_str(r#"","event":"#);
-    // Canonical JSON is UTF-8 by construction.
-    line.push_str(&String::from_utf8_lossy(canonical));
+    line.push_str(std::str::from_utf8(canonical).expect("canonical JSON is UTF-8"));
     line.push('}');
     line
 }
