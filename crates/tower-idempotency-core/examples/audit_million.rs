@@ -55,25 +55,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let journal = Journal::open(key, config)?;
     let started = Instant::now();
+    let (mut appending, mut sealing) = (Duration::ZERO, Duration::ZERO);
     let mut operation = OperationId::new();
     for i in 0..events {
         if i % 4 == 0 {
             operation = OperationId::new();
         }
-        journal.append(event(i, operation));
+        let event = event(i, operation);
+        let append = Instant::now();
+        journal.append(event);
+        appending += append.elapsed();
         if (i + 1) % 10_000 == 0 {
+            let seal = Instant::now();
             journal.seal()?;
+            sealing += seal.elapsed();
         }
     }
+    let seal = Instant::now();
     journal.seal()?;
+    sealing += seal.elapsed();
     let written = started.elapsed();
     let bytes = std::fs::metadata(dir.join("journal.jsonl"))?.len();
     println!(
-        "wrote {events} events ({:.1} MB, {} checkpoints) in {:.2?} ({:.0} events/s)",
+        "wrote {events} events ({:.1} MB, {} checkpoints) in {:.2?}: appending {:.2?} \
+         ({:.0} ns/event), sealing with fsync {:.2?} ({:.2} µs/event)",
         bytes as f64 / 1e6,
         journal.checkpoints().len(),
         written,
-        events as f64 / written.as_secs_f64()
+        appending,
+        appending.as_nanos() as f64 / events as f64,
+        sealing,
+        sealing.as_secs_f64() * 1e6 / events as f64,
     );
     drop(journal);
     let started = Instant::now();
