@@ -232,8 +232,10 @@ async fn a_changed_body_under_the_same_action_name_is_a_conflict_and_nothing_is_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn request_in_progress_is_waited_out_for_retry_after() {
+    // Long enough that the probe below still finds the original running on a loaded
+    // machine, short enough for the original client's 10 s timeout.
     let demo = Demo::start(DemoSpec {
-        handler_delay_ms: 4000,
+        handler_delay_ms: 7000,
         lease_ms: Some(3000),
         wait_ms: Some(200),
         ..DemoSpec::default()
