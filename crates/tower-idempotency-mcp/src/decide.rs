@@ -58,7 +58,8 @@ pub(crate) struct CallContext {
 }
 
 pub(crate) enum Decision {
-    Answer(Response<McpBody>),
+    /// The layer answers itself; the decision label of the metrics.
+    Answer(Response<McpBody>, &'static str),
     Execute {
         operation: Box<Operation>,
         lease: Lease,
@@ -114,8 +115,8 @@ impl CallContext {
         response
     }
 
-    fn answer(&self, message: &Value) -> Result<Decision, StoreError> {
-        Ok(Decision::Answer(answer::json_response(message)))
+    fn answer(&self, message: &Value, decision: &'static str) -> Result<Decision, StoreError> {
+        Ok(Decision::Answer(answer::json_response(message), decision))
     }
 
     async fn state_name(
@@ -170,11 +171,10 @@ impl CallContext {
                     {
                         if let Carrier::Explicit(_) = self.carrier {
                             let (state, _) = self.state_name(&operation).await?;
-                            return self.answer(&answer::mismatch(
-                                &self.call.id,
-                                &operation,
-                                state,
-                            ));
+                            return self.answer(
+                                &answer::mismatch(&self.call.id, &operation, state),
+                                "conflict",
+                            );
                         }
                         generation += 1;
                         continue;
@@ -197,9 +197,10 @@ impl CallContext {
                                 "tool call answered with the stored result"
                             );
                             return match answer::replay(&operation, &self.call.id, attached) {
-                                Some(message) => {
-                                    Ok(Decision::Answer(self.delivering(&message, &operation)))
-                                }
+                                Some(message) => Ok(Decision::Answer(
+                                    self.delivering(&message, &operation),
+                                    if attached { "waited" } else { "replayed" },
+                                )),
                                 None => self.uncertain(Uncertain::OutcomeUnknown, &operation).await,
                             };
                         }
@@ -251,14 +252,21 @@ impl CallContext {
         operation: &Operation,
     ) -> Result<Decision, StoreError> {
         let (state, dispatched) = self.state_name(operation).await?;
-        self.answer(&answer::uncertain(
-            &self.call.id,
-            kind,
-            operation,
-            state,
-            dispatched,
-            self.config.status_tool.as_deref(),
-        ))
+        let decision = match kind {
+            Uncertain::InProgress => "in_progress",
+            Uncertain::OutcomeUnknown => "unknown",
+        };
+        self.answer(
+            &answer::uncertain(
+                &self.call.id,
+                kind,
+                operation,
+                state,
+                dispatched,
+                self.config.status_tool.as_deref(),
+            ),
+            decision,
+        )
     }
 
     pub(crate) async fn execute<S, ResBody>(
@@ -268,7 +276,7 @@ impl CallContext {
         bytes: Bytes,
         operation: Operation,
         lease: Lease,
-    ) -> Result<Response<McpBody>, S::Error>
+    ) -> Result<(Response<McpBody>, &'static str), S::Error>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
         S::Future: Send + 'static,
@@ -294,17 +302,20 @@ impl CallContext {
         if !self.policy.marks_dispatch {
             if let Err(error) = execution.dispatched_at_handoff().await {
                 return Ok(match error {
-                    DispatchError::Superseded(_) => answer::json_response(&answer::uncertain(
-                        &self.call.id,
-                        Uncertain::InProgress,
-                        &operation,
-                        "accepted",
-                        None,
-                        self.config.status_tool.as_deref(),
-                    )),
+                    DispatchError::Superseded(_) => (
+                        answer::json_response(&answer::uncertain(
+                            &self.call.id,
+                            Uncertain::InProgress,
+                            &operation,
+                            "accepted",
+                            None,
+                            self.config.status_tool.as_deref(),
+                        )),
+                        "in_progress",
+                    ),
                     DispatchError::Store(error) => {
                         let _ = store.release(execution.lease()).await;
-                        store_unavailable(&error)
+                        (store_unavailable(&error), "store_unavailable")
                     }
                 });
             }
@@ -330,6 +341,11 @@ impl CallContext {
             response_limit: self.config.response_limit,
             inflight,
         };
-        drive(inner, request, run).await
+        let decision = if operation.attempts > 1 {
+            "re_executed"
+        } else {
+            "executed"
+        };
+        Ok((drive(inner, request, run).await?, decision))
     }
 }

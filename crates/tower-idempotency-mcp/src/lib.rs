@@ -52,6 +52,7 @@ mod inflight;
 mod intent;
 mod jsonrpc;
 mod layer;
+pub mod metrics;
 mod policy;
 mod service;
 mod sse;
