@@ -20,6 +20,7 @@ use tower_idempotency_core::{
 };
 
 use crate::answer::{self, Uncertain};
+use crate::attach;
 use crate::drive::{Run, drive};
 use crate::execution::{DispatchError, Execution, dispatched_at};
 use crate::intent::Intent;
@@ -134,6 +135,17 @@ impl CallContext {
         Ok((name, dispatched))
     }
 
+    /// Records this call among the ones attached to `operation`, for the status tool. A
+    /// failure costs the status record one entry, never the answer.
+    async fn note_attached(&self, operation: &Operation) {
+        let retention = self.policy.retention.max(self.policy.unknown_retention);
+        if let Err(error) =
+            attach::note(&*self.config.store, operation, &self.call.id, retention).await
+        {
+            tracing::warn!(%error, execution_id = %operation.id, "could not record an attached call");
+        }
+    }
+
     pub(crate) async fn decide(&self) -> Result<Decision, StoreError> {
         let store = &*self.config.store;
         let deadline = Instant::now() + self.policy.wait;
@@ -196,6 +208,7 @@ impl CallContext {
                                 attached,
                                 "tool call answered with the stored result"
                             );
+                            self.note_attached(&operation).await;
                             return match answer::replay(&operation, &self.call.id, attached) {
                                 Some(message) => Ok(Decision::Answer(
                                     self.delivering(&message, &operation),
@@ -251,6 +264,7 @@ impl CallContext {
         kind: Uncertain,
         operation: &Operation,
     ) -> Result<Decision, StoreError> {
+        self.note_attached(operation).await;
         let (state, dispatched) = self.state_name(operation).await?;
         let decision = match kind {
             Uncertain::InProgress => "in_progress",
@@ -289,6 +303,7 @@ impl CallContext {
             Arc::clone(&store),
             lease,
             &operation,
+            &self.call.id,
             self.policy.lease,
             self.policy.unknown_retention,
         );

@@ -44,6 +44,7 @@
 #![deny(missing_docs)]
 
 mod answer;
+mod attach;
 mod body;
 mod decide;
 mod drive;
