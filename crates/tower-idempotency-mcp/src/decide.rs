@@ -34,6 +34,13 @@ use crate::{BoxError, McpBody};
 /// round is one reservation, so this bounds the work one call can cause.
 const MAX_ROUNDS: usize = 64;
 
+/// How many generations past a free one are looked at for a later execution of the same
+/// intent (the free one and those before it were purged at the end of their retention):
+/// a keyless call attaches to an open execution whose intent was repeated and purged up
+/// to this many times in a row before it. Each look is one `get`, made only when a call
+/// is about to start a new execution.
+pub(crate) const PURGE_LOOKAHEAD: u32 = 8;
+
 /// Where the key of a call came from, or that there is none.
 #[derive(Debug)]
 pub(crate) enum Carrier {
@@ -135,6 +142,24 @@ impl CallContext {
         Ok((name, dispatched))
     }
 
+    /// The first generation after `generation` that is still held, looking
+    /// [`PURGE_LOOKAHEAD`] generations ahead.
+    async fn later_generation(&self, generation: u32) -> Result<Option<u32>, StoreError> {
+        for later in generation + 1..=generation + PURGE_LOOKAHEAD {
+            let key = self.intent.derived_key(later);
+            if self
+                .config
+                .store
+                .get(&self.intent.actor, &key)
+                .await?
+                .is_some()
+            {
+                return Ok(Some(later));
+            }
+        }
+        Ok(None)
+    }
+
     /// Records this call among the ones attached to `operation`, for the status tool. A
     /// failure costs the status record one entry, never the answer.
     async fn note_attached(&self, operation: &Operation) {
@@ -163,12 +188,13 @@ impl CallContext {
                 } => {
                     if let Carrier::Derived = self.carrier {
                         // This generation's slot was free. If a later generation exists,
-                        // this one was purged after it was delivered: the later one is
-                        // the current intent.
-                        let next = self.intent.derived_key(generation + 1);
-                        if store.get(&self.intent.actor, &next).await?.is_some() {
+                        // this one was purged after it was closed: the later one is the
+                        // current intent. Older generations are purged first, so the
+                        // records still held are a run of consecutive generations; up to
+                        // PURGE_LOOKAHEAD purged ones are skipped.
+                        if let Some(later) = self.later_generation(generation).await? {
                             store.release(&lease).await?;
-                            generation += 1;
+                            generation = later;
                             continue;
                         }
                     }

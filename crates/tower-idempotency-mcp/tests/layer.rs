@@ -805,3 +805,53 @@ async fn the_status_record_counts_attached_calls_and_lists_their_jsonrpc_ids() {
         "https://tower-idempotency.dev/problems/execution-not-found"
     );
 }
+
+#[tokio::test]
+async fn a_keyless_retry_finds_the_open_execution_past_purged_generations() {
+    use tower_idempotency_core::Store;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::default();
+    let retention = std::time::Duration::from_millis(1000);
+    let service = McpIdempotencyLayer::new(store.clone())
+        .with_tool("charge", ToolPolicy::guarded().with_retention(retention))
+        .layer(server(Answer::Json, Arc::clone(&runs)));
+    let charge = |id: u64| post(Some("alice"), &call(id, "charge", json!({"a": 1}), None));
+    // Three deliberate repeats, each delivered: generations 0, 1 and 2.
+    let mut closed = Vec::new();
+    for id in 1..=3 {
+        let (_, answer) = send(&service, charge(id)).await;
+        let execution = answer["result"]["_meta"][EXECUTION]["execution_id"].clone();
+        until_delivered(&service, &execution).await;
+        closed.push(execution);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    tokio::time::sleep(retention / 2).await;
+    // A fourth (generation 3) whose answer never reached the agent: open.
+    let cut = service.clone().oneshot(charge(4)).await.unwrap();
+    drop(cut);
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    // The three older generations reach the end of their retention and are purged; the
+    // open one is kept half a retention longer.
+    for _ in 0..400 {
+        store.purge_expired(1000).await.unwrap();
+        if status_of(&service, "alice", &closed[2]).await["type"]
+            == "https://tower-idempotency.dev/problems/execution-not-found"
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    for execution in &closed {
+        assert_eq!(
+            status_of(&service, "alice", execution).await["type"],
+            "https://tower-idempotency.dev/problems/execution-not-found",
+            "generation purged"
+        );
+    }
+    // The retry finds generation 0 free, skips the purged 1 and 2, and attaches to 3.
+    let (_, retry) = send(&service, charge(5)).await;
+    assert_eq!(retry["id"], 5);
+    assert_eq!(retry["result"]["structuredContent"]["run"], 4, "{retry}");
+    assert_eq!(retry["result"]["_meta"][EXECUTION]["replayed"], true);
+    assert_eq!(runs.load(Ordering::SeqCst), 4, "no second execution");
+}
