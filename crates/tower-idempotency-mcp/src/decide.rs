@@ -20,6 +20,7 @@ use tower_idempotency_core::{
 };
 
 use crate::answer::{self, Uncertain};
+use crate::attach;
 use crate::drive::{Run, drive};
 use crate::execution::{DispatchError, Execution, dispatched_at};
 use crate::intent::Intent;
@@ -32,6 +33,13 @@ use crate::{BoxError, McpBody};
 /// Rounds of the decision loop before a call is answered `request-in-progress`: each
 /// round is one reservation, so this bounds the work one call can cause.
 const MAX_ROUNDS: usize = 64;
+
+/// How many generations past a free one are looked at for a later execution of the same
+/// intent (the free one and those before it were purged at the end of their retention):
+/// a keyless call attaches to an open execution whose intent was repeated and purged up
+/// to this many times in a row before it. Each look is one `get`, made only when a call
+/// is about to start a new execution.
+pub(crate) const PURGE_LOOKAHEAD: u32 = 8;
 
 /// Where the key of a call came from, or that there is none.
 #[derive(Debug)]
@@ -58,7 +66,8 @@ pub(crate) struct CallContext {
 }
 
 pub(crate) enum Decision {
-    Answer(Response<McpBody>),
+    /// The layer answers itself; the decision label of the metrics.
+    Answer(Response<McpBody>, &'static str),
     Execute {
         operation: Box<Operation>,
         lease: Lease,
@@ -114,8 +123,8 @@ impl CallContext {
         response
     }
 
-    fn answer(&self, message: &Value) -> Result<Decision, StoreError> {
-        Ok(Decision::Answer(answer::json_response(message)))
+    fn answer(&self, message: &Value, decision: &'static str) -> Result<Decision, StoreError> {
+        Ok(Decision::Answer(answer::json_response(message), decision))
     }
 
     async fn state_name(
@@ -131,6 +140,35 @@ impl CallContext {
             _ => "accepted",
         };
         Ok((name, dispatched))
+    }
+
+    /// The first generation after `generation` that is still held, looking
+    /// [`PURGE_LOOKAHEAD`] generations ahead.
+    async fn later_generation(&self, generation: u32) -> Result<Option<u32>, StoreError> {
+        for later in generation + 1..=generation + PURGE_LOOKAHEAD {
+            let key = self.intent.derived_key(later);
+            if self
+                .config
+                .store
+                .get(&self.intent.actor, &key)
+                .await?
+                .is_some()
+            {
+                return Ok(Some(later));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Records this call among the ones attached to `operation`, for the status tool. A
+    /// failure costs the status record one entry, never the answer.
+    async fn note_attached(&self, operation: &Operation) {
+        let retention = self.policy.retention.max(self.policy.unknown_retention);
+        if let Err(error) =
+            attach::note(&*self.config.store, operation, &self.call.id, retention).await
+        {
+            tracing::warn!(%error, execution_id = %operation.id, "could not record an attached call");
+        }
     }
 
     pub(crate) async fn decide(&self) -> Result<Decision, StoreError> {
@@ -150,12 +188,13 @@ impl CallContext {
                 } => {
                     if let Carrier::Derived = self.carrier {
                         // This generation's slot was free. If a later generation exists,
-                        // this one was purged after it was delivered: the later one is
-                        // the current intent.
-                        let next = self.intent.derived_key(generation + 1);
-                        if store.get(&self.intent.actor, &next).await?.is_some() {
+                        // this one was purged after it was closed: the later one is the
+                        // current intent. Older generations are purged first, so the
+                        // records still held are a run of consecutive generations; up to
+                        // PURGE_LOOKAHEAD purged ones are skipped.
+                        if let Some(later) = self.later_generation(generation).await? {
                             store.release(&lease).await?;
-                            generation += 1;
+                            generation = later;
                             continue;
                         }
                     }
@@ -170,11 +209,10 @@ impl CallContext {
                     {
                         if let Carrier::Explicit(_) = self.carrier {
                             let (state, _) = self.state_name(&operation).await?;
-                            return self.answer(&answer::mismatch(
-                                &self.call.id,
-                                &operation,
-                                state,
-                            ));
+                            return self.answer(
+                                &answer::mismatch(&self.call.id, &operation, state),
+                                "conflict",
+                            );
                         }
                         generation += 1;
                         continue;
@@ -196,10 +234,12 @@ impl CallContext {
                                 attached,
                                 "tool call answered with the stored result"
                             );
+                            self.note_attached(&operation).await;
                             return match answer::replay(&operation, &self.call.id, attached) {
-                                Some(message) => {
-                                    Ok(Decision::Answer(self.delivering(&message, &operation)))
-                                }
+                                Some(message) => Ok(Decision::Answer(
+                                    self.delivering(&message, &operation),
+                                    if attached { "waited" } else { "replayed" },
+                                )),
                                 None => self.uncertain(Uncertain::OutcomeUnknown, &operation).await,
                             };
                         }
@@ -250,15 +290,23 @@ impl CallContext {
         kind: Uncertain,
         operation: &Operation,
     ) -> Result<Decision, StoreError> {
+        self.note_attached(operation).await;
         let (state, dispatched) = self.state_name(operation).await?;
-        self.answer(&answer::uncertain(
-            &self.call.id,
-            kind,
-            operation,
-            state,
-            dispatched,
-            self.config.status_tool.as_deref(),
-        ))
+        let decision = match kind {
+            Uncertain::InProgress => "in_progress",
+            Uncertain::OutcomeUnknown => "unknown",
+        };
+        self.answer(
+            &answer::uncertain(
+                &self.call.id,
+                kind,
+                operation,
+                state,
+                dispatched,
+                self.config.status_tool.as_deref(),
+            ),
+            decision,
+        )
     }
 
     pub(crate) async fn execute<S, ResBody>(
@@ -268,7 +316,7 @@ impl CallContext {
         bytes: Bytes,
         operation: Operation,
         lease: Lease,
-    ) -> Result<Response<McpBody>, S::Error>
+    ) -> Result<(Response<McpBody>, &'static str), S::Error>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
         S::Future: Send + 'static,
@@ -281,6 +329,7 @@ impl CallContext {
             Arc::clone(&store),
             lease,
             &operation,
+            &self.call.id,
             self.policy.lease,
             self.policy.unknown_retention,
         );
@@ -294,17 +343,20 @@ impl CallContext {
         if !self.policy.marks_dispatch {
             if let Err(error) = execution.dispatched_at_handoff().await {
                 return Ok(match error {
-                    DispatchError::Superseded(_) => answer::json_response(&answer::uncertain(
-                        &self.call.id,
-                        Uncertain::InProgress,
-                        &operation,
-                        "accepted",
-                        None,
-                        self.config.status_tool.as_deref(),
-                    )),
+                    DispatchError::Superseded(_) => (
+                        answer::json_response(&answer::uncertain(
+                            &self.call.id,
+                            Uncertain::InProgress,
+                            &operation,
+                            "accepted",
+                            None,
+                            self.config.status_tool.as_deref(),
+                        )),
+                        "in_progress",
+                    ),
                     DispatchError::Store(error) => {
                         let _ = store.release(execution.lease()).await;
-                        store_unavailable(&error)
+                        (store_unavailable(&error), "store_unavailable")
                     }
                 });
             }
@@ -330,6 +382,11 @@ impl CallContext {
             response_limit: self.config.response_limit,
             inflight,
         };
-        drive(inner, request, run).await
+        let decision = if operation.attempts > 1 {
+            "re_executed"
+        } else {
+            "executed"
+        };
+        Ok((drive(inner, request, run).await?, decision))
     }
 }

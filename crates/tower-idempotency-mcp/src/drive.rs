@@ -99,6 +99,7 @@ where
         cancel: on_disconnect == OnDisconnect::Cancel,
         response_limit,
         _inflight: inflight,
+        _gauge: crate::metrics::InFlight::enter(),
     };
     tokio::spawn(task.run(inner, request, head_tx));
     match head_rx.await {
@@ -135,6 +136,8 @@ struct Task {
     response_limit: usize,
     /// Held until the task ends: the call counts as running for cancellation signals.
     _inflight: Option<InflightGuard>,
+    /// Held until the task ends: the in-flight gauge.
+    _gauge: crate::metrics::InFlight,
 }
 
 impl Task {

@@ -52,6 +52,8 @@ struct Inner {
     attempt: u32,
     tool: String,
     fingerprint: Fingerprint,
+    /// The JSON-RPC id of the call this attempt answers, kept on the dispatch mark.
+    jsonrpc_id: Bytes,
     lease_duration: Duration,
     mark_retention: Duration,
     dispatched: AtomicBool,
@@ -75,6 +77,7 @@ impl Execution {
         store: Arc<dyn Store>,
         lease: Lease,
         operation: &Operation,
+        jsonrpc_id: &serde_json::Value,
         lease_duration: Duration,
         mark_retention: Duration,
     ) -> Self {
@@ -85,6 +88,7 @@ impl Execution {
                 attempt: operation.attempts,
                 tool: operation.route.clone(),
                 fingerprint: operation.fingerprint.clone(),
+                jsonrpc_id: Bytes::from(serde_json::to_vec(jsonrpc_id).unwrap_or_default()),
                 lease_duration,
                 mark_retention,
                 dispatched: AtomicBool::new(false),
@@ -136,6 +140,7 @@ impl Execution {
             inner.attempt,
             &inner.tool,
             &inner.fingerprint,
+            &inner.jsonrpc_id,
             inner.mark_retention,
         )
         .await
@@ -180,6 +185,7 @@ async fn mark(
     attempt: u32,
     tool: &str,
     fingerprint: &Fingerprint,
+    jsonrpc_id: &Bytes,
     retention: Duration,
 ) -> Result<(), StoreError> {
     let request = ReserveRequest {
@@ -198,7 +204,7 @@ async fn mark(
             let response = StoredResponse {
                 status: 204,
                 headers: Vec::new(),
-                body: Some(Bytes::new()),
+                body: Some(jsonrpc_id.clone()),
             };
             store.complete(&lease, response).await?;
         }
@@ -217,4 +223,33 @@ pub(crate) async fn dispatched_at(
         .get(&operation.scope, &key)
         .await?
         .map(|mark| mark.created_at))
+}
+
+/// How many attempts' JSON-RPC ids [`attempt_ids`] reads at most (the latest ones).
+const MAX_ATTEMPT_IDS: u32 = 16;
+
+/// The JSON-RPC ids of the attempts of `operation` that marked dispatch, oldest first
+/// (the latest [`MAX_ATTEMPT_IDS`] attempts).
+pub(crate) async fn attempt_ids(
+    store: &dyn Store,
+    operation: &Operation,
+) -> Result<Vec<serde_json::Value>, StoreError> {
+    let first = operation
+        .attempts
+        .saturating_sub(MAX_ATTEMPT_IDS - 1)
+        .max(1);
+    let mut ids = Vec::new();
+    for attempt in first..=operation.attempts {
+        let mark = store
+            .get(&operation.scope, &dispatch_key(operation.id, attempt))
+            .await?;
+        if let Some(id) = mark
+            .and_then(|mark| mark.response)
+            .and_then(|response| response.body)
+            .and_then(|body| serde_json::from_slice(&body).ok())
+        {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
 }

@@ -99,6 +99,27 @@ pub(crate) fn dispatch_key(id: OperationId, attempt: u32) -> IdempotencyKey {
     key(&format!("mcp-dispatch:{digest}"))
 }
 
+/// The store key of the attach counter of operation `id`: its replay count is the number
+/// of calls that attached to the execution.
+pub(crate) fn attach_counter_key(id: OperationId) -> IdempotencyKey {
+    let digest = digest(&[
+        b"tower-idempotency/mcp-attached/v1",
+        id.as_uuid().as_bytes(),
+    ]);
+    key(&format!("mcp-attached:{digest}"))
+}
+
+/// The store key of the record naming the JSON-RPC id of the `n`th call attached to
+/// operation `id` (0-based).
+pub(crate) fn attach_slot_key(id: OperationId, n: u64) -> IdempotencyKey {
+    let digest = digest(&[
+        b"tower-idempotency/mcp-attached-id/v1",
+        id.as_uuid().as_bytes(),
+        &n.to_be_bytes(),
+    ]);
+    key(&format!("mcp-attached-id:{digest}"))
+}
+
 fn key(text: &str) -> IdempotencyKey {
     match IdempotencyKey::new(text) {
         Ok(key) => key,

@@ -44,6 +44,7 @@
 #![deny(missing_docs)]
 
 mod answer;
+mod attach;
 mod body;
 mod decide;
 mod drive;
@@ -52,6 +53,7 @@ mod inflight;
 mod intent;
 mod jsonrpc;
 mod layer;
+pub mod metrics;
 mod policy;
 mod service;
 mod sse;

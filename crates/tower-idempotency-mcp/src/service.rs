@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -22,7 +23,7 @@ use crate::intent::intent;
 use crate::jsonrpc::{self, Classified, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE, ToolCall};
 use crate::layer::Config;
 use crate::policy::{KeyRequirement, ToolPolicy};
-use crate::{BoxError, McpBody, status};
+use crate::{BoxError, McpBody, metrics, status};
 
 /// The Streamable HTTP session header.
 pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
@@ -252,7 +253,10 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let started = Instant::now();
+    let tool = metrics::tool_label(&config, &call.name);
     let Some(actor) = (config.scope)(&parts).filter(Scope::is_valid) else {
+        metrics::decided(tool, "rejected", started);
         return Ok(answer::problem(
             StatusCode::UNAUTHORIZED,
             "missing-scope",
@@ -262,14 +266,36 @@ where
     if config.status_tool.as_deref() == Some(call.name.as_str()) {
         return Ok(status::answer(&config, &actor, &call).await);
     }
+    let (response, decision) = decide_call(config, inner, parts, bytes, call, actor).await?;
+    metrics::decided(tool, decision, started);
+    Ok(response)
+}
+
+async fn decide_call<S, ResBody>(
+    config: Arc<Config>,
+    inner: S,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    call: ToolCall,
+    actor: Scope,
+) -> Result<(Response<McpBody>, &'static str), S::Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
     let policy = config.policy(&call.name).clone();
     if !policy.guarded {
-        return forward(inner, Request::from_parts(parts, Full::new(bytes))).await;
+        let response = forward(inner, Request::from_parts(parts, Full::new(bytes))).await?;
+        return Ok((response, "passthrough"));
     }
     let refuse = |slug: &str, message: &str| {
-        Ok(answer::json_response(&answer::invalid_params(
-            &call.id, slug, message,
-        )))
+        Ok((
+            answer::json_response(&answer::invalid_params(&call.id, slug, message)),
+            "rejected",
+        ))
     };
     // I-JSON check on the bytes as sent: duplicate names, lone surrogates and imprecise
     // integers are refused, never collapsed into another command.
@@ -292,7 +318,8 @@ where
             );
         }
         None if !policy.derived_matching => {
-            return forward(inner, Request::from_parts(parts, Full::new(bytes))).await;
+            let response = forward(inner, Request::from_parts(parts, Full::new(bytes))).await?;
+            return Ok((response, "passthrough"));
         }
         None => Carrier::Derived,
     };
@@ -340,12 +367,12 @@ where
         carrier,
     };
     match call_ctx.decide().await {
-        Ok(Decision::Answer(response)) => Ok(response),
+        Ok(Decision::Answer(response, decision)) => Ok((response, decision)),
         Ok(Decision::Execute { operation, lease }) => {
             call_ctx
                 .execute(inner, parts, bytes, *operation, lease)
                 .await
         }
-        Err(error) => Ok(store_unavailable(&error)),
+        Err(error) => Ok((store_unavailable(&error), "store_unavailable")),
     }
 }

@@ -9,8 +9,9 @@ use tower_idempotency_core::{IdempotencyKey, Operation, OperationId, OperationSt
 
 use crate::McpBody;
 use crate::answer::{self, problem_type, rfc3339};
+use crate::attach;
 use crate::drive::STORED_ID_HEADER;
-use crate::execution::dispatched_at;
+use crate::execution::{attempt_ids, dispatched_at};
 use crate::jsonrpc::{self, ToolCall};
 use crate::layer::Config;
 use crate::sse::EventReader;
@@ -122,7 +123,10 @@ pub(crate) async fn record(
         _ if dispatched.is_some() => "unknown",
         _ => "accepted",
     };
-    let jsonrpc_ids: Vec<Value> = operation
+    // The ids of the attempts that ran (kept on their dispatch marks), the one the stored
+    // answer was written for, then the first attached calls'.
+    let mut jsonrpc_ids = attempt_ids(&*config.store, operation).await?;
+    let answered = operation
         .response
         .as_ref()
         .and_then(|response| {
@@ -131,9 +135,12 @@ pub(crate) async fn record(
                 .iter()
                 .find(|(name, _)| name == STORED_ID_HEADER)
         })
-        .and_then(|(_, value)| serde_json::from_slice(value).ok())
-        .into_iter()
-        .collect();
+        .and_then(|(_, value)| serde_json::from_slice::<Value>(value).ok());
+    if let Some(id) = answered.filter(|id| !jsonrpc_ids.contains(id)) {
+        jsonrpc_ids.push(id);
+    }
+    let (attached, attached_ids) = attach::read(&*config.store, operation).await?;
+    jsonrpc_ids.extend(attached_ids);
     Ok(json!({
         "execution_id": operation.id.to_string(),
         "tool": operation.route,
@@ -144,7 +151,7 @@ pub(crate) async fn record(
         "dispatched_at": dispatched.map_or(Value::Null, rfc3339),
         "completed_at": operation.completed_at.map_or(Value::Null, rfc3339),
         "attempts": operation.attempts,
-        "attached": operation.replays,
+        "attached": attached,
         "jsonrpc_ids": jsonrpc_ids,
     }))
 }

@@ -696,3 +696,162 @@ async fn a_transport_refusal_releases_the_execution() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// The status tool's record of the execution `id`, as `actor` sees it.
+async fn status_of<S>(service: &S, actor: &str, id: &Value) -> Value
+where
+    S: Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_idempotency_mcp::McpBody>,
+            Error = Infallible,
+        > + Clone,
+{
+    let (_, status) = send(
+        service,
+        post(
+            Some(actor),
+            &call(900, "execution_status", json!({"execution_id": id}), None),
+        ),
+    )
+    .await;
+    status["result"]["structuredContent"].clone()
+}
+
+async fn until_delivered<S>(service: &S, id: &Value)
+where
+    S: Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_idempotency_mcp::McpBody>,
+            Error = Infallible,
+        > + Clone,
+{
+    for _ in 0..1000 {
+        if status_of(service, "alice", id).await["delivered"] == true {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("execution {id} was never delivered");
+}
+
+#[tokio::test]
+async fn the_status_record_counts_attached_calls_and_lists_their_jsonrpc_ids() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = layer().layer(server(Answer::Json, Arc::clone(&runs)));
+    // Keyless: the first answer is never read (the stream was cut), the retry attaches
+    // and is delivered, a third identical call is a new intent. Only the retry attached
+    // to the first execution (the store's replay count would also count the third call,
+    // which passed over the closed record).
+    let cut = service
+        .clone()
+        .oneshot(post(
+            Some("alice"),
+            &call(1, "charge", json!({"a": 1}), None),
+        ))
+        .await
+        .unwrap();
+    drop(cut);
+    let (_, retry) = send(
+        &service,
+        post(Some("alice"), &call(2, "charge", json!({"a": 1}), None)),
+    )
+    .await;
+    let first_id = retry["result"]["_meta"][EXECUTION]["execution_id"].clone();
+    assert_eq!(retry["result"]["_meta"][EXECUTION]["replayed"], true);
+    until_delivered(&service, &first_id).await;
+    let (_, third) = send(
+        &service,
+        post(Some("alice"), &call(3, "charge", json!({"a": 1}), None)),
+    )
+    .await;
+    let third_id = third["result"]["_meta"][EXECUTION]["execution_id"].clone();
+    assert_ne!(third_id, first_id);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let record = status_of(&service, "alice", &first_id).await;
+    assert_eq!(record["attached"], 1, "{record}");
+    assert_eq!(record["jsonrpc_ids"], json!([1, 2]), "{record}");
+    let record = status_of(&service, "alice", &third_id).await;
+    assert_eq!(record["attached"], 0, "{record}");
+    assert_eq!(record["jsonrpc_ids"], json!([3]), "{record}");
+
+    // A retry storm under one key: every retry is counted, the ids kept are bounded (the
+    // execution's own, then the first 16 attached calls').
+    let key = || Some(json!({"dev.tower-idempotency/idempotency-key": "storm"}));
+    let (_, first) = send(
+        &service,
+        post(Some("alice"), &call(10, "charge", json!({"b": 1}), key())),
+    )
+    .await;
+    let id = first["result"]["_meta"][EXECUTION]["execution_id"].clone();
+    for n in 0..40 {
+        let (_, replay) = send(
+            &service,
+            post(
+                Some("alice"),
+                &call(100 + n, "charge", json!({"b": 1}), key()),
+            ),
+        )
+        .await;
+        assert_eq!(replay["result"]["_meta"][EXECUTION]["replayed"], true);
+    }
+    let record = status_of(&service, "alice", &id).await;
+    assert_eq!(record["attached"], 40, "{record}");
+    let mut expected = vec![json!(10)];
+    expected.extend((100..116).map(|n| json!(n)));
+    assert_eq!(record["jsonrpc_ids"], Value::Array(expected), "{record}");
+    // The records behind it are the caller's own.
+    assert_eq!(
+        status_of(&service, "bob", &id).await["type"],
+        "https://tower-idempotency.dev/problems/execution-not-found"
+    );
+}
+
+#[tokio::test]
+async fn a_keyless_retry_finds_the_open_execution_past_purged_generations() {
+    use tower_idempotency_core::Store;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::default();
+    let retention = std::time::Duration::from_millis(1000);
+    let service = McpIdempotencyLayer::new(store.clone())
+        .with_tool("charge", ToolPolicy::guarded().with_retention(retention))
+        .layer(server(Answer::Json, Arc::clone(&runs)));
+    let charge = |id: u64| post(Some("alice"), &call(id, "charge", json!({"a": 1}), None));
+    // Three deliberate repeats, each delivered: generations 0, 1 and 2.
+    let mut closed = Vec::new();
+    for id in 1..=3 {
+        let (_, answer) = send(&service, charge(id)).await;
+        let execution = answer["result"]["_meta"][EXECUTION]["execution_id"].clone();
+        until_delivered(&service, &execution).await;
+        closed.push(execution);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    tokio::time::sleep(retention / 2).await;
+    // A fourth (generation 3) whose answer never reached the agent: open.
+    let cut = service.clone().oneshot(charge(4)).await.unwrap();
+    drop(cut);
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    // The three older generations reach the end of their retention and are purged; the
+    // open one is kept half a retention longer.
+    for _ in 0..400 {
+        store.purge_expired(1000).await.unwrap();
+        if status_of(&service, "alice", &closed[2]).await["type"]
+            == "https://tower-idempotency.dev/problems/execution-not-found"
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    for execution in &closed {
+        assert_eq!(
+            status_of(&service, "alice", execution).await["type"],
+            "https://tower-idempotency.dev/problems/execution-not-found",
+            "generation purged"
+        );
+    }
+    // The retry finds generation 0 free, skips the purged 1 and 2, and attaches to 3.
+    let (_, retry) = send(&service, charge(5)).await;
+    assert_eq!(retry["id"], 5);
+    assert_eq!(retry["result"]["structuredContent"]["run"], 4, "{retry}");
+    assert_eq!(retry["result"]["_meta"][EXECUTION]["replayed"], true);
+    assert_eq!(runs.load(Ordering::SeqCst), 4, "no second execution");
+}
