@@ -130,6 +130,11 @@ struct Options {
     /// an unknown outcome
     #[arg(long)]
     non_transactional: bool,
+    /// Run the single topology's PostgreSQL with synchronous_commit=off (the test
+    /// harness's setting): a check that the SIGKILL fault is real, which must then report
+    /// lost acknowledgements
+    #[arg(long)]
+    async_commit: bool,
 }
 
 /// The PostgreSQL servers a soak runs on.
@@ -237,8 +242,13 @@ async fn soak(o: Options) -> Result<bool, String> {
     if o.unguarded {
         println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
     }
+    if o.async_commit {
+        println!(
+            "ASYNC COMMIT: PostgreSQL acknowledges commits before their WAL is written; a SIGKILL can lose them"
+        );
+    }
     let servers = Arc::new(match o.topology {
-        Topology::Single => Servers::single().await?,
+        Topology::Single => Servers::single(o.async_commit).await?,
         Topology::Failover => Servers::pair().await?,
     });
     let dbname = servers.create_database().await?;
@@ -808,6 +818,22 @@ mod tests {
         assert_eq!(o.seed, 5);
         assert!((o.drop_rate - 0.5).abs() < f64::EPSILON);
         assert!(o.unguarded);
+
+        let o = parse(&[
+            "--topology",
+            "failover",
+            "--failover-every=30s",
+            "--pg-kill-every",
+            "10s",
+            "--net-every",
+            "2s",
+        ])
+        .unwrap();
+        assert_eq!(o.topology, Topology::Failover);
+        assert_eq!(o.failover_every, Duration::from_secs(30));
+        assert_eq!(o.pg_kill_every, Duration::from_secs(10));
+        assert_eq!(o.net_every, Duration::from_secs(2));
+        assert!(parse(&["--async-commit"]).unwrap().async_commit);
     }
 
     #[test]
@@ -818,6 +844,10 @@ mod tests {
             &["--drop-rate", "1.5"],
             &["--instances", "0"],
             &["--kill-every", "0s"],
+            &["--pg-kill-every", "0s"],
+            &["--net-every", "0s"],
+            &["--topology", "ring"],
+            &["--topology"],
             &["--unguarded=yes"],
             &["--verbose"],
         ] {
@@ -831,6 +861,11 @@ mod tests {
         assert_eq!(o.duration, Duration::from_secs(60));
         assert_eq!((o.instances, o.clients, o.accounts), (3, 8, 4));
         assert_eq!(o.pg_restart_every, Duration::from_secs(60));
+        assert_eq!(o.pg_kill_every, Duration::from_secs(60));
+        assert_eq!(o.net_every, Duration::from_secs(5));
+        assert_eq!(o.topology, Topology::Single);
+        assert_eq!(o.failover_every, Duration::from_secs(120));
+        assert!(!o.async_commit);
         assert_eq!((o.max_attempts, o.lease_ms, o.wait_ms), (10, 1000, 300));
         assert!(!o.unguarded && !o.non_transactional);
 
@@ -841,6 +876,12 @@ mod tests {
         for flag in [
             "--duration <D>",
             "--pg-restart-every <D>",
+            "--pg-kill-every <D>",
+            "--net-every <D>",
+            "--topology <T>",
+            "- failover: ",
+            "--failover-every <D>",
+            "--async-commit",
             "--non-transactional",
             "Exit status",
         ] {

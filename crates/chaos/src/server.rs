@@ -31,7 +31,14 @@ use crate::pg::{ClusterOptions, TestCluster};
 /// "committed", and the kernel's page cache survives the death of the process. `fsync=off`
 /// (and `full_page_writes=off`) only matter when the machine itself goes down, which the
 /// soak does not simulate.
-pub fn soak_settings() -> ClusterOptions {
+///
+/// `async_commit` gives the harness's own test settings (`synchronous_commit=off`): the
+/// soak's check that its `SIGKILL` fault is real, since acknowledged commits can then be
+/// lost.
+pub fn soak_settings(async_commit: bool) -> ClusterOptions {
+    if async_commit {
+        return ClusterOptions::for_tests();
+    }
     ClusterOptions {
         server_options: "-c fsync=off -c synchronous_commit=on -c full_page_writes=off \
                          -c max_connections=300 -c shared_buffers=32MB"
@@ -57,9 +64,11 @@ enum Kind {
 }
 
 impl Servers {
-    /// The harness's throwaway cluster (blocking start, off the runtime).
-    pub async fn single() -> Result<Self, String> {
-        let cluster = tokio::task::spawn_blocking(|| TestCluster::launch_with(soak_settings()))
+    /// The harness's throwaway cluster (blocking start, off the runtime), with
+    /// [`soak_settings`].
+    pub async fn single(async_commit: bool) -> Result<Self, String> {
+        let settings = soak_settings(async_commit);
+        let cluster = tokio::task::spawn_blocking(move || TestCluster::launch_with(settings))
             .await
             .map(Arc::new)
             .map_err(|e| format!("PostgreSQL did not start: {e}"))?;
@@ -328,7 +337,10 @@ impl Pair {
     async fn start() -> Result<Self, String> {
         let bindir = find_bindir().ok_or("no PostgreSQL server binaries found")?;
         let run_as = running_as_root().then(|| "postgres".to_owned());
-        let root = PathBuf::from(format!("/tmp/chaos-pg-{}", std::process::id()));
+        static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Under /tmp: short enough for the Unix socket path, reachable by `postgres`.
+        let root = PathBuf::from(format!("/tmp/chaos-pg-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
         if let Some(user) = &run_as {
@@ -600,4 +612,88 @@ fn find_bindir() -> Option<PathBuf> {
         candidates.extend(versions.into_iter().map(|(_, dir)| dir));
     }
     candidates.into_iter().find(|dir| complete(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn count(url: &str) -> i64 {
+        let client = connect(url).await.unwrap();
+        client
+            .query_one("SELECT count(*) FROM acked", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Commits `n` rows one by one (each acknowledged before the next).
+    async fn commit_rows(url: &str, n: i32) {
+        let client = connect(url).await.unwrap();
+        client
+            .batch_execute("CREATE TABLE IF NOT EXISTS acked (n int)")
+            .await
+            .unwrap();
+        for i in 0..n {
+            client
+                .execute("INSERT INTO acked VALUES ($1)", &[&i])
+                .await
+                .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_crash_runs_crash_recovery_and_keeps_acknowledged_commits() {
+        let servers = Servers::single(false).await.unwrap();
+        let db = servers.create_database().await.unwrap();
+        let url = servers.url(&db, &servers.ports());
+        assert_eq!(servers.crash_recoveries(), 0);
+        commit_rows(&url, 200).await;
+        servers.crash(Duration::from_millis(100)).await.unwrap();
+        assert_eq!(
+            servers.crash_recoveries(),
+            1,
+            "the start ran crash recovery"
+        );
+        assert_eq!(count(&url).await, 200);
+        servers.restart(Duration::from_millis(100)).await.unwrap();
+        assert_eq!(servers.crash_recoveries(), 1, "a clean restart is no crash");
+        tokio::task::spawn_blocking(move || drop(servers))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failover_promotes_the_standby_and_keeps_acknowledged_commits() {
+        let servers = Servers::pair().await.unwrap();
+        assert!(servers.replicated());
+        let db = servers.create_database().await.unwrap();
+        let url = servers.url(&db, &servers.ports());
+        assert!(url.contains("target_session_attrs=read-write"), "{url}");
+        commit_rows(&url, 200).await;
+        let ports = servers.ports();
+        for round in 0..2 {
+            assert!(servers.failover().await.unwrap());
+            // The other node is the primary now, the old one its standby.
+            let primary = ports[(round + 1) % 2];
+            let standby = ports[round % 2];
+            for (port, recovering) in [(primary, false), (standby, true)] {
+                let client = connect(&servers.url(&db, &[port])).await.unwrap();
+                let in_recovery: bool = client
+                    .query_one("SELECT pg_is_in_recovery()", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(
+                    in_recovery, recovering,
+                    "port {port} after failover {round}"
+                );
+            }
+            assert_eq!(count(&url).await, 200 + i64::from(round as i32) * 10);
+            commit_rows(&url, 10).await;
+        }
+        tokio::task::spawn_blocking(move || drop(servers))
+            .await
+            .unwrap();
+    }
 }
