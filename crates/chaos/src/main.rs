@@ -558,7 +558,7 @@ fn print_table(
 ) -> bool {
     let mut rows = outcome_rows(intents, found, stats, open_before_settle);
     rows.extend(check_rows(intents, found, stats));
-    rows.extend(fault_rows(found, stats));
+    rows.extend(fault_rows(found, stats, o.topology == Topology::Failover));
     let notes_match = notifications_match(found);
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
@@ -722,7 +722,7 @@ fn check_rows(intents: &[Intent], found: &check::Findings, stats: &Stats) -> Vec
 }
 
 /// The faults injected, the answers they caused, and the final state of the tables.
-fn fault_rows(found: &check::Findings, stats: &Stats) -> Vec<Row> {
+fn fault_rows(found: &check::Findings, stats: &Stats, replicated: bool) -> Vec<Row> {
     vec![
         row("faults: kill -9 of an instance", n(&stats.kills), ""),
         row(
@@ -752,7 +752,11 @@ fn fault_rows(found: &check::Findings, stats: &Stats) -> Vec<Row> {
         row(
             "faults: primary failovers to the sync standby",
             n(&stats.failovers),
-            "",
+            if replicated {
+                "primary killed, standby promoted, old primary re-made as standby"
+            } else {
+                "none in the single topology (--topology failover)"
+            },
         ),
         row(
             "faults: network latency / stalls / cuts",
