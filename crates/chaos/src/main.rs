@@ -1,7 +1,9 @@
 //! `chaos`: the chaos soak of tower-idempotency. It starts a throwaway PostgreSQL (the test
-//! harness's), several demo instances on one database as separate processes, and concurrent
+//! harness's, or a primary with a synchronous standby), several demo instances on one
+//! database as separate processes, connected through loopback proxies, and concurrent
 //! clients that create tickets and payments with realistic retries, while it kills
-//! instances with `SIGKILL`, restarts PostgreSQL and abandons requests mid-flight. Then it
+//! instances with `SIGKILL`, restarts PostgreSQL, kills it with `SIGKILL`, fails over to the
+//! standby, slows, stalls and cuts the network and abandons requests mid-flight. Then it
 //! lets the system settle and checks, from the database and the API, that no intent took
 //! effect twice, that every acknowledged intent took effect, and that every replay equals
 //! the first answer. It prints a table and exits non-zero on any violation.
