@@ -408,3 +408,111 @@ fn a_rolled_back_history_is_named() {
         "{verdict}"
     );
 }
+
+/// Writes the proofs of operation `n` as JSON lines and returns their file.
+fn proofs(dir: &TempDir, journal: &Journal, n: u64, name: &str) -> (PathBuf, Vec<String>) {
+    let lines: Vec<String> = journal
+        .prove(operation(n))
+        .unwrap()
+        .iter()
+        .map(|proof| proof.to_line())
+        .collect();
+    let path = dir.path(name);
+    write_lines(&path, &lines);
+    (path, lines)
+}
+
+fn verify_proof(file: &Path, key: &str) -> Output {
+    cli(&["audit", "verify-proof", text(file), "--public-key", key])
+}
+
+#[test]
+fn verify_proof_accepts_a_good_proof_and_refuses_forged_ones() {
+    let dir = TempDir::new("proof");
+    let (key, public) = keygen(&dir, "key");
+    let journal = journal(&dir, &key, "export.jsonl", "anchor", 12, u64::MAX);
+    let root = journal
+        .latest_checkpoint()
+        .unwrap()
+        .checkpoint
+        .root
+        .to_base64();
+    let (good, lines) = proofs(&dir, &journal, 1, "proof.jsonl");
+    assert_eq!(lines.len(), 4);
+    let output = verify_proof(&good, &public);
+    assert_eq!(code(&output), 0, "{output:?}");
+    assert_eq!(
+        stdout(&output).trim(),
+        format!("ok: 4 event(s) proved (4, 5, 6, 7), tree size 12, root {root}")
+    );
+
+    let refused = |lines: &[String], key: &str| {
+        let path = dir.path("forged.jsonl");
+        write_lines(&path, lines);
+        let output = verify_proof(&path, key);
+        assert_eq!(code(&output), VIOLATION, "{output:?}");
+        stdout(&output)
+    };
+    // The proved event's status rewritten.
+    let mut edited = lines.clone();
+    edited[2] = edited[2].replace(r#""status":201"#, r#""status":500"#);
+    assert!(refused(&edited, &public).starts_with("refused: line 3: the event is not proved"));
+    // The checkpoint's signature forged.
+    let mut forged = lines.clone();
+    let mut line: Value = serde_json::from_str(&forged[1]).unwrap();
+    line["checkpoint"] = forge_signature(line["checkpoint"].as_str().unwrap()).into();
+    forged[1] = line.to_string();
+    let verdict = refused(&forged, &public);
+    assert!(verdict.starts_with("refused: line 2: "), "{verdict}");
+    assert!(verdict.contains("signature"), "{verdict}");
+    // Another event's path.
+    let mut swapped = lines.clone();
+    let mut line: Value = serde_json::from_str(&swapped[0]).unwrap();
+    let other: Value = serde_json::from_str(&lines[1]).unwrap();
+    line["proof"] = other["proof"].clone();
+    swapped[0] = line.to_string();
+    assert!(refused(&swapped, &public).starts_with("refused: line 1: the event is not proved"));
+    // A good proof checked with another key.
+    let (_, other_key) = keygen(&dir, "other");
+    assert!(refused(&lines, &other_key).starts_with("refused: line 1: "));
+}
+
+#[test]
+fn show_lists_an_operations_events_in_order() {
+    let dir = TempDir::new("show");
+    let (key, _) = keygen(&dir, "key");
+    journal(&dir, &key, "export.jsonl", "anchor", 12, u64::MAX);
+    let id = operation(1).to_string();
+    let output = cli(&[
+        "audit",
+        "show",
+        text(&dir.path("export.jsonl")),
+        "--operation",
+        &id,
+    ]);
+    assert_eq!(code(&output), 0, "{output:?}");
+    let printed = stdout(&output);
+    let lines: Vec<&str> = printed.lines().collect();
+    let common = "scope=acct_42 key=key-1 \
+        fingerprint=sha256:0000000000000000000000000000000000000000000000000000000000000001 \
+        principal=agent-7";
+    assert_eq!(
+        lines,
+        [
+            format!("4 2026-12-01T21:00:00.000004Z accepted {common} http POST /orders"),
+            format!("5 2026-12-01T21:00:00.000005Z dispatched {common}"),
+            format!("6 2026-12-01T21:00:00.000006Z completed {common} status=201"),
+            format!("7 2026-12-01T21:00:00.000007Z delivered {common}"),
+        ]
+    );
+    let unknown = operation(99).to_string();
+    let output = cli(&[
+        "audit",
+        "show",
+        text(&dir.path("export.jsonl")),
+        "--operation",
+        &unknown,
+    ]);
+    assert_eq!(code(&output), 1, "no event of that operation: {output:?}");
+    assert!(stdout(&output).is_empty());
+}
