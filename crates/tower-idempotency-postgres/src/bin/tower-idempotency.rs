@@ -1,13 +1,18 @@
 //! `tower-idempotency`: the operator's tool for the PostgreSQL idempotency store.
 //!
 //! Applies migrations, looks operations up across scopes, lists the ones whose outcome is
-//! unknown, records an operator's resolution, and purges expired records. The command line
+//! unknown, records an operator's resolution, and purges expired records; `audit …` makes
+//! journal keys and verifies exported audit journals and event proofs offline. The command line
 //! is parsed by clap (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA`
 //! as fallbacks); every value is validated before the database is touched. The connection
 //! string comes from `DATABASE_URL` or `--database-url-file` so that its password is not on
 //! the command line, and every resolution records its operator (`--operator`, or `$USER`). Exit codes are
 //! stable for scripts: 0 ok, 1 not found, 2 usage, 3 database unreachable, 4 refused,
-//! 5 other database failure.
+//! 5 other database failure, 6 an audit journal or proof does not verify, 7 a file cannot be
+//! read or written.
+
+#[path = "tower-idempotency/audit.rs"]
+mod audit;
 
 use std::io::Write;
 use std::num::NonZeroUsize;
@@ -29,7 +34,8 @@ use tower_idempotency_postgres::{
 const EXIT_CODES: &str = "\
 EXIT CODES:
     0 ok, 1 not found, 2 usage error, 3 database unreachable,
-    4 refused (the operation is not in a state that allows it), 5 other database failure";
+    4 refused (the operation is not in a state that allows it), 5 other database failure,
+    6 an audit journal or proof does not verify, 7 a file cannot be read or written";
 
 /// Operator tool for the tower-idempotency PostgreSQL store.
 ///
@@ -121,6 +127,13 @@ enum Command {
         /// Records deleted per statement
         #[arg(long, value_name = "N", default_value = "1000", value_parser = positive)]
         batch: NonZeroUsize,
+    },
+    /// The audit journal, offline: make a key, verify an export or an event proof, show an
+    /// operation's events. Needs no database
+    #[command(after_help = audit::AUDIT_EXIT_CODES)]
+    Audit {
+        #[command(subcommand)]
+        command: Box<audit::AuditCommand>,
     },
 }
 
@@ -224,6 +237,10 @@ enum Failure {
     Unreachable(String),
     Refused(String),
     Database(String),
+    /// An audit journal or proof does not verify (the verdict is on stdout).
+    Violation(String),
+    /// A file named on the command line cannot be read or written.
+    File(String),
 }
 
 impl Failure {
@@ -234,6 +251,8 @@ impl Failure {
             Self::Unreachable(_) => 3,
             Self::Refused(_) => 4,
             Self::Database(_) => 5,
+            Self::Violation(_) => 6,
+            Self::File(_) => 7,
         }
     }
 
@@ -243,7 +262,9 @@ impl Failure {
             | Self::Usage(m)
             | Self::Unreachable(m)
             | Self::Refused(m)
-            | Self::Database(m) => m,
+            | Self::Database(m)
+            | Self::Violation(m)
+            | Self::File(m) => m,
         }
     }
 }
@@ -340,6 +361,8 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
             reason,
             operator: Some(operator(flag)?),
         },
+        // The audit verbs work on files only: no database, no DATABASE_URL.
+        Command::Audit { command } => return audit::run(*command),
         other => other,
     };
     let store = connect(target)?;
@@ -358,6 +381,7 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
             resolve(&store, operation_id, resolution, &reason, &operator).await
         }
         Command::Purge { batch } => purge(&store, batch.get()).await,
+        Command::Audit { .. } => unreachable!("handled before connecting"),
     }
 }
 
