@@ -11,7 +11,6 @@
 //! 5 other database failure, 6 an audit journal or proof does not verify, 7 a file cannot be
 //! read or written.
 
-#[path = "tower-idempotency/audit.rs"]
 mod audit;
 
 use std::io::Write;
