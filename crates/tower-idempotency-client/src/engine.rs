@@ -61,6 +61,18 @@ enum Status {
     Unavailable,
 }
 
+/// What to do after an attempt brought no answer.
+enum AfterNoAnswer {
+    /// Send again with the same key (an attempt, counted against `max_attempts`).
+    Retry,
+    /// The status route says the operation completed: send once more with the same key to
+    /// fetch the stored answer. This send is not counted against `max_attempts`: the
+    /// server holds the answer, so the run does not end `unknown` for want of an attempt.
+    FetchAnswer,
+    /// The run is over.
+    Done(Finished),
+}
+
 impl<J: ActionJournal> Engine<J> {
     pub(crate) fn new(journal: J, policy: RetryPolicy, status_path: Option<String>) -> Arc<Self> {
         Arc::new(Self {
@@ -130,8 +142,9 @@ impl<J: ActionJournal> Engine<J> {
         let mut waits: u32 = 0;
         let mut lookups = self.status_path.is_some();
         let mut last = Last::NoAnswer("no attempt was made".to_owned());
+        let mut fetch_answer = false;
         loop {
-            if sent >= self.policy.max_attempts() {
+            if sent >= self.policy.max_attempts() && !fetch_answer {
                 return self.exhausted(record, last, "the attempts ran out").await;
             }
             let remaining = self.policy.budget().saturating_sub(started.elapsed());
@@ -141,7 +154,9 @@ impl<J: ActionJournal> Engine<J> {
             record.attempts += 1;
             record = record.with_state(ActionState::Sent);
             self.journal.record(&record).await?;
-            sent += 1;
+            if !std::mem::take(&mut fetch_answer) {
+                sent += 1;
+            }
 
             let attempt = rebuild(&parts, &body, &record.key);
             let timeout = self.policy.attempt_timeout().min(remaining);
@@ -161,8 +176,12 @@ impl<J: ActionJournal> Engine<J> {
                         )
                         .await?
                     {
-                        Some(finished) => return Ok(finished),
-                        None => continue,
+                        AfterNoAnswer::Done(finished) => return Ok(finished),
+                        AfterNoAnswer::FetchAnswer => {
+                            fetch_answer = true;
+                            continue;
+                        }
+                        AfterNoAnswer::Retry => continue,
                     }
                 }
                 Err(_) => {
@@ -183,8 +202,12 @@ impl<J: ActionJournal> Engine<J> {
                         )
                         .await?
                     {
-                        Some(finished) => return Ok(finished),
-                        None => continue,
+                        AfterNoAnswer::Done(finished) => return Ok(finished),
+                        AfterNoAnswer::FetchAnswer => {
+                            fetch_answer = true;
+                            continue;
+                        }
+                        AfterNoAnswer::Retry => continue,
                     }
                 }
             };
@@ -295,7 +318,7 @@ impl<J: ActionJournal> Engine<J> {
                         answer.status(),
                         record.attempts
                     ));
-                    if let Some(finished) = self
+                    match self
                         .after_no_answer(
                             transport,
                             &parts,
@@ -306,7 +329,9 @@ impl<J: ActionJournal> Engine<J> {
                         )
                         .await?
                     {
-                        return Ok(finished);
+                        AfterNoAnswer::Done(finished) => return Ok(finished),
+                        AfterNoAnswer::FetchAnswer => fetch_answer = true,
+                        AfterNoAnswer::Retry => {}
                     }
                 }
             }
@@ -314,8 +339,8 @@ impl<J: ActionJournal> Engine<J> {
     }
 
     /// After a timeout or a lost answer: ask the status route (while the operation runs,
-    /// keep asking), then let the loop retry with the same key. `Some` when the status says
-    /// the run is over.
+    /// keep asking), then let the loop retry with the same key, or fetch the stored answer
+    /// when the status says the operation completed.
     async fn after_no_answer<T: Transport>(
         &self,
         transport: &mut T,
@@ -324,20 +349,20 @@ impl<J: ActionJournal> Engine<J> {
         lookups: &mut bool,
         waits: &mut u32,
         started: Instant,
-    ) -> Result<Option<Finished>, ClientError> {
+    ) -> Result<AfterNoAnswer, ClientError> {
         let mut polls = 0;
         while *lookups {
             match self.look_up(transport, parts, record).await {
                 Status::Completed => {
-                    tracing::info!(key = %record.key, "status: completed; retrying for the replay");
-                    return Ok(None);
+                    tracing::info!(key = %record.key, "status: completed; fetching the stored answer");
+                    return Ok(AfterNoAnswer::FetchAnswer);
                 }
                 Status::InProgress => {
                     let delay = self.policy.poll_delay(polls);
                     polls += 1;
                     tracing::info!(key = %record.key, wait_ms = delay.as_millis() as u64, "status: in progress; waiting");
                     if started.elapsed() + delay > self.policy.budget() {
-                        return Ok(Some(
+                        return Ok(AfterNoAnswer::Done(
                             self.unknown(
                                 record.clone(),
                                 None,
@@ -349,7 +374,7 @@ impl<J: ActionJournal> Engine<J> {
                     tokio::time::sleep(delay).await;
                 }
                 Status::Unknown => {
-                    return Ok(Some(
+                    return Ok(AfterNoAnswer::Done(
                         self.unknown(
                             record.clone(),
                             None,
@@ -376,9 +401,9 @@ impl<J: ActionJournal> Engine<J> {
         }
         let delay = self.policy.delay(*waits, None);
         if self.wait(started, delay, waits).await {
-            Ok(None)
+            Ok(AfterNoAnswer::Retry)
         } else {
-            Ok(Some(
+            Ok(AfterNoAnswer::Done(
                 self.unknown(record.clone(), None, "the budget ran out without an answer")
                     .await?,
             ))

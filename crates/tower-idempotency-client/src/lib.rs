@@ -17,7 +17,7 @@
 //! | the server answers | the client |
 //! |---|---|
 //! | `2xx` | records the action `succeeded` (outcome `replayed` with `Idempotent-Replayed: true`) |
-//! | no answer in time, connection failure, `502`/`504` | asks `GET {status}?idempotency_key=K` when the server has a status route: while `in_progress`, waits and asks again; `completed` or not found: retries with the **same** key; `unknown`: stops, outcome `unknown` |
+//! | no answer in time, connection failure, `502`/`504` | asks `GET {status}?idempotency_key=K` when the server has a status route: while `in_progress`, waits and asks again; `completed`: fetches the stored answer with the **same** key (a send outside `max_attempts`); not found: retries with the same key; `unknown`: stops, outcome `unknown` |
 //! | `409 request-in-progress` | waits `Retry-After` (bounded; backoff without it), retries with the same key |
 //! | `409`/`422` `…fingerprint-mismatch` (any `…mismatch` problem) | stops: outcome `conflict`, naming the operation |
 //! | `409 outcome-unknown`, `409 response-not-replayable`, `500 handler-failed` | stops: outcome `unknown`, with the status URL |

@@ -552,3 +552,32 @@ async fn an_unreachable_status_route_is_asked_again_after_the_next_failure() {
     assert_eq!(writes.len(), 3);
     assert!(keys(&writes).iter().all(|k| *k == keys(&writes)[0]));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_completed_status_fetches_the_stored_answer_even_with_the_attempts_used_up() {
+    let journal = MemoryJournal::new();
+    let mut script = Script::new(
+        &journal,
+        vec![
+            Step::Hang,
+            Step::Answer(
+                201,
+                vec![("idempotent-replayed", "true"), ("operation-id", "op-1")],
+                "{}",
+            ),
+        ],
+        vec![status("in_progress"), status("completed")],
+    );
+    let policy = policy().with_max_attempts(1);
+    let finished = run(&journal, true, policy, &mut script, "{}").await;
+    assert_eq!(finished.outcome.kind, OutcomeKind::Replayed);
+    assert_eq!(finished.outcome.http_status, Some(201));
+    assert_eq!(finished.outcome.attempts, 2, "the fetch is a send with the key");
+    let writes = script.writes();
+    assert_eq!(writes.len(), 2);
+    assert_eq!(keys(&writes)[0], keys(&writes)[1]);
+    assert_eq!(
+        journal.load("step").await.unwrap().unwrap().state,
+        ActionState::Succeeded
+    );
+}
