@@ -352,7 +352,10 @@ impl<J: ActionJournal> Engine<J> {
     ) -> Result<AfterNoAnswer, ClientError> {
         let mut polls = 0;
         while *lookups {
-            match self.look_up(transport, parts, record).await {
+            // Like every other wait, a look-up ends within the budget.
+            let left = self.policy.budget().saturating_sub(started.elapsed());
+            let timeout = self.policy.attempt_timeout().min(left);
+            match self.look_up(transport, parts, record, timeout).await {
                 Status::Completed => {
                     tracing::info!(key = %record.key, "status: completed; fetching the stored answer");
                     return Ok(AfterNoAnswer::FetchAnswer);
@@ -415,6 +418,7 @@ impl<J: ActionJournal> Engine<J> {
         transport: &mut T,
         parts: &http::request::Parts,
         record: &mut ActionRecord,
+        timeout: Duration,
     ) -> Status {
         let Some(url) = self.lookup_url(&parts.uri, &record.key) else {
             return Status::Unavailable;
@@ -433,12 +437,7 @@ impl<J: ActionJournal> Engine<J> {
                 request.headers_mut().insert(name, value.clone());
             }
         }
-        let answer = match tokio::time::timeout(
-            self.policy.attempt_timeout(),
-            transport.send(request),
-        )
-        .await
-        {
+        let answer = match tokio::time::timeout(timeout, transport.send(request)).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) | Err(_) => return Status::Unreachable,
         };

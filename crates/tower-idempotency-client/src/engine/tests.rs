@@ -581,3 +581,21 @@ async fn a_completed_status_fetches_the_stored_answer_even_with_the_attempts_use
         ActionState::Succeeded
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_status_look_up_waits_no_longer_than_the_budget_left() {
+    let journal = MemoryJournal::new();
+    // The attempt times out at 1 s; the look-up hangs. With a 1.3 s budget the look-up may
+    // take 0.3 s, not a whole attempt timeout.
+    let mut script = Script::new(&journal, vec![Step::Hang], vec![Step::Hang]);
+    let policy = policy().with_budget(Duration::from_millis(1300));
+    let started = Instant::now();
+    let finished = run(&journal, true, policy, &mut script, "{}").await;
+    assert_eq!(finished.outcome.kind, OutcomeKind::Unknown);
+    assert_eq!(script.lookups().len(), 1);
+    assert!(
+        started.elapsed() <= Duration::from_millis(1300),
+        "the run took {:?}",
+        started.elapsed()
+    );
+}
