@@ -307,3 +307,39 @@ async fn request_in_progress_is_waited_out_for_retry_after() {
     assert_eq!(demo.tickets("acme").await, 1, "one effect");
     let _ = std::fs::remove_file(&journal);
 }
+
+/// A local failure — a damaged journal, a server URL that is not one — is outcome `failed`:
+/// exit 1 and one JSON line with `null` for what is unknown and the error. Nothing is sent
+/// (no server listens).
+#[tokio::test]
+async fn a_local_failure_prints_a_failed_line_and_exits_1() {
+    let journal = journal_path("corrupt");
+    std::fs::write(&journal, "not a record\nnot a record either\n").unwrap();
+    let ran = Agent::new("http://127.0.0.1:9", &journal)
+        .run("/v1/tickets", "a-1", TICKET)
+        .await;
+    assert_eq!(ran.code, 1, "{:?}\n{}", ran.line, ran.stderr);
+    assert_eq!(ran.outcome(), "failed");
+    assert!(ran.line["key"].is_null() && ran.line["attempts"].is_null());
+    assert!(ran.line["http_status"].is_null() && ran.line["operation_id"].is_null());
+    let error = ran.line["error"].as_str().unwrap();
+    assert!(error.contains("journal") && error.contains("line 1"), "{error}");
+
+    let fresh = journal_path("bad-url");
+    let ran = Agent::new("http://not a host", &fresh)
+        .run("/v1/tickets", "a-1", TICKET)
+        .await;
+    assert_eq!(ran.code, 1, "{:?}\n{}", ran.line, ran.stderr);
+    assert_eq!(ran.outcome(), "failed");
+    assert!(
+        ran.line["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot build a request"),
+        "{}",
+        ran.line
+    );
+    for path in [journal, fresh] {
+        let _ = std::fs::remove_file(path);
+    }
+}
