@@ -323,7 +323,10 @@ async fn a_local_failure_prints_a_failed_line_and_exits_1() {
     assert!(ran.line["key"].is_null() && ran.line["attempts"].is_null());
     assert!(ran.line["http_status"].is_null() && ran.line["operation_id"].is_null());
     let error = ran.line["error"].as_str().unwrap();
-    assert!(error.contains("journal") && error.contains("line 1"), "{error}");
+    assert!(
+        error.contains("journal") && error.contains("line 1"),
+        "{error}"
+    );
 
     let fresh = journal_path("bad-url");
     let ran = Agent::new("http://not a host", &fresh)

@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
 
-use super::{Engine, Transport};
+use super::{Engine, Settings, Transport};
 use crate::action::{ActionName, ActionState};
 use crate::contract::RetryPolicy;
 use crate::journal::{ActionJournal, MemoryJournal};
@@ -167,11 +167,11 @@ async fn run(
     script: &mut Script,
     body: &'static str,
 ) -> super::Finished {
-    let engine = Engine::new(
-        journal.clone(),
+    let engine = Engine::new(Settings {
+        journal: journal.clone(),
         policy,
-        status_route.then(|| "/operations".to_owned()),
-    );
+        status_path: status_route.then(|| "/operations".to_owned()),
+    });
     engine
         .run(script, request(body), Some(ActionName::new("step")))
         .await
@@ -572,7 +572,10 @@ async fn a_completed_status_fetches_the_stored_answer_even_with_the_attempts_use
     let finished = run(&journal, true, policy, &mut script, "{}").await;
     assert_eq!(finished.outcome.kind, OutcomeKind::Replayed);
     assert_eq!(finished.outcome.http_status, Some(201));
-    assert_eq!(finished.outcome.attempts, 2, "the fetch is a send with the key");
+    assert_eq!(
+        finished.outcome.attempts, 2,
+        "the fetch is a send with the key"
+    );
     let writes = script.writes();
     assert_eq!(writes.len(), 2);
     assert_eq!(keys(&writes)[0], keys(&writes)[1]);

@@ -279,7 +279,10 @@ impl Agent {
             // A local failure: outcome `failed`, with the error as an extra last field.
             assert_eq!(line["outcome"], "failed", "{line}");
             assert!(line["error"].is_string(), "{line}");
-            assert!(lines[0].find("\"error\":").unwrap() > positions[4], "{line}");
+            assert!(
+                lines[0].find("\"error\":").unwrap() > positions[4],
+                "{line}"
+            );
             assert_eq!(line.as_object().unwrap().len(), 6, "{line}");
         } else {
             assert_eq!(line.as_object().unwrap().len(), 5, "{line}");
