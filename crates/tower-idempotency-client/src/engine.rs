@@ -251,14 +251,19 @@ impl<J: ActionJournal> Engine<J> {
                     Next::Again => continue,
                     Next::Lost(reason) => reason,
                 },
-                Ok(Err(error)) => format!("attempt {} failed: {error}", record.attempts),
-                Err(_) => format!(
-                    "attempt {} timed out after {} ms",
-                    record.attempts,
-                    timeout.as_millis()
-                ),
+                Ok(Err(error)) => {
+                    tracing::info!(action = %record.action, key = %record.key, attempt = record.attempts, %error, "no answer");
+                    format!("attempt {} failed: {error}", record.attempts)
+                }
+                Err(_) => {
+                    tracing::info!(action = %record.action, key = %record.key, attempt = record.attempts, timeout_ms = timeout.as_millis() as u64, "attempt timed out");
+                    format!(
+                        "attempt {} timed out after {} ms",
+                        record.attempts,
+                        timeout.as_millis()
+                    )
+                }
             };
-            tracing::info!(action = %record.action, key = %record.key, attempt = record.attempts, reason = %lost, "no answer");
             run.last = Last::NoAnswer(lost);
             match self
                 .after_no_answer(transport, parts, &mut record, run)
