@@ -59,24 +59,32 @@
 //! ```
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod action;
 mod contract;
 mod engine;
-pub mod journal;
+mod journal;
 mod layer;
 mod outcome;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 
+#[doc(inline)]
 pub use crate::action::{
     ActionName, ActionRecord, ActionState, CommandFingerprint, RecordedAnswer,
 };
+#[doc(inline)]
 pub use crate::contract::RetryPolicy;
+#[doc(inline)]
 pub use crate::journal::{ActionJournal, FileJournal, JournalError, MemoryJournal};
+#[doc(inline)]
 pub use crate::layer::{IdempotencyClient, IdempotencyClientLayer};
+#[doc(inline)]
 pub use crate::outcome::{BoxError, ClientError, Outcome, OutcomeKind};
 #[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+#[doc(inline)]
 pub use crate::reqwest::IdempotencyMiddleware;
 
 /// `docs/client.md`, compiled as doctests.

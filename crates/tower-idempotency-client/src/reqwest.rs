@@ -35,6 +35,7 @@ use crate::outcome::{BoxError, ClientError};
 ///     .build();
 /// # drop(client);
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 #[must_use]
 pub struct IdempotencyMiddleware<J> {
     engine: Engine<J>,
