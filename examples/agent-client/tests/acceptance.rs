@@ -346,3 +346,27 @@ async fn a_local_failure_prints_a_failed_line_and_exits_1() {
         let _ = std::fs::remove_file(path);
     }
 }
+
+/// `--max-attempts 1` against a handler slower than the timeout: the one attempt times out,
+/// the status route says `completed`, and the send that fetches the stored answer is not
+/// an attempt: exit 0 with the original answer, one effect.
+#[tokio::test]
+async fn with_the_attempts_used_up_a_completed_operation_still_answers() {
+    let demo = Demo::start(DemoSpec {
+        handler_delay_ms: 1000,
+        ..DemoSpec::default()
+    })
+    .await;
+    let journal = journal_path("one-attempt");
+    let mut agent = Agent::new(&demo.url(), &journal);
+    agent.timeout_ms = 500;
+    agent.max_attempts = 1;
+    agent.budget_ms = 30_000;
+    let ran = agent.run("/v1/tickets", "one-attempt-1", TICKET).await;
+    assert_eq!(ran.code, 0, "{:?}\n{}", ran.line, ran.stderr);
+    assert_eq!(ran.outcome(), "replayed", "{}", ran.stderr);
+    assert_eq!(ran.line["http_status"], 201);
+    assert_eq!(ran.attempts(), 2, "{}", ran.line);
+    assert_eq!(demo.tickets("acme").await, 1, "one effect");
+    let _ = std::fs::remove_file(&journal);
+}
