@@ -135,12 +135,7 @@ impl CommandFingerprint {
                 Err(_) => field(b'B', body),
             }
         }
-        let hex: String = digest
-            .finalize()
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
-        Self(format!("sha256:{hex}"))
+        Self(sha256_ref(&digest.finalize()))
     }
 
     /// `sha256:<64 hex>`.
@@ -183,10 +178,6 @@ impl RecordedAnswer {
     /// Records an answer.
     #[must_use]
     pub fn new(status: u16, replayed: bool, content_type: Option<String>, body: &[u8]) -> Self {
-        let hex: String = Sha256::digest(body)
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
         let inline = (body.len() <= Self::INLINE_LIMIT)
             .then(|| std::str::from_utf8(body).ok().map(str::to_owned))
             .flatten();
@@ -194,7 +185,7 @@ impl RecordedAnswer {
             status,
             replayed,
             content_type,
-            body_sha256: format!("sha256:{hex}"),
+            body_sha256: sha256_ref(&Sha256::digest(body)),
             body: inline,
         }
     }
@@ -278,9 +269,28 @@ fn now_ms() -> u64 {
         })
 }
 
+/// `sha256:<64 lowercase hex>` of a digest.
+fn sha256_ref(digest: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(7 + 2 * digest.len());
+    text.push_str("sha256:");
+    for byte in digest {
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_reference_is_the_sha256_in_lowercase_hex() {
+        assert_eq!(
+            RecordedAnswer::new(200, false, None, b"").body_sha256,
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
 
     #[test]
     fn member_order_and_whitespace_do_not_change_the_command() {

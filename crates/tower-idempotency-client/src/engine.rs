@@ -5,7 +5,6 @@
 //! (`sent`) before it is sent; every attempt of an action carries its one key; a wait never
 //! starts when it would end past the budget.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -32,12 +31,30 @@ pub(crate) struct Finished {
     pub(crate) response: Option<Response<Bytes>>,
 }
 
-/// The journal, the policy and the status route, shared by every call of an integration.
+/// What an integration is configured with: the journal, the policy and the status route.
+/// The one builder state of the tower layer and the reqwest middleware.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings<J> {
+    pub(crate) journal: J,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) status_path: Option<String>,
+}
+
+impl<J> Settings<J> {
+    /// `journal` with the default [`RetryPolicy`] and no status route.
+    pub(crate) fn new(journal: J) -> Self {
+        Self {
+            journal,
+            policy: RetryPolicy::default(),
+            status_path: None,
+        }
+    }
+}
+
+/// The settings, shared by every call of an integration.
 #[derive(Debug)]
 pub(crate) struct Engine<J> {
-    journal: J,
-    policy: RetryPolicy,
-    status_path: Option<String>,
+    settings: Settings<J>,
     // Serializes load-or-create, so two concurrent first calls of one action share a key.
     begin: tokio::sync::Mutex<()>,
 }
@@ -47,6 +64,35 @@ enum Last {
     NoAnswer(String),
     InProgress(Response<Bytes>),
     RetryLater(Response<Bytes>),
+}
+
+/// Where one run of an action stands.
+struct RunState {
+    started: Instant,
+    /// Sends counted against `max_attempts`.
+    sent: u32,
+    /// Waits so far (the backoff's exponent).
+    waits: u32,
+    /// Whether to ask the status route after a lost answer.
+    lookups: bool,
+    last: Last,
+    /// The next send fetches a completed operation's stored answer.
+    fetch_answer: bool,
+}
+
+impl RunState {
+    fn take_last(&mut self) -> Last {
+        std::mem::replace(&mut self.last, Last::NoAnswer(String::new()))
+    }
+}
+
+/// What an answer leaves the loop with.
+enum Next {
+    Done(Box<Finished>),
+    /// Send again (after the wait the answer asked for).
+    Again,
+    /// A gateway lost the answer: handled like a timeout.
+    Lost(String),
 }
 
 /// What a status look-up said.
@@ -61,20 +107,38 @@ enum Status {
     Unavailable,
 }
 
-impl<J: ActionJournal> Engine<J> {
-    pub(crate) fn new(journal: J, policy: RetryPolicy, status_path: Option<String>) -> Arc<Self> {
-        Arc::new(Self {
-            journal,
-            policy,
-            status_path,
+/// What to do after an attempt brought no answer.
+enum AfterNoAnswer {
+    /// Send again with the same key (an attempt, counted against `max_attempts`).
+    Retry,
+    /// The status route says the operation completed: send once more with the same key to
+    /// fetch the stored answer. This send is not counted against `max_attempts`: the
+    /// server holds the answer, so the run does not end `unknown` for want of an attempt.
+    FetchAnswer,
+    /// The run is over.
+    Done(Box<Finished>),
+}
+
+impl<J> Engine<J> {
+    pub(crate) fn new(settings: Settings<J>) -> Self {
+        Self {
+            settings,
             begin: tokio::sync::Mutex::new(()),
-        })
+        }
     }
 
-    pub(crate) fn journal(&self) -> &J {
-        &self.journal
+    pub(crate) fn settings(&self) -> &Settings<J> {
+        &self.settings
     }
 
+    /// The settings, to change before the engine runs anything.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn settings_mut(&mut self) -> &mut Settings<J> {
+        &mut self.settings
+    }
+}
+
+impl<J: ActionJournal> Engine<J> {
     /// Runs the action `request` stands for (a fresh one when `name` is `None`).
     pub(crate) async fn run<T: Transport>(
         &self,
@@ -84,39 +148,11 @@ impl<J: ActionJournal> Engine<J> {
     ) -> Result<Finished, ClientError> {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
-        let url = parts.uri.to_string();
-        let fingerprint = CommandFingerprint::of(&parts.method, &url, &body);
         let name =
             name.unwrap_or_else(|| ActionName::new(format!("call-{}", uuid::Uuid::new_v4())));
-
-        let mut record = {
-            let _one_at_a_time = self.begin.lock().await;
-            match self.journal.load(name.as_str()).await? {
-                Some(existing)
-                    if existing.fingerprint != fingerprint
-                        || existing.method != parts.method.as_str()
-                        || existing.url != url =>
-                {
-                    tracing::warn!(action = %name, key = %existing.key, "changed command under an existing action name; nothing sent");
-                    let detail = format!(
-                        "the journal holds a different command for this action ({} {}, {}); nothing was sent",
-                        existing.method, existing.url, existing.fingerprint
-                    );
-                    let mut outcome =
-                        Outcome::from_record(OutcomeKind::Conflict, &existing, detail);
-                    outcome.http_status = None;
-                    return Ok(Finished {
-                        outcome,
-                        response: None,
-                    });
-                }
-                Some(existing) => existing,
-                None => {
-                    let record = ActionRecord::new(&name, &parts.method, &url, fingerprint);
-                    self.journal.record(&record).await?;
-                    record
-                }
-            }
+        let record = match self.begin(&name, &parts, &body).await? {
+            Ok(record) => record,
+            Err(finished) => return Ok(finished),
         };
         if record.state.is_final(record.retryable) {
             tracing::info!(action = %name, key = %record.key, state = %record.state, "action already finished; answered from the journal");
@@ -125,239 +161,266 @@ impl<J: ActionJournal> Engine<J> {
                 outcome: Outcome::recorded(&record),
             });
         }
+        let mut run = RunState {
+            started,
+            sent: 0,
+            waits: 0,
+            lookups: self.settings.status_path.is_some(),
+            last: Last::NoAnswer("no attempt was made".to_owned()),
+            fetch_answer: false,
+        };
+        self.attempts(transport, &parts, &body, record, &mut run)
+            .await
+    }
 
-        let mut sent: u32 = 0;
-        let mut waits: u32 = 0;
-        let mut lookups = self.status_path.is_some();
-        let mut last = Last::NoAnswer("no attempt was made".to_owned());
-        loop {
-            if sent >= self.policy.max_attempts() {
-                return self.exhausted(record, last, "the attempts ran out").await;
-            }
-            let remaining = self.policy.budget().saturating_sub(started.elapsed());
-            if remaining.is_zero() {
-                return self.exhausted(record, last, "the budget ran out").await;
-            }
-            record.attempts += 1;
-            record = record.with_state(ActionState::Sent);
-            self.journal.record(&record).await?;
-            sent += 1;
-
-            let attempt = rebuild(&parts, &body, &record.key);
-            let timeout = self.policy.attempt_timeout().min(remaining);
-            let answer = match tokio::time::timeout(timeout, transport.send(attempt)).await {
-                Ok(Ok(response)) => response,
-                Ok(Err(error)) => {
-                    tracing::info!(action = %name, key = %record.key, attempt = record.attempts, %error, "no answer");
-                    last = Last::NoAnswer(format!("attempt {} failed: {error}", record.attempts));
-                    match self
-                        .after_no_answer(
-                            transport,
-                            &parts,
-                            &mut record,
-                            &mut lookups,
-                            &mut waits,
-                            started,
-                        )
-                        .await?
-                    {
-                        Some(finished) => return Ok(finished),
-                        None => continue,
-                    }
-                }
-                Err(_) => {
-                    tracing::info!(action = %name, key = %record.key, attempt = record.attempts, timeout_ms = timeout.as_millis() as u64, "attempt timed out");
-                    last = Last::NoAnswer(format!(
-                        "attempt {} timed out after {} ms",
-                        record.attempts,
-                        timeout.as_millis()
-                    ));
-                    match self
-                        .after_no_answer(
-                            transport,
-                            &parts,
-                            &mut record,
-                            &mut lookups,
-                            &mut waits,
-                            started,
-                        )
-                        .await?
-                    {
-                        Some(finished) => return Ok(finished),
-                        None => continue,
-                    }
-                }
-            };
-
-            let problem = Problem::parse(answer.headers(), answer.body());
-            if let Some(id) = answer
-                .headers()
-                .get("operation-id")
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_owned)
-                .or_else(|| problem.operation_id.clone())
+    /// The action's record: loaded, or created (and recorded, with its new key) when the
+    /// journal has none. `Err` with the finished run when the journal holds a different
+    /// command under the name: nothing is sent.
+    async fn begin(
+        &self,
+        name: &ActionName,
+        parts: &http::request::Parts,
+        body: &Bytes,
+    ) -> Result<Result<ActionRecord, Finished>, ClientError> {
+        let url = parts.uri.to_string();
+        let fingerprint = CommandFingerprint::of(&parts.method, &url, body);
+        let _one_at_a_time = self.begin.lock().await;
+        match self.settings.journal.load(name.as_str()).await? {
+            Some(existing)
+                if existing.fingerprint != fingerprint
+                    || existing.method != parts.method.as_str()
+                    || existing.url != url =>
             {
-                record.operation_id = Some(id);
+                tracing::warn!(action = %name, key = %existing.key, "changed command under an existing action name; nothing sent");
+                let detail = format!(
+                    "the journal holds a different command for this action ({} {}, {}); nothing was sent",
+                    existing.method, existing.url, existing.fingerprint
+                );
+                let mut outcome = Outcome::from_record(OutcomeKind::Conflict, &existing, detail);
+                outcome.http_status = None;
+                Ok(Err(Finished {
+                    outcome,
+                    response: None,
+                }))
             }
-            if let Some(status_url) = &problem.status_url {
-                record.status_url = Some(absolute(&parts.uri, status_url));
-            }
-            let verdict = classify(answer.status(), answer.headers(), &problem);
-            tracing::info!(action = %name, key = %record.key, attempt = record.attempts, status = answer.status().as_u16(), problem = ?problem.slug, verdict = ?verdict, "answer");
-            match verdict {
-                Verdict::Succeeded { replayed } => {
-                    let kind = if replayed {
-                        OutcomeKind::Replayed
-                    } else {
-                        OutcomeKind::Succeeded
-                    };
-                    return self
-                        .finish(
-                            record,
-                            ActionState::Succeeded,
-                            kind,
-                            answer,
-                            replayed,
-                            "the server answered with a success",
-                        )
-                        .await;
-                }
-                Verdict::Conflict => {
-                    return self
-                        .finish(
-                            record,
-                            ActionState::Conflict,
-                            OutcomeKind::Conflict,
-                            answer,
-                            false,
-                            "the server holds a different command under this key",
-                        )
-                        .await;
-                }
-                Verdict::Unknown => {
-                    let detail = format!(
-                        "the server cannot say whether the action took effect ({})",
-                        problem.slug.as_deref().unwrap_or("unknown")
-                    );
-                    if record.status_url.is_none() {
-                        record.status_url = self.lookup_url(&parts.uri, &record.key);
-                    }
-                    return self
-                        .finish(
-                            record,
-                            ActionState::Unknown,
-                            OutcomeKind::Unknown,
-                            answer,
-                            false,
-                            &detail,
-                        )
-                        .await;
-                }
-                Verdict::Failed => {
-                    return self
-                        .finish(
-                            record,
-                            ActionState::Failed,
-                            OutcomeKind::Failed,
-                            answer,
-                            false,
-                            "the server refused the action",
-                        )
-                        .await;
-                }
-                Verdict::InProgress { retry_after } => {
-                    record = record.with_state(ActionState::InProgress);
-                    self.journal.record(&record).await?;
-                    let delay = self.policy.delay(waits, retry_after);
-                    tracing::info!(action = %name, key = %record.key, wait_ms = delay.as_millis() as u64, retry_after = retry_after.is_some(), "request-in-progress: waiting");
-                    last = Last::InProgress(answer);
-                    if !self.wait(started, delay, &mut waits).await {
-                        return self
-                            .exhausted(
-                                record,
-                                last,
-                                "the budget ran out while the operation was running",
-                            )
-                            .await;
-                    }
-                }
-                Verdict::RetryLater { retry_after } => {
-                    let delay = self.policy.delay(waits, retry_after);
-                    tracing::info!(action = %name, key = %record.key, status = answer.status().as_u16(), wait_ms = delay.as_millis() as u64, retry_after = retry_after.is_some(), "retry later: waiting");
-                    last = Last::RetryLater(answer);
-                    if !self.wait(started, delay, &mut waits).await {
-                        return self.exhausted(record, last, "the budget ran out").await;
-                    }
-                }
-                Verdict::AnswerLost => {
-                    last = Last::NoAnswer(format!(
-                        "a gateway answered {} for attempt {}",
-                        answer.status(),
-                        record.attempts
-                    ));
-                    if let Some(finished) = self
-                        .after_no_answer(
-                            transport,
-                            &parts,
-                            &mut record,
-                            &mut lookups,
-                            &mut waits,
-                            started,
-                        )
-                        .await?
-                    {
-                        return Ok(finished);
-                    }
-                }
+            Some(existing) => Ok(Ok(existing)),
+            None => {
+                let record = ActionRecord::new(name, &parts.method, &url, fingerprint);
+                self.settings.journal.record(&record).await?;
+                Ok(Ok(record))
             }
         }
     }
 
+    /// Sends the action, attempt after attempt, until the contract says it is over.
+    async fn attempts<T: Transport>(
+        &self,
+        transport: &mut T,
+        parts: &http::request::Parts,
+        body: &Bytes,
+        mut record: ActionRecord,
+        run: &mut RunState,
+    ) -> Result<Finished, ClientError> {
+        loop {
+            let remaining = self
+                .settings
+                .policy
+                .budget()
+                .saturating_sub(run.started.elapsed());
+            let why = if run.sent >= self.settings.policy.max_attempts() && !run.fetch_answer {
+                Some("the attempts ran out")
+            } else {
+                remaining.is_zero().then_some("the budget ran out")
+            };
+            if let Some(why) = why {
+                return self.exhausted(record, run.take_last(), why).await;
+            }
+            record.attempts += 1;
+            record = record.with_state(ActionState::Sent);
+            self.settings.journal.record(&record).await?;
+            // The send that fetches a completed operation's answer is not an attempt.
+            if !std::mem::take(&mut run.fetch_answer) {
+                run.sent += 1;
+            }
+
+            let attempt = rebuild(parts, body, &record.key);
+            let timeout = self.settings.policy.attempt_timeout().min(remaining);
+            let lost = match tokio::time::timeout(timeout, transport.send(attempt)).await {
+                Ok(Ok(answer)) => match self.on_answer(parts, &mut record, answer, run).await? {
+                    Next::Done(finished) => return Ok(*finished),
+                    Next::Again => continue,
+                    Next::Lost(reason) => reason,
+                },
+                Ok(Err(error)) => {
+                    tracing::info!(action = %record.action, key = %record.key, attempt = record.attempts, %error, "no answer");
+                    format!("attempt {} failed: {error}", record.attempts)
+                }
+                Err(_) => {
+                    tracing::info!(action = %record.action, key = %record.key, attempt = record.attempts, timeout_ms = timeout.as_millis() as u64, "attempt timed out");
+                    format!(
+                        "attempt {} timed out after {} ms",
+                        record.attempts,
+                        timeout.as_millis()
+                    )
+                }
+            };
+            run.last = Last::NoAnswer(lost);
+            match self
+                .after_no_answer(transport, parts, &mut record, run)
+                .await?
+            {
+                AfterNoAnswer::Done(finished) => return Ok(*finished),
+                AfterNoAnswer::FetchAnswer => run.fetch_answer = true,
+                AfterNoAnswer::Retry => {}
+            }
+        }
+    }
+
+    /// What one answer means: the run is over, send again, or the answer was lost.
+    async fn on_answer(
+        &self,
+        parts: &http::request::Parts,
+        record: &mut ActionRecord,
+        answer: Response<Bytes>,
+        run: &mut RunState,
+    ) -> Result<Next, ClientError> {
+        let problem = Problem::parse(answer.headers(), answer.body());
+        if let Some(id) = answer
+            .headers()
+            .get("operation-id")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| problem.operation_id.clone())
+        {
+            record.operation_id = Some(id);
+        }
+        if let Some(status_url) = &problem.status_url {
+            record.status_url = Some(absolute(&parts.uri, status_url));
+        }
+        let verdict = classify(answer.status(), answer.headers(), &problem);
+        tracing::info!(action = %record.action, key = %record.key, attempt = record.attempts, status = answer.status().as_u16(), problem = ?problem.slug, verdict = ?verdict, "answer");
+        let (state, kind, replayed, detail) = match verdict {
+            Verdict::Succeeded { replayed } => (
+                ActionState::Succeeded,
+                if replayed {
+                    OutcomeKind::Replayed
+                } else {
+                    OutcomeKind::Succeeded
+                },
+                replayed,
+                "the server answered with a success".to_owned(),
+            ),
+            Verdict::Conflict => (
+                ActionState::Conflict,
+                OutcomeKind::Conflict,
+                false,
+                "the server holds a different command under this key".to_owned(),
+            ),
+            Verdict::Unknown => {
+                if record.status_url.is_none() {
+                    record.status_url = self.lookup_url(&parts.uri, &record.key);
+                }
+                let detail = format!(
+                    "the server cannot say whether the action took effect ({})",
+                    problem.slug.as_deref().unwrap_or("unknown")
+                );
+                (ActionState::Unknown, OutcomeKind::Unknown, false, detail)
+            }
+            Verdict::Failed => (
+                ActionState::Failed,
+                OutcomeKind::Failed,
+                false,
+                "the server refused the action".to_owned(),
+            ),
+            Verdict::InProgress { retry_after } => {
+                return self.wait_out(record, answer, retry_after, true, run).await;
+            }
+            Verdict::RetryLater { retry_after } => {
+                return self.wait_out(record, answer, retry_after, false, run).await;
+            }
+            Verdict::AnswerLost => {
+                let reason = format!(
+                    "a gateway answered {} for attempt {}",
+                    answer.status(),
+                    record.attempts
+                );
+                return Ok(Next::Lost(reason));
+            }
+        };
+        let finished = self
+            .finish(record.clone(), state, kind, answer, replayed, &detail)
+            .await?;
+        Ok(Next::Done(Box::new(finished)))
+    }
+
+    /// `409 request-in-progress` (`in_progress`) or `503`/`429`: waits `Retry-After` (or
+    /// backs off) within the budget, then lets the loop send again.
+    async fn wait_out(
+        &self,
+        record: &mut ActionRecord,
+        answer: Response<Bytes>,
+        retry_after: Option<Duration>,
+        in_progress: bool,
+        run: &mut RunState,
+    ) -> Result<Next, ClientError> {
+        if in_progress {
+            *record = record.clone().with_state(ActionState::InProgress);
+            self.settings.journal.record(record).await?;
+        }
+        let delay = self.settings.policy.delay(run.waits, retry_after);
+        tracing::info!(action = %record.action, key = %record.key, status = answer.status().as_u16(), wait_ms = delay.as_millis() as u64, retry_after = retry_after.is_some(), "{}", if in_progress { "request-in-progress: waiting" } else { "retry later: waiting" });
+        let (last, why) = if in_progress {
+            (
+                Last::InProgress(answer),
+                "the budget ran out while the operation was running",
+            )
+        } else {
+            (Last::RetryLater(answer), "the budget ran out")
+        };
+        run.last = last;
+        if self.wait(run, delay).await {
+            Ok(Next::Again)
+        } else {
+            let finished = self.exhausted(record.clone(), run.take_last(), why).await?;
+            Ok(Next::Done(Box::new(finished)))
+        }
+    }
+
     /// After a timeout or a lost answer: ask the status route (while the operation runs,
-    /// keep asking), then let the loop retry with the same key. `Some` when the status says
-    /// the run is over.
+    /// keep asking), then let the loop retry with the same key, or fetch the stored answer
+    /// when the status says the operation completed.
     async fn after_no_answer<T: Transport>(
         &self,
         transport: &mut T,
         parts: &http::request::Parts,
         record: &mut ActionRecord,
-        lookups: &mut bool,
-        waits: &mut u32,
-        started: Instant,
-    ) -> Result<Option<Finished>, ClientError> {
+        run: &mut RunState,
+    ) -> Result<AfterNoAnswer, ClientError> {
         let mut polls = 0;
-        while *lookups {
-            match self.look_up(transport, parts, record).await {
+        while run.lookups {
+            // Like every other wait, a look-up ends within the budget.
+            let left = self
+                .settings
+                .policy
+                .budget()
+                .saturating_sub(run.started.elapsed());
+            let timeout = self.settings.policy.attempt_timeout().min(left);
+            let why = match self.look_up(transport, parts, record, timeout).await {
                 Status::Completed => {
-                    tracing::info!(key = %record.key, "status: completed; retrying for the replay");
-                    return Ok(None);
+                    tracing::info!(key = %record.key, "status: completed; fetching the stored answer");
+                    return Ok(AfterNoAnswer::FetchAnswer);
                 }
                 Status::InProgress => {
-                    let delay = self.policy.poll_delay(polls);
+                    let delay = self.settings.policy.poll_delay(polls);
                     polls += 1;
                     tracing::info!(key = %record.key, wait_ms = delay.as_millis() as u64, "status: in progress; waiting");
-                    if started.elapsed() + delay > self.policy.budget() {
-                        return Ok(Some(
-                            self.unknown(
-                                record.clone(),
-                                None,
-                                "the budget ran out while the operation was running",
-                            )
-                            .await?,
-                        ));
+                    if run.started.elapsed() + delay <= self.settings.policy.budget() {
+                        tokio::time::sleep(delay).await;
+                        continue;
                     }
-                    tokio::time::sleep(delay).await;
+                    "the budget ran out while the operation was running"
                 }
-                Status::Unknown => {
-                    return Ok(Some(
-                        self.unknown(
-                            record.clone(),
-                            None,
-                            "the status route says the outcome is unknown",
-                        )
-                        .await?,
-                    ));
-                }
+                Status::Unknown => "the status route says the outcome is unknown",
                 Status::NotFound => {
                     tracing::info!(key = %record.key, "status: not found; the attempt did not arrive");
                     break;
@@ -369,19 +432,21 @@ impl<J: ActionJournal> Engine<J> {
                 Status::Unavailable => {
                     tracing::info!(key = %record.key, "status: unavailable; retrying with the same key");
                     // A server without a status route: stop asking, only retry.
-                    *lookups = false;
+                    run.lookups = false;
                     break;
                 }
-            }
+            };
+            let finished = self.unknown(record.clone(), None, why).await?;
+            return Ok(AfterNoAnswer::Done(Box::new(finished)));
         }
-        let delay = self.policy.delay(*waits, None);
-        if self.wait(started, delay, waits).await {
-            Ok(None)
+        let delay = self.settings.policy.delay(run.waits, None);
+        if self.wait(run, delay).await {
+            Ok(AfterNoAnswer::Retry)
         } else {
-            Ok(Some(
-                self.unknown(record.clone(), None, "the budget ran out without an answer")
-                    .await?,
-            ))
+            let finished = self
+                .unknown(record.clone(), None, "the budget ran out without an answer")
+                .await?;
+            Ok(AfterNoAnswer::Done(Box::new(finished)))
         }
     }
 
@@ -390,6 +455,7 @@ impl<J: ActionJournal> Engine<J> {
         transport: &mut T,
         parts: &http::request::Parts,
         record: &mut ActionRecord,
+        timeout: Duration,
     ) -> Status {
         let Some(url) = self.lookup_url(&parts.uri, &record.key) else {
             return Status::Unavailable;
@@ -408,12 +474,7 @@ impl<J: ActionJournal> Engine<J> {
                 request.headers_mut().insert(name, value.clone());
             }
         }
-        let answer = match tokio::time::timeout(
-            self.policy.attempt_timeout(),
-            transport.send(request),
-        )
-        .await
-        {
+        let answer = match tokio::time::timeout(timeout, transport.send(request)).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) | Err(_) => return Status::Unreachable,
         };
@@ -445,17 +506,17 @@ impl<J: ActionJournal> Engine<J> {
     }
 
     fn lookup_url(&self, uri: &http::Uri, key: &str) -> Option<String> {
-        let path = self.status_path.as_deref()?;
+        let path = self.settings.status_path.as_deref()?;
         let key: String = form_urlencoded::byte_serialize(key.as_bytes()).collect();
         Some(absolute(uri, &format!("{path}?idempotency_key={key}")))
     }
 
     /// Sleeps `delay` unless it would end past the budget.
-    async fn wait(&self, started: Instant, delay: Duration, waits: &mut u32) -> bool {
-        if started.elapsed() + delay > self.policy.budget() {
+    async fn wait(&self, run: &mut RunState, delay: Duration) -> bool {
+        if run.started.elapsed() + delay > self.settings.policy.budget() {
             return false;
         }
-        *waits += 1;
+        run.waits += 1;
         tokio::time::sleep(delay).await;
         true
     }
@@ -472,7 +533,7 @@ impl<J: ActionJournal> Engine<J> {
         record.answer = Some(answer_of(&answer, replayed));
         record.retryable = false;
         record = record.with_state(state);
-        self.journal.record(&record).await?;
+        self.settings.journal.record(&record).await?;
         Ok(Finished {
             outcome: Outcome::from_record(kind, &record, detail.to_owned()),
             response: Some(answer),
@@ -486,7 +547,7 @@ impl<J: ActionJournal> Engine<J> {
         detail: &str,
     ) -> Result<Finished, ClientError> {
         let record = record.with_state(ActionState::Unknown);
-        self.journal.record(&record).await?;
+        self.settings.journal.record(&record).await?;
         let mut outcome = Outcome::from_record(OutcomeKind::Unknown, &record, detail.to_owned());
         outcome.http_status = answer.as_ref().map(|answer| answer.status().as_u16());
         Ok(Finished {
@@ -506,7 +567,7 @@ impl<J: ActionJournal> Engine<J> {
                 record.answer = Some(answer_of(&answer, false));
                 record.retryable = true;
                 let record = record.with_state(ActionState::Failed);
-                self.journal.record(&record).await?;
+                self.settings.journal.record(&record).await?;
                 let detail = format!("{why}; the server kept answering {}", answer.status());
                 Ok(Finished {
                     outcome: Outcome::from_record(OutcomeKind::Failed, &record, detail),

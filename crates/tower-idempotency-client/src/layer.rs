@@ -19,7 +19,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::action::ActionName;
 use crate::contract::RetryPolicy;
-use crate::engine::{Engine, Transport};
+use crate::engine::{Engine, Settings, Transport};
 use crate::journal::ActionJournal;
 use crate::outcome::{BoxError, ClientError, Outcome};
 
@@ -33,17 +33,15 @@ use crate::outcome::{BoxError, ClientError, Outcome};
 #[derive(Clone)]
 #[must_use]
 pub struct IdempotencyClientLayer<J> {
-    journal: J,
-    policy: RetryPolicy,
-    status_path: Option<String>,
+    settings: Settings<J>,
 }
 
 impl<J: fmt::Debug> fmt::Debug for IdempotencyClientLayer<J> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyClientLayer")
-            .field("journal", &self.journal)
-            .field("policy", &self.policy)
-            .field("status_path", &self.status_path)
+            .field("journal", &self.settings.journal)
+            .field("policy", &self.settings.policy)
+            .field("status_path", &self.settings.status_path)
             .finish()
     }
 }
@@ -53,15 +51,13 @@ impl<J: ActionJournal + Clone> IdempotencyClientLayer<J> {
     /// contract then only retries with the same key).
     pub fn new(journal: J) -> Self {
         Self {
-            journal,
-            policy: RetryPolicy::default(),
-            status_path: None,
+            settings: Settings::new(journal),
         }
     }
 
     /// The retry policy.
     pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
-        self.policy = policy;
+        self.settings.policy = policy;
         self
     }
 
@@ -69,7 +65,7 @@ impl<J: ActionJournal + Clone> IdempotencyClientLayer<J> {
     /// engine asks `GET {path}?idempotency_key=K` (with the request's `Authorization`)
     /// before retrying. `tower-idempotency` servers serve it at `/operations`.
     pub fn with_status_path(mut self, path: impl Into<String>) -> Self {
-        self.status_path = Some(path.into());
+        self.settings.status_path = Some(path.into());
         self
     }
 }
@@ -80,7 +76,7 @@ impl<S, J: ActionJournal + Clone> Layer<S> for IdempotencyClientLayer<J> {
     fn layer(&self, inner: S) -> Self::Service {
         IdempotencyClient {
             inner,
-            engine: Engine::new(self.journal.clone(), self.policy, self.status_path.clone()),
+            engine: Arc::new(Engine::new(self.settings.clone())),
         }
     }
 }
@@ -135,7 +131,7 @@ impl<S, J> IdempotencyClient<S, J> {
     where
         J: ActionJournal,
     {
-        self.engine.journal()
+        &self.engine.settings().journal
     }
 }
 

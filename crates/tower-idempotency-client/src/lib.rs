@@ -17,7 +17,7 @@
 //! | the server answers | the client |
 //! |---|---|
 //! | `2xx` | records the action `succeeded` (outcome `replayed` with `Idempotent-Replayed: true`) |
-//! | no answer in time, connection failure, `502`/`504` | asks `GET {status}?idempotency_key=K` when the server has a status route: while `in_progress`, waits and asks again; `completed` or not found: retries with the **same** key; `unknown`: stops, outcome `unknown` |
+//! | no answer in time, connection failure, `502`/`504` | asks `GET {status}?idempotency_key=K` when the server has a status route: while `in_progress`, waits and asks again; `completed`: fetches the stored answer with the **same** key (a send outside `max_attempts`); not found: retries with the same key; `unknown`: stops, outcome `unknown` |
 //! | `409 request-in-progress` | waits `Retry-After` (bounded; backoff without it), retries with the same key |
 //! | `409`/`422` `…fingerprint-mismatch` (any `…mismatch` problem) | stops: outcome `conflict`, naming the operation |
 //! | `409 outcome-unknown`, `409 response-not-replayable`, `500 handler-failed` | stops: outcome `unknown`, with the status URL |
@@ -59,24 +59,32 @@
 //! ```
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod action;
 mod contract;
 mod engine;
-pub mod journal;
+mod journal;
 mod layer;
 mod outcome;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 
+#[doc(inline)]
 pub use crate::action::{
     ActionName, ActionRecord, ActionState, CommandFingerprint, RecordedAnswer,
 };
+#[doc(inline)]
 pub use crate::contract::RetryPolicy;
+#[doc(inline)]
 pub use crate::journal::{ActionJournal, FileJournal, JournalError, MemoryJournal};
+#[doc(inline)]
 pub use crate::layer::{IdempotencyClient, IdempotencyClientLayer};
+#[doc(inline)]
 pub use crate::outcome::{BoxError, ClientError, Outcome, OutcomeKind};
 #[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+#[doc(inline)]
 pub use crate::reqwest::IdempotencyMiddleware;
 
 /// `docs/client.md`, compiled as doctests.

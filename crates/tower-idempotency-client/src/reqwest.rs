@@ -6,7 +6,6 @@
 //! refused ([`ClientError::NotRepeatable`]).
 
 use std::fmt;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -15,7 +14,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::action::ActionName;
 use crate::contract::RetryPolicy;
-use crate::engine::{Engine, Transport};
+use crate::engine::{Engine, Settings, Transport};
 use crate::journal::ActionJournal;
 use crate::layer::into_result;
 use crate::outcome::{BoxError, ClientError};
@@ -36,20 +35,19 @@ use crate::outcome::{BoxError, ClientError};
 ///     .build();
 /// # drop(client);
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 #[must_use]
 pub struct IdempotencyMiddleware<J> {
-    engine: Arc<Engine<J>>,
-    policy: RetryPolicy,
-    status_path: Option<String>,
-    journal: J,
+    engine: Engine<J>,
 }
 
 impl<J: fmt::Debug> fmt::Debug for IdempotencyMiddleware<J> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let settings = self.engine.settings();
         f.debug_struct("IdempotencyMiddleware")
-            .field("journal", &self.journal)
-            .field("policy", &self.policy)
-            .field("status_path", &self.status_path)
+            .field("journal", &settings.journal)
+            .field("policy", &settings.policy)
+            .field("status_path", &settings.status_path)
             .finish()
     }
 }
@@ -57,27 +55,22 @@ impl<J: fmt::Debug> fmt::Debug for IdempotencyMiddleware<J> {
 impl<J: ActionJournal + Clone> IdempotencyMiddleware<J> {
     /// A middleware over `journal` with the default [`RetryPolicy`] and no status route.
     pub fn new(journal: J) -> Self {
-        Self::build(journal, RetryPolicy::default(), None)
+        Self {
+            engine: Engine::new(Settings::new(journal)),
+        }
     }
 
     /// The retry policy.
-    pub fn with_policy(self, policy: RetryPolicy) -> Self {
-        Self::build(self.journal, policy, self.status_path)
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
+        self.engine.settings_mut().policy = policy;
+        self
     }
 
     /// The server's status route, as a path on the request's origin (see
     /// [`IdempotencyClientLayer::with_status_path`](crate::IdempotencyClientLayer::with_status_path)).
-    pub fn with_status_path(self, path: impl Into<String>) -> Self {
-        Self::build(self.journal, self.policy, Some(path.into()))
-    }
-
-    fn build(journal: J, policy: RetryPolicy, status_path: Option<String>) -> Self {
-        Self {
-            engine: Engine::new(journal.clone(), policy, status_path.clone()),
-            policy,
-            status_path,
-            journal,
-        }
+    pub fn with_status_path(mut self, path: impl Into<String>) -> Self {
+        self.engine.settings_mut().status_path = Some(path.into());
+        self
     }
 }
 

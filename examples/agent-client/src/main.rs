@@ -9,7 +9,10 @@
 //!
 //! Output: `{"outcome": "succeeded"|"replayed"|"conflict"|"unknown"|"failed", "http_status",
 //! "operation_id", "key", "attempts"}`. Exit code 0 for succeeded or replayed, 3 conflict,
-//! 4 unknown, 1 failed (and 2 for a command line that does not parse). Tools outside this
+//! 4 unknown, 1 failed (and 2 for a command line that does not parse). A local failure (the
+//! journal cannot be opened or written, the request cannot be built) is outcome `failed`
+//! too: exit 1 and the same line with `null` for what is unknown (`key`, `attempts`) and an
+//! extra last field `error`. Tools outside this
 //! repository drive this command line and this output: keep them exactly. What the client
 //! did, attempt by attempt, is logged on stderr (`RUST_LOG`, default `info`).
 
@@ -86,7 +89,8 @@ async fn main() -> ExitCode {
         }
         Err(message) => {
             eprintln!("agent-client: {message}");
-            ExitCode::FAILURE
+            println!("{}", local_failure_line(&message));
+            ExitCode::from(exit_code(OutcomeKind::Failed))
         }
     }
 }
@@ -133,13 +137,18 @@ async fn run(cli: Cli) -> Result<Outcome, String> {
 }
 
 /// The output line (a contract: field names, their order and spellings stay as they are).
+///
+/// `key` and `attempts` are `null` only on a local failure (`error` set): the journal could
+/// not be opened or written, or the request could not be built, before an outcome existed.
 #[derive(Debug, Serialize)]
 struct Line<'a> {
     outcome: &'static str,
     http_status: Option<u16>,
     operation_id: Option<&'a str>,
-    key: &'a str,
-    attempts: u32,
+    key: Option<&'a str>,
+    attempts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
 }
 
 fn line(outcome: &Outcome) -> String {
@@ -147,10 +156,25 @@ fn line(outcome: &Outcome) -> String {
         outcome: outcome.kind.as_str(),
         http_status: outcome.http_status,
         operation_id: outcome.operation_id.as_deref(),
-        key: &outcome.key,
-        attempts: outcome.attempts,
+        key: Some(&outcome.key),
+        attempts: Some(outcome.attempts),
+        error: None,
     })
     .expect("a line of strings and numbers serializes")
+}
+
+/// The line of a run that failed locally: outcome `failed` (exit 1), what is unknown
+/// `null`, and the error.
+fn local_failure_line(message: &str) -> String {
+    serde_json::to_string(&Line {
+        outcome: OutcomeKind::Failed.as_str(),
+        http_status: None,
+        operation_id: None,
+        key: None,
+        attempts: None,
+        error: Some(message),
+    })
+    .expect("a line of strings serializes")
 }
 
 fn exit_code(kind: OutcomeKind) -> u8 {

@@ -309,3 +309,66 @@ async fn request_in_progress_is_waited_out_for_retry_after() {
     assert_eq!(demo.tickets("acme").await, 1, "one effect");
     let _ = std::fs::remove_file(&journal);
 }
+
+/// A local failure — a damaged journal, a server URL that is not one — is outcome `failed`:
+/// exit 1 and one JSON line with `null` for what is unknown and the error. Nothing is sent
+/// (no server listens).
+#[tokio::test]
+async fn a_local_failure_prints_a_failed_line_and_exits_1() {
+    let journal = journal_path("corrupt");
+    std::fs::write(&journal, "not a record\nnot a record either\n").unwrap();
+    let ran = Agent::new("http://127.0.0.1:9", &journal)
+        .run("/v1/tickets", "a-1", TICKET)
+        .await;
+    assert_eq!(ran.code, 1, "{:?}\n{}", ran.line, ran.stderr);
+    assert_eq!(ran.outcome(), "failed");
+    assert!(ran.line["key"].is_null() && ran.line["attempts"].is_null());
+    assert!(ran.line["http_status"].is_null() && ran.line["operation_id"].is_null());
+    let error = ran.line["error"].as_str().unwrap();
+    assert!(
+        error.contains("journal") && error.contains("line 1"),
+        "{error}"
+    );
+
+    let fresh = journal_path("bad-url");
+    let ran = Agent::new("http://not a host", &fresh)
+        .run("/v1/tickets", "a-1", TICKET)
+        .await;
+    assert_eq!(ran.code, 1, "{:?}\n{}", ran.line, ran.stderr);
+    assert_eq!(ran.outcome(), "failed");
+    assert!(
+        ran.line["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot build a request"),
+        "{}",
+        ran.line
+    );
+    for path in [journal, fresh] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// `--max-attempts 1` against a handler slower than the timeout: the one attempt times out,
+/// the status route says `completed`, and the send that fetches the stored answer is not
+/// an attempt: exit 0 with the original answer, one effect.
+#[tokio::test]
+async fn with_the_attempts_used_up_a_completed_operation_still_answers() {
+    let demo = Demo::start(DemoSpec {
+        handler_delay_ms: 1000,
+        ..DemoSpec::default()
+    })
+    .await;
+    let journal = journal_path("one-attempt");
+    let mut agent = Agent::new(&demo.url(), &journal);
+    agent.timeout_ms = 500;
+    agent.max_attempts = 1;
+    agent.budget_ms = 30_000;
+    let ran = agent.run("/v1/tickets", "one-attempt-1", TICKET).await;
+    assert_eq!(ran.code, 0, "{:?}\n{}", ran.line, ran.stderr);
+    assert_eq!(ran.outcome(), "replayed", "{}", ran.stderr);
+    assert_eq!(ran.line["http_status"], 201);
+    assert_eq!(ran.attempts(), 2, "{}", ran.line);
+    assert_eq!(demo.tickets("acme").await, 1, "one effect");
+    let _ = std::fs::remove_file(&journal);
+}

@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
 
-use super::{Engine, Transport};
+use super::{Engine, Settings, Transport};
 use crate::action::{ActionName, ActionState};
 use crate::contract::RetryPolicy;
 use crate::journal::{ActionJournal, MemoryJournal};
@@ -167,11 +167,11 @@ async fn run(
     script: &mut Script,
     body: &'static str,
 ) -> super::Finished {
-    let engine = Engine::new(
-        journal.clone(),
+    let engine = Engine::new(Settings {
+        journal: journal.clone(),
         policy,
-        status_route.then(|| "/operations".to_owned()),
-    );
+        status_path: status_route.then(|| "/operations".to_owned()),
+    });
     engine
         .run(script, request(body), Some(ActionName::new("step")))
         .await
@@ -551,4 +551,54 @@ async fn an_unreachable_status_route_is_asked_again_after_the_next_failure() {
     let writes = script.writes();
     assert_eq!(writes.len(), 3);
     assert!(keys(&writes).iter().all(|k| *k == keys(&writes)[0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_completed_status_fetches_the_stored_answer_even_with_the_attempts_used_up() {
+    let journal = MemoryJournal::new();
+    let mut script = Script::new(
+        &journal,
+        vec![
+            Step::Hang,
+            Step::Answer(
+                201,
+                vec![("idempotent-replayed", "true"), ("operation-id", "op-1")],
+                "{}",
+            ),
+        ],
+        vec![status("in_progress"), status("completed")],
+    );
+    let policy = policy().with_max_attempts(1);
+    let finished = run(&journal, true, policy, &mut script, "{}").await;
+    assert_eq!(finished.outcome.kind, OutcomeKind::Replayed);
+    assert_eq!(finished.outcome.http_status, Some(201));
+    assert_eq!(
+        finished.outcome.attempts, 2,
+        "the fetch is a send with the key"
+    );
+    let writes = script.writes();
+    assert_eq!(writes.len(), 2);
+    assert_eq!(keys(&writes)[0], keys(&writes)[1]);
+    assert_eq!(
+        journal.load("step").await.unwrap().unwrap().state,
+        ActionState::Succeeded
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_look_up_waits_no_longer_than_the_budget_left() {
+    let journal = MemoryJournal::new();
+    // The attempt times out at 1 s; the look-up hangs. With a 1.3 s budget the look-up may
+    // take 0.3 s, not a whole attempt timeout.
+    let mut script = Script::new(&journal, vec![Step::Hang], vec![Step::Hang]);
+    let policy = policy().with_budget(Duration::from_millis(1300));
+    let started = Instant::now();
+    let finished = run(&journal, true, policy, &mut script, "{}").await;
+    assert_eq!(finished.outcome.kind, OutcomeKind::Unknown);
+    assert_eq!(script.lookups().len(), 1);
+    assert!(
+        started.elapsed() <= Duration::from_millis(1300),
+        "the run took {:?}",
+        started.elapsed()
+    );
 }

@@ -4,7 +4,9 @@
 //! followed by `fsync` before the caller may send; and on open, a last line without its
 //! `\n` (or one that does not parse) is a write cut short by a crash, so it is cut off and
 //! ignored — the version before it stands, and that version was durable before anything it
-//! describes was sent.
+//! describes was sent. A write that fails while the process lives (a full disk) is cut
+//! back off the file before the error is returned; when even that fails, the journal
+//! refuses further writes until it is reopened.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -49,6 +51,43 @@ pub struct FileJournal {
 struct Opened {
     file: File,
     latest: HashMap<String, ActionRecord>,
+    /// Writes one line to the file: `write_all`, replaced in tests by a write that fails
+    /// partway (a full disk).
+    write: fn(&mut File, &[u8]) -> std::io::Result<()>,
+    /// A failed write could not be cut back off the file: appending more would glue the
+    /// next record onto a partial line, so every further write is refused.
+    broken: bool,
+}
+
+impl Opened {
+    /// Appends `line` and fsyncs it. When the write or the sync fails, the file is cut back
+    /// to its length before the write (and synced), so no partial line stays behind for the
+    /// next record to be appended onto.
+    fn append(&mut self, line: &[u8]) -> std::io::Result<()> {
+        if self.broken {
+            return Err(std::io::Error::other(
+                "an earlier write failed and could not be undone; reopen the journal",
+            ));
+        }
+        let before = self.file.metadata()?.len();
+        let written = (self.write)(&mut self.file, line).and_then(|()| self.file.sync_data());
+        if let Err(error) = written {
+            if self
+                .file
+                .set_len(before)
+                .and_then(|()| self.file.sync_data())
+                .is_err()
+            {
+                self.broken = true;
+            }
+            return Err(error);
+        }
+        Ok(())
+    }
+}
+
+fn write_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
+    file.write_all(line)
 }
 
 impl FileJournal {
@@ -80,7 +119,12 @@ impl FileJournal {
         }
         Ok(Self {
             path,
-            state: Arc::new(Mutex::new(Opened { file, latest })),
+            state: Arc::new(Mutex::new(Opened {
+                file,
+                latest,
+                write: write_line,
+                broken: false,
+            })),
         })
     }
 
@@ -152,8 +196,7 @@ impl ActionJournal for FileJournal {
         // fsync blocks for milliseconds: keep it off the async worker threads.
         tokio::task::spawn_blocking(move || -> Result<()> {
             let mut opened = state.lock().unwrap_or_else(PoisonError::into_inner);
-            opened.file.write_all(&line)?;
-            opened.file.sync_data()?;
+            opened.append(&line)?;
             opened.latest.insert(record.action.clone(), record);
             Ok(())
         })
@@ -260,6 +303,36 @@ mod tests {
         drop(file);
         let reopened = FileJournal::open(&path).unwrap();
         assert!(reopened.load("a").await.unwrap().is_some());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_partway_leaves_no_partial_line_behind() {
+        let path = temp_path("disk-full");
+        let journal = FileJournal::open(&path).unwrap();
+        journal.record(&record("a")).await.unwrap();
+        // The disk fills up halfway through the next line.
+        journal.state.lock().unwrap().write = |file, line| {
+            file.write_all(&line[..line.len() / 2])?;
+            Err(std::io::Error::other("no space left on device"))
+        };
+        assert!(matches!(
+            journal.record(&record("b")).await,
+            Err(JournalError::Io(_))
+        ));
+        assert!(journal.load("b").await.unwrap().is_none(), "not recorded");
+        // Space is freed; the journal goes on.
+        journal.state.lock().unwrap().write = write_line;
+        journal.record(&record("c")).await.unwrap();
+        journal.record(&record("d")).await.unwrap();
+        drop(journal);
+
+        let reopened = FileJournal::open(&path).unwrap();
+        assert!(reopened.load("a").await.unwrap().is_some());
+        assert!(reopened.load("b").await.unwrap().is_none());
+        assert!(reopened.load("c").await.unwrap().is_some());
+        assert!(reopened.load("d").await.unwrap().is_some());
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3);
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -15,7 +15,7 @@ pub use memory::MemoryJournal;
 use crate::action::ActionRecord;
 
 /// A module-local result.
-pub type Result<T, E = JournalError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = JournalError> = std::result::Result<T, E>;
 
 /// Where action records are kept.
 ///
@@ -25,10 +25,10 @@ pub type Result<T, E = JournalError> = std::result::Result<T, E>;
 #[async_trait::async_trait]
 pub trait ActionJournal: Send + Sync + std::fmt::Debug + 'static {
     /// The last record kept under `action`, if any.
-    async fn load(&self, action: &str) -> Result<Option<ActionRecord>>;
+    async fn load(&self, action: &str) -> Result<Option<ActionRecord>, JournalError>;
 
     /// Keeps `record` as the latest version of its action, durably.
-    async fn record(&self, record: &ActionRecord) -> Result<()>;
+    async fn record(&self, record: &ActionRecord) -> Result<(), JournalError>;
 }
 
 #[async_trait::async_trait]

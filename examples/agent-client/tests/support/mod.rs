@@ -275,7 +275,18 @@ impl Agent {
             })
             .collect();
         assert!(positions.is_sorted(), "fields out of order: {}", lines[0]);
-        assert_eq!(line.as_object().unwrap().len(), 5, "{line}");
+        if line.get("error").is_some() {
+            // A local failure: outcome `failed`, with the error as an extra last field.
+            assert_eq!(line["outcome"], "failed", "{line}");
+            assert!(line["error"].is_string(), "{line}");
+            assert!(
+                lines[0].find("\"error\":").unwrap() > positions[4],
+                "{line}"
+            );
+            assert_eq!(line.as_object().unwrap().len(), 6, "{line}");
+        } else {
+            assert_eq!(line.as_object().unwrap().len(), 5, "{line}");
+        }
         Ran {
             code: output.status.code().expect("exited, not killed"),
             line,
