@@ -69,6 +69,8 @@ pub async fn serve(
             let store = MemoryStore::new(MemoryStoreConfig {
                 capacity: 20_000_000,
                 shards: 16,
+                max_bytes: u64::MAX,
+                scope_quota: tower_idempotency::ScopeQuota::UNLIMITED,
             });
             // The demo's purge schedule.
             spawn_purge_task(store.clone(), Duration::from_secs(60), 1000);

@@ -289,6 +289,15 @@ pub enum Rejection {
     /// `503 store-full` with `Retry-After`.
     #[error("the idempotency store is full")]
     StoreFull,
+    /// The caller's scope holds as many records or bytes as its quota allows; nothing was
+    /// stored and the handler did not run. Other scopes are unaffected, and keys the scope
+    /// already holds are still answered. `429 scope-quota-exceeded` with `Retry-After`.
+    #[error("this principal's idempotency quota is exhausted")]
+    ScopeQuotaExceeded {
+        /// Seconds until a record of the scope is expected to leave (its oldest record's
+        /// expiry), at least 1.
+        retry_after: u64,
+    },
     /// The route is transactional but the store has no transactions; nothing ran and
     /// nothing is kept. `500 transactions-unsupported`.
     #[error("this route runs in a database transaction and the idempotency store has none")]
@@ -418,6 +427,8 @@ impl Rejection {
             Self::StoreUnavailable => meta(S::SERVICE_UNAVAILABLE, "store-unavailable", "Idempotency store unavailable"),
             Self::StoreFull => meta(S::SERVICE_UNAVAILABLE, "store-full", "Idempotency store full")
                 .retry_after(1),
+            Self::ScopeQuotaExceeded { retry_after } => meta(S::TOO_MANY_REQUESTS, "scope-quota-exceeded", "Idempotency quota exceeded")
+                .retry_after(*retry_after),
             Self::TransactionsUnsupported => meta(S::INTERNAL_SERVER_ERROR, "transactions-unsupported", "Transactions unsupported by the store"),
             Self::NotCommitted { operation_id } => meta(S::SERVICE_UNAVAILABLE, "not-committed", "Not committed")
                 .operation(*operation_id)
