@@ -75,7 +75,7 @@ mod store;
 mod transaction;
 
 #[doc(inline)]
-pub use config::{PostgresConfigError, PostgresStoreConfig};
+pub use config::{DEFAULT_SCOPE_QUOTA, PostgresConfigError, PostgresStoreConfig};
 #[doc(inline)]
 pub use migrate::{MIGRATIONS, Migration};
 #[doc(inline)]
