@@ -12,14 +12,23 @@
 //! balancer need a shared store (PostgreSQL) instead, or a retry routed to another instance
 //! executes twice.
 //!
-//! # Capacity
+//! # Bounds
 //!
-//! [`MemoryStoreConfig::capacity`] bounds the number of records held. When a new key
-//! arrives at a full store, expired records are purged first; if the store is still full,
-//! [`Store::reserve`](crate::Store::reserve) fails with [`StoreError::CapacityExhausted`](crate::StoreError::CapacityExhausted) and the layer answers
-//! `503` with `Retry-After`. The store never evicts an `in_progress` record or one whose
-//! retention is still running: forgetting a key early would let its retry execute twice,
-//! which is the one thing this crate exists to prevent. Run
+//! [`MemoryStoreConfig::capacity`] bounds the number of records held,
+//! [`MemoryStoreConfig::max_bytes`] the bytes they hold (each record's fixed overhead, its
+//! scope, key and fingerprint, its stored headers and body), and
+//! [`MemoryStoreConfig::scope_quota`] what one scope may hold of both. All are checked when a
+//! new key is reserved; keys already held are always answered. When a new key finds no
+//! room, expired records are purged first; if there is still none,
+//! [`Store::reserve`](crate::Store::reserve) fails with
+//! [`StoreError::CapacityExhausted`](crate::StoreError::CapacityExhausted) or
+//! [`StoreError::BytesExhausted`](crate::StoreError::BytesExhausted) (the layer answers
+//! `503 store-full` with `Retry-After`), or, for a scope at its quota, with
+//! [`StoreError::ScopeQuotaExceeded`](crate::StoreError::ScopeQuotaExceeded) (`429`). The
+//! store never evicts an `in_progress` record or one whose retention is still running:
+//! forgetting a key early would let its retry execute twice, which is the one thing this
+//! crate exists to prevent. A response is counted when it is stored and is never refused for
+//! its size (its effect has happened); the next new key pays for it. Run
 //! [`spawn_purge_task`](crate::purge::spawn_purge_task) so that expired records leave
 //! before the store fills up.
 //!
