@@ -4,7 +4,7 @@
 -- statements that add or remove a row or a stored response keep a counter, in the same
 -- statement (no extra round trip): reserve (+1 record), complete (+ its bytes), release,
 -- purge and an operator's "failed" resolution (- the row and its bytes). A scope's counter
--- is split over a few slot rows (the slot comes from the random bits of the operation id),
+-- is split over up to 64 slot rows (the slot comes from the random bits of the operation id),
 -- so concurrent reservations of one busy scope do not all queue on one row lock; readers
 -- sum the slots. Counts may go negative per slot; only the sum means anything.
 --

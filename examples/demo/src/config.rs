@@ -62,13 +62,12 @@ struct Cli {
     /// in this process's memory
     #[arg(long)]
     memory_records: bool,
-    /// Most live idempotency records one account may hold (default: the store's, 500000
-    /// in memory, 1000000 in PostgreSQL); past it the account's new keys get
-    /// 429 scope-quota-exceeded
+    /// Most live idempotency records one account may hold (default: the store's, 1000000);
+    /// past it the account's new keys get 429 scope-quota-exceeded
     #[arg(long = "scope-quota-records", value_name = "N")]
     scope_quota_records: Option<u64>,
     /// Most bytes one account's idempotency records may hold (default: the store's,
-    /// 536870912 in memory, 1073741824 in PostgreSQL)
+    /// 1073741824)
     #[arg(long = "scope-quota-bytes", value_name = "N")]
     scope_quota_bytes: Option<u64>,
 }

@@ -117,36 +117,36 @@ use crate::ScopeQuota;
 ///     scope_quota: ScopeQuota { max_records: 10_000, max_bytes: 16 << 20 },
 ///     ..MemoryStoreConfig::default()
 /// };
-/// assert_eq!(config.capacity, 1_000_000);
+/// assert_eq!(config.capacity, 2_000_000);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryStoreConfig {
     /// Most records held at once, expired ones not yet purged included (default
-    /// 1 000 000). The byte budget, [`max_bytes`](Self::max_bytes), is normally the bound
+    /// 2 000 000). The byte budget, [`max_bytes`](Self::max_bytes), is normally the bound
     /// reached first.
     pub capacity: usize,
     /// Most bytes the records may hold, by the store's own count of each record (a fixed
     /// overhead, the scope, key and fingerprint, the stored headers and body; see
-    /// `docs/memory-store.md`). Default 1 GiB, about a million records of a 300-byte
+    /// `docs/memory-store.md`). Default 2 GiB, about two million records of a 300-byte
     /// response.
     pub max_bytes: u64,
-    /// What one scope may hold (default: half of the defaults above, 500 000 records and
-    /// 512 MiB, so one account can never take the store away from the others).
+    /// What one scope may hold (default: half of the defaults above, 1 000 000 records and
+    /// 1 GiB, so one account can never take the store away from the others).
     pub scope_quota: ScopeQuota,
     /// Number of independently locked shards (default 16; 0 counts as 1).
     pub shards: usize,
 }
 
-/// The default byte budget of a [`MemoryStore`]: 1 GiB.
-pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+/// The default byte budget of a [`MemoryStore`]: 2 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 2 << 30;
 
 impl Default for MemoryStoreConfig {
     fn default() -> Self {
         Self {
-            capacity: 1_000_000,
+            capacity: 2_000_000,
             max_bytes: DEFAULT_MAX_BYTES,
             scope_quota: ScopeQuota {
-                max_records: 500_000,
+                max_records: 1_000_000,
                 max_bytes: DEFAULT_MAX_BYTES / 2,
             },
             shards: 16,

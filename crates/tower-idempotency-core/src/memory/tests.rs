@@ -383,7 +383,7 @@ fn debug_shows_size_not_records() {
     });
     assert_eq!(
         format!("{store:?}"),
-        "MemoryStore { capacity: 7, max_bytes: 1073741824, shards: 1, len: 0, bytes: 0 }"
+        "MemoryStore { capacity: 7, max_bytes: 2147483648, shards: 1, len: 0, bytes: 0 }"
     );
 }
 

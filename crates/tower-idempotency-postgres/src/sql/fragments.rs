@@ -57,9 +57,9 @@ pub(super) fn micros(param: &str) -> String {
 }
 
 /// The counter slot of the operation id in `$param`: its last byte, random in every id the
-/// store generates, spread over eight slot rows of `idempotency_scope_usage`.
+/// store generates, spread over 64 slot rows of `idempotency_scope_usage`.
 pub(super) fn slot(param: &str) -> String {
-    format!("(get_byte(uuid_send({param}::uuid), 15) % 8)::smallint")
+    format!("(get_byte(uuid_send({param}::uuid), 15) % 64)::smallint")
 }
 
 /// Adds the rows selected by `select` (`scope, slot, records, bytes`) to the scope counters
