@@ -40,7 +40,6 @@ pub async fn measure(records: usize, body_bytes: usize) -> Result<RecordSize, St
         shards: 16,
         max_bytes: u64::MAX,
         scope_quota: tower_idempotency::ScopeQuota::UNLIMITED,
-        ..MemoryStoreConfig::default()
     });
     let template = vec![b'x'; body_bytes];
     let before = resident_bytes()?;
