@@ -227,6 +227,13 @@ mod tests {
     use crate::IdempotencyLayer;
 
     #[test]
+    fn a_quota_refusal_is_its_own_decision() {
+        let refusal = crate::problem::Rejection::ScopeQuotaExceeded { retry_after: 5 };
+        assert_eq!(Decision::of(&refusal), Decision::QuotaExceeded);
+        assert_eq!(Decision::QuotaExceeded.as_str(), "quota_exceeded");
+    }
+
+    #[test]
     fn every_decision_round_trips_through_its_number() {
         for decision in Decision::ALL {
             assert_eq!(Decision::from_u8(decision as u8), decision);
