@@ -9,3 +9,6 @@ async fn demo_server(config: demo::Config) -> TestServer {
 
 #[path = "suites/races.rs"]
 mod races;
+
+#[path = "suites/detached.rs"]
+mod detached;

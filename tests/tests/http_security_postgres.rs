@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use integration_tests::app::{TestServer, new_account, new_key};
 use integration_tests::pg::{TestDatabase, test_database};
-use tower_idempotency::storage::ResponseEncryption;
+use tower_idempotency::storage::{ResponseEncryption, Zeroizing};
 use tower_idempotency::{IdempotencyLayer, Scope, Store};
 use tower_idempotency_postgres::PostgresStore;
 
@@ -31,7 +31,7 @@ mod security;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_plaintext_body_reaches_the_table_when_encryption_is_on() {
     let fixture = store().await;
-    let keys = ResponseEncryption::new("k1", [9; 32]).unwrap();
+    let keys = ResponseEncryption::new("k1", Zeroizing::new([9; 32])).unwrap();
     let layer = IdempotencyLayer::from_arc(fixture.store.clone())
         .with_scope(|_| Some(Scope::new("acct_rest")))
         .with_response_encryption(keys);

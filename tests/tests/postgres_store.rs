@@ -528,7 +528,7 @@ async fn operator_resolutions_fence_the_old_worker_and_are_recorded() {
 
     // A running operation cannot be resolved.
     let refused = store
-        .resolve(live_op.id, Resolution::Failed, "no")
+        .resolve(live_op.id, Resolution::Failed, "no", "ops-alice")
         .await
         .unwrap();
     assert!(
@@ -540,10 +540,27 @@ async fn operator_resolutions_fence_the_old_worker_and_are_recorded() {
             tower_idempotency_core::OperationId::new(),
             Resolution::Failed,
             "no",
+            "ops-alice",
         )
         .await
         .unwrap();
     assert_eq!(missing, ResolveOutcome::NotFound);
+
+    // Nobody decided: refused before the database is touched, the operation left alone.
+    assert!(matches!(
+        store
+            .resolve(failed_op.id, Resolution::Failed, "anonymous", "  ")
+            .await,
+        Err(StoreError::Backend(_))
+    ));
+    assert_eq!(
+        store
+            .find_operation(failed_op.id)
+            .await
+            .unwrap()
+            .map(|op| op.state),
+        Some(OperationState::Unknown)
+    );
 
     // failed: the row goes (a retry executes again), the decision stays on record.
     let ResolveOutcome::Resolved(record) = store
@@ -551,6 +568,7 @@ async fn operator_resolutions_fence_the_old_worker_and_are_recorded() {
             failed_op.id,
             Resolution::Failed,
             "payment provider shows no charge",
+            "  ops-alice ",
         )
         .await
         .unwrap()
@@ -560,6 +578,11 @@ async fn operator_resolutions_fence_the_old_worker_and_are_recorded() {
     assert_eq!(
         (record.resolution, record.reason.as_str()),
         (Resolution::Failed, "payment provider shows no charge")
+    );
+    assert_eq!(
+        record.operator.as_deref(),
+        Some("ops-alice"),
+        "trimmed, kept"
     );
     assert!(matches!(
         store.complete(&failed_lease, response("late")).await,
@@ -583,13 +606,19 @@ async fn operator_resolutions_fence_the_old_worker_and_are_recorded() {
 
     // completed: the row stays, completed without a stored response; retries do not run.
     let ResolveOutcome::Resolved(record) = store
-        .resolve(done_op.id, Resolution::Completed, "ledger shows the entry")
+        .resolve(
+            done_op.id,
+            Resolution::Completed,
+            "ledger shows the entry",
+            "ops-bob",
+        )
         .await
         .unwrap()
     else {
         panic!()
     };
     assert_eq!(record.resolution, Resolution::Completed);
+    assert_eq!(record.operator.as_deref(), Some("ops-bob"));
     assert!(matches!(
         store.complete(&done_lease, response("late")).await,
         Err(StoreError::LeaseLost { .. })
@@ -608,7 +637,7 @@ async fn operator_resolutions_fence_the_old_worker_and_are_recorded() {
     // Resolving twice is refused: it is no longer unknown.
     assert!(matches!(
         store
-            .resolve(done_op.id, Resolution::Failed, "changed my mind")
+            .resolve(done_op.id, Resolution::Failed, "changed my mind", "ops-bob")
             .await
             .unwrap(),
         ResolveOutcome::NotUnknown(_)

@@ -54,6 +54,22 @@ pub struct Stats {
     pub severed_sessions: AtomicU64,
     /// PostgreSQL stop/start cycles.
     pub pg_restarts: AtomicU64,
+    /// PostgreSQL killed with `SIGKILL` and started again (crash recovery).
+    pub pg_crashes: AtomicU64,
+    /// Crash recoveries the server logs show (read at the end).
+    pub crash_recoveries: AtomicU64,
+    /// Primaries killed and standbys promoted.
+    pub failovers: AtomicU64,
+    /// Spells of added network latency.
+    pub net_latency: AtomicU64,
+    /// Network stalls (nothing forwarded for a while).
+    pub net_stalls: AtomicU64,
+    /// Rounds of connections cut by the proxies.
+    pub net_cuts: AtomicU64,
+    /// Connections cut in those rounds.
+    pub net_cut_connections: AtomicU64,
+    /// Network faults that hit one instance only (a partition), not every instance.
+    pub net_one_instance: AtomicU64,
 }
 
 impl Stats {

@@ -1,8 +1,11 @@
 //! Fault injection during the storm: `kill -9` of demo instances (each restarted after a
 //! short outage, on its port), instances frozen with `SIGSTOP` past their lease and then
-//! resumed, every database session of the soak terminated at once, and PostgreSQL restarts (fast shutdown: sessions and open
-//! transactions are cut, then the server starts again on the same port). Dropped client
-//! connections are injected by the clients themselves ([`crate::client`]).
+//! resumed, every database session of the soak terminated at once, PostgreSQL restarts
+//! (fast shutdown: sessions and open transactions are cut, then the server starts again on
+//! the same port), PostgreSQL crashes (`SIGKILL`, then crash recovery), failovers to a
+//! synchronous standby ([`crate::server`]), and a slow and partitioned network between
+//! the instances and the database ([`crate::proxy`]). Dropped client connections are
+//! injected by the clients themselves ([`crate::client`]).
 //!
 //! Each fault kind runs on its own schedule; the first fault of each kind comes early
 //! enough that even a short soak sees every kind at least once.
@@ -12,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use crate::client::Stats;
 use crate::instances::Fleet;
-use crate::pg::TestCluster;
+use crate::proxy::Network;
 use crate::rng::Rng;
+use crate::server::Servers;
 
 /// One fault kind's timetable: a fault around every `every` (±50 %) until `end`, the
 /// first no later than a fraction of the run.
@@ -132,9 +136,10 @@ pub async fn sever_loop(
     Ok(())
 }
 
-/// Restarts PostgreSQL around every `every` until `end`, with an outage of 0.5–3 s.
+/// Restarts PostgreSQL (the primary) around every `every` until `end`, with an outage of
+/// 0.5–3 s.
 pub async fn pg_restart_loop(
-    cluster: Arc<TestCluster>,
+    servers: Arc<Servers>,
     stats: Arc<Stats>,
     rng: Rng,
     every: Duration,
@@ -142,17 +147,121 @@ pub async fn pg_restart_loop(
 ) -> Result<(), String> {
     let mut schedule = Schedule::new(rng, every, end, 2);
     while schedule.next().await {
-        let stopping = cluster.clone();
-        // pg_ctl blocks (and the harness panics on failure): keep it off the runtime.
-        tokio::task::spawn_blocking(move || stopping.stop())
-            .await
-            .map_err(|e| format!("PostgreSQL did not stop: {e}"))?;
+        let outage = Duration::from_millis(schedule.rng.between(500, 3000));
+        servers.restart(outage).await?;
         Stats::bump(&stats.pg_restarts);
-        tokio::time::sleep(Duration::from_millis(schedule.rng.between(500, 3000))).await;
-        let starting = cluster.clone();
-        tokio::task::spawn_blocking(move || starting.start())
-            .await
-            .map_err(|e| format!("PostgreSQL did not start again: {e}"))?;
     }
     Ok(())
+}
+
+/// Kills PostgreSQL (the primary's postmaster) with `SIGKILL` around every `every` until
+/// `end`, and starts it again on its port after 0.2–2 s: crash recovery from the WAL.
+pub async fn pg_crash_loop(
+    servers: Arc<Servers>,
+    stats: Arc<Stats>,
+    rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let mut schedule = Schedule::new(rng, every, end, 2);
+    while schedule.next().await {
+        let outage = Duration::from_millis(schedule.rng.between(200, 2000));
+        servers.crash(outage).await?;
+        Stats::bump(&stats.pg_crashes);
+    }
+    Ok(())
+}
+
+/// With a replicated pair, fails over around every `every` until `end`: the primary is
+/// killed, the standby promoted, the old primary re-made as the new standby.
+pub async fn failover_loop(
+    servers: Arc<Servers>,
+    stats: Arc<Stats>,
+    rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    if !servers.replicated() {
+        return Ok(());
+    }
+    let mut schedule = Schedule::new(rng, every, end, 3);
+    while schedule.next().await {
+        if servers.failover().await? {
+            Stats::bump(&stats.failovers);
+        }
+    }
+    Ok(())
+}
+
+/// The network faults, in turn: the first three rounds are one of each kind.
+#[derive(Debug, Clone, Copy)]
+enum NetFault {
+    Latency,
+    Stall,
+    Cut,
+}
+
+/// A network fault around every `every` until `end`, on the links of one random instance
+/// (half the time: a partition of that instance) or of all: 1–4 s of 20–150 ms added per
+/// chunk, a stall of 0.5–2.5 leases (ended half the time by a cut, as when a dead link is
+/// noticed), or a cut of every connection.
+pub async fn net_loop(
+    network: Arc<Network>,
+    stats: Arc<Stats>,
+    rng: Rng,
+    every: Duration,
+    lease: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let mut schedule = Schedule::new(rng, every, end, 4);
+    let mut first = [NetFault::Latency, NetFault::Stall, NetFault::Cut];
+    let rotate = schedule.rng.below(3) as usize;
+    first.rotate_left(rotate);
+    let lease_ms = lease.as_millis() as u64;
+    let mut round = 0;
+    while schedule.next().await {
+        let rng = &mut schedule.rng;
+        let fault = first
+            .get(round)
+            .copied()
+            .unwrap_or_else(|| first[rng.below(3) as usize]);
+        round += 1;
+        let target = if rng.chance(0.5) {
+            Stats::bump(&stats.net_one_instance);
+            Some(rng.below(network.instances() as u64) as usize)
+        } else {
+            None
+        };
+        match fault {
+            NetFault::Latency => {
+                let latency = Duration::from_millis(rng.between(20, 150));
+                let spell = Duration::from_millis(rng.between(1000, 4000));
+                network.set_latency(target, latency);
+                Stats::bump(&stats.net_latency);
+                tokio::time::sleep(spell).await;
+                network.set_latency(target, Duration::ZERO);
+            }
+            NetFault::Stall => {
+                let stall = Duration::from_millis(rng.between(lease_ms / 2, lease_ms * 5 / 2));
+                let then_cut = rng.chance(0.5);
+                network.set_stalled(target, true);
+                Stats::bump(&stats.net_stalls);
+                tokio::time::sleep(stall).await;
+                if then_cut {
+                    cut(&network, &stats, target);
+                }
+                network.set_stalled(target, false);
+            }
+            NetFault::Cut => cut(&network, &stats, target),
+        }
+    }
+    Ok(())
+}
+
+fn cut(network: &Network, stats: &Stats, target: Option<usize>) {
+    let cut = network.cut(target);
+    Stats::bump(&stats.net_cuts);
+    stats
+        .net_cut_connections
+        .fetch_add(cut, std::sync::atomic::Ordering::Relaxed);
 }

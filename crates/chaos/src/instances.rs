@@ -20,7 +20,8 @@ const START_DEADLINE: Duration = Duration::from_secs(90);
 #[derive(Debug)]
 pub struct Fleet {
     exe: PathBuf,
-    args: Vec<String>,
+    /// The demo flags of each slot.
+    args: Vec<Vec<String>>,
     log_dir: PathBuf,
     slots: Vec<Slot>,
 }
@@ -40,9 +41,11 @@ struct Running {
 }
 
 impl Fleet {
-    /// `count` slots on free loopback ports, running `chaos serve --listen … ARGS`; nothing
-    /// is started yet. Instance logs go to `log_dir/instance-N.log`.
-    pub fn new(count: usize, args: Vec<String>, log_dir: PathBuf) -> Result<Self, String> {
+    /// One slot per entry of `args` on free loopback ports, slot N running `chaos serve
+    /// --listen … ARGS[N]`; nothing is started yet. Instance logs go to
+    /// `log_dir/instance-N.log`.
+    pub fn new(args: Vec<Vec<String>>, log_dir: PathBuf) -> Result<Self, String> {
+        let count = args.len();
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let mut slots = Vec::with_capacity(count);
         // Bind all at once so that the OS hands out distinct ports.
@@ -178,7 +181,7 @@ impl Fleet {
             .arg("serve")
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
-            .args(&self.args)
+            .args(&self.args[index])
             .env_remove("DATABASE_URL")
             .env(
                 "RUST_LOG",

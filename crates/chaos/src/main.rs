@@ -1,7 +1,9 @@
 //! `chaos`: the chaos soak of tower-idempotency. It starts a throwaway PostgreSQL (the test
-//! harness's), several demo instances on one database as separate processes, and concurrent
+//! harness's, or a primary with a synchronous standby), several demo instances on one
+//! database as separate processes, connected through loopback proxies, and concurrent
 //! clients that create tickets and payments with realistic retries, while it kills
-//! instances with `SIGKILL`, restarts PostgreSQL and abandons requests mid-flight. Then it
+//! instances with `SIGKILL`, restarts PostgreSQL, kills it with `SIGKILL`, fails over to the
+//! standby, slows, stalls and cuts the network and abandons requests mid-flight. Then it
 //! lets the system settle and checks, from the database and the API, that no intent took
 //! effect twice, that every acknowledged intent took effect, and that every replay equals
 //! the first answer. It prints a table and exits non-zero on any violation.
@@ -14,19 +16,23 @@ mod check;
 mod client;
 mod faults;
 mod instances;
+mod proxy;
 mod rng;
 mod serve;
+mod server;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, value_parser};
+use clap::{Parser, ValueEnum, value_parser};
 
 use crate::client::{Behaviour, Client, Intent, Stats};
 use crate::instances::Fleet;
+use crate::proxy::Network;
 use crate::rng::Rng;
+use crate::server::Servers;
 
 /// What `--help` adds after the options.
 const AFTER_HELP: &str = "\
@@ -79,6 +85,21 @@ struct Options {
     /// Mean time between PostgreSQL restarts
     #[arg(long, value_name = "D", default_value = "60s", value_parser = interval)]
     pg_restart_every: Duration,
+    /// Mean time between PostgreSQL crashes (SIGKILL of the postmaster, then a start with
+    /// crash recovery)
+    #[arg(long, value_name = "D", default_value = "60s", value_parser = interval)]
+    pg_kill_every: Duration,
+    /// Mean time between network faults between the instances and PostgreSQL (latency,
+    /// a stall, cut connections; on one instance's links or all)
+    #[arg(long, value_name = "D", default_value = "5s", value_parser = interval)]
+    net_every: Duration,
+    /// PostgreSQL topology: one server, or a primary with a synchronous standby that
+    /// faults fail over to
+    #[arg(long, value_name = "T", value_enum, default_value_t = Topology::Single)]
+    topology: Topology,
+    /// Mean time between failovers (with --topology failover)
+    #[arg(long, value_name = "D", default_value = "120s", value_parser = interval)]
+    failover_every: Duration,
     /// Share of attempts abandoned mid-flight
     #[arg(long, value_name = "P", default_value = "0.25", value_parser = rate)]
     drop_rate: f64,
@@ -109,6 +130,21 @@ struct Options {
     /// an unknown outcome
     #[arg(long)]
     non_transactional: bool,
+    /// Run the single topology's PostgreSQL with synchronous_commit=off (the test
+    /// harness's setting): a check that the SIGKILL fault is real, which must then report
+    /// lost acknowledgements
+    #[arg(long)]
+    async_commit: bool,
+}
+
+/// The PostgreSQL servers a soak runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Topology {
+    /// One server (the test harness's cluster)
+    Single,
+    /// A primary and a synchronous streaming-replication standby; the instances connect
+    /// with a multi-host string (target_session_attrs=read-write)
+    Failover,
 }
 
 impl Options {
@@ -200,21 +236,40 @@ fn main() -> ExitCode {
 async fn soak(o: Options) -> Result<bool, String> {
     let run = format!("chaos{:08x}", o.seed as u32 ^ (o.seed >> 32) as u32);
     print_plan(&o, &run);
-    let cluster = tokio::task::spawn_blocking(pg::TestCluster::launch)
-        .await
-        .map(Arc::new)
-        .map_err(|e| format!("PostgreSQL did not start: {e}"))?;
-    let database = cluster.create_database().await;
-    let url = database.url().to_owned();
+    if o.non_transactional {
+        println!("non-transactional: the demo writes tickets and payments in autocommit");
+    }
+    if o.unguarded {
+        println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
+    }
+    if o.async_commit {
+        println!(
+            "ASYNC COMMIT: PostgreSQL acknowledges commits before their WAL is written; a SIGKILL can lose them"
+        );
+    }
+    let servers = Arc::new(match o.topology {
+        Topology::Single => Servers::single(o.async_commit).await?,
+        Topology::Failover => Servers::pair().await?,
+    });
+    let dbname = servers.create_database().await?;
+    // The soak's own connections (checks, severing) go straight to the servers; the
+    // instances' go through the proxies.
+    let url = servers.url(&dbname, &servers.ports());
+    let network = Arc::new(Network::start(o.instances, &servers.ports()).await?);
     let log_dir = std::env::temp_dir().join(format!("chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).map_err(|e| format!("{}: {e}", log_dir.display()))?;
-    let demo_args = demo_args(&o, &url);
-    let fleet = Arc::new(Fleet::new(o.instances, demo_args, log_dir.clone())?);
+    let instance_args = (0..o.instances)
+        .map(|i| demo_args(&o, &servers.url(&dbname, &network.ports(i))))
+        .collect();
+    let fleet = Arc::new(Fleet::new(instance_args, log_dir.clone())?);
     fleet.start_all().await?;
     println!(
-        "instances: {} (logs in {}); database {url}",
+        "instances: {} (logs in {}); database {url}; instances connect through proxies on ports {:?}",
         fleet.bases().join(" "),
-        log_dir.display()
+        log_dir.display(),
+        (0..o.instances)
+            .map(|i| network.ports(i))
+            .collect::<Vec<_>>()
     );
 
     let stats = Arc::new(Stats::default());
@@ -235,7 +290,7 @@ async fn soak(o: Options) -> Result<bool, String> {
             tokio::spawn(client::run(client, i, run.clone(), accounts.clone(), end))
         })
         .collect();
-    let faults = spawn_faults(&o, &fleet, &cluster, &url, &stats, end);
+    let faults = spawn_faults(&o, &fleet, &servers, &network, &url, &stats, end);
     let progress = tokio::spawn(report_progress(stats.clone(), started));
     let mut intents: Vec<Intent> = Vec::new();
     for client in clients {
@@ -261,15 +316,16 @@ async fn soak(o: Options) -> Result<bool, String> {
     check::drain_outbox(&url, Duration::from_secs(60)).await?;
     let base = fleet.bases()[0].clone();
     let found = check::check(&url, &run, &intents, &base, &accounts).await?;
+    let recoveries = servers.crash_recoveries() as u64;
+    stats.crash_recoveries.store(recoveries, Ordering::Relaxed);
     let ok = print_table(&o, &intents, &found, &stats, open_before);
     fleet.kill_all().await;
-    drop(database);
     drop(fleet);
-    if let Ok(cluster) = Arc::try_unwrap(cluster) {
-        tokio::task::spawn_blocking(move || drop(cluster))
-            .await
-            .map_err(|e| e.to_string())?;
-    }
+    drop(network);
+    // Stopping the servers blocks: off the runtime.
+    tokio::task::spawn_blocking(move || drop(servers))
+        .await
+        .map_err(|e| e.to_string())?;
     if ok {
         let _ = std::fs::remove_dir_all(&log_dir);
     }
@@ -286,13 +342,23 @@ fn print_plan(o: &Options, run: &str) {
         o.clients,
         o.accounts
     );
+    let failover = match o.topology {
+        Topology::Single => String::new(),
+        Topology::Failover => format!(
+            ", failover every ~{}",
+            humantime::format_duration(o.failover_every)
+        ),
+    };
     println!(
-        "faults: kill -9 every ~{}, freeze every ~{}, sessions severed every ~{}, PostgreSQL restart every ~{}, {:.0}% of attempts dropped, {:.0}% hedged; \
+        "faults: kill -9 every ~{}, freeze every ~{}, sessions severed every ~{}, PostgreSQL restart every ~{}, \
+         PostgreSQL SIGKILL every ~{}, network fault every ~{}{failover}, {:.0}% of attempts dropped, {:.0}% hedged; \
          demo: handler delay {} ms, lease {} ms, wait {} ms",
         humantime::format_duration(o.kill_every),
         humantime::format_duration(o.pause_every),
         humantime::format_duration(o.sever_every),
         humantime::format_duration(o.pg_restart_every),
+        humantime::format_duration(o.pg_kill_every),
+        humantime::format_duration(o.net_every),
         o.drop_rate * 100.0,
         o.hedge_rate * 100.0,
         o.handler_delay_ms,
@@ -314,11 +380,9 @@ fn demo_args(o: &Options, url: &str) -> Vec<String> {
         o.wait_ms.to_string(),
     ];
     if o.non_transactional {
-        println!("non-transactional: the demo writes tickets and payments in autocommit");
         demo_args.push("--non-transactional".to_owned());
     }
     if o.unguarded {
-        println!("UNGUARDED: the demo runs without the idempotency layer; expect violations");
         demo_args.push("--no-idempotency".to_owned());
     }
     demo_args
@@ -341,7 +405,8 @@ fn behaviour(o: &Options, bases: Vec<String>) -> Behaviour {
 fn spawn_faults(
     o: &Options,
     fleet: &Arc<Fleet>,
-    cluster: &Arc<pg::TestCluster>,
+    servers: &Arc<Servers>,
+    network: &Arc<Network>,
     url: &str,
     stats: &Arc<Stats>,
     end: Instant,
@@ -355,7 +420,7 @@ fn spawn_faults(
             end,
         )),
         tokio::spawn(faults::pg_restart_loop(
-            cluster.clone(),
+            servers.clone(),
             stats.clone(),
             Rng::new(o.seed, 1002),
             o.pg_restart_every,
@@ -374,6 +439,28 @@ fn spawn_faults(
             stats.clone(),
             Rng::new(o.seed, 1004),
             o.sever_every,
+            end,
+        )),
+        tokio::spawn(faults::pg_crash_loop(
+            servers.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1005),
+            o.pg_kill_every,
+            end,
+        )),
+        tokio::spawn(faults::net_loop(
+            network.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1006),
+            o.net_every,
+            Duration::from_millis(o.lease_ms),
+            end,
+        )),
+        tokio::spawn(faults::failover_loop(
+            servers.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1007),
+            o.failover_every,
             end,
         )),
     ]
@@ -439,13 +526,18 @@ async fn report_progress(stats: Arc<Stats>, started: Instant) {
     loop {
         tokio::time::sleep(Duration::from_secs(15)).await;
         eprintln!(
-            "  {:>4}s: {} attempts, {} 2xx, {} kills, {} freezes, {} PostgreSQL restarts, {} dropped",
+            "  {:>4}s: {} attempts, {} 2xx, {} kills, {} freezes, {} PostgreSQL restarts, {} SIGKILLs, {} failovers, {} network faults, {} dropped",
             started.elapsed().as_secs(),
             stats.attempts.load(Ordering::Relaxed),
             stats.answered_2xx.load(Ordering::Relaxed),
             stats.kills.load(Ordering::Relaxed),
             stats.pauses.load(Ordering::Relaxed),
             stats.pg_restarts.load(Ordering::Relaxed),
+            stats.pg_crashes.load(Ordering::Relaxed),
+            stats.failovers.load(Ordering::Relaxed),
+            stats.net_latency.load(Ordering::Relaxed)
+                + stats.net_stalls.load(Ordering::Relaxed)
+                + stats.net_cuts.load(Ordering::Relaxed),
             stats.dropped.load(Ordering::Relaxed),
         );
     }
@@ -466,7 +558,7 @@ fn print_table(
 ) -> bool {
     let mut rows = outcome_rows(intents, found, stats, open_before_settle);
     rows.extend(check_rows(intents, found, stats));
-    rows.extend(fault_rows(found, stats));
+    rows.extend(fault_rows(found, stats, o.topology == Topology::Failover));
     let notes_match = notifications_match(found);
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
@@ -630,7 +722,7 @@ fn check_rows(intents: &[Intent], found: &check::Findings, stats: &Stats) -> Vec
 }
 
 /// The faults injected, the answers they caused, and the final state of the tables.
-fn fault_rows(found: &check::Findings, stats: &Stats) -> Vec<Row> {
+fn fault_rows(found: &check::Findings, stats: &Stats, replicated: bool) -> Vec<Row> {
     vec![
         row("faults: kill -9 of an instance", n(&stats.kills), ""),
         row(
@@ -649,6 +741,37 @@ fn fault_rows(found: &check::Findings, stats: &Stats) -> Vec<Row> {
             format!("in {} rounds of pg_terminate_backend", n(&stats.severings)),
         ),
         row("faults: PostgreSQL restarts", n(&stats.pg_restarts), ""),
+        row(
+            "faults: PostgreSQL killed (SIGKILL, crash recovery)",
+            n(&stats.pg_crashes),
+            format!(
+                "{} crash recoveries in the server logs",
+                n(&stats.crash_recoveries)
+            ),
+        ),
+        row(
+            "faults: primary failovers to the sync standby",
+            n(&stats.failovers),
+            if replicated {
+                "primary killed, standby promoted, old primary re-made as standby"
+            } else {
+                "none in the single topology (--topology failover)"
+            },
+        ),
+        row(
+            "faults: network latency / stalls / cuts",
+            format!(
+                "{} / {} / {}",
+                n(&stats.net_latency),
+                n(&stats.net_stalls),
+                n(&stats.net_cuts)
+            ),
+            format!(
+                "{} connections cut; {} faults on one instance's links only",
+                n(&stats.net_cut_connections),
+                n(&stats.net_one_instance)
+            ),
+        ),
         row("faults: requests dropped mid-flight", n(&stats.dropped), ""),
         row("faults: client restarts", n(&stats.client_restarts), ""),
         row(
@@ -699,6 +822,22 @@ mod tests {
         assert_eq!(o.seed, 5);
         assert!((o.drop_rate - 0.5).abs() < f64::EPSILON);
         assert!(o.unguarded);
+
+        let o = parse(&[
+            "--topology",
+            "failover",
+            "--failover-every=30s",
+            "--pg-kill-every",
+            "10s",
+            "--net-every",
+            "2s",
+        ])
+        .unwrap();
+        assert_eq!(o.topology, Topology::Failover);
+        assert_eq!(o.failover_every, Duration::from_secs(30));
+        assert_eq!(o.pg_kill_every, Duration::from_secs(10));
+        assert_eq!(o.net_every, Duration::from_secs(2));
+        assert!(parse(&["--async-commit"]).unwrap().async_commit);
     }
 
     #[test]
@@ -709,6 +848,10 @@ mod tests {
             &["--drop-rate", "1.5"],
             &["--instances", "0"],
             &["--kill-every", "0s"],
+            &["--pg-kill-every", "0s"],
+            &["--net-every", "0s"],
+            &["--topology", "ring"],
+            &["--topology"],
             &["--unguarded=yes"],
             &["--verbose"],
         ] {
@@ -722,6 +865,11 @@ mod tests {
         assert_eq!(o.duration, Duration::from_secs(60));
         assert_eq!((o.instances, o.clients, o.accounts), (3, 8, 4));
         assert_eq!(o.pg_restart_every, Duration::from_secs(60));
+        assert_eq!(o.pg_kill_every, Duration::from_secs(60));
+        assert_eq!(o.net_every, Duration::from_secs(5));
+        assert_eq!(o.topology, Topology::Single);
+        assert_eq!(o.failover_every, Duration::from_secs(120));
+        assert!(!o.async_commit);
         assert_eq!((o.max_attempts, o.lease_ms, o.wait_ms), (10, 1000, 300));
         assert!(!o.unguarded && !o.non_transactional);
 
@@ -732,6 +880,12 @@ mod tests {
         for flag in [
             "--duration <D>",
             "--pg-restart-every <D>",
+            "--pg-kill-every <D>",
+            "--net-every <D>",
+            "--topology <T>",
+            "- failover: ",
+            "--failover-every <D>",
+            "--async-commit",
             "--non-transactional",
             "Exit status",
         ] {

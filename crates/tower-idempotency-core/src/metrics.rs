@@ -39,7 +39,15 @@ pub const OPERATIONS_IN_FLIGHT: &str = "idempotency.operations.in_flight";
 /// Bounded per layer; a result past the bound reads `unknown` once its lease runs out.
 pub const RECORDS_PENDING: &str = "idempotency.records.pending";
 
-/// Counter: expired records deleted by the purge task.
+/// Gauge: guarded requests whose client left while they owned a reservation, finishing
+/// in a task of their own (the handler runs to its end and its result is stored).
+/// Bounded per layer (`IdempotencyLayer::with_max_detached`); at the bound new requests
+/// get `503 detached-limit` before anything is reserved. Duplicates that only wait,
+/// replay or are refused never detach: they end with their client.
+pub const DETACHED: &str = "idempotency.detached";
+
+/// Counter: expired records deleted by a store's purge (`Store::purge_expired`, which
+/// `spawn_purge_task` calls).
 ///
 /// Label: [`STORE`].
 pub const PURGE_DELETED: &str = "idempotency.purge.deleted";
@@ -63,5 +71,5 @@ pub const DECISION: &str = "idempotency.decision";
 /// Label: the store call (see [`STORE_DURATION`]).
 pub const OPERATION: &str = "operation";
 
-/// Label: the kind of store (see [`PURGE_DELETED`]), such as `MemoryStore`.
+/// Label: the kind of store (see [`PURGE_DELETED`]): `memory` or `postgres`.
 pub const STORE: &str = "store";

@@ -14,14 +14,34 @@ use uuid::Uuid;
 
 use crate::{Fingerprint, IdempotencyKey, Scope};
 
-/// Server-generated identifier of an operation (a UUIDv7: unique and time-ordered).
+/// Server-generated identifier of an operation: a UUIDv7, time-ordered to the
+/// millisecond (index locality in the stores) with a random tail.
+///
+/// The tail is random rather than the per-millisecond counter of [`Uuid::now_v7`]: a
+/// counter would let a client holding two of its own ids from one millisecond tell how
+/// many operations other accounts started in between. Ids are ordered by millisecond;
+/// within one millisecond their order is arbitrary.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OperationId(Uuid);
 
 impl OperationId {
-    /// A fresh, time-ordered id.
+    /// A fresh id, ordered by the millisecond it was made in.
     pub fn new() -> Self {
-        Self(Uuid::now_v7())
+        let millis = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis());
+        Self::at_millis(u64::try_from(millis).unwrap_or(u64::MAX))
+    }
+
+    /// The id for Unix time `millis` with 74 random bits (those a version 4 UUID has).
+    fn at_millis(millis: u64) -> Self {
+        let random = Uuid::new_v4().into_bytes();
+        let mut tail = [0u8; 10];
+        tail.copy_from_slice(&random[6..]);
+        // Bits 0-1 of the v4's byte 8 are its variant; two more random bits from byte 0
+        // keep the tail's 74 bits (12 of `rand_a`, 62 of `rand_b`) all random.
+        tail[2] = (tail[2] & 0x3f) | (random[0] & 0xc0);
+        Self(uuid::Builder::from_unix_timestamp_millis(millis, &tail).into_uuid())
     }
 
     /// Wraps an existing UUID (for stores reading ids back).
@@ -266,5 +286,58 @@ mod tests {
         let key = operation.derived_key("charge");
         assert_eq!(key.get_version_num(), 8);
         assert_eq!(key.to_string(), "440ca65e-3da7-8a6a-9de4-9ffb90688fb1");
+    }
+
+    /// The 74 bits after the timestamp (`rand_a` and `rand_b`, version and variant
+    /// masked out), as one number.
+    fn tail(id: OperationId) -> u128 {
+        let bits = id.as_uuid().as_u128();
+        let rand_a = (bits >> 64) & 0x0fff;
+        let rand_b = bits & ((1 << 62) - 1);
+        (rand_a << 62) | rand_b
+    }
+
+    #[test]
+    fn ids_of_one_millisecond_share_its_prefix_and_their_tails_do_not_count() {
+        let millis = 1_767_225_600_123;
+        let ids: Vec<_> = (0..256).map(|_| OperationId::at_millis(millis)).collect();
+        for id in &ids {
+            assert_eq!(id.as_uuid().get_version_num(), 7);
+            assert_eq!(id.as_uuid().get_variant(), uuid::Variant::RFC4122);
+            let (seconds, nanos) = id.as_uuid().get_timestamp().unwrap().to_unix();
+            assert_eq!(seconds * 1000 + u64::from(nanos) / 1_000_000, millis);
+            assert_eq!(id.as_uuid().as_u128() >> 80, u128::from(millis));
+        }
+        let tails: Vec<_> = ids.iter().map(|id| tail(*id)).collect();
+        // A counter makes each tail one more than the last; random tails go up about as
+        // often as down, and never step by one.
+        let steps_by_one = tails.windows(2).filter(|w| w[1] == w[0] + 1).count();
+        let rises = tails.windows(2).filter(|w| w[1] > w[0]).count();
+        assert_eq!(steps_by_one, 0, "{tails:x?}");
+        assert!(
+            (64..=192).contains(&rises),
+            "{rises} of 255 rise: {tails:x?}"
+        );
+        let distinct: std::collections::HashSet<_> = tails.iter().collect();
+        assert_eq!(distinct.len(), tails.len());
+        // Every bit of the tail varies.
+        let (ones, zeros) = tails
+            .iter()
+            .fold((0u128, 0u128), |(o, z), t| (o | t, z | !t));
+        assert_eq!(ones & zeros & ((1 << 74) - 1), (1 << 74) - 1);
+    }
+
+    #[test]
+    fn ids_sort_by_millisecond() {
+        let earlier: Vec<_> = (0..64).map(|_| OperationId::at_millis(1_000)).collect();
+        let later: Vec<_> = (0..64).map(|_| OperationId::at_millis(1_001)).collect();
+        for a in &earlier {
+            for b in &later {
+                assert!(a < b);
+            }
+        }
+        let now = OperationId::new();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(now < OperationId::new());
     }
 }

@@ -5,10 +5,11 @@
 //! paths: unlike [`Store`](tower_idempotency_core::Store) methods they ignore scopes. A
 //! resolution applies only to an `unknown` operation and is appended to
 //! `idempotency_resolutions` in the same statement that changes the operation, so the
-//! decision and its reason are kept even after the operation row is gone.
+//! decision, its reason and the operator who made it are kept even after the operation row
+//! is gone.
 
 use tower_idempotency_core::store::Result;
-use tower_idempotency_core::{Operation, OperationId, OperationState};
+use tower_idempotency_core::{Operation, OperationId, OperationState, StoreError};
 
 use crate::resolution::{Resolution, ResolutionRecord, ResolveOutcome};
 use crate::row;
@@ -67,16 +68,27 @@ impl PostgresStore {
             .collect()
     }
 
-    /// Records an operator's decision about an `unknown` operation (see [`Resolution`]) with
+    /// Records `operator`'s decision about an `unknown` operation (see [`Resolution`]) with
     /// a reason. The lease is revoked in the same statement, so a worker that is somehow
-    /// still running gets [`StoreError::LeaseLost`](tower_idempotency_core::StoreError) if
-    /// it tries to finish.
+    /// still running gets [`StoreError::LeaseLost`] if it tries to finish.
+    ///
+    /// `operator` names who decided (a login, an email, a ticket system's user) and is
+    /// kept in [`ResolutionRecord::operator`]; surrounding whitespace is trimmed, and a
+    /// blank name is refused with [`StoreError::Backend`] before the database is touched:
+    /// the audit trail never records an anonymous decision.
     pub async fn resolve(
         &self,
         id: OperationId,
         resolution: Resolution,
         reason: &str,
+        operator: &str,
     ) -> Result<ResolveOutcome> {
+        let operator = operator.trim();
+        if operator.is_empty() {
+            return Err(StoreError::Backend(
+                "a resolution needs the operator's name; it was blank".into(),
+            ));
+        }
         let queries = &self.inner.queries.resolutions;
         let sql = match resolution {
             Resolution::Failed => &queries.resolve_failed,
@@ -84,7 +96,7 @@ impl PostgresStore {
         };
         let uuid = id.as_uuid();
         let rows = (self.inner.executor)
-            .query("resolve", sql, &[&uuid, &reason])
+            .query("resolve", sql, &[&uuid, &reason, &operator])
             .await?;
         if let Some(record) = rows.first() {
             let record = row::resolution(record)?;
@@ -93,6 +105,7 @@ impl PostgresStore {
                 scope = %record.scope,
                 resolution = %record.resolution,
                 reason = %record.reason,
+                operator = record.operator.as_deref().unwrap_or_default(),
                 "operator resolved an idempotent operation with unknown outcome"
             );
             return Ok(ResolveOutcome::Resolved(record));

@@ -37,10 +37,22 @@ pub struct PostgresStoreConfig {
     pub schema: String,
     /// Largest number of connections the pool opens. Default 16.
     pub max_connections: usize,
+    /// Most operation transactions (transactional routes) open at once, each holding one
+    /// pooled connection for its handler's whole run. The rest of the pool is kept for the
+    /// store's short statements — reservations, completions, lease renewals, status
+    /// lookups — so slow transactional handlers can never starve them. Past the bound,
+    /// opening a transaction waits up to `wait_timeout` and then fails as unavailable (the
+    /// layer answers `503` and releases the reservation).
+    ///
+    /// `None` (the default): three quarters of the pool, keeping a quarter (at least one
+    /// connection) for short statements — 12 of the default 16. A value must be positive
+    /// and, for a pool of more than one connection, smaller than the pool.
+    pub transaction_connections: Option<usize>,
     /// How long opening one connection may take before the store reports itself
     /// unavailable. Default 2 s.
     pub connect_timeout: Duration,
-    /// How long a request may wait for a free pooled connection. Default 2 s.
+    /// How long a request may wait for a free pooled connection, and an operation
+    /// transaction for a place within `transaction_connections`. Default 2 s.
     pub wait_timeout: Duration,
     /// Upper bound on one store call (checking out a connection and its query). Past it the
     /// call fails as unavailable. Default 5 s.
@@ -57,6 +69,36 @@ pub struct PostgresStoreConfig {
     /// [`StoreError::ScopeQuotaExceeded`](tower_idempotency_core::StoreError::ScopeQuotaExceeded).
     /// Default [`DEFAULT_SCOPE_QUOTA`]: 1 000 000 rows and 1 GiB per scope.
     pub scope_quota: ScopeQuota,
+    /// How statements are sent: prepared once per connection (the default), or unnamed with
+    /// their parameter types, which a connection pooler in transaction mode (PgBouncer
+    /// before 1.21) requires. See [`StatementMode`].
+    pub statement_mode: StatementMode,
+}
+
+/// How the store sends its statements to PostgreSQL.
+///
+/// A connection pooler in *transaction* pooling mode (PgBouncer's `pool_mode = transaction`)
+/// hands each transaction — each statement, outside an explicit transaction — to whichever
+/// server connection is free. A statement prepared by name on one server connection is then
+/// executed on another, where it does not exist: PgBouncer 1.18 in transaction mode fails
+/// most reservations with `prepared statement "s7" does not exist` (measured in
+/// `tests/tests/postgres_pgbouncer.rs`). PgBouncer 1.21 and later can track prepared
+/// statements (`max_prepared_statements`); older ones, and other poolers, need
+/// [`StatementMode::Unnamed`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StatementMode {
+    /// Each statement is prepared by name once per connection and then executed by name:
+    /// one extra round trip the first time on each connection, none later, and the server
+    /// plans it once. For direct connections, PgBouncer in session mode, and PgBouncer ≥ 1.21
+    /// in transaction mode with `max_prepared_statements` set.
+    #[default]
+    Prepared,
+    /// Each statement is sent unnamed, with its parameter types, and parsed, bound and
+    /// executed in the same round trip (tokio-postgres's `query_typed`): nothing outlives
+    /// the statement on the server connection, so it works through any transaction-mode
+    /// pooler. The server parses and plans every statement; the round trips are the same.
+    Unnamed,
 }
 
 /// The default [`PostgresStoreConfig::scope_quota`]: 1 000 000 rows and 1 GiB of stored
@@ -83,12 +125,14 @@ impl Default for PostgresStoreConfig {
             url: String::new(),
             schema: "public".to_owned(),
             max_connections: 16,
+            transaction_connections: None,
             connect_timeout: Duration::from_secs(2),
             wait_timeout: Duration::from_secs(2),
             query_timeout: Duration::from_secs(5),
             poll_initial: Duration::from_millis(5),
             poll_max: Duration::from_millis(100),
             scope_quota: DEFAULT_SCOPE_QUOTA,
+            statement_mode: StatementMode::Prepared,
         }
     }
 }
@@ -100,12 +144,14 @@ impl fmt::Debug for PostgresStoreConfig {
             .field("url", &redact_url(&self.url))
             .field("schema", &self.schema)
             .field("max_connections", &self.max_connections)
+            .field("transaction_connections", &self.transaction_connections)
             .field("connect_timeout", &self.connect_timeout)
             .field("wait_timeout", &self.wait_timeout)
             .field("query_timeout", &self.query_timeout)
             .field("poll_initial", &self.poll_initial)
             .field("poll_max", &self.poll_max)
             .field("scope_quota", &self.scope_quota)
+            .field("statement_mode", &self.statement_mode)
             .finish()
     }
 }

@@ -43,7 +43,9 @@
 //! extractor with feature `axum`, or [`PostgresTx::from_extensions`]), and its writes, the
 //! stored response and the lease-fenced completion commit together. Side effects outside the
 //! database go through the outbox: [`PostgresTxGuard::enqueue`] in the transaction, an
-//! [`OutboxDispatcher`] after the commit. See `docs/transactional.md`.
+//! [`OutboxDispatcher`] after the commit. See `docs/transactional.md`. At most
+//! [`PostgresStoreConfig::transaction_connections`] such transactions hold a connection at
+//! once, so the rest of the pool always serves reservations, renewals and lookups.
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -52,7 +54,7 @@
 // below is inlined into the root's documentation.
 //
 // Module graph (an arrow is a `use crate::…`; no cycles):
-//   store       → completion, config, delivered, executor, migrate, row, sql, transaction
+//   store       → budget, completion, config, delivered, executor, migrate, row, sql, transaction
 //   transaction → completion, executor, row, sql
 //   outbox      → executor, row, store
 //   admin       → resolution, row, store
@@ -60,8 +62,9 @@
 //   completion  → row
 //   row         → executor::classify, resolution
 //   migrate     → executor::classify
-//   executor    → executor::classify;   sql → sql::fragments;   config, resolution → (none)
+//   executor    → config, executor::classify;   sql → sql::fragments;   budget, config, resolution → (none)
 mod admin;
+mod budget;
 mod completion;
 mod config;
 mod delivered;
@@ -75,7 +78,7 @@ mod store;
 mod transaction;
 
 #[doc(inline)]
-pub use config::{DEFAULT_SCOPE_QUOTA, PostgresConfigError, PostgresStoreConfig};
+pub use config::{DEFAULT_SCOPE_QUOTA, PostgresConfigError, PostgresStoreConfig, StatementMode};
 #[doc(inline)]
 pub use migrate::{MIGRATIONS, Migration};
 #[doc(inline)]

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_postgres::types::ToSql;
 use tower_idempotency_core::OperationId;
+use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::{BoxError, Result};
 use uuid::Uuid;
 
@@ -263,7 +264,7 @@ impl OutboxDispatcher {
                     Recorded::LostClaim
                 } else {
                     tracing::debug!(%effect_id, attempt, "outbox effect delivered");
-                    metrics::counter!("idempotency.outbox.delivered").increment(1);
+                    metrics::counter!(names::OUTBOX_DELIVERED).increment(1);
                     Recorded::Delivered
                 });
             }
@@ -289,7 +290,7 @@ impl OutboxDispatcher {
             Ok(Recorded::Failed)
         } else {
             tracing::warn!(%effect_id, attempt, error = %message, "outbox delivery failed; will retry");
-            metrics::counter!("idempotency.outbox.retries").increment(1);
+            metrics::counter!(names::OUTBOX_RETRIES).increment(1);
             Ok(Recorded::Retried)
         }
     }

@@ -76,6 +76,10 @@ pub struct ResolutionRecord {
     pub resolution: Resolution,
     /// The operator's reason, as given.
     pub reason: String,
+    /// Who decided: the operator's name as given to
+    /// [`PostgresStore::resolve`](crate::PostgresStore::resolve) (the CLI's `--operator`, or
+    /// `$USER`). `None` only for resolutions recorded before migration 4 added the column.
+    pub operator: Option<String>,
     /// When the decision was recorded (database clock).
     pub resolved_at: SystemTime,
 }

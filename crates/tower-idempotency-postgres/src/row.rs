@@ -111,6 +111,7 @@ pub(crate) fn resolution(row: &Row) -> Result<ResolutionRecord, StoreError> {
         created_at: get(row, "created_at")?,
         resolution,
         reason: get(row, "reason")?,
+        operator: get(row, "operator")?,
         resolved_at: get(row, "resolved_at")?,
     })
 }

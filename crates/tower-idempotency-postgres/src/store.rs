@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
     IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, OperationTransaction,
@@ -20,6 +21,7 @@ use tower_idempotency_core::{
     quota::quota_retry_after,
 };
 
+use crate::budget::{self, TransactionBudget};
 use crate::completion::{Completion, completed};
 use crate::config::{PostgresConfigError, PostgresStoreConfig, is_identifier};
 use crate::delivered::DeliveryMarks;
@@ -43,6 +45,8 @@ pub struct PostgresStore {
 
 pub(crate) struct Inner {
     pub(crate) executor: Executor,
+    /// Bounds the connections operation transactions hold.
+    pub(crate) transactions: TransactionBudget,
     pub(crate) schema: String,
     /// Shared with the store's operation transactions.
     pub(crate) queries: Arc<Queries>,
@@ -60,6 +64,7 @@ impl fmt::Debug for PostgresStore {
             .field("schema", &self.inner.schema)
             .field("pool_size", &status.size)
             .field("pool_max_size", &status.max_size)
+            .field("transaction_connections", &self.inner.transactions.size())
             .field("query_timeout", &self.inner.executor.query_timeout)
             .finish_non_exhaustive()
     }
@@ -67,8 +72,9 @@ impl fmt::Debug for PostgresStore {
 
 impl PostgresStore {
     /// Builds a store over an existing pool (for TLS, custom hooks or a pool shared with
-    /// the application). `config.schema` and the timeouts of `config` apply; its URL and
-    /// pool settings are ignored.
+    /// the application). `config.schema`, `config.transaction_connections` (a share of this
+    /// pool's maximum size) and the timeouts of `config` apply; its URL and other pool
+    /// settings are ignored.
     ///
     /// Configure the pool with [`RecyclingMethod::Fast`] (or `Verified`, at one extra round
     /// trip per checkout) and wait/create
@@ -88,8 +94,28 @@ impl PostgresStore {
                 "poll_initial must be positive and at most poll_max",
             ));
         }
+        if config.wait_timeout.is_zero() {
+            return Err(PostgresConfigError::InvalidSetting(
+                "wait_timeout must be positive",
+            ));
+        }
+        let pool_size = pool.status().max_size;
+        let budget = match config.transaction_connections {
+            None => budget::default_size(pool_size),
+            Some(0) => {
+                return Err(PostgresConfigError::InvalidSetting(
+                    "transaction_connections must be positive",
+                ));
+            }
+            Some(n) if pool_size > 1 && n >= pool_size => {
+                return Err(PostgresConfigError::InvalidSetting(
+                    "transaction_connections must be smaller than the pool, so that short statements keep a share",
+                ));
+            }
+            Some(n) => n,
+        };
         let queries = Queries::new(&config.schema);
-        let executor = Executor::new(pool, config.query_timeout);
+        let executor = Executor::new(pool, config.query_timeout, config.statement_mode);
         Ok(Self {
             inner: Arc::new(Inner {
                 delivered: DeliveryMarks::new(
@@ -97,6 +123,7 @@ impl PostgresStore {
                     queries.operations.mark_delivered_batch.clone(),
                 ),
                 executor,
+                transactions: TransactionBudget::new(budget, config.wait_timeout),
                 schema: config.schema.clone(),
                 queries: Arc::new(queries),
                 poll_initial: config.poll_initial,
@@ -199,6 +226,17 @@ impl PostgresStore {
     /// The schema holding the tables.
     pub fn schema(&self) -> &str {
         &self.inner.schema
+    }
+
+    /// Most operation transactions open at once (see
+    /// [`PostgresStoreConfig::transaction_connections`]).
+    pub fn transaction_connections(&self) -> usize {
+        self.inner.transactions.size()
+    }
+
+    /// Operation transactions open right now, each holding a pooled connection.
+    pub fn open_transactions(&self) -> usize {
+        self.inner.transactions.in_use()
     }
 
     /// One statement returning at most one operation row, on a pooled connection.
@@ -459,19 +497,22 @@ impl Store for PostgresStore {
             None => 0,
         };
         let deleted = u64::try_from(deleted).unwrap_or(0);
-        metrics::counter!("idempotency.purge.deleted", "store" => "postgres").increment(deleted);
+        metrics::counter!(names::PURGE_DELETED, names::STORE => "postgres").increment(deleted);
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
-    /// Opens a transaction on a connection of its own (see [`PostgresTransaction`]): the
-    /// reservation is already committed, so duplicates and the status route see the
-    /// operation while the handler runs.
+    /// Opens a transaction on a connection of its own (see [`PostgresTransaction`]) within
+    /// the transaction budget (`transaction_connections`; past it, waits up to
+    /// `wait_timeout`, then fails as unavailable): the reservation is already committed, so
+    /// duplicates and the status route see the operation while the handler runs.
     async fn begin_transaction(
         &self,
         lease: &Lease,
     ) -> Result<Option<Box<dyn OperationTransaction>>> {
+        let permit = self.inner.transactions.acquire().await?;
         let transaction =
-            PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease).await?;
+            PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease, permit)
+                .await?;
         Ok(Some(Box::new(transaction)))
     }
 }

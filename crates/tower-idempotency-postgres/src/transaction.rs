@@ -8,7 +8,8 @@
 //! `COMMIT` rolls the attempt's writes back. `BEGIN` locks nothing, so lease
 //! heartbeats and take-overs proceed while the handler runs. A connection is never returned
 //! to the pool with a transaction open: if the transaction is dropped unfinished, the
-//! connection is closed and PostgreSQL rolls it back.
+//! connection is closed and PostgreSQL rolls it back. Each open transaction also holds a
+//! place in the store's transaction budget (`budget.rs`), given back with its connection.
 
 use std::any::Any;
 use std::fmt;
@@ -17,9 +18,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
-use tokio::sync::MappedMutexGuard;
+use tokio::sync::{MappedMutexGuard, OwnedSemaphorePermit};
+use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
     Lease, Operation, OperationId, OperationTransaction, OperationTx, Scope, StoreError,
@@ -27,8 +29,9 @@ use tower_idempotency_core::{
 };
 
 use crate::completion::{Completion, completed};
+use crate::config::StatementMode;
 use crate::executor::classify::{from_pg, lease_lost};
-use crate::executor::{Executor, execute_on, prepare};
+use crate::executor::{Executor, execute_on, prepare, typed};
 use crate::row;
 use crate::sql::Queries;
 
@@ -43,6 +46,9 @@ pub struct PostgresTransaction {
     /// The connection while the transaction is open; taken (and so returned to the pool)
     /// once `COMMIT` or `ROLLBACK` succeeded. Still here on drop means unfinished.
     client: Option<Object>,
+    /// The transaction's place in the store's transaction budget, given back after the
+    /// connection (declared after `client`, so it is dropped after it).
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl fmt::Debug for PostgresTransaction {
@@ -60,6 +66,7 @@ impl PostgresTransaction {
         executor: &Executor,
         queries: &Arc<Queries>,
         lease: &Lease,
+        permit: OwnedSemaphorePermit,
     ) -> Result<Self> {
         executor
             .bounded("begin", async {
@@ -71,6 +78,7 @@ impl PostgresTransaction {
                     queries: Arc::clone(queries),
                     lease: lease.clone(),
                     client: Some(executor.client().await?),
+                    permit: Some(permit),
                 };
                 transaction
                     .connection()?
@@ -99,14 +107,23 @@ impl PostgresTransaction {
     async fn complete_and_commit(&mut self, response: StoredResponse) -> Result<Operation> {
         let client = self.connection()?;
         let completion = Completion::new(&self.lease, &response);
-        let statement = prepare(client, &self.queries.operations.complete_in_transaction).await?;
+        let sql = &self.queries.operations.complete_in_transaction;
         let params = completion.params();
+        // Everything that can fail before the UPDATE is sent fails here, before the COMMIT
+        // could be sent without it.
+        let update = match self.executor.statements {
+            StatementMode::Prepared => Update::Prepared(prepare(client, sql).await?),
+            StatementMode::Unnamed => Update::Unnamed(typed(&params)?),
+        };
         // Polled in this order, each sends its messages on its first poll: the UPDATE,
         // then the COMMIT, on the one connection, which runs them in order.
-        let (rows, committed) = tokio::join!(
-            client.query(&statement, &params),
-            client.batch_execute("COMMIT")
-        );
+        let query = async {
+            match &update {
+                Update::Prepared(statement) => client.query(statement, &params).await,
+                Update::Unnamed(typed) => client.query_typed(sql, typed).await,
+            }
+        };
+        let (rows, committed) = tokio::join!(query, client.batch_execute("COMMIT"));
         let rows = match rows {
             Ok(rows) => rows,
             Err(error) => {
@@ -144,7 +161,14 @@ impl PostgresTransaction {
     /// `COMMIT` or `ROLLBACK` went through: the connection goes back to the pool.
     fn finished(&mut self) {
         drop(self.client.take());
+        drop(self.permit.take());
     }
+}
+
+/// The completion `UPDATE` of [`PostgresTransaction::complete_and_commit`], ready to send.
+enum Update<'a> {
+    Prepared(Statement),
+    Unnamed(Vec<(&'a (dyn ToSql + Sync), Type)>),
 }
 
 impl Drop for PostgresTransaction {
@@ -243,6 +267,7 @@ impl PostgresTx {
     pub async fn lock(&self) -> Result<PostgresTxGuard<'_>, TransactionAccessError> {
         let transaction = self.handle.lock_as::<PostgresTransaction>().await?;
         let queries = Arc::clone(&transaction.queries);
+        let statements = transaction.executor.statements;
         let operation_id = transaction.lease.operation_id;
         let scope = transaction.lease.scope.clone();
         let client = MappedMutexGuard::try_map(transaction, |t| t.client.as_deref_mut())
@@ -250,6 +275,7 @@ impl PostgresTx {
         Ok(PostgresTxGuard {
             client,
             queries,
+            statements,
             operation_id,
             scope,
         })
@@ -262,6 +288,7 @@ impl PostgresTx {
 pub struct PostgresTxGuard<'a> {
     client: MappedMutexGuard<'a, ClientWrapper>,
     queries: Arc<Queries>,
+    statements: StatementMode,
     operation_id: OperationId,
     scope: Scope,
 }
@@ -296,7 +323,13 @@ impl PostgresTxGuard<'_> {
         let operation = self.operation_id.as_uuid();
         let scope = self.scope.as_str();
         let params: [&(dyn ToSql + Sync); 5] = [&effect_id, &operation, &scope, &name, payload];
-        execute_on(&self.client, &self.queries.outbox.enqueue, &params).await?;
+        execute_on(
+            &self.client,
+            self.statements,
+            &self.queries.outbox.enqueue,
+            &params,
+        )
+        .await?;
         Ok(effect_id)
     }
 }

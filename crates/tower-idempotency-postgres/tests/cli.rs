@@ -15,13 +15,14 @@ use tower_idempotency_postgres::PostgresStore;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tower-idempotency");
 
-/// Runs the CLI with `args` and no `DATABASE_URL` unless given in `env`.
+/// Runs the CLI with `args` and no `DATABASE_URL` or `USER` unless given in `env`.
 fn cli(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(BIN);
     command
         .args(args)
         .env_remove("DATABASE_URL")
-        .env_remove("TOWER_IDEMPOTENCY_SCHEMA");
+        .env_remove("TOWER_IDEMPOTENCY_SCHEMA")
+        .env_remove("USER");
     for (name, value) in env {
         command.env(name, value);
     }
@@ -142,17 +143,15 @@ fn an_unreachable_database_exits_3() {
 async fn operator_commands_against_a_real_database() {
     let db = pg::test_database().await;
     let url = db.url().to_owned();
-    let with_url = |args: &[&str]| {
-        let mut all = vec!["--database-url", url.as_str()];
-        all.extend_from_slice(args);
-        cli(&all, &[])
-    };
+    // The URL from the environment, the operator from `$USER`.
+    let with_url = |args: &[&str]| cli(args, &[("DATABASE_URL", &url), ("USER", "ci-operator")]);
 
-    // migrate: applies, then reports up to date; DATABASE_URL works as well as the flag.
-    let out = with_url(&["migrate"]);
+    // migrate: applies, then reports up to date; the (discouraged) flag still works as well
+    // as DATABASE_URL.
+    let out = cli(&["--database-url", url.as_str(), "migrate"], &[]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("applied migrations [1, 2, 3, 5]"),
+        stdout(&out).contains("applied migrations [1, 2, 3, 4, 5]"),
         "{}",
         stdout(&out)
     );
@@ -254,11 +253,13 @@ async fn operator_commands_against_a_real_database() {
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(json(&out)["resolution"]["resolution"], "failed");
+    assert_eq!(json(&out)["resolution"]["operator"], "ci-operator");
     let out = with_url(&["show", &lapsed_a.to_string()]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let shown = json(&out);
     assert_eq!(shown["operation"], Value::Null);
     assert_eq!(shown["resolution"]["reason"], "rollback confirmed in logs");
+    assert_eq!(shown["resolution"]["operator"], "ci-operator");
     assert!(matches!(
         store
             .reserve(request(&scope, "deploy-a", Duration::from_secs(60)))
@@ -343,4 +344,261 @@ async fn operator_commands_against_a_real_database() {
         "a fresh schema lists nothing: {}",
         stdout(&out)
     );
+}
+
+/// A file in the temporary directory holding `text`, removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(text: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("tower-idempotency-cli-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn the_database_url_need_not_be_on_the_command_line() {
+    let unreachable = "postgres://postgres@127.0.0.1:1/none";
+    // Help steers away from the flag and names the alternatives.
+    let out = cli(&["--help"], &[]);
+    let help = stdout(&out);
+    assert!(
+        help.contains("--database-url-file")
+            && help.contains("ps")
+            && help.contains("DATABASE_URL"),
+        "{help}"
+    );
+
+    // No source at all: a usage error naming both ways.
+    let out = cli(&["list"], &[]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("DATABASE_URL") && stderr(&out).contains("--database-url-file"),
+        "{}",
+        stderr(&out)
+    );
+    // A file that cannot be read, or whose first line is blank: exit 2, saying which file
+    // and why, before any connection is tried.
+    let missing = std::env::temp_dir().join(format!(
+        "tower-idempotency-missing-{}",
+        uuid::Uuid::new_v4()
+    ));
+    let missing = missing.to_str().unwrap();
+    let dir = std::env::temp_dir();
+    let empty = TempFile::new("");
+    let blank_first_line = TempFile::new("   \npostgres://second-line-is-ignored/x\n");
+    for (file, expected) in [
+        (missing, "cannot read --database-url-file"),
+        (dir.to_str().unwrap(), "cannot read --database-url-file"),
+        (empty.path(), "is empty"),
+        (blank_first_line.path(), "is empty"),
+    ] {
+        let out = cli(
+            &["--database-url-file", file, "list"],
+            &[("DATABASE_URL", unreachable)],
+        );
+        assert_eq!(code(&out), 2, "{file}: {}", stderr(&out));
+        assert!(stderr(&out).contains(expected), "{file}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(file),
+            "names the file: {}",
+            stderr(&out)
+        );
+    }
+    // The flag and the file together are ambiguous.
+    let file = TempFile::new(unreachable);
+    let out = cli(
+        &[
+            "--database-url",
+            unreachable,
+            "--database-url-file",
+            file.path(),
+            "list",
+        ],
+        &[],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_file_and_operator_against_a_real_database() {
+    let db = pg::test_database().await;
+    // First line only, whitespace trimmed; it wins over a DATABASE_URL that points nowhere.
+    let file = TempFile::new(&format!(
+        "  {}  \n# a comment line the tool ignores\n",
+        db.url()
+    ));
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut all = vec!["--database-url-file", file.path()];
+        all.extend_from_slice(args);
+        let mut env = env.to_vec();
+        env.push(("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none"));
+        cli(&all, &env)
+    };
+    let out = run(&["migrate"], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    let store = PostgresStore::connect(db.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let scope = Scope::new("acct_ops");
+    let by_flag = acquire(
+        &store,
+        request(&scope, "k-flag", Duration::from_millis(100)),
+    )
+    .await;
+    let by_user = acquire(
+        &store,
+        request(&scope, "k-user", Duration::from_millis(100)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Neither --operator nor USER: refused, exit 2, the operation left unknown.
+    let resolve = |id: OperationId, extra: &[&str], env: &[(&str, &str)]| {
+        let id = id.to_string();
+        let mut args = vec![
+            "resolve",
+            id.as_str(),
+            "--as",
+            "failed",
+            "--reason",
+            "no charge",
+        ];
+        args.extend_from_slice(extra);
+        run(&args, env)
+    };
+    for env in [&[][..], &[("USER", "  ")]] {
+        let out = resolve(by_flag, &[], env);
+        assert_eq!(code(&out), 2, "{}", stderr(&out));
+        assert!(stderr(&out).contains("--operator"), "{}", stderr(&out));
+    }
+    let out = resolve(by_flag, &["--operator", " "], &[("USER", "ci")]);
+    assert_eq!(code(&out), 2, "a blank --operator: {}", stderr(&out));
+    assert_eq!(
+        store.find_operation(by_flag).await.unwrap().unwrap().state,
+        OperationState::Unknown
+    );
+    assert_eq!(store.find_resolution(by_flag).await.unwrap(), None);
+
+    // --operator wins over USER; USER is the fallback.
+    let out = resolve(
+        by_flag,
+        &["--operator", "alice@example.com"],
+        &[("USER", "root")],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json(&out)["resolution"]["operator"], "alice@example.com");
+    let out = resolve(by_user, &[], &[("USER", "bob")]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    // Recorded in the table, shown by `show` and by the library.
+    let out = run(&["show", &by_flag.to_string()], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json(&out)["resolution"]["operator"], "alice@example.com");
+    let out = run(&["show", &by_user.to_string()], &[]);
+    assert_eq!(json(&out)["resolution"]["operator"], "bob");
+    let record = store.find_resolution(by_user).await.unwrap().unwrap();
+    assert_eq!(record.operator.as_deref(), Some("bob"));
+    let stored: Option<String> = db
+        .client()
+        .await
+        .query_one(
+            "SELECT operator FROM idempotency_resolutions WHERE operation_id = $1",
+            &[&by_flag.as_uuid()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored.as_deref(), Some("alice@example.com"));
+
+    // `find` shows it too, for an operation resolved completed (the row stays).
+    let done = acquire(
+        &store,
+        request(&scope, "k-done", Duration::from_millis(100)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = run(
+        &[
+            "resolve",
+            &done.to_string(),
+            "--as",
+            "completed",
+            "--reason",
+            "live",
+            "--operator",
+            "carol",
+        ],
+        &[],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(&["find", "--scope", "acct_ops", "--key", "k-done"], &[]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json(&out)["resolution"]["operator"], "carol");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolutions_recorded_before_operators_were_kept_read_as_no_operator() {
+    let db = pg::test_database().await;
+    let client = db.client().await;
+    // A database migrated by the previous version: migrations 1 to 3, and one resolution.
+    client
+        .batch_execute(
+            "CREATE TABLE idempotency_schema_migrations (version integer PRIMARY KEY, \
+             name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .unwrap();
+    for migration in &tower_idempotency_postgres::MIGRATIONS[..3] {
+        client.batch_execute(migration.sql).await.unwrap();
+        client
+            .execute(
+                "INSERT INTO idempotency_schema_migrations (version, name) VALUES ($1, $2)",
+                &[&migration.version, &migration.name],
+            )
+            .await
+            .unwrap();
+    }
+    let id = OperationId::new();
+    client
+        .execute(
+            "INSERT INTO idempotency_resolutions (operation_id, scope, idempotency_key, \
+             fingerprint, method, route, attempts, created_at, resolution, reason) \
+             VALUES ($1, 'acct_old', 'k-old', 'sha256:x', 'POST', '/v1/x', 1, now(), 'failed', \
+             'before operators were recorded')",
+            &[&id.as_uuid()],
+        )
+        .await
+        .unwrap();
+
+    let out = cli(&["migrate"], &[("DATABASE_URL", db.url())]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("applied migrations [4, 5]"),
+        "{}",
+        stdout(&out)
+    );
+    let out = cli(&["show", &id.to_string()], &[("DATABASE_URL", db.url())]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let shown = json(&out);
+    assert_eq!(
+        shown["resolution"]["reason"],
+        "before operators were recorded"
+    );
+    assert_eq!(shown["resolution"]["operator"], Value::Null);
+    let store = PostgresStore::connect(db.url()).await.unwrap();
+    let record = store.find_resolution(id).await.unwrap().unwrap();
+    assert_eq!(record.operator, None);
 }

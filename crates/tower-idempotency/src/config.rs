@@ -9,9 +9,15 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, Method, request::Parts};
 use tower_idempotency_core::{Fingerprinter, OperationId, Scope, Store};
 
+use crate::detach::Detached;
 use crate::policy::RoutePolicy;
 use crate::problem::ProblemBase;
 use crate::storage::ResponseEncryption;
+
+/// Default bound on the tasks one layer keeps running for requests whose client left
+/// while they owned a reservation (see
+/// [`IdempotencyLayer::with_max_detached`](crate::IdempotencyLayer::with_max_detached)).
+pub const DEFAULT_MAX_DETACHED: usize = 1024;
 
 /// Default bound on reading a guarded request's body.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -44,6 +50,10 @@ pub(crate) struct Shared {
     pub(crate) body_read_timeout: Duration,
     /// Results waiting to be recorded in the background (see `record::record_later`).
     pub(crate) pending_records: Arc<AtomicUsize>,
+    /// Requests finishing in a task of their own after their client left.
+    pub(crate) detached: Detached,
+    /// At this many detached tasks, new reservations are refused.
+    pub(crate) max_detached: usize,
 }
 
 impl Shared {

@@ -3,14 +3,51 @@
 //!
 //! This is what keeps a reservation, its handler and the storing of its result together
 //! when a client disconnects (the server drops the request's future), without paying for
-//! a task spawn and a cross-thread wake-up on every request whose client stays.
+//! a task spawn and a cross-thread wake-up on every request whose client stays. Only that
+//! work is wrapped: waiting for, replaying or refusing a duplicate protects no effect and
+//! is cancelled with its client.
+//!
+//! Every detached task is counted in a [`Detached`] (one per layer) and in the
+//! [`DETACHED`](tower_idempotency_core::metrics::DETACHED) gauge while it runs; the layer
+//! refuses to reserve while the count is at its bound.
 
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use tokio::runtime::Handle;
+use tower_idempotency_core::metrics as names;
+
+/// The number of tasks detached by one layer and still running.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Detached(Arc<AtomicUsize>);
+
+impl Detached {
+    /// Tasks running now.
+    pub(crate) fn count(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn start(&self) -> DetachedTask {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        metrics::gauge!(names::DETACHED).increment(1.0);
+        DetachedTask(self.clone())
+    }
+}
+
+/// Counts one detached task while it lives, however it ends (finishes, panics, or is
+/// dropped unrun by a runtime shutting down).
+struct DetachedTask(Detached);
+
+impl Drop for DetachedTask {
+    fn drop(&mut self) {
+        (self.0).0.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!(names::DETACHED).decrement(1.0);
+    }
+}
 
 /// The wrapped future panicked; it was dropped and its work did not finish.
 #[derive(Debug)]
@@ -27,6 +64,8 @@ where
     /// The runtime the future was created in, read then rather than at drop: a future may
     /// be dropped on a thread outside any runtime.
     runtime: Option<Handle>,
+    /// Where a detached task is counted.
+    detached: Detached,
 }
 
 impl<F> DetachOnDrop<F>
@@ -36,10 +75,11 @@ where
 {
     /// Boxed once here, so that neither polling nor detaching ever moves the (large)
     /// future itself.
-    pub(crate) fn new(future: F) -> Self {
+    pub(crate) fn new(future: F, detached: &Detached) -> Self {
         Self {
             inner: Some(Box::pin(future)),
             runtime: Handle::try_current().ok(),
+            detached: detached.clone(),
         }
     }
 }
@@ -85,7 +125,13 @@ where
         match &self.runtime {
             // On a runtime that is shutting down the task is dropped unrun, as a spawned
             // task would have been.
-            Some(runtime) => drop(runtime.spawn(unfinished)),
+            Some(runtime) => {
+                let task = self.detached.start();
+                drop(runtime.spawn(async move {
+                    let _task = task;
+                    unfinished.await
+                }));
+            }
             None => tracing::error!(
                 "an idempotent request was abandoned outside a Tokio runtime; its reservation reads unknown once its lease runs out"
             ),
@@ -103,35 +149,46 @@ mod tests {
 
     #[tokio::test]
     async fn runs_in_place_while_awaited() {
-        let answer = DetachOnDrop::new(async { 42 }).await;
+        let detached = Detached::default();
+        let answer = DetachOnDrop::new(async { 42 }, &detached).await;
         assert_eq!(answer.unwrap(), 42);
+        assert_eq!(detached.count(), 0, "nothing was detached");
     }
 
     #[tokio::test]
     async fn a_dropped_future_still_finishes() {
         let finished = Arc::new(AtomicBool::new(false));
         let flag = finished.clone();
-        let work = DetachOnDrop::new(async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            flag.store(true, Ordering::SeqCst);
-        });
+        let detached = Detached::default();
+        let work = DetachOnDrop::new(
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                flag.store(true, Ordering::SeqCst);
+            },
+            &detached,
+        );
         // The caller gives up after one poll, as a server does when the client leaves.
         let abandoned = tokio::time::timeout(Duration::from_millis(1), work).await;
         assert!(abandoned.is_err());
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(detached.count(), 1, "counted while it runs");
+        tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
             finished.load(Ordering::SeqCst),
             "the detached work ran to the end"
         );
+        assert_eq!(detached.count(), 0, "and no longer once it ended");
     }
 
     #[tokio::test]
     async fn a_panic_is_reported_and_nothing_is_left_to_detach() {
-        let mut work = DetachOnDrop::new(async {
-            if true {
-                panic!("boom");
-            }
-        });
+        let mut work = DetachOnDrop::new(
+            async {
+                if true {
+                    panic!("boom");
+                }
+            },
+            &Detached::default(),
+        );
         let answer = (&mut work).await;
         assert!(answer.is_err());
         assert!(
@@ -151,10 +208,13 @@ mod tests {
         let flag = finished.clone();
         let work = {
             let _in_runtime = runtime.enter();
-            DetachOnDrop::new(async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                flag.store(true, Ordering::SeqCst);
-            })
+            DetachOnDrop::new(
+                async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    flag.store(true, Ordering::SeqCst);
+                },
+                &Detached::default(),
+            )
         };
         // Dropped unpolled, on a thread with no runtime.
         std::thread::spawn(move || drop(work)).join().unwrap();

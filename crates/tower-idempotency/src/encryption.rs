@@ -12,6 +12,7 @@ use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
 use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
 use http::HeaderName;
 use tower_idempotency_core::{OperationId, Scope};
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::error::ConfigError;
 
@@ -33,8 +34,11 @@ pub const SEALED_WITH: HeaderName = HeaderName::from_static("idempotency-sealed-
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
 /// use tower_idempotency::storage::ResponseEncryption;
 ///
+/// use tower_idempotency::storage::Zeroizing;
+///
 /// // In production the key material comes from a secret manager, never from source code.
-/// let keys = ResponseEncryption::new("2026-11", [7; 32])?.with_previous_key("2026-05", [3; 32])?;
+/// let keys = ResponseEncryption::new("2026-11", Zeroizing::new([7; 32]))?
+///     .with_previous_key("2026-05", Zeroizing::new([3; 32]))?;
 /// let layer = IdempotencyLayer::new(MemoryStore::default()).with_response_encryption(keys);
 /// # Ok::<(), tower_idempotency::ConfigError>(())
 /// ```
@@ -57,6 +61,53 @@ impl fmt::Debug for ResponseEncryption {
     }
 }
 
+/// A 256-bit key for [`ResponseEncryption`], owned and wiped when dropped.
+///
+/// Neither `Copy` nor `Clone`, and kept in one heap allocation that moves only by pointer:
+/// once it is handed to [`ResponseEncryption`] the cipher state (also wiped on drop) is
+/// the only copy of the key material this crate keeps. Make one from a
+/// [`Zeroizing`] array (`Zeroizing::new(bytes).into()`, or pass the `Zeroizing` where a
+/// key is taken), or take it out of a buffer that is wiped in the same step
+/// ([`ResponseKey::take`]).
+///
+/// ```
+/// use tower_idempotency::storage::{ResponseEncryption, ResponseKey};
+///
+/// let mut bytes = [7u8; 32]; // read from your secret manager
+/// let key = ResponseKey::take(&mut bytes);
+/// assert_eq!(bytes, [0; 32], "the source buffer is wiped");
+/// let keys = ResponseEncryption::new("2026-11", key)?;
+/// # Ok::<(), tower_idempotency::ConfigError>(())
+/// ```
+pub struct ResponseKey(Box<Zeroizing<[u8; 32]>>);
+
+impl ResponseKey {
+    /// The key in `bytes`, which are wiped (set to zero) as they are moved in.
+    pub fn take(bytes: &mut [u8; 32]) -> Self {
+        let mut key = Box::new(Zeroizing::new([0u8; 32]));
+        key.copy_from_slice(bytes);
+        bytes.zeroize();
+        Self(key)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.0[..]
+    }
+}
+
+impl From<Zeroizing<[u8; 32]>> for ResponseKey {
+    /// Moves the key into its own allocation; `key` is wiped as it is dropped.
+    fn from(mut key: Zeroizing<[u8; 32]>) -> Self {
+        Self::take(&mut key)
+    }
+}
+
+impl fmt::Debug for ResponseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseKey(..)")
+    }
+}
+
 /// Size of the nonce in front of every sealed body.
 const NONCE_LEN: usize = 24;
 
@@ -67,10 +118,13 @@ impl ResponseEncryption {
     /// # Errors
     ///
     /// [`ConfigError::InvalidKeyId`] for a malformed name.
-    pub fn new(key_id: impl Into<String>, key: [u8; 32]) -> Result<Self, ConfigError> {
+    pub fn new(
+        key_id: impl Into<String>,
+        key: impl Into<ResponseKey>,
+    ) -> Result<Self, ConfigError> {
         let key_id = checked_key_id(key_id.into())?;
         Ok(Self {
-            active: Arc::new((key_id, cipher(key))),
+            active: Arc::new((key_id, cipher(&key.into()))),
             previous: Arc::new([]),
         })
     }
@@ -84,14 +138,14 @@ impl ResponseEncryption {
     pub fn with_previous_key(
         mut self,
         key_id: impl Into<String>,
-        key: [u8; 32],
+        key: impl Into<ResponseKey>,
     ) -> Result<Self, ConfigError> {
         let key_id = checked_key_id(key_id.into())?;
         if key_id == self.active.0 || self.previous.iter().any(|(id, _)| *id == key_id) {
             return Err(ConfigError::InvalidKeyId(key_id));
         }
         let mut previous = self.previous.to_vec();
-        previous.push((key_id, cipher(key)));
+        previous.push((key_id, cipher(&key.into())));
         self.previous = previous.into();
         Ok(self)
     }
@@ -159,8 +213,13 @@ impl ResponseEncryption {
     }
 }
 
-fn cipher(key: [u8; 32]) -> XChaCha20Poly1305 {
-    XChaCha20Poly1305::new(&Key::from(key))
+/// The cipher state for `key`, read in place: the key is copied only into the cipher
+/// (which wipes it on drop), never into a temporary on the stack.
+fn cipher(key: &ResponseKey) -> XChaCha20Poly1305 {
+    match <&Key>::try_from(key.bytes()) {
+        Ok(key) => XChaCha20Poly1305::new(key),
+        Err(_) => unreachable!("a ResponseKey holds 32 bytes"),
+    }
 }
 
 fn checked_key_id(key_id: String) -> Result<String, ConfigError> {
@@ -257,7 +316,7 @@ mod tests {
 
     #[test]
     fn sealed_bodies_open_only_where_they_were_sealed() {
-        let keys = ResponseEncryption::new("k1", [1; 32]).unwrap();
+        let keys = ResponseEncryption::new("k1", Zeroizing::new([1; 32])).unwrap();
         let scope = Scope::new("acct_1");
         let (sealed, key_id) = keys.seal(&binding(&scope, 201), b"{\"id\":1}").unwrap();
         assert_eq!(key_id, "k1");
@@ -282,12 +341,12 @@ mod tests {
 
     #[test]
     fn rotation_keeps_old_bodies_readable_until_their_key_is_dropped() {
-        let old = ResponseEncryption::new("2026-05", [3; 32]).unwrap();
+        let old = ResponseEncryption::new("2026-05", Zeroizing::new([3; 32])).unwrap();
         let scope = Scope::new("acct_1");
         let (sealed, _) = old.seal(&binding(&scope, 200), b"ok").unwrap();
-        let rotated = ResponseEncryption::new("2026-11", [7; 32])
+        let rotated = ResponseEncryption::new("2026-11", Zeroizing::new([7; 32]))
             .unwrap()
-            .with_previous_key("2026-05", [3; 32])
+            .with_previous_key("2026-05", Zeroizing::new([3; 32]))
             .unwrap();
         assert_eq!(rotated.active_key_id(), "2026-11");
         assert_eq!(
@@ -296,7 +355,7 @@ mod tests {
                 .unwrap(),
             &b"ok"[..]
         );
-        let dropped = ResponseEncryption::new("2026-11", [7; 32]).unwrap();
+        let dropped = ResponseEncryption::new("2026-11", Zeroizing::new([7; 32])).unwrap();
         assert!(
             dropped
                 .open(b"2026-05", &binding(&scope, 200), &sealed)
@@ -309,16 +368,19 @@ mod tests {
 
     #[test]
     fn key_ids_are_checked() {
-        assert!(ResponseEncryption::new("", [0; 32]).is_err());
-        assert!(ResponseEncryption::new("a b", [0; 32]).is_err());
-        assert!(ResponseEncryption::new("x".repeat(65), [0; 32]).is_err());
-        let keys = ResponseEncryption::new("k", [0; 32]).unwrap();
-        assert!(keys.with_previous_key("k", [1; 32]).is_err());
+        assert!(ResponseEncryption::new("", Zeroizing::new([0; 32])).is_err());
+        assert!(ResponseEncryption::new("a b", Zeroizing::new([0; 32])).is_err());
+        assert!(ResponseEncryption::new("x".repeat(65), Zeroizing::new([0; 32])).is_err());
+        let keys = ResponseEncryption::new("k", Zeroizing::new([0; 32])).unwrap();
+        assert!(
+            keys.with_previous_key("k", Zeroizing::new([1; 32]))
+                .is_err()
+        );
     }
 
     #[test]
     fn empty_bodies_are_not_sealed_and_unsealed_bodies_replay_as_stored() {
-        let keys = ResponseEncryption::new("k", [0; 32]).unwrap();
+        let keys = ResponseEncryption::new("k", Zeroizing::new([0; 32])).unwrap();
         let scope = Scope::new("acct_1");
         let mut headers = Vec::new();
         let kept = seal_stored(&keys, &binding(&scope, 204), Bytes::new(), &mut headers);
@@ -336,5 +398,24 @@ mod tests {
             plain
         );
         assert!(open_stored(None, &binding(&scope, 200), &headers, sealed).is_none());
+    }
+
+    #[test]
+    fn a_key_wipes_its_source_and_never_prints() {
+        let mut bytes = [9u8; 32];
+        let key = ResponseKey::take(&mut bytes);
+        assert_eq!(bytes, [0; 32]);
+        assert_eq!(key.bytes(), [9; 32]);
+        assert_eq!(format!("{key:?}"), "ResponseKey(..)");
+        let keys = ResponseEncryption::new("k", key).unwrap();
+        let from_zeroizing = ResponseEncryption::new("k", Zeroizing::new([9; 32])).unwrap();
+        let scope = Scope::new("a");
+        let (sealed, _) = keys.seal(&binding(&scope, 201), b"body").unwrap();
+        let opened = from_zeroizing.open(b"k", &binding(&scope, 201), &sealed);
+        assert_eq!(
+            opened.as_deref(),
+            Some(&b"body"[..]),
+            "the same key either way"
+        );
     }
 }

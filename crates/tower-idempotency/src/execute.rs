@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use futures_util::future::{Either, select};
-use http::{Request, Response, request::Parts};
+use http::{Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::{Lease, StoreError};
@@ -155,6 +155,16 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
     let (mut parts, body) = response.into_parts();
+    // `405`: the route does not serve this method, so nothing happened (and no operation
+    // is left to name in an `Operation-Id`). It is what axum's method fallback answers,
+    // which runs inside a layer applied with `Router::layer` or `Router::route_layer`; a
+    // refusal of the router must leave nothing under the key.
+    if parts.status == StatusCode::METHOD_NOT_ALLOWED {
+        telemetry::record(Decision::Released);
+        sink.release(shared, lease, "the method is not allowed on this route")
+            .await;
+        return Response::from_parts(parts, ResponseBody::inner(body));
+    }
     parts
         .headers
         .insert(OPERATION_ID, operation_id_header(lease.operation_id));

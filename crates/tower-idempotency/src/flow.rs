@@ -6,7 +6,10 @@
 //! runs only after this request won the reservation (or, by explicit opt-in, when the
 //! store is down); reservation, the handler and the storing of its result run as one
 //! future that moves into a task of its own if the client disconnects
-//! ([`detach`](crate::detach)), so a disconnect cannot cancel them. Running the handler is
+//! ([`detach`](crate::detach)), so a disconnect cannot cancel them. Nothing else
+//! detaches: waiting for a running original, replaying and refusing run in place and
+//! end with the client, and no reservation is made while the layer's detached tasks are
+//! at their bound. Running the handler is
 //! in [`execute`](crate::execute), storing its result in [`record`](crate::record), every
 //! refusal in [`refusal`](crate::refusal).
 
@@ -49,6 +52,11 @@ where
     ResB::Error: Send + 'static,
 {
     let (mut parts, body) = request.into_parts();
+    if refused_by_router(&parts) {
+        // Not a route: nothing to protect, and its path is the client's choice, so it is
+        // neither reserved nor counted under a route label.
+        return unprotected(inner, parts, RequestBody::streaming(body)).await;
+    }
     // Extractors downstream render their own problems under the layer's base.
     parts.extensions.insert(shared.problem_base.clone());
     let route = route_of(&parts);
@@ -78,6 +86,32 @@ fn route_of(parts: &Parts) -> String {
 #[cfg(not(feature = "axum"))]
 fn route_of(parts: &Parts) -> String {
     parts.uri.path().to_owned()
+}
+
+/// Whether an axum `Router` routed this request to its fallback (no route matched the
+/// path): the router stamps every request it routes with `OriginalUri`, and a matched one
+/// also with `MatchedPath`. Such a request is passed through unguarded, so that the
+/// router's `404` (or a catch-all fallback's answer) reserves nothing. A layer wrapped
+/// around a whole router, outside its routing, sees neither and guards as before.
+///
+/// A route whose method does not match is answered by the route's own method fallback
+/// (`405`), which carries `MatchedPath` and runs inside the layer: `405` answers are
+/// released, never stored ([`execute`](crate::execute)).
+#[cfg(feature = "axum")]
+fn refused_by_router(parts: &Parts) -> bool {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .is_none()
+        && parts
+            .extensions
+            .get::<axum::extract::OriginalUri>()
+            .is_some()
+}
+
+#[cfg(not(feature = "axum"))]
+fn refused_by_router(_parts: &Parts) -> bool {
+    false
 }
 
 async fn guarded<S, B, ResB>(
@@ -110,22 +144,9 @@ where
         Ok(admitted) => admitted,
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
-    // From here on the request is valid and nothing may cancel what follows: a server drops
-    // this future when the client disconnects, and a reservation made without its handler
-    // running would block the key until its lease ran out.
-    let decision = decide(shared.clone(), policy, inner, parts, body, request);
-    // So reservation, execution and storing run in place while the client waits, and in a
-    // task of their own if it leaves.
-    let decision = tally.scope(decision).instrument(Span::current());
-    match DetachOnDrop::new(decision).await {
-        Ok(answer) => answer,
-        Err(Panicked) => {
-            tracing::error!("the idempotency decision panicked");
-            Ok(refuse(&shared, Rejection::StoreUnavailable))
-        }
-    }
+    let held = Held { inner, parts, body };
+    decide(shared, policy, held, request, tally).await
 }
-
 /// Runs the handler without the protocol (no key on an optional route, or a fail-open
 /// route while the store is down).
 async fn unprotected<S, B, ResB>(
@@ -177,7 +198,15 @@ where
     Span::current().record("key", key.as_str());
     let scope = scope_of(shared, parts)?;
     let body = read_bounded(shared, parts, body).await?;
-    let fingerprint = fingerprint(&shared.fingerprinter, policy, parts, &route, &scope, &body)?;
+    let fingerprint = fingerprint(
+        &shared.fingerprinter,
+        &shared.header_name,
+        policy,
+        parts,
+        &route,
+        &scope,
+        &body,
+    )?;
     let request = ReserveRequest {
         scope,
         key,
@@ -221,17 +250,29 @@ where
         })
 }
 
-/// Reserves the key once, then follows what the store answers: execute when this request
-/// won, otherwise replay, wait, or refuse. Each round asks the store again, so a replay
-/// after waiting is counted, and a reservation that was released while we waited is won
-/// afresh.
-async fn decide<S, B, ResB>(
-    shared: Arc<Shared>,
-    policy: RoutePolicy,
+/// What a request takes into its reservation: the inner service, its parts and its
+/// buffered body, handed back when the key turned out to be held already.
+struct Held<S> {
     inner: S,
     parts: Parts,
     body: Bytes,
+}
+
+/// Reserves the key, then follows what the store answers: execute when this request
+/// won, otherwise replay, wait, or refuse. Each round asks the store again, so a replay
+/// after waiting is counted, and a reservation that was released while we waited is won
+/// afresh.
+///
+/// Only a round's reservation and, when it is won, the execution and recording run
+/// under [`DetachOnDrop`]: once reserved, the handler must run and its result be stored
+/// whether or not the client stays. Waiting for, replaying or refusing an existing record
+/// run in place and are dropped with the client's request.
+async fn decide<S, B, ResB>(
+    shared: Arc<Shared>,
+    policy: RoutePolicy,
+    mut held: Held<S>,
     request: ReserveRequest,
+    tally: Arc<Tally>,
 ) -> Answer<ResB, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
@@ -245,27 +286,88 @@ where
     let deadline = started.checked_add(policy.wait).unwrap_or(started);
     let mut waited = false;
     loop {
-        let operation = match reserve(&shared, &policy, &request).await {
-            Ok(Reservation::Acquired {
-                operation,
-                lease,
-                takeover,
-            }) => {
-                Span::current().record("operation_id", field::display(operation.id));
-                return execute(&shared, &policy, inner, parts, body, lease, takeover).await;
+        // Checked before every reservation: past the bound nothing is reserved, so a
+        // refused request leaves nothing behind.
+        if shared.detached.count() >= shared.max_detached {
+            tracing::warn!(
+                limit = shared.max_detached,
+                "too many detached requests; refusing before reserving"
+            );
+            return Ok(refuse(
+                &shared,
+                Rejection::DetachedLimit {
+                    limit: shared.max_detached,
+                },
+            ));
+        }
+        let round = reserve_and_execute(shared.clone(), policy.clone(), held, request.clone());
+        let round = tally.clone().scope(round).instrument(Span::current());
+        let operation = match DetachOnDrop::new(round, &shared.detached).await {
+            Ok(Round::Answered(answer)) => return answer,
+            Ok(Round::Existing(operation, returned)) => {
+                held = returned;
+                *operation
             }
-            Ok(Reservation::Existing(operation)) => operation,
-            Err(NotReserved::FailOpen) => {
+            Ok(Round::FailOpen(held)) => {
                 telemetry::record(Decision::Bypassed);
-                return unprotected(inner, parts, RequestBody::buffered(body)).await;
+                let body = RequestBody::buffered(held.body);
+                return unprotected(held.inner, held.parts, body).await;
             }
-            Err(NotReserved::Refused(rejection)) => return Ok(refuse(&shared, rejection)),
+            Ok(Round::Refused(rejection)) => return Ok(refuse(&shared, rejection)),
+            Err(Panicked) => {
+                tracing::error!("the idempotency decision panicked");
+                return Ok(refuse(&shared, Rejection::StoreUnavailable));
+            }
         };
         match existing(&shared, &policy, &request, operation, deadline, waited).await {
             Ok(Some(replayed)) => return Ok(replayed),
             Ok(None) => waited = true,
             Err(rejection) => return Ok(refuse(&shared, rejection)),
         }
+    }
+}
+
+/// How one round of [`decide`] ended.
+enum Round<S, A> {
+    /// This request won the reservation and ran the handler: its answer.
+    Answered(A),
+    /// The key is held by this record; what the request held is handed back.
+    Existing(Box<Operation>, Held<S>),
+    /// The store is down and the route fails open.
+    FailOpen(Held<S>),
+    /// The store refused the reservation.
+    Refused(Rejection),
+}
+
+/// One reservation and, when it is won, the handler and the storing of its result.
+async fn reserve_and_execute<S, B, ResB>(
+    shared: Arc<Shared>,
+    policy: RoutePolicy,
+    held: Held<S>,
+    request: ReserveRequest,
+) -> Round<S, Answer<ResB, S::Error>>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Send + 'static,
+{
+    match reserve(&shared, &policy, &request).await {
+        Ok(Reservation::Acquired {
+            operation,
+            lease,
+            takeover,
+        }) => {
+            Span::current().record("operation_id", field::display(operation.id));
+            let Held { inner, parts, body } = held;
+            let answer = execute(&shared, &policy, inner, parts, body, lease, takeover).await;
+            Round::Answered(answer)
+        }
+        Ok(Reservation::Existing(operation)) => Round::Existing(Box::new(operation), held),
+        Err(NotReserved::FailOpen) => Round::FailOpen(held),
+        Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
     }
 }
 

@@ -11,7 +11,8 @@ use http::{HeaderName, Method, request::Parts};
 use tower::Layer;
 use tower_idempotency_core::{Fingerprinter, Scope, Store};
 
-use crate::config::{DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, Shared};
+use crate::config::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, Shared};
+use crate::detach::Detached;
 use crate::error::ConfigError;
 use crate::headers::{DEFAULT_STORED_HEADERS, NEVER_STORED};
 use crate::policy::{RoutePolicy, header_names};
@@ -50,6 +51,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("header_name", &self.shared.header_name)
             .field("body_read_timeout", &self.shared.body_read_timeout)
             .field("encryption", &self.shared.encryption)
+            .field("max_detached", &self.shared.max_detached)
             .finish_non_exhaustive()
     }
 }
@@ -85,6 +87,8 @@ impl IdempotencyLayer {
                 encryption: None,
                 body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
                 pending_records: Arc::new(AtomicUsize::new(0)),
+                detached: Detached::default(),
+                max_detached: DEFAULT_MAX_DETACHED,
             }),
         }
     }
@@ -206,6 +210,33 @@ impl IdempotencyLayer {
             format!("/{trimmed}")
         };
         self.edit(|s| s.status_path = path)
+    }
+
+    /// Most requests this layer keeps running in tasks of their own after their client
+    /// left (default [`DEFAULT_MAX_DETACHED`](crate::DEFAULT_MAX_DETACHED)).
+    ///
+    /// A request whose client disconnects once it owns a reservation must still finish:
+    /// its handler runs to the end and its result is stored, or the key would read
+    /// `unknown`. Each such task holds the request's buffered body (up to the
+    /// [body limit](IdempotencyLayer::with_body_limit)) and the handler's state, so the
+    /// memory they can hold is about `max × body limit` plus what the handlers keep. While
+    /// this many are running, new guarded requests are refused with
+    /// `503 detached-limit` (and `Retry-After`) before anything is reserved. Requests that
+    /// only wait for, replay or are refused on an existing record never detach: they are
+    /// cancelled with their client. The bound is checked before each reservation, so the
+    /// count can pass it by the requests that already hold a reservation when their
+    /// clients leave (bounded by the server's own concurrency). `0` refuses every guarded
+    /// request while any task is detached — requests still detach when their client
+    /// leaves, as they must.
+    pub fn with_max_detached(self, max: usize) -> Self {
+        self.edit(|s| s.max_detached = max)
+    }
+
+    /// Tasks running now for requests whose client left while they owned a reservation
+    /// (also reported as the
+    /// [`idempotency.detached`](tower_idempotency_core::metrics::DETACHED) gauge).
+    pub fn detached(&self) -> usize {
+        self.shared.detached.count()
     }
 
     /// The store.

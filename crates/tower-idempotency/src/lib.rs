@@ -36,7 +36,8 @@
 //!
 //! let app = Router::new()
 //!     .route("/v1/payments", post(|| async { (StatusCode::CREATED, "pay_1") }))
-//!     .layer(idempotency.clone())
+//!     // `route_layer`: the router's own 404 and 405 stay outside the layer.
+//!     .route_layer(idempotency.clone())
 //!     .merge(idempotency.status_router());
 //!
 //! let request = || {
@@ -110,7 +111,10 @@ mod status;
 pub mod storage;
 mod telemetry;
 
-pub use config::{DEFAULT_BODY_READ_TIMEOUT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, OPERATION_ID};
+pub use config::{
+    DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+    OPERATION_ID,
+};
 pub use error::ConfigError;
 pub use layer::IdempotencyLayer;
 pub use policy::{

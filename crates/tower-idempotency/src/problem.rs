@@ -298,6 +298,15 @@ pub enum Rejection {
         /// expiry), at least 1.
         retry_after: u64,
     },
+    /// The layer is finishing as many requests of departed clients as it may
+    /// ([`IdempotencyLayer::with_max_detached`](crate::IdempotencyLayer::with_max_detached));
+    /// nothing was reserved and the handler did not run. `503 detached-limit` with
+    /// `Retry-After`.
+    #[error("the server is finishing {limit} requests whose clients left; retry shortly")]
+    DetachedLimit {
+        /// The configured bound.
+        limit: usize,
+    },
     /// The route is transactional but the store has no transactions; nothing ran and
     /// nothing is kept. `500 transactions-unsupported`.
     #[error("this route runs in a database transaction and the idempotency store has none")]
@@ -429,6 +438,8 @@ impl Rejection {
                 .retry_after(1),
             Self::ScopeQuotaExceeded { retry_after } => meta(S::TOO_MANY_REQUESTS, "scope-quota-exceeded", "Idempotency quota exceeded")
                 .retry_after(*retry_after),
+            Self::DetachedLimit { .. } => meta(S::SERVICE_UNAVAILABLE, "detached-limit", "Too many unfinished requests")
+                .retry_after(1),
             Self::TransactionsUnsupported => meta(S::INTERNAL_SERVER_ERROR, "transactions-unsupported", "Transactions unsupported by the store"),
             Self::NotCommitted { operation_id } => meta(S::SERVICE_UNAVAILABLE, "not-committed", "Not committed")
                 .operation(*operation_id)
@@ -535,6 +546,12 @@ mod tests {
                 "outcome-unknown",
             ),
             (Rejection::StoreUnavailable, 503, "store-unavailable"),
+            (Rejection::DetachedLimit { limit: 4 }, 503, "detached-limit"),
+            (
+                Rejection::ScopeQuotaExceeded { retry_after: 5 },
+                429,
+                "scope-quota-exceeded",
+            ),
             (
                 Rejection::TransactionsUnsupported,
                 500,

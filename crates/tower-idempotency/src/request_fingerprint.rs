@@ -3,7 +3,7 @@
 //! JSON, raw bytes plus content type otherwise). See `docs/fingerprint.md`.
 
 use bytes::Bytes;
-use http::{header, request::Parts};
+use http::{HeaderName, header, request::Parts};
 use tower_idempotency_core::canonical::{canonicalize_value, parse_json};
 use tower_idempotency_core::fingerprint::{FingerprintBody, FingerprintInput, canonical_query};
 use tower_idempotency_core::{Fingerprint, Fingerprinter, Scope, canonicalize_json};
@@ -31,8 +31,12 @@ fn content_type_essence(parts: &Parts) -> &str {
         .map_or("", |v| v.split(';').next().unwrap_or("").trim())
 }
 
+/// The fingerprint of a request. `key_header` is the layer's key header: never part of
+/// the fingerprint, whatever the route allows (a policy refuses the default name and
+/// credentials when it is built, but cannot know a name the layer was given).
 pub(crate) fn fingerprint(
     fingerprinter: &Fingerprinter,
+    key_header: &HeaderName,
     policy: &RoutePolicy,
     parts: &Parts,
     route: &str,
@@ -69,6 +73,9 @@ pub(crate) fn fingerprint(
     let query = canonical_query(parts.uri.query().unwrap_or(""));
     let mut headers = Vec::new();
     for name in policy.fingerprint_headers.iter() {
+        if name == key_header {
+            continue;
+        }
         for value in parts.headers.get_all(name) {
             headers.push((
                 name.as_str().to_owned(),
@@ -104,6 +111,7 @@ mod tests {
         let (parts, ()) = builder.body(()).unwrap().into_parts();
         fingerprint(
             &Fingerprinter::sha256(),
+            &crate::IDEMPOTENCY_KEY,
             policy,
             &parts,
             "/v1/x",

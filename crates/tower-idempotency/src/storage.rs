@@ -7,7 +7,10 @@
 //! not stored at all (retries then get `409 response-not-replayable`), never stored in the
 //! clear.
 
-pub use crate::encryption::{ResponseEncryption, SEALED_WITH};
+pub use crate::encryption::{ResponseEncryption, ResponseKey, SEALED_WITH};
+/// Re-exported from [`zeroize`](https://docs.rs/zeroize): wraps key material handed to
+/// [`ResponseEncryption`] so that it is wiped when dropped.
+pub use zeroize::Zeroizing;
 
 use std::sync::Arc;
 
@@ -25,8 +28,12 @@ pub const REDACTED: &str = "[redacted]";
 /// | mode | stored | a replay answers |
 /// |---|---|---|
 /// | [`full`](Self::full) (default) | status, allowed headers, body | the original status, headers and body |
-/// | [`redacted`](Self::redacted) | status, allowed headers, body with the listed members replaced by `"[redacted]"` | the original status and headers, the redacted body (re-serialized: same JSON value, member order may differ) |
-/// | [`status_only`](Self::status_only) | status, allowed headers except `Content-*` | the original status and headers, an empty body |
+/// | [`redacted`](Self::redacted) | status, allowed headers except body digests, body with the listed members replaced by `"[redacted]"` | the original status and those headers, the redacted body (re-serialized: same JSON value, member order may differ) |
+/// | [`status_only`](Self::status_only) | status, allowed headers except `Content-*` and body digests | the original status and those headers, an empty body |
+///
+/// The body digests are `ETag`, `Content-Digest`, `Repr-Digest`, `Digest` and
+/// `Content-MD5`: a handler that hashes its content puts a digest of the unredacted body
+/// there, so a redacted or status-only replay never carries them.
 ///
 /// Redaction needs a JSON body: a body that is not JSON, or not valid JSON, is not stored
 /// (as if it were too large: retries get `409 response-not-replayable` and can read the
@@ -109,13 +116,34 @@ pub(crate) fn kept_body(storage: &ResponseStorage, body: Bytes) -> Option<Bytes>
     }
 }
 
-/// Drops the headers that describe a body that is not kept.
+/// Response headers that digest the body as the handler sent it: an `ETag` (a handler
+/// that hashes its content), RFC 9530's `Content-Digest` and `Repr-Digest`, and the older
+/// `Digest` and `Content-MD5`. A redacted or status-only replay does not carry that body,
+/// so it must not carry a digest of it either: the digest of a secret is an oracle for
+/// it, and a validator for a body that is not sent is false.
+pub(crate) const BODY_DIGESTS: &[&str] = &[
+    "etag",
+    "content-digest",
+    "repr-digest",
+    "digest",
+    "content-md5",
+];
+
+/// Drops the headers that describe a body that is not kept as the handler sent it: on a
+/// status-only route every `Content-*` header and the body digests, on a redacted route
+/// the body digests ([`BODY_DIGESTS`]).
 pub(crate) fn kept_headers(
     storage: &ResponseStorage,
     mut headers: Vec<(String, Bytes)>,
 ) -> Vec<(String, Bytes)> {
-    if *storage == ResponseStorage::StatusOnly {
-        headers.retain(|(name, _)| !name.starts_with("content-"));
+    match storage {
+        ResponseStorage::Full => {}
+        ResponseStorage::StatusOnly => headers.retain(|(name, _)| {
+            !name.starts_with("content-") && !BODY_DIGESTS.contains(&name.as_str())
+        }),
+        ResponseStorage::Redacted(_) => {
+            headers.retain(|(name, _)| !BODY_DIGESTS.contains(&name.as_str()));
+        }
     }
     headers
 }

@@ -751,3 +751,192 @@ async fn a_released_server_error_is_released_whatever_its_size() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[test]
+fn credentials_and_the_default_key_header_cannot_be_fingerprinted() {
+    for name in [
+        "Idempotency-Key",
+        "authorization",
+        "Cookie",
+        "proxy-authorization",
+    ] {
+        let refused = RoutePolicy::required().with_fingerprint_headers([name]);
+        assert_eq!(
+            refused.err(),
+            Some(tower_idempotency::ConfigError::ForbiddenFingerprintHeader(
+                name.to_ascii_lowercase()
+            )),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_custom_key_header_never_enters_the_fingerprint() {
+    // The policy is built apart from the layer, so it cannot refuse a key header it does
+    // not know; the layer leaves its own key header out of every fingerprint.
+    let store = MemoryStore::default();
+    let policy = RoutePolicy::required()
+        .with_fingerprint_headers(["x-key", "x-region"])
+        .unwrap();
+    let (handler, calls) = counted(|| StatusCode::CREATED);
+    let app = Router::new().route("/v1/things", handler).layer(
+        IdempotencyLayer::new(store.clone())
+            .with_scope(|_| Some(Scope::new("a")))
+            .with_header_name(http::HeaderName::from_static("x-key"))
+            .with_default_policy(policy),
+    );
+    let send = |key: &'static str, region: &'static str| {
+        let request = Request::post("/v1/things")
+            .header("content-type", "application/json")
+            .header("x-key", key)
+            .header("x-region", region)
+            .body(Body::from(r#"{"x":1}"#))
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    for (key, region) in [("k-1", "eu"), ("k-2", "eu"), ("k-3", "us")] {
+        let response = send(key, region).await.unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED, "{key}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let fingerprint = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .get(&Scope::new("a"), &key.parse().unwrap())
+                .await
+                .unwrap()
+                .unwrap()
+                .fingerprint
+        }
+    };
+    assert_eq!(
+        fingerprint("k-1").await,
+        fingerprint("k-2").await,
+        "the key header is not part of the fingerprint"
+    );
+    assert_ne!(
+        fingerprint("k-1").await,
+        fingerprint("k-3").await,
+        "the allow-listed header is"
+    );
+}
+
+#[tokio::test]
+async fn redacted_and_status_only_replays_carry_no_body_digest() {
+    use tower_idempotency::storage::ResponseStorage;
+
+    let answer = || {
+        (
+            StatusCode::CREATED,
+            [
+                ("etag", "\"sha256-of-the-secret\""),
+                ("content-digest", "sha-256=:c2VjcmV0:"),
+                ("location", "/v1/things/1"),
+                ("content-type", "application/json"),
+            ],
+            r#"{"id":1,"secret":"s3cr3t"}"#,
+        )
+    };
+    let cases = [
+        (ResponseStorage::full(), true),
+        (ResponseStorage::redacted(["/secret"]).unwrap(), false),
+        (ResponseStorage::status_only(), false),
+    ];
+    for (storage, digests) in cases {
+        let (handler, calls) = counted(answer);
+        let layer = IdempotencyLayer::new(MemoryStore::default())
+            .with_scope(|_| Some(Scope::new("a")))
+            .with_stored_headers(["etag", "content-digest", "location", "content-type"])
+            .unwrap()
+            .with_default_policy(RoutePolicy::required().with_response_storage(storage.clone()));
+        let app = Router::new().route("/v1/things", handler).layer(layer);
+        let first = app
+            .clone()
+            .oneshot(post_req(Some("k"), "a", "{}"))
+            .await
+            .unwrap();
+        assert!(
+            first.headers().contains_key("etag"),
+            "the first answer is the handler's"
+        );
+        let replay = app.oneshot(post_req(Some("k"), "a", "{}")).await.unwrap();
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.headers()["location"], "/v1/things/1", "{storage:?}");
+        assert_eq!(
+            replay.headers().contains_key("etag"),
+            digests,
+            "{storage:?}"
+        );
+        assert_eq!(
+            replay.headers().contains_key("content-digest"),
+            digests,
+            "{storage:?}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_path_no_route_matches_passes_through_even_under_router_layer() {
+    // `Router::layer` also wraps the router's not-found fallback: the layer recognises a
+    // request axum routed there (no `MatchedPath`) and reserves nothing for it.
+    let (app, calls, store) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+    let request = Request::post("/v1/elsewhere")
+        .header("content-type", "application/json")
+        .header("x-account", "a")
+        .header("idempotency-key", "k")
+        .body(Body::from("{}"))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert!(!response.headers().contains_key("operation-id"));
+    let stored = store
+        .get(&Scope::new("a"), &"k".parse().unwrap())
+        .await
+        .unwrap();
+    assert!(stored.is_none(), "{stored:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // A routed request with the same key is guarded as ever.
+    let routed = app.oneshot(post_req(Some("k"), "a", "{}")).await.unwrap();
+    assert_eq!(routed.status(), StatusCode::CREATED);
+    assert!(routed.headers().contains_key("operation-id"));
+}
+
+#[tokio::test]
+async fn the_method_fallback_of_a_route_keeps_nothing() {
+    // axum's `Router::layer` and `Router::route_layer` both wrap each route's
+    // method-not-allowed fallback: its `405` is released, never stored.
+    let layered = |store: &MemoryStore| {
+        IdempotencyLayer::new(store.clone()).with_scope(|_| Some(Scope::new("a")))
+    };
+    for route_layer in [false, true] {
+        let store = MemoryStore::default();
+        let (handler, calls) = counted(|| StatusCode::CREATED);
+        let router = Router::new().route("/v1/things", handler);
+        let app = if route_layer {
+            router.route_layer(layered(&store))
+        } else {
+            router.layer(layered(&store))
+        };
+        for _ in 0..2 {
+            let request = Request::put("/v1/things")
+                .header("idempotency-key", "k")
+                .body(Body::from("{}"))
+                .unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+            assert_eq!(response.headers()["allow"], "POST");
+            assert!(!response.headers().contains_key("idempotent-replayed"));
+            assert!(!response.headers().contains_key("operation-id"));
+        }
+        let stored = store
+            .get(&Scope::new("a"), &"k".parse().unwrap())
+            .await
+            .unwrap();
+        assert!(stored.is_none(), "route_layer {route_layer}: {stored:?}");
+        assert_eq!(store.len(), 0);
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+    }
+}

@@ -23,7 +23,7 @@ fn demo_server_process() {
     }
 }
 
-fn postgres_url(database: &integration_tests::pg::TestDatabase) -> Option<String> {
+fn postgres_url(database: &test_harness::pg::TestDatabase) -> Option<String> {
     Some(database.url().to_owned())
 }
 
@@ -77,7 +77,7 @@ async fn a_handler_slower_than_the_timeout_is_looked_up_waited_for_and_answered_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_handler_slower_than_the_timeout_is_looked_up_waited_for_and_answered_once_postgres() {
-    let database = integration_tests::pg::test_database().await;
+    let database = test_harness::pg::test_database().await;
     slow_handler_beyond_the_client_timeout(postgres_url(&database)).await;
 }
 
@@ -123,13 +123,13 @@ async fn a_client_killed_mid_request_resumes_with_the_same_key_and_one_effect_me
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_killed_mid_request_resumes_with_the_same_key_and_one_effect_postgres() {
-    let database = integration_tests::pg::test_database().await;
+    let database = test_harness::pg::test_database().await;
     client_killed_mid_request(postgres_url(&database)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_killed_between_attempts_and_restarted_leaves_one_effect_postgres() {
-    let database = integration_tests::pg::test_database().await;
+    let database = test_harness::pg::test_database().await;
     let mut demo = Demo::start(DemoSpec {
         database_url: postgres_url(&database),
         handler_delay_ms: 1500,
@@ -232,8 +232,10 @@ async fn a_changed_body_under_the_same_action_name_is_a_conflict_and_nothing_is_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn request_in_progress_is_waited_out_for_retry_after() {
+    // Long enough that the probe below still finds the original running on a loaded
+    // machine, short enough for the original client's 10 s timeout.
     let demo = Demo::start(DemoSpec {
-        handler_delay_ms: 4000,
+        handler_delay_ms: 7000,
         lease_ms: Some(3000),
         wait_ms: Some(200),
         ..DemoSpec::default()

@@ -17,7 +17,7 @@ async fn main() -> std::io::Result<()> {
 
     let app = Router::new()
         .route("/orders", post(create_order))
-        .layer(idempotency.clone()) // guards the routes above it
+        .route_layer(idempotency.clone()) // guards the routes above it, not the 404 fallback
         .merge(idempotency.status_router()) // GET /operations/{id}, /operations?idempotency_key=
         .route("/healthz", get(|| async { "ok" }));
 

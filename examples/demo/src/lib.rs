@@ -176,8 +176,10 @@ fn build(config: &Config, store: impl Store, records: Backend) -> Router {
         .route("/v1/notifications", get(routes::list_notifications));
     let api = if config.idempotency {
         let idempotency = layer(config, store, transactional);
-        // `GET`s pass through the layer untouched; only writes are guarded.
-        api.layer(idempotency.clone())
+        // `GET`s pass through the layer untouched; only writes are guarded. A route layer
+        // wraps the routes' handlers only: the router's answers to an unknown path (`404`)
+        // or method (`405`) stay outside it and reserve nothing.
+        api.route_layer(idempotency.clone())
             .merge(idempotency.status_router())
     } else {
         api

@@ -442,3 +442,44 @@ async fn requests_without_an_account_are_401_and_healthz_is_open() {
     malformed.assert_problem(401, "unauthorized");
     assert_eq!(anonymous.get("/healthz").await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_router_refuses_reserves_nothing() {
+    let server = demo().await;
+    let account = new_account();
+    let client = server.client(&account);
+    // A method the route does not serve, and a path no route matches, each with a key.
+    let cases = [
+        (reqwest::Method::PUT, "/v1/tickets", 405),
+        (reqwest::Method::PATCH, "/v1/notifications", 405),
+        (reqwest::Method::POST, "/v1/no-such-route", 404),
+        (reqwest::Method::DELETE, "/v1/tickets/t_1", 404),
+    ];
+    for (method, path, status) in cases {
+        let key = new_key();
+        let request = client
+            .request(method.clone(), path)
+            .header("content-type", "application/json")
+            .header("idempotency-key", &key)
+            .body(TICKET);
+        let reply = Reply::send(request).await;
+        assert_eq!(reply.status, status, "{method} {path}: {}", reply.text());
+        assert!(
+            reply.operation_id().is_none(),
+            "{method} {path}: not an operation"
+        );
+        client
+            .operation(&key)
+            .await
+            .assert_problem(404, "operation-not-found");
+        // The same request again is refused by the router again, not replayed.
+        let again = client
+            .request(method.clone(), path)
+            .header("idempotency-key", &key)
+            .body(TICKET);
+        let again = Reply::send(again).await;
+        assert_eq!(again.status, status);
+        assert!(!again.is_replay());
+    }
+    assert_eq!(ticket_count(&server, &account).await, 0);
+}

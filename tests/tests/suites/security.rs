@@ -23,7 +23,7 @@ use reqwest::Method;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tower_idempotency::storage::{REDACTED, ResponseEncryption, ResponseStorage};
+use tower_idempotency::storage::{REDACTED, ResponseEncryption, ResponseStorage, Zeroizing};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Operation, RoutePolicy, Scope, Store};
 
 use super::Fixture;
@@ -507,7 +507,7 @@ async fn status_only_replays_do_not_depend_on_the_answers_size() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redacted_route_answering_without_a_body_replays() {
-    let keys = ResponseEncryption::new("k1", [1; 32]).unwrap();
+    let keys = ResponseEncryption::new("k1", Zeroizing::new([1; 32])).unwrap();
     let s = setup_with(Some(keys)).await;
     let account = new_account();
     let key = new_key();
@@ -530,7 +530,7 @@ fn assert_empty_replay(s: &Setup, first: &Reply, retry: &Reply) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn encrypted_bodies_are_unreadable_at_rest_and_keys_rotate() {
-    let old = ResponseEncryption::new("2026-05", [5; 32]).unwrap();
+    let old = ResponseEncryption::new("2026-05", Zeroizing::new([5; 32])).unwrap();
     let s = setup_with(Some(old)).await;
     let account = new_account();
     let key = new_key();
@@ -560,9 +560,9 @@ async fn encrypted_bodies_are_unreadable_at_rest_and_keys_rotate() {
     assert_eq!(retry.header("idempotency-sealed-with"), None);
 
     // Rotated: a new active key, the old one kept for reading.
-    let rotated = ResponseEncryption::new("2026-11", [11; 32])
+    let rotated = ResponseEncryption::new("2026-11", Zeroizing::new([11; 32]))
         .unwrap()
-        .with_previous_key("2026-05", [5; 32])
+        .with_previous_key("2026-05", Zeroizing::new([5; 32]))
         .unwrap();
     let runs = Arc::new(Executions::default());
     let after = TestServer::start(app(s.store.clone(), runs.clone(), Some(rotated))).await;
@@ -586,7 +586,7 @@ async fn encrypted_bodies_are_unreadable_at_rest_and_keys_rotate() {
     );
 
     // The old key dropped: its records are not replayable, and nothing runs again.
-    let dropped = ResponseEncryption::new("2026-11", [11; 32]).unwrap();
+    let dropped = ResponseEncryption::new("2026-11", Zeroizing::new([11; 32])).unwrap();
     let later = TestServer::start(app(s.store.clone(), runs.clone(), Some(dropped))).await;
     let lost = post(&later, "/v1/payments", &account, Some(&key), PAYMENT).await;
     lost.assert_problem(409, "response-not-replayable");

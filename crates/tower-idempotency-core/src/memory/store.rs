@@ -167,6 +167,9 @@ impl Store for MemoryStore {
     }
 
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
-        Ok(self.inner.purge(batch))
+        let deleted = self.inner.purge(batch);
+        metrics::counter!(crate::metrics::PURGE_DELETED, crate::metrics::STORE => "memory")
+            .increment(deleted as u64);
+        Ok(deleted)
     }
 }

@@ -3,12 +3,15 @@
 //! Applies migrations, looks operations up across scopes, lists the ones whose outcome is
 //! unknown, records an operator's resolution, and purges expired records. The command line
 //! is parsed by clap (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA`
-//! as fallbacks); every value is validated before the database is touched. Exit codes are
+//! as fallbacks); every value is validated before the database is touched. The connection
+//! string comes from `DATABASE_URL` or `--database-url-file` so that its password is not on
+//! the command line, and every resolution records its operator (`--operator`, or `$USER`). Exit codes are
 //! stable for scripts: 0 ok, 1 not found, 2 usage, 3 database unreachable, 4 refused,
 //! 5 other database failure.
 
 use std::io::Write;
 use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -19,7 +22,7 @@ use tower_idempotency_core::{
     IdempotencyKey, Operation, OperationId, OperationState, Scope, Store, StoreError,
 };
 use tower_idempotency_postgres::{
-    PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome,
+    PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome, StatementMode,
 };
 
 /// Shown under every command's help.
@@ -29,18 +32,25 @@ EXIT CODES:
     4 refused (the operation is not in a state that allows it), 5 other database failure";
 
 /// Operator tool for the tower-idempotency PostgreSQL store.
+///
+/// The database is named by `DATABASE_URL` or by `--database-url-file`; the connection
+/// string usually carries a password, so it never has to appear on the command line.
 #[derive(Debug, Parser)]
 #[command(name = "tower-idempotency", version, after_help = EXIT_CODES)]
 struct Cli {
-    /// Connection string (URL or key=value form)
+    /// Connection string. Discouraged: a command line is visible to every local user (`ps`,
+    /// /proc) and kept in shell history; use DATABASE_URL or --database-url-file instead
     #[arg(
         long,
         global = true,
         value_name = "URL",
-        env = "DATABASE_URL",
-        hide_env_values = true
+        conflicts_with = "database_url_file"
     )]
     database_url: Option<String>,
+    /// File whose first line is the connection string (surrounding whitespace trimmed).
+    /// Without this flag or --database-url, DATABASE_URL is read
+    #[arg(long, global = true, value_name = "FILE")]
+    database_url_file: Option<PathBuf>,
     /// Schema holding the tables
     #[arg(
         long,
@@ -101,6 +111,9 @@ enum Command {
         /// Why (kept with the decision); must not be blank
         #[arg(long, value_name = "TEXT", value_parser = reason)]
         reason: String,
+        /// Who decides (kept with the decision); defaults to $USER
+        #[arg(long, value_name = "NAME", value_parser = reason)]
+        operator: Option<String>,
     },
     /// Delete every record whose retention ended, N at a time
     #[command(after_help = EXIT_CODES)]
@@ -114,26 +127,61 @@ enum Command {
 /// Where the database is, with the fallbacks applied.
 #[derive(Debug)]
 struct Target {
-    /// `None`: neither `--database-url` nor a non-blank `DATABASE_URL`.
-    url: Option<String>,
+    /// `Err`: why no connection string could be had (no source, an unreadable or empty
+    /// file); reported only by commands that need the database.
+    url: Result<String, String>,
     schema: String,
 }
 
 impl Target {
-    /// Reads the global options. A blank `DATABASE_URL` counts as unset and a blank
-    /// `TOWER_IDEMPOTENCY_SCHEMA` as `public`; the flags are taken as given.
+    /// Reads the global options: `--database-url`, else the first line of
+    /// `--database-url-file`, else a non-blank `DATABASE_URL`. A blank
+    /// `TOWER_IDEMPOTENCY_SCHEMA` counts as `public`; the flags are taken as given.
     fn new(cli: &Cli, matches: &ArgMatches) -> Self {
-        let from_env = |id: &str| matches.value_source(id) == Some(ValueSource::EnvVariable);
-        let url = match &cli.database_url {
-            Some(url) if from_env("database_url") && url.trim().is_empty() => None,
-            url => url.clone(),
+        let url = match (&cli.database_url, &cli.database_url_file) {
+            (Some(url), _) => Ok(url.clone()),
+            (None, Some(path)) => url_from_file(path),
+            (None, None) => match std::env::var("DATABASE_URL") {
+                Ok(url) if !url.trim().is_empty() => Ok(url),
+                _ => {
+                    Err("no database: set DATABASE_URL or pass --database-url-file FILE".to_owned())
+                }
+            },
         };
-        let schema = if from_env("schema") && cli.schema.is_empty() {
+        let from_env = matches.value_source("schema") == Some(ValueSource::EnvVariable);
+        let schema = if from_env && cli.schema.is_empty() {
             "public".to_owned()
         } else {
             cli.schema.clone()
         };
         Self { url, schema }
+    }
+}
+
+/// The connection string in the first line of `path`, trimmed.
+fn url_from_file(path: &Path) -> Result<String, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| format!("cannot read --database-url-file {shown}: {err}"))?;
+    let url = text.lines().next().unwrap_or_default().trim();
+    if url.is_empty() {
+        return Err(format!(
+            "--database-url-file {shown} is empty: its first line must be the connection string"
+        ));
+    }
+    Ok(url.to_owned())
+}
+
+/// The operator a resolution is recorded for: `--operator`, else a non-blank `$USER`.
+fn operator(flag: Option<String>) -> Result<String, Failure> {
+    if let Some(name) = flag {
+        return Ok(name);
+    }
+    match std::env::var("USER") {
+        Ok(name) if !name.trim().is_empty() => Ok(name.trim().to_owned()),
+        _ => Err(Failure::Usage(
+            "resolve records who decided: pass --operator NAME (USER is not set)".to_owned(),
+        )),
     }
 }
 
@@ -264,6 +312,7 @@ fn resolution_json(record: &ResolutionRecord) -> Value {
         "key": record.key.as_str(),
         "resolution": record.resolution.as_str(),
         "reason": record.reason,
+        "operator": record.operator,
         "resolved_at": time(record.resolved_at),
         "attempts": record.attempts,
         "created_at": time(record.created_at),
@@ -277,7 +326,23 @@ fn print(value: &Value) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn run(command: Command, store: PostgresStore) -> Result<(), Failure> {
+async fn run(command: Command, target: Target) -> Result<(), Failure> {
+    // Checked before connecting: a usage error never waits for the database.
+    let command = match command {
+        Command::Resolve {
+            operation_id,
+            resolution,
+            reason,
+            operator: flag,
+        } => Command::Resolve {
+            operation_id,
+            resolution,
+            reason,
+            operator: Some(operator(flag)?),
+        },
+        other => other,
+    };
+    let store = connect(target)?;
     match command {
         Command::Migrate => migrate(&store).await,
         Command::Show { operation_id } => show(&store, operation_id).await,
@@ -287,7 +352,11 @@ async fn run(command: Command, store: PostgresStore) -> Result<(), Failure> {
             operation_id,
             resolution,
             reason,
-        } => resolve(&store, operation_id, resolution, &reason).await,
+            operator,
+        } => {
+            let operator = operator.unwrap_or_default();
+            resolve(&store, operation_id, resolution, &reason, &operator).await
+        }
         Command::Purge { batch } => purge(&store, batch.get()).await,
     }
 }
@@ -360,8 +429,9 @@ async fn resolve(
     id: OperationId,
     resolution: Resolution,
     reason: &str,
+    operator: &str,
 ) -> Result<(), Failure> {
-    match store.resolve(id, resolution, reason).await? {
+    match store.resolve(id, resolution, reason, operator).await? {
         ResolveOutcome::Resolved(record) => {
             print(&json!({ "resolution": resolution_json(&record) }))
         }
@@ -386,18 +456,19 @@ async fn purge(store: &PostgresStore, batch: usize) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The store described by `target`, for a short-lived tool: a small pool and a long query
-/// timeout (a purge or a listing may take a while). Opens no connection yet.
+/// The store described by `target`, for a short-lived tool: a small pool, a long query
+/// timeout (a purge or a listing may take a while), and unnamed statements, so that the
+/// tool works through a connection pooler in transaction mode too (it runs each statement
+/// a few times at most, so preparing them would buy nothing). Opens no connection yet.
 fn connect(target: Target) -> Result<PostgresStore, Failure> {
-    let url = target.url.ok_or_else(|| {
-        Failure::Usage("no database: pass --database-url or set DATABASE_URL".to_owned())
-    })?;
+    let url = target.url.map_err(Failure::Usage)?;
     let config = PostgresStoreConfig {
         schema: target.schema,
         max_connections: 2,
         connect_timeout: Duration::from_secs(5),
         wait_timeout: Duration::from_secs(5),
         query_timeout: Duration::from_secs(60),
+        statement_mode: StatementMode::Unnamed,
         ..PostgresStoreConfig::new(url)
     };
     PostgresStore::from_config(&config).map_err(|err| {
@@ -430,7 +501,7 @@ fn main() -> ExitCode {
             )));
         }
     };
-    let outcome = runtime.block_on(async { run(cli.command, connect(target)?).await });
+    let outcome = runtime.block_on(run(cli.command, target));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => fail(&failure),

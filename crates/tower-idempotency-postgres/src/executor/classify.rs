@@ -6,6 +6,7 @@
 //! a server shutting down, a timeout) maps there. Everything else — a constraint the store
 //! did not expect, a missing table — is [`StoreError::Backend`].
 
+use tokio_postgres::error::SqlState;
 use tower_idempotency_core::store::BoxError;
 use tower_idempotency_core::{Lease, StoreError};
 
@@ -47,6 +48,16 @@ pub(crate) fn is_unavailable(error: &tokio_postgres::Error) -> bool {
 
 /// Converts a statement or connection error.
 pub(crate) fn from_pg(error: tokio_postgres::Error) -> StoreError {
+    if error.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) {
+        // Measured with PgBouncer 1.18 (tests/tests/postgres_pgbouncer.rs): the statement was
+        // prepared on one server connection and executed on another.
+        tracing::error!(
+            error = %error,
+            "a prepared statement vanished between prepare and execute: a connection pooler in \
+             transaction mode (PgBouncer before 1.21) is between the store and PostgreSQL; set \
+             PostgresStoreConfig::statement_mode to StatementMode::Unnamed (docs/postgres.md)"
+        );
+    }
     if is_unavailable(&error) {
         StoreError::Unavailable(Box::new(error))
     } else {

@@ -2,7 +2,9 @@
 //! trait methods, the operation transactions, the outbox dispatcher and the batched
 //! delivery marks.
 //!
-//! It prepares each statement once per connection, runs it on a pooled connection (or on
+//! It prepares each statement once per connection (or, with [`StatementMode::Unnamed`],
+//! sends it unnamed with its parameter types, for connection poolers in transaction mode),
+//! runs it on a pooled connection (or on
 //! the connection of an operation's transaction) within the configured query timeout, and
 //! classifies every failure as "unavailable" or "backend" ([`classify`]). A pooled
 //! connection is reused unless its socket is known closed (a server restart closes them
@@ -14,11 +16,14 @@ pub(crate) mod classify;
 use std::future::Future;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use deadpool_postgres::{ClientWrapper, Pool};
 use tokio_postgres::Statement;
-use tokio_postgres::types::ToSql;
-use tower_idempotency_core::Lease;
+use tokio_postgres::types::{ToSql, Type};
 use tower_idempotency_core::store::Result;
+use tower_idempotency_core::{Lease, StoreError};
+
+use crate::config::StatementMode;
 
 use classify::{from_pg, from_pool, lease_lost, timed_out};
 
@@ -36,13 +41,15 @@ pub(crate) fn micros(duration: Duration) -> i64 {
 pub(crate) struct Executor {
     pub(crate) pool: Pool,
     pub(crate) query_timeout: Duration,
+    pub(crate) statements: StatementMode,
 }
 
 impl Executor {
-    pub(crate) fn new(pool: Pool, query_timeout: Duration) -> Self {
+    pub(crate) fn new(pool: Pool, query_timeout: Duration, statements: StatementMode) -> Self {
         Self {
             pool,
             query_timeout,
+            statements,
         }
     }
 
@@ -71,7 +78,7 @@ impl Executor {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>> {
         self.bounded(what, async {
-            query_on(&*self.client().await?, sql, params).await
+            query_on(&*self.client().await?, self.statements, sql, params).await
         })
         .await
     }
@@ -85,7 +92,7 @@ impl Executor {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64> {
         self.bounded(what, async {
-            execute_on(&*self.client().await?, sql, params).await
+            execute_on(&*self.client().await?, self.statements, sql, params).await
         })
         .await
     }
@@ -112,28 +119,148 @@ impl Executor {
 }
 
 /// `sql` as a statement prepared once per connection: the prepare is a round trip of its
-/// own the first time only. Every statement of the store, pooled or inside an operation's
-/// transaction, is prepared here.
+/// own the first time only. Every statement of the store in [`StatementMode::Prepared`],
+/// pooled or inside an operation's transaction, is prepared here.
 pub(crate) async fn prepare(client: &ClientWrapper, sql: &str) -> Result<Statement> {
     client.prepare_cached(sql).await.map_err(from_pg)
 }
 
-/// Runs `sql` on `client` as a [prepared](prepare) statement and returns its rows.
+/// Runs `sql` on `client` as `mode` says and returns its rows.
 pub(crate) async fn query_on(
     client: &ClientWrapper,
+    mode: StatementMode,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>> {
-    let statement = prepare(client, sql).await?;
-    client.query(&statement, params).await.map_err(from_pg)
+    match mode {
+        StatementMode::Prepared => {
+            let statement = prepare(client, sql).await?;
+            client.query(&statement, params).await.map_err(from_pg)
+        }
+        StatementMode::Unnamed => client
+            .query_typed(sql, &typed(params)?)
+            .await
+            .map_err(from_pg),
+    }
 }
 
 /// [`query_on`] for a statement whose row count is all the caller needs.
 pub(crate) async fn execute_on(
     client: &ClientWrapper,
+    mode: StatementMode,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<u64> {
-    let statement = prepare(client, sql).await?;
-    client.execute(&statement, params).await.map_err(from_pg)
+    match mode {
+        StatementMode::Prepared => {
+            let statement = prepare(client, sql).await?;
+            client.execute(&statement, params).await.map_err(from_pg)
+        }
+        StatementMode::Unnamed => client
+            .execute_typed(sql, &typed(params)?)
+            .await
+            .map_err(from_pg),
+    }
+}
+
+/// Every PostgreSQL type the store's parameters are sent as, in order of preference (the
+/// first a value accepts is the one it is sent as: `TIMESTAMPTZ` before `TIMESTAMP`,
+/// `JSONB` before `JSON`, `TEXT` before the other string types).
+const PARAMETER_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::UUID,
+    Type::INT8,
+    Type::INT4,
+    Type::INT2,
+    Type::BOOL,
+    Type::BYTEA,
+    Type::TIMESTAMPTZ,
+    Type::JSONB,
+    Type::FLOAT8,
+    Type::TEXT_ARRAY,
+    Type::UUID_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT4_ARRAY,
+];
+
+/// `params` with the PostgreSQL type each is sent as in an unnamed statement.
+///
+/// A prepared statement learns its parameter types from the server (a round trip of its
+/// own); an unnamed one sent in a single round trip must name them. The store's parameters
+/// are Rust values of fixed types (`&str`, `Uuid`, `i64`, `Option<&[u8]>`, `Vec<&str>`, …),
+/// each accepted by exactly one type of [`PARAMETER_TYPES`] (or, for strings and times, by
+/// the first listed), so the type is found by asking the value, and every statement keeps
+/// one parameter list for both modes.
+pub(crate) fn typed<'a>(
+    params: &[&'a (dyn ToSql + Sync)],
+) -> Result<Vec<(&'a (dyn ToSql + Sync), Type)>> {
+    let mut scratch = BytesMut::new();
+    params
+        .iter()
+        .enumerate()
+        .map(|(index, value)| {
+            PARAMETER_TYPES
+                .iter()
+                .find(|ty| {
+                    scratch.clear();
+                    value.to_sql_checked(ty, &mut scratch).is_ok()
+                })
+                .map(|ty| (*value, ty.clone()))
+                .ok_or_else(|| {
+                    StoreError::Backend(
+                        format!(
+                            "statement parameter ${} has no type the store sends",
+                            index + 1
+                        )
+                        .into(),
+                    )
+                })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+
+    #[test]
+    fn parameter_types_follow_the_rust_values() {
+        let text = "scope";
+        let uuid = uuid::Uuid::nil();
+        let (big, int, flag) = (1_i64, 201_i32, true);
+        let body: Option<&[u8]> = None;
+        let names = vec!["etag"];
+        let values: Vec<&[u8]> = vec![b"x"];
+        let ids = vec![uuid];
+        let at = SystemTime::now();
+        let json = serde_json::json!({"a": 1});
+        let params: [&(dyn ToSql + Sync); 10] = [
+            &text, &uuid, &big, &int, &flag, &body, &names, &values, &ids, &at,
+        ];
+        let types: Vec<Type> = typed(&params)
+            .unwrap()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
+        assert_eq!(
+            types,
+            [
+                Type::TEXT,
+                Type::UUID,
+                Type::INT8,
+                Type::INT4,
+                Type::BOOL,
+                Type::BYTEA,
+                Type::TEXT_ARRAY,
+                Type::BYTEA_ARRAY,
+                Type::UUID_ARRAY,
+                Type::TIMESTAMPTZ,
+            ]
+        );
+        assert_eq!(typed(&[&json]).unwrap()[0].1, Type::JSONB);
+        assert!(matches!(typed(&[&1.5_f32]), Err(StoreError::Backend(_))));
+    }
 }

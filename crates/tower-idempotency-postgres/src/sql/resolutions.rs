@@ -5,14 +5,15 @@ use super::fragments::{UNKNOWN, count_usage};
 
 /// Columns of `idempotency_resolutions` read back, decoded by [`crate::row`].
 const RESOLUTION_COLUMNS: &str = "operation_id, scope, idempotency_key, fingerprint, method, \
-    route, attempts, created_at, resolution, reason, resolved_at";
+    route, attempts, created_at, resolution, reason, operator, resolved_at";
 
 /// The statements on `idempotency_resolutions` of one store.
 #[derive(Debug, Clone)]
 pub(crate) struct ResolutionQueries {
-    /// Resolves `$1` as failed with reason `$2`: removes the operation.
+    /// Resolves `$1` as failed with reason `$2` by operator `$3`: removes the operation.
     pub(crate) resolve_failed: String,
-    /// Resolves `$1` as completed with reason `$2`: completes it without a response.
+    /// Resolves `$1` as completed with reason `$2` by operator `$3`: completes it without a
+    /// response.
     pub(crate) resolve_completed: String,
     /// The recorded resolution of operation `$1`.
     pub(crate) find: String,
@@ -35,9 +36,9 @@ impl ResolutionQueries {
                          o.route, o.attempts, o.created_at, o.stored_bytes), \
                  uncounted AS ({uncount}) \
                  INSERT INTO {r} (operation_id, scope, idempotency_key, fingerprint, method, route, \
-                     attempts, created_at, resolution, reason) \
+                     attempts, created_at, resolution, reason, operator) \
                  SELECT operation_id, scope, idempotency_key, fingerprint, method, route, attempts, \
-                     created_at, 'failed', $2 FROM target \
+                     created_at, 'failed', $2, $3 FROM target \
                  RETURNING {RESOLUTION_COLUMNS}"
             ),
             resolve_completed: format!(
@@ -50,9 +51,9 @@ impl ResolutionQueries {
                      RETURNING o.operation_id, o.scope, o.idempotency_key, o.fingerprint, o.method, \
                          o.route, o.attempts, o.created_at) \
                  INSERT INTO {r} (operation_id, scope, idempotency_key, fingerprint, method, route, \
-                     attempts, created_at, resolution, reason) \
+                     attempts, created_at, resolution, reason, operator) \
                  SELECT operation_id, scope, idempotency_key, fingerprint, method, route, attempts, \
-                     created_at, 'completed', $2 FROM target \
+                     created_at, 'completed', $2, $3 FROM target \
                  RETURNING {RESOLUTION_COLUMNS}"
             ),
             find: format!("SELECT {RESOLUTION_COLUMNS} FROM {r} WHERE operation_id = $1"),

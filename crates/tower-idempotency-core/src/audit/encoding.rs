@@ -1,0 +1,298 @@
+//! The canonical encoding of a sealed event and its hash.
+//!
+//! An event is a JSON object canonicalized by RFC 8785 (JCS, through [`canonicalize_json`]):
+//! members sorted, no whitespace, one spelling per value. Its hash is the RFC 6962 leaf hash
+//! `SHA-256(0x00 || canonical bytes)`, and the object holds the previous event's hash in
+//! `prev`, so every hash covers the whole history before it.
+//!
+//! JSON rather than a binary form because the export is JSON lines: a verifier hashes the
+//! JCS form of the object it reads, in any language with a JCS library, without a schema —
+//! a member added, removed or changed by anyone changes the hash even if this version of the
+//! code does not know the member.
+//!
+//! Absent optional members are omitted (never `null`). Times are RFC 3339 UTC with six
+//! fractional digits, hashes standard base64.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::event::{AuditEvent, AuditEventKind, Correlation, SealedEvent};
+use super::merkle::{Sha256Hash, leaf_hash};
+use crate::{
+    CanonicalizeError, Fingerprint, IdempotencyKey, OperationId, Scope, canonicalize_json,
+};
+
+/// Why an event could not be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// The JSON could not be canonicalized (a sequence number beyond 2^53, which I-JSON
+    /// cannot carry exactly).
+    #[error("the event cannot be canonicalized: {0}")]
+    Canonicalize(#[from] CanonicalizeError),
+}
+
+/// Why bytes are not an encoded event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Not canonicalizable I-JSON (duplicate members, bad syntax, …).
+    #[error("not canonical JSON: {0}")]
+    Canonicalize(#[from] CanonicalizeError),
+    /// Valid JSON, but not an event: a missing, unknown or ill-typed member.
+    #[error("not an audit event: {0}")]
+    Shape(String),
+}
+
+/// The JSON object of an event, member for member.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireEvent {
+    seq: u64,
+    prev: String,
+    time: String,
+    scope: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    operation_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    principal: Option<String>,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    correlation: Option<WireCorrelation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    approver: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    operator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    quota: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "protocol", rename_all = "snake_case", deny_unknown_fields)]
+enum WireCorrelation {
+    Http {
+        method: String,
+        route: String,
+    },
+    Mcp {
+        tool: String,
+        jsonrpc_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+}
+
+/// `time` cut to whole microseconds (what the encoding and PostgreSQL keep); times before
+/// 1970 become 1970.
+pub fn truncate_to_micros(time: SystemTime) -> SystemTime {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    UNIX_EPOCH + Duration::new(since.as_secs(), since.subsec_micros() * 1_000)
+}
+
+/// The canonical bytes of `event` at position `seq` after the event hashing to `prev`.
+pub fn encode_event(
+    seq: u64,
+    prev: &Sha256Hash,
+    event: &AuditEvent,
+) -> Result<Vec<u8>, EncodeError> {
+    let wire = to_wire(seq, prev, event);
+    // Serializing plain strings and integers into memory cannot fail.
+    let json = serde_json::to_vec(&wire).expect("an event serializes");
+    Ok(canonicalize_json(&json)?)
+}
+
+/// Gives `event` its place: position `seq`, chained to `prev`, hashed.
+pub fn seal_event(
+    seq: u64,
+    prev: Sha256Hash,
+    mut event: AuditEvent,
+) -> Result<(SealedEvent, Vec<u8>), EncodeError> {
+    event.time = truncate_to_micros(event.time);
+    let canonical = encode_event(seq, &prev, &event)?;
+    let hash = leaf_hash(&canonical);
+    let sealed = SealedEvent {
+        seq,
+        prev,
+        event,
+        hash,
+    };
+    Ok((sealed, canonical))
+}
+
+/// Reads an encoded event back, recomputing its hash from the canonical form of `json`.
+pub fn decode_event(json: &[u8]) -> Result<SealedEvent, DecodeError> {
+    decode_canonical(&canonicalize_json(json)?)
+}
+
+/// [`decode_event`] of bytes already in canonical form.
+pub(crate) fn decode_canonical(canonical: &[u8]) -> Result<SealedEvent, DecodeError> {
+    let wire: WireEvent =
+        serde_json::from_slice(canonical).map_err(|err| DecodeError::Shape(err.to_string()))?;
+    let hash = leaf_hash(canonical);
+    from_wire(wire, hash)
+}
+
+fn to_wire(seq: u64, prev: &Sha256Hash, event: &AuditEvent) -> WireEvent {
+    let mut wire = WireEvent {
+        seq,
+        prev: prev.to_base64(),
+        time: humantime::format_rfc3339_micros(truncate_to_micros(event.time)).to_string(),
+        scope: event.scope.as_str().to_owned(),
+        operation_id: event.operation_id.map(|id| id.to_string()),
+        key: event.key.as_ref().map(|key| key.as_str().to_owned()),
+        fingerprint: event.fingerprint.as_ref().map(|f| f.as_str().to_owned()),
+        principal: event.principal.clone(),
+        kind: event.kind.name().to_owned(),
+        correlation: None,
+        approver: None,
+        status: None,
+        operator: None,
+        reason: None,
+        quota: None,
+    };
+    match &event.kind {
+        AuditEventKind::Accepted { correlation } => {
+            wire.correlation = Some(match correlation {
+                Correlation::Http { method, route } => WireCorrelation::Http {
+                    method: method.clone(),
+                    route: route.clone(),
+                },
+                Correlation::Mcp {
+                    tool,
+                    jsonrpc_id,
+                    session,
+                } => WireCorrelation::Mcp {
+                    tool: tool.clone(),
+                    jsonrpc_id: jsonrpc_id.clone(),
+                    session: session.clone(),
+                },
+            });
+        }
+        AuditEventKind::ApprovalRequested { approver } => wire.approver = approver.clone(),
+        AuditEventKind::ApprovalApproved { approver }
+        | AuditEventKind::ApprovalDenied { approver } => wire.approver = Some(approver.clone()),
+        AuditEventKind::Completed { status } => wire.status = Some(*status),
+        AuditEventKind::Resolved { operator, reason } => {
+            wire.operator = Some(operator.clone());
+            wire.reason = Some(reason.clone());
+        }
+        AuditEventKind::QuotaRefused { quota } => wire.quota = Some(quota.clone()),
+        _ => {}
+    }
+    wire
+}
+
+fn shape(message: impl Into<String>) -> DecodeError {
+    DecodeError::Shape(message.into())
+}
+
+fn from_wire(mut wire: WireEvent, hash: Sha256Hash) -> Result<SealedEvent, DecodeError> {
+    let kind = take_kind(&mut wire)?;
+    if wire.correlation.is_some()
+        || wire.approver.is_some()
+        || wire.status.is_some()
+        || wire.operator.is_some()
+        || wire.reason.is_some()
+        || wire.quota.is_some()
+    {
+        return Err(shape(format!(
+            "a member that does not belong to a `{}` event",
+            kind.name()
+        )));
+    }
+    let prev = Sha256Hash::from_base64(&wire.prev).ok_or_else(|| shape("`prev` is not a hash"))?;
+    let time =
+        humantime::parse_rfc3339(&wire.time).map_err(|err| shape(format!("`time`: {err}")))?;
+    let operation_id = wire
+        .operation_id
+        .map(|id| id.parse::<OperationId>())
+        .transpose()
+        .map_err(|_| shape("`operation_id` is not a UUID"))?;
+    let key = wire
+        .key
+        .map(|key| IdempotencyKey::new(&key))
+        .transpose()
+        .map_err(|err| shape(format!("`key`: {err}")))?;
+    let event = AuditEvent {
+        time,
+        scope: Scope::new(wire.scope),
+        operation_id,
+        key,
+        fingerprint: wire.fingerprint.map(Fingerprint::from_stored),
+        principal: wire.principal,
+        kind,
+    };
+    Ok(SealedEvent {
+        seq: wire.seq,
+        prev,
+        event,
+        hash,
+    })
+}
+
+/// Takes the members of the event's own kind out of `wire`, leaving any stray ones behind.
+fn take_kind(wire: &mut WireEvent) -> Result<AuditEventKind, DecodeError> {
+    let name = wire.kind.clone();
+    let missing = |member: &str| shape(format!("`{name}` needs `{member}`"));
+    Ok(match wire.kind.as_str() {
+        "accepted" => AuditEventKind::Accepted {
+            correlation: match wire
+                .correlation
+                .take()
+                .ok_or_else(|| missing("correlation"))?
+            {
+                WireCorrelation::Http { method, route } => Correlation::Http { method, route },
+                WireCorrelation::Mcp {
+                    tool,
+                    jsonrpc_id,
+                    session,
+                } => Correlation::Mcp {
+                    tool,
+                    jsonrpc_id,
+                    session,
+                },
+            },
+        },
+        "replayed" => AuditEventKind::Replayed,
+        "attached" => AuditEventKind::Attached,
+        "conflict" => AuditEventKind::Conflict,
+        "refused_in_progress" => AuditEventKind::RefusedInProgress,
+        "approval_requested" => AuditEventKind::ApprovalRequested {
+            approver: wire.approver.take(),
+        },
+        "approval_approved" => AuditEventKind::ApprovalApproved {
+            approver: wire.approver.take().ok_or_else(|| missing("approver"))?,
+        },
+        "approval_denied" => AuditEventKind::ApprovalDenied {
+            approver: wire.approver.take().ok_or_else(|| missing("approver"))?,
+        },
+        "approval_expired" => AuditEventKind::ApprovalExpired,
+        "dispatched" => AuditEventKind::Dispatched,
+        "completed" => AuditEventKind::Completed {
+            status: wire.status.take().ok_or_else(|| missing("status"))?,
+        },
+        "delivered" => AuditEventKind::Delivered,
+        "unknown" => AuditEventKind::Unknown,
+        "released" => AuditEventKind::Released,
+        "abandoned" => AuditEventKind::Abandoned,
+        "resolved" => AuditEventKind::Resolved {
+            operator: wire.operator.take().ok_or_else(|| missing("operator"))?,
+            reason: wire.reason.take().ok_or_else(|| missing("reason"))?,
+        },
+        "purged" => AuditEventKind::Purged,
+        "quota_refused" => AuditEventKind::QuotaRefused {
+            quota: wire.quota.take().ok_or_else(|| missing("quota"))?,
+        },
+        other => return Err(shape(format!("unknown event type `{other}`"))),
+    })
+}

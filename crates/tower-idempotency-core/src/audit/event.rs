@@ -1,0 +1,203 @@
+//! What the journal records: one [`AuditEvent`] per decision or state change of an
+//! operation, and its sealed form [`SealedEvent`] with sequence number and chain link.
+//!
+//! Events carry identifiers and outcomes only — the scope, the operation id, the key, the
+//! fingerprint the server computed, the principal, the protocol correlation, a status code —
+//! and never a request or response body, a credential, or a member a redaction rule removed.
+//! There is no field to put one in.
+
+use std::time::SystemTime;
+
+use super::merkle::Sha256Hash;
+use crate::{Fingerprint, IdempotencyKey, OperationId, Scope};
+
+/// One decision or transition, before it is given its place in the journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEvent {
+    /// When it happened, by the store's clock (kept to the microsecond once sealed).
+    pub time: SystemTime,
+    /// The scope (account, tenant) the key lives in.
+    pub scope: Scope,
+    /// The operation (execution id) the event is about; `None` when none was created (a
+    /// quota refusal before reservation).
+    pub operation_id: Option<OperationId>,
+    /// The idempotency key, when the request had one (MCP calls matched by intent may not).
+    pub key: Option<IdempotencyKey>,
+    /// The request fingerprint the server computed.
+    pub fingerprint: Option<Fingerprint>,
+    /// The authenticated principal (an account or agent id, never a credential), when known.
+    pub principal: Option<String>,
+    /// What happened.
+    pub kind: AuditEventKind,
+}
+
+impl AuditEvent {
+    /// An event of `kind` about `operation_id` in `scope` at `time`, with no key, fingerprint
+    /// or principal yet (set them with the `with_*` methods).
+    pub fn new(
+        time: SystemTime,
+        scope: Scope,
+        operation_id: Option<OperationId>,
+        kind: AuditEventKind,
+    ) -> Self {
+        Self {
+            time,
+            scope,
+            operation_id,
+            key: None,
+            fingerprint: None,
+            principal: None,
+            kind,
+        }
+    }
+
+    /// Sets the idempotency key.
+    #[must_use]
+    pub fn with_key(mut self, key: IdempotencyKey) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// Sets the fingerprint.
+    #[must_use]
+    pub fn with_fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// Sets the principal.
+    #[must_use]
+    pub fn with_principal(mut self, principal: impl Into<String>) -> Self {
+        self.principal = Some(principal.into());
+        self
+    }
+}
+
+/// The kinds of event, in the order an investigation reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AuditEventKind {
+    /// A new execution was accepted (the key was reserved), with how the call arrived.
+    Accepted {
+        /// The protocol-level identity of the call.
+        correlation: Correlation,
+    },
+    /// A retry received the stored result of a completed operation.
+    Replayed,
+    /// A retry was attached to a prior execution that is still open.
+    Attached,
+    /// The key was reused with a different fingerprint (409).
+    Conflict,
+    /// The key's operation was still in progress and the caller was refused.
+    RefusedInProgress,
+    /// An approval was asked for.
+    ApprovalRequested {
+        /// Who was asked, when the request names someone.
+        approver: Option<String>,
+    },
+    /// The approval was given.
+    ApprovalApproved {
+        /// Who approved.
+        approver: String,
+    },
+    /// The approval was refused.
+    ApprovalDenied {
+        /// Who refused.
+        approver: String,
+    },
+    /// The approval ran out before anyone answered.
+    ApprovalExpired,
+    /// The effect boundary is about to be crossed.
+    Dispatched,
+    /// The result was observed and stored.
+    Completed {
+        /// The response status that was stored.
+        status: u16,
+    },
+    /// The stored result reached the caller.
+    Delivered,
+    /// The lease ran out after dispatch with no result: the outcome is unknown.
+    Unknown,
+    /// A failed attempt was released so the key can be used again.
+    Released,
+    /// An attempt was given up before dispatch.
+    Abandoned,
+    /// An operator settled an operation by hand.
+    Resolved {
+        /// Who resolved it.
+        operator: String,
+        /// Why, in the operator's words.
+        reason: String,
+    },
+    /// The record was deleted by retention; the journal keeps its history.
+    Purged,
+    /// A request was refused by a quota before any operation was created.
+    QuotaRefused {
+        /// Which quota (for example `pending-operations`).
+        quota: String,
+    },
+}
+
+impl AuditEventKind {
+    /// The `type` member of the encoded event (`accepted`, `replayed`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Accepted { .. } => "accepted",
+            Self::Replayed => "replayed",
+            Self::Attached => "attached",
+            Self::Conflict => "conflict",
+            Self::RefusedInProgress => "refused_in_progress",
+            Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ApprovalApproved { .. } => "approval_approved",
+            Self::ApprovalDenied { .. } => "approval_denied",
+            Self::ApprovalExpired => "approval_expired",
+            Self::Dispatched => "dispatched",
+            Self::Completed { .. } => "completed",
+            Self::Delivered => "delivered",
+            Self::Unknown => "unknown",
+            Self::Released => "released",
+            Self::Abandoned => "abandoned",
+            Self::Resolved { .. } => "resolved",
+            Self::Purged => "purged",
+            Self::QuotaRefused { .. } => "quota_refused",
+        }
+    }
+}
+
+/// How a call arrived: the protocol correlation, recorded for investigation and never used
+/// as the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Correlation {
+    /// An HTTP request.
+    Http {
+        /// The request method.
+        method: String,
+        /// The matched route template (`/orders/{id}`), not the raw path.
+        route: String,
+    },
+    /// An MCP tool call.
+    Mcp {
+        /// The tool name.
+        tool: String,
+        /// The JSON-RPC id exactly as JSON text (`7`, `"a1"`), so `7` and `"7"` stay apart.
+        jsonrpc_id: String,
+        /// The MCP session, when there is one.
+        session: Option<String>,
+    },
+}
+
+/// An event with its place in the journal: sequence number, the hash of the event before it,
+/// and its own hash (the RFC 6962 leaf hash of its canonical encoding, which is also the
+/// Merkle leaf).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedEvent {
+    /// Position in the journal, from 0, without gaps.
+    pub seq: u64,
+    /// The hash of event `seq - 1` ([`Sha256Hash::ZERO`] for event 0).
+    pub prev: Sha256Hash,
+    /// The event.
+    pub event: AuditEvent,
+    /// `SHA-256(0x00 || canonical encoding)`.
+    pub hash: Sha256Hash,
+}

@@ -1,0 +1,379 @@
+//! [`Journal`]: the in-process journal writer — sequence numbers, chaining, checkpoints, and
+//! an optional append-only file sink and anchor.
+//!
+//! Appending is cheap so that a store can do it inside its own critical section: the event
+//! is pushed onto a pending list under a lock held for one `Vec::push`. Sealing — giving each
+//! pending event its sequence number, `prev` and hash, growing the Merkle tree, signing due
+//! checkpoints, writing and fsyncing the batch — happens in [`Journal::seal`], outside any
+//! store lock, called by a background sealer ([`Journal::spawn_sealer`]) or by hand. The
+//! sealer holds its own lock while it takes the pending list, so batches are sealed in the
+//! order they were appended: the journal's one total order is the append order.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
+use super::encoding::{EncodeError, seal_event};
+use super::event::{AuditEvent, SealedEvent};
+use super::export::{JournalLine, NumberedLine, checkpoint_line, event_line, event_line_from};
+use super::merkle::Sha256Hash;
+use super::note::{NoteSigningKey, NoteVerifyingKey};
+use super::proof::ProofError;
+use super::prove::EventProof;
+use super::sink::AppendFile;
+use super::tree::MerkleTree;
+use super::verify::{Verifier, VerifyError};
+use crate::OperationId;
+
+/// The name of the anchor file inside the anchor directory.
+pub const ANCHOR_FILE: &str = "checkpoints.jsonl";
+
+/// When checkpoints are signed and where the journal is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalConfig {
+    /// A checkpoint at every multiple of this many events (default 1000).
+    pub checkpoint_every: u64,
+    /// A checkpoint of everything sealed when this long has passed since the last one and
+    /// there are new events (default 10 s).
+    pub checkpoint_interval: Duration,
+    /// The append-only file the journal is written to and recovered from; `None` keeps it
+    /// in memory only.
+    pub file_sink: Option<PathBuf>,
+    /// A directory outside the database where every checkpoint is also appended (to
+    /// [`ANCHOR_FILE`]), for an operator to ship elsewhere.
+    pub anchor_dir: Option<PathBuf>,
+    /// Keep every sealed event in memory (default `true`) for [`Journal::events`],
+    /// [`Journal::events_of`] and [`Journal::export`]. Without it the journal keeps about 64
+    /// bytes per event (the Merkle tree) and exports by copying its file sink.
+    pub retain_events: bool,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        Self {
+            checkpoint_every: 1000,
+            checkpoint_interval: Duration::from_secs(10),
+            file_sink: None,
+            anchor_dir: None,
+            retain_events: true,
+        }
+    }
+}
+
+/// Why the journal could not seal, write or open.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    /// Writing or reading the file sink or the anchor failed; sealed lines that were not
+    /// written are kept and written with the next batch.
+    #[error("journal file: {0}")]
+    Io(#[from] io::Error),
+    /// An event could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    /// A checkpoint could not be signed (the key's name is not the origin).
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The existing file sink does not verify: the journal refuses to extend it.
+    #[error("the existing journal does not verify: {0}")]
+    Existing(#[source] VerifyError),
+}
+
+/// An in-process, append-only, hash-chained journal. Cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct Journal {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    key: NoteSigningKey,
+    config: JournalConfig,
+    pending: Mutex<Vec<AuditEvent>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    retain: bool,
+    head: Sha256Hash,
+    tree: MerkleTree,
+    events: Vec<SealedEvent>,
+    checkpoints: Vec<SignedCheckpoint>,
+    last_checkpoint: Instant,
+    sink: Option<AppendFile>,
+    anchor: Option<AppendFile>,
+    unwritten: String,
+    unanchored: String,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Journal {
+    /// Opens the journal signed with `key`: recovers the file sink if there is one (after
+    /// verifying it, with the anchor when configured), and opens the anchor.
+    pub fn open(key: NoteSigningKey, config: JournalConfig) -> Result<Self, JournalError> {
+        let mut state = State {
+            retain: config.retain_events,
+            head: Sha256Hash::ZERO,
+            tree: MerkleTree::new(),
+            events: Vec::new(),
+            checkpoints: Vec::new(),
+            last_checkpoint: Instant::now(),
+            sink: None,
+            anchor: None,
+            unwritten: String::new(),
+            unanchored: String::new(),
+        };
+        if let Some(path) = &config.file_sink {
+            if path.exists() {
+                let mut verifier = Verifier::new(key.verifying_key());
+                if let Some(dir) = config.anchor_dir.as_ref().filter(|dir| dir.exists()) {
+                    verifier = verifier.with_anchor(dir)?;
+                }
+                verifier.verify_path(path).map_err(JournalError::Existing)?;
+            }
+            let (sink, lines) = AppendFile::open(path)?;
+            state.recover(&key.verifying_key(), lines)?;
+            state.sink = Some(sink);
+        }
+        if let Some(dir) = &config.anchor_dir {
+            state.anchor = Some(AppendFile::open(&dir.join(ANCHOR_FILE))?.0);
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                key,
+                config,
+                pending: Mutex::new(Vec::new()),
+                state: Mutex::new(state),
+            }),
+        })
+    }
+
+    /// An in-memory journal with the default checkpoint policy.
+    pub fn in_memory(key: NoteSigningKey) -> Self {
+        Self::open(key, JournalConfig::default()).expect("an in-memory journal opens")
+    }
+
+    /// Queues `event` behind every event appended before it. Holds a lock for one push: safe
+    /// to call inside a store's critical section.
+    pub fn append(&self, event: AuditEvent) {
+        lock(&self.inner.pending).push(event);
+    }
+
+    /// How many appended events wait to be sealed.
+    pub fn pending(&self) -> usize {
+        lock(&self.inner.pending).len()
+    }
+
+    /// Seals every pending event, signs the checkpoints that are due, and writes the batch
+    /// to the file sink (fsynced) and the checkpoints to the anchor. Returns the journal size.
+    pub fn seal(&self) -> Result<u64, JournalError> {
+        let mut state = lock(&self.inner.state);
+        // Taken under the sealer's lock: batches are sealed in the order they were appended.
+        let batch = std::mem::take(&mut *lock(&self.inner.pending));
+        let every = self.inner.config.checkpoint_every.max(1);
+        for event in batch {
+            state.seal_one(event)?;
+            if state.tree.size() % every == 0 {
+                state.checkpoint(&self.inner.key)?;
+            }
+        }
+        let signed = state.checkpoints.last().map_or(0, |c| c.checkpoint.size);
+        let due = state.last_checkpoint.elapsed() >= self.inner.config.checkpoint_interval;
+        if due && state.tree.size() > signed {
+            state.checkpoint(&self.inner.key)?;
+        }
+        state.write()?;
+        Ok(state.tree.size())
+    }
+
+    /// Seals every `interval` on the current tokio runtime (the file writes run on the
+    /// blocking pool), until the returned task is aborted. Failures are logged and retried.
+    pub fn spawn_sealer(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
+        let journal = self.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            loop {
+                ticks.tick().await;
+                let journal = journal.clone();
+                match tokio::task::spawn_blocking(move || journal.seal()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(err)) => tracing::warn!(error = %err, "audit journal: sealing failed"),
+                    Err(err) => tracing::warn!(error = %err, "audit journal: sealer panicked"),
+                }
+            }
+        })
+    }
+
+    /// The number of sealed events.
+    pub fn size(&self) -> u64 {
+        lock(&self.inner.state).tree.size()
+    }
+
+    /// The public key checkpoints verify with.
+    pub fn verifying_key(&self) -> NoteVerifyingKey {
+        self.inner.key.verifying_key()
+    }
+
+    /// The sealed events.
+    pub fn events(&self) -> Vec<SealedEvent> {
+        lock(&self.inner.state).events.clone()
+    }
+
+    /// The sealed events of one operation, in journal order.
+    pub fn events_of(&self, operation: OperationId) -> Vec<SealedEvent> {
+        let state = lock(&self.inner.state);
+        let of = |e: &&SealedEvent| e.event.operation_id == Some(operation);
+        state.events.iter().filter(of).cloned().collect()
+    }
+
+    /// Every signed checkpoint, oldest first.
+    pub fn checkpoints(&self) -> Vec<SignedCheckpoint> {
+        lock(&self.inner.state).checkpoints.clone()
+    }
+
+    /// The newest signed checkpoint.
+    pub fn latest_checkpoint(&self) -> Option<SignedCheckpoint> {
+        lock(&self.inner.state).checkpoints.last().cloned()
+    }
+
+    /// The inclusion proof of event `seq` in the tree of the first `size` events.
+    pub fn inclusion_proof(&self, seq: u64, size: u64) -> Result<Vec<Sha256Hash>, ProofError> {
+        lock(&self.inner.state).tree.inclusion_proof(seq, size)
+    }
+
+    /// The proofs, against the newest checkpoint, of every retained event of `operation` that
+    /// checkpoint covers (events after it are not signed yet and are left out).
+    pub fn prove(&self, operation: OperationId) -> Result<Vec<EventProof>, JournalError> {
+        let state = lock(&self.inner.state);
+        let Some(latest) = state.checkpoints.last() else {
+            return Ok(Vec::new());
+        };
+        let size = latest.checkpoint.size;
+        let mut proofs = Vec::new();
+        for event in state.events.iter().take(size as usize) {
+            if event.event.operation_id == Some(operation) {
+                let path = state
+                    .tree
+                    .inclusion_proof(event.seq, size)
+                    .expect("the event is inside the checkpoint");
+                proofs.push(EventProof::new(event, latest, path)?);
+            }
+        }
+        Ok(proofs)
+    }
+
+    /// The consistency proof between the trees of the first `first` and `second` events.
+    pub fn consistency_proof(
+        &self,
+        first: u64,
+        second: u64,
+    ) -> Result<Vec<Sha256Hash>, ProofError> {
+        lock(&self.inner.state)
+            .tree
+            .consistency_proof(first, second)
+    }
+
+    /// Writes the sealed journal in the export format: each checkpoint right after the last
+    /// event it covers. Without [`JournalConfig::retain_events`] this copies the file sink
+    /// (and fails with [`io::ErrorKind::Unsupported`] when there is none).
+    pub fn export(&self, out: &mut impl Write) -> Result<(), JournalError> {
+        let state = lock(&self.inner.state);
+        if !state.retain {
+            let Some(sink) = &state.sink else {
+                let message = "neither retained events nor a file sink to export";
+                return Err(io::Error::new(io::ErrorKind::Unsupported, message).into());
+            };
+            io::copy(&mut std::fs::File::open(sink.path())?, out)?;
+            return Ok(());
+        }
+        let mut checkpoints = state.checkpoints.iter().peekable();
+        for event in &state.events {
+            writeln!(out, "{}", event_line(event)?)?;
+            while let Some(c) = checkpoints.next_if(|c| c.checkpoint.size == event.seq + 1) {
+                writeln!(out, "{}", checkpoint_line(&c.note))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    fn head(&self) -> Sha256Hash {
+        self.head
+    }
+
+    fn push(&mut self, event: SealedEvent) {
+        self.tree.push(event.hash);
+        self.head = event.hash;
+        if self.retain {
+            self.events.push(event);
+        }
+    }
+
+    /// Rebuilds the state from the lines of a file that verified.
+    fn recover(
+        &mut self,
+        key: &NoteVerifyingKey,
+        lines: Vec<NumberedLine>,
+    ) -> Result<(), JournalError> {
+        for (_, line) in lines {
+            match line {
+                Ok(JournalLine::Event { event, .. }) => self.push(*event),
+                Ok(JournalLine::Checkpoint { note }) => {
+                    self.checkpoints.push(SignedCheckpoint::verify(&note, key)?);
+                }
+                Err(err) => return Err(io::Error::new(io::ErrorKind::InvalidData, err).into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn seal_one(&mut self, event: AuditEvent) -> Result<(), JournalError> {
+        let (sealed, canonical) = seal_event(self.tree.size(), self.head(), event)?;
+        self.unwritten
+            .push_str(&event_line_from(&canonical, &sealed.hash));
+        self.unwritten.push('\n');
+        self.push(sealed);
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, key: &NoteSigningKey) -> Result<(), JournalError> {
+        let size = self.tree.size();
+        let checkpoint = Checkpoint {
+            origin: key.name().to_owned(),
+            size,
+            root: self.tree.root_at(size).expect("the current size"),
+            chain_head: self.head(),
+        };
+        let signed = checkpoint.sign(key)?;
+        let line = checkpoint_line(&signed.note);
+        for buffer in [&mut self.unwritten, &mut self.unanchored] {
+            buffer.push_str(&line);
+            buffer.push('\n');
+        }
+        self.checkpoints.push(signed);
+        self.last_checkpoint = Instant::now();
+        Ok(())
+    }
+
+    /// The sink first, then the anchor: an anchor never covers events the sink lost.
+    fn write(&mut self) -> Result<(), JournalError> {
+        match &mut self.sink {
+            Some(sink) if !self.unwritten.is_empty() => sink.append(&self.unwritten)?,
+            _ => {}
+        }
+        self.unwritten.clear();
+        match &mut self.anchor {
+            Some(anchor) if !self.unanchored.is_empty() => anchor.append(&self.unanchored)?,
+            _ => {}
+        }
+        self.unanchored.clear();
+        Ok(())
+    }
+}

@@ -1,0 +1,311 @@
+//! The in-process journal: sequence, chaining and checkpoints; the file sink across restarts
+//! and torn writes; the anchor; appends from many threads.
+
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tower_idempotency_core::audit::{
+    ANCHOR_FILE, Journal, JournalConfig, JournalError, NoteSigningKey, Sha256Hash, Verifier,
+    VerifyError, Violation, verify_inclusion,
+};
+
+use super::sample;
+use super::tamper::{ORIGIN, key};
+
+fn config(every: u64) -> JournalConfig {
+    JournalConfig {
+        checkpoint_every: every,
+        checkpoint_interval: Duration::from_secs(3600),
+        ..JournalConfig::default()
+    }
+}
+
+fn exported(journal: &Journal) -> Vec<u8> {
+    let mut out = Vec::new();
+    journal.export(&mut out).unwrap();
+    out
+}
+
+/// A fresh directory under the system's temporary directory.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("audit-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn append(journal: &Journal, range: std::ops::Range<u64>) {
+    for i in range {
+        journal.append(sample::event(i));
+    }
+}
+
+#[test]
+fn sealing_numbers_chains_and_checkpoints_every_n_events() {
+    let journal = Journal::open(key(), config(100)).unwrap();
+    append(&journal, 0..250);
+    assert_eq!((journal.size(), journal.pending()), (0, 250));
+    assert_eq!(journal.seal().unwrap(), 250);
+    assert_eq!(journal.pending(), 0);
+    let events = journal.events();
+    for (seq, event) in events.iter().enumerate() {
+        assert_eq!(event.seq, seq as u64);
+        let prev = if seq == 0 {
+            Sha256Hash::ZERO
+        } else {
+            events[seq - 1].hash
+        };
+        assert_eq!(event.prev, prev);
+        assert_eq!(event.event, sample::event(seq as u64));
+    }
+    let sizes: Vec<u64> = journal
+        .checkpoints()
+        .iter()
+        .map(|c| c.checkpoint.size)
+        .collect();
+    assert_eq!(sizes, [100, 200]);
+    let verified = Verifier::new(journal.verifying_key())
+        .verify(Cursor::new(exported(&journal)))
+        .unwrap();
+    assert_eq!(
+        (
+            verified.events,
+            verified.checkpoints,
+            verified.unsigned_tail
+        ),
+        (250, 2, 50)
+    );
+}
+
+#[test]
+fn a_checkpoint_is_signed_when_the_interval_has_passed() {
+    let journal = Journal::open(
+        key(),
+        JournalConfig {
+            checkpoint_interval: Duration::ZERO,
+            ..config(1000)
+        },
+    )
+    .unwrap();
+    append(&journal, 0..7);
+    journal.seal().unwrap();
+    assert_eq!(journal.latest_checkpoint().unwrap().checkpoint.size, 7);
+    // Nothing new: no new checkpoint.
+    journal.seal().unwrap();
+    assert_eq!(journal.checkpoints().len(), 1);
+    append(&journal, 7..9);
+    journal.seal().unwrap();
+    assert_eq!(journal.latest_checkpoint().unwrap().checkpoint.size, 9);
+}
+
+#[test]
+fn an_event_is_proved_against_the_latest_checkpoint() {
+    let journal = Journal::open(key(), config(64)).unwrap();
+    append(&journal, 0..200);
+    journal.seal().unwrap();
+    let latest = journal.latest_checkpoint().unwrap().checkpoint;
+    assert_eq!(latest.size, 192);
+    let operation = journal.events()[40].event.operation_id.unwrap();
+    let of = journal.events_of(operation);
+    assert!(of.len() >= 2 && of.iter().all(|e| e.event.operation_id == Some(operation)));
+    for event in of {
+        let proof = journal.inclusion_proof(event.seq, latest.size).unwrap();
+        verify_inclusion(event.seq, latest.size, &event.hash, &proof, &latest.root).unwrap();
+        let wrong = journal.inclusion_proof(event.seq + 1, latest.size).unwrap();
+        assert!(
+            verify_inclusion(event.seq, latest.size, &event.hash, &wrong, &latest.root).is_err()
+        );
+    }
+    let older = journal.checkpoints()[0].checkpoint.clone();
+    let proof = journal.consistency_proof(older.size, latest.size).unwrap();
+    tower_idempotency_core::audit::verify_consistency(
+        older.size,
+        latest.size,
+        &older.root,
+        &latest.root,
+        &proof,
+    )
+    .unwrap();
+}
+
+fn with_files(dir: &Path, every: u64) -> JournalConfig {
+    JournalConfig {
+        file_sink: Some(dir.join("journal.jsonl")),
+        anchor_dir: Some(dir.join("anchor")),
+        ..config(every)
+    }
+}
+
+#[test]
+fn the_file_sink_keeps_the_history_across_restarts_and_torn_writes() {
+    let dir = scratch("sink");
+    let journal = Journal::open(key(), with_files(&dir, 10)).unwrap();
+    append(&journal, 0..25);
+    journal.seal().unwrap();
+    drop(journal);
+    // A crash in the middle of the next write leaves a torn line.
+    let sink = dir.join("journal.jsonl");
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&sink)
+        .unwrap();
+    file.write_all(br#"{"kind":"event","hash":"AAAA"#).unwrap();
+    drop(file);
+    let journal = Journal::open(key(), with_files(&dir, 10)).unwrap();
+    assert_eq!(journal.size(), 25);
+    assert_eq!(journal.checkpoints().len(), 2);
+    append(&journal, 25..42);
+    journal.seal().unwrap();
+    assert_eq!(journal.events()[30].event, sample::event(30));
+    let verifier = Verifier::new(key().verifying_key())
+        .with_anchor(&dir.join("anchor"))
+        .unwrap();
+    let verified = verifier.verify_path(&sink).unwrap();
+    assert_eq!(
+        (verified.events, verified.checkpoints, verified.torn_tail),
+        (42, 8, false)
+    );
+    let anchor = std::fs::read_to_string(dir.join("anchor").join(ANCHOR_FILE)).unwrap();
+    assert_eq!(anchor.lines().count(), 4);
+    assert_eq!(std::fs::read(&sink).unwrap(), exported(&journal));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_tampered_file_sink_is_not_extended() {
+    let dir = scratch("tampered");
+    let journal = Journal::open(key(), with_files(&dir, 10)).unwrap();
+    append(&journal, 0..30);
+    journal.seal().unwrap();
+    drop(journal);
+    let sink = dir.join("journal.jsonl");
+    let text = std::fs::read_to_string(&sink).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.truncate(lines.len() - 4);
+    std::fs::write(&sink, lines.join("\n") + "\n").unwrap();
+    let result = Journal::open(key(), with_files(&dir, 10));
+    let Err(JournalError::Existing(VerifyError::Violation(Violation::Truncated { .. }))) = result
+    else {
+        panic!("expected the truncation to be refused, got {result:?}");
+    };
+    // Another key cannot take the journal over either.
+    let other = NoteSigningKey::from_seed(ORIGIN, &[9; 32]).unwrap();
+    std::fs::write(&sink, text).unwrap();
+    let result = Journal::open(other, with_files(&dir, 10));
+    assert!(
+        matches!(result, Err(JournalError::Existing(_))),
+        "{result:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn appends_from_many_threads_keep_one_order_and_each_threads_order() {
+    let journal = Journal::open(key(), config(500)).unwrap();
+    std::thread::scope(|scope| {
+        for thread in 0..8u64 {
+            let journal = journal.clone();
+            scope.spawn(move || {
+                for i in 0..500 {
+                    let mut event = sample::event(i);
+                    event.principal = Some(format!("thread-{thread}"));
+                    event.time = sample::time(i);
+                    journal.append(event);
+                    if i % 97 == 0 {
+                        journal.seal().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    journal.seal().unwrap();
+    let events = journal.events();
+    assert_eq!(events.len(), 4000);
+    for thread in 0..8 {
+        let name = format!("thread-{thread}");
+        let times: Vec<_> = events
+            .iter()
+            .filter(|e| e.event.principal.as_deref() == Some(name.as_str()))
+            .map(|e| e.event.time)
+            .collect();
+        assert_eq!(times.len(), 500);
+        assert!(times.windows(2).all(|w| w[0] < w[1]), "{name} out of order");
+    }
+    let verified = Verifier::new(journal.verifying_key())
+        .verify(Cursor::new(exported(&journal)))
+        .unwrap();
+    assert_eq!((verified.events, verified.checkpoints), (4000, 8));
+}
+
+#[tokio::test(start_paused = false)]
+async fn the_background_sealer_seals_and_checkpoints() {
+    let journal = Journal::open(
+        key(),
+        JournalConfig {
+            checkpoint_interval: Duration::from_millis(1),
+            ..config(1000)
+        },
+    )
+    .unwrap();
+    let sealer = journal.spawn_sealer(Duration::from_millis(5));
+    append(&journal, 0..10);
+    for _ in 0..400 {
+        if journal
+            .latest_checkpoint()
+            .is_some_and(|c| c.checkpoint.size == 10)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    sealer.abort();
+    assert_eq!(journal.size(), 10);
+    assert_eq!(journal.latest_checkpoint().unwrap().checkpoint.size, 10);
+}
+
+#[test]
+fn a_journal_of_twenty_thousand_events_verifies_from_its_file_without_keeping_events() {
+    let dir = scratch("large");
+    let journal = Journal::open(
+        key(),
+        JournalConfig {
+            retain_events: false,
+            ..with_files(&dir, 1000)
+        },
+    )
+    .unwrap();
+    for i in 0..20_000 {
+        journal.append(sample::event(i));
+        if i % 2500 == 0 {
+            journal.seal().unwrap();
+        }
+    }
+    journal.seal().unwrap();
+    assert!(journal.events().is_empty());
+    let sink = dir.join("journal.jsonl");
+    assert_eq!(exported(&journal), std::fs::read(&sink).unwrap());
+    let verified = Verifier::new(key().verifying_key())
+        .with_anchor(&dir.join("anchor"))
+        .unwrap()
+        .verify_path(&sink)
+        .unwrap();
+    assert_eq!((verified.events, verified.checkpoints), (20_000, 40));
+    assert_eq!(
+        verified.latest.unwrap().root,
+        journal.latest_checkpoint().unwrap().checkpoint.root
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    let memory_only = Journal::open(
+        key(),
+        JournalConfig {
+            retain_events: false,
+            ..config(10)
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        memory_only.export(&mut Vec::new()),
+        Err(JournalError::Io(_))
+    ));
+}

@@ -1,0 +1,169 @@
+//! [`McpIdempotencyLayer`]: the configuration and builder.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderName;
+use http::request::Parts;
+use serde_json::Value;
+use tower::Layer;
+use tower_idempotency_core::{FingerprintKey, Fingerprinter, Scope, Store};
+
+use crate::inflight::Inflight;
+use crate::policy::ToolPolicy;
+use crate::service::McpIdempotency;
+
+/// Reads the actor (the idempotency scope) from a request.
+pub type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) scope: ScopeFn,
+    pub(crate) fingerprinter: Fingerprinter,
+    pub(crate) tools: HashMap<String, ToolPolicy>,
+    pub(crate) default_policy: ToolPolicy,
+    pub(crate) status_tool: Option<String>,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) key_header: HeaderName,
+    pub(crate) inflight: Arc<Inflight>,
+}
+
+impl Config {
+    pub(crate) fn policy(&self, tool: &str) -> &ToolPolicy {
+        self.tools.get(tool).unwrap_or(&self.default_policy)
+    }
+}
+
+/// A tower [`Layer`] for an MCP Streamable HTTP endpoint: every guarded `tools/call` gets
+/// an execution identity, and a retry attaches to the execution that is running or
+/// finished instead of running the tool again.
+///
+/// ```
+/// use tower_idempotency_core::MemoryStore;
+/// use tower_idempotency_mcp::{McpIdempotencyLayer, ToolPolicy};
+///
+/// let layer = McpIdempotencyLayer::new(MemoryStore::default())
+///     .with_tool("list_tickets", ToolPolicy::read_only())
+///     .with_tool("charge", ToolPolicy::guarded().with_key_argument("invoice_ref"));
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct McpIdempotencyLayer {
+    config: Config,
+}
+
+impl fmt::Debug for McpIdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpIdempotencyLayer")
+            .field("store", &self.config.store)
+            .field("fingerprinter", &self.config.fingerprinter)
+            .field("tools", &self.config.tools)
+            .field("default_policy", &self.config.default_policy)
+            .field("status_tool", &self.config.status_tool)
+            .field("body_limit", &self.config.body_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl McpIdempotencyLayer {
+    /// Guards tool calls with records in `store`. The actor is read from a [`Scope`] in
+    /// the request extensions (put there by the authentication middleware) unless
+    /// [`with_scope`](Self::with_scope) says otherwise; a call without one is refused with
+    /// `401`.
+    pub fn new(store: impl Store) -> Self {
+        Self {
+            config: Config {
+                store: Arc::new(store),
+                scope: Arc::new(|parts: &Parts| parts.extensions.get::<Scope>().cloned()),
+                fingerprinter: Fingerprinter::sha256(),
+                tools: HashMap::new(),
+                default_policy: ToolPolicy::guarded(),
+                status_tool: Some("execution_status".to_owned()),
+                body_limit: 4 * 1024 * 1024,
+                response_limit: 16 * 1024 * 1024,
+                key_header: HeaderName::from_static("idempotency-key"),
+                inflight: Arc::default(),
+            },
+        }
+    }
+
+    /// How the actor is read from a request (never from `clientInfo` or the session id).
+    pub fn with_scope(
+        mut self,
+        scope: impl Fn(&Parts) -> Option<Scope> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.scope = Arc::new(scope);
+        self
+    }
+
+    /// HMAC-SHA256 intent fingerprints under a server secret, for arguments that may
+    /// carry low-entropy secrets.
+    pub fn with_fingerprint_key(mut self, key: FingerprintKey) -> Self {
+        self.config.fingerprinter = Fingerprinter::hmac_sha256(key);
+        self
+    }
+
+    /// The policy of one tool.
+    pub fn with_tool(mut self, name: impl Into<String>, policy: ToolPolicy) -> Self {
+        self.config.tools.insert(name.into(), policy);
+        self
+    }
+
+    /// Policies for tool definitions as `tools/list` lists them (objects with `name` and
+    /// `annotations`), each from [`ToolPolicy::from_annotations`] and then passed through
+    /// `adjust` (to set leases, waits, dispatch marking). Entries without a name are
+    /// skipped.
+    pub fn with_tool_definitions<'a>(
+        mut self,
+        tools: impl IntoIterator<Item = &'a Value>,
+        adjust: impl Fn(&str, ToolPolicy) -> ToolPolicy,
+    ) -> Self {
+        for tool in tools {
+            let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let policy = ToolPolicy::from_annotations(tool.get("annotations"));
+            self.config
+                .tools
+                .insert(name.to_owned(), adjust(name, policy));
+        }
+        self
+    }
+
+    /// The policy of tools that have none of their own (default [`ToolPolicy::guarded`]).
+    pub fn with_default_policy(mut self, policy: ToolPolicy) -> Self {
+        self.config.default_policy = policy;
+        self
+    }
+
+    /// The name of the generated status tool (default `execution_status`); `None` turns
+    /// it off.
+    pub fn with_status_tool(mut self, name: Option<String>) -> Self {
+        self.config.status_tool = name;
+        self
+    }
+
+    /// Largest request body read (default 4 MiB); larger ones get `413`.
+    pub fn with_body_limit(mut self, limit: usize) -> Self {
+        self.config.body_limit = limit;
+        self
+    }
+
+    /// Largest JSON response of a tool call buffered for storage (default 16 MiB).
+    pub fn with_response_limit(mut self, limit: usize) -> Self {
+        self.config.response_limit = limit;
+        self
+    }
+}
+
+impl<S> Layer<S> for McpIdempotencyLayer {
+    type Service = McpIdempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        McpIdempotency::new(inner, Arc::new(self.config.clone()))
+    }
+}

@@ -1,0 +1,378 @@
+//! [`McpIdempotency`]: the `Service` that classifies each request and decides what a
+//! `tools/call` gets — a new execution, the stored result, an attach to the running one,
+//! or a refusal.
+//!
+//! Retries are decided from the execution record, never from the JSON-RPC id.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use serde_json::Value;
+use tower::{Service, ServiceExt};
+use tower_idempotency_core::{IdempotencyKey, Scope, canonicalize_json};
+
+use crate::answer;
+use crate::decide::{CallContext, Carrier, Decision, store_unavailable};
+use crate::intent::intent;
+use crate::jsonrpc::{self, Classified, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE, ToolCall};
+use crate::layer::Config;
+use crate::policy::{KeyRequirement, ToolPolicy};
+use crate::{BoxError, McpBody, metrics, status};
+
+/// The Streamable HTTP session header.
+pub(crate) const SESSION_HEADER: &str = "mcp-session-id";
+
+/// The service built by [`McpIdempotencyLayer`](crate::McpIdempotencyLayer).
+///
+/// The inner service receives buffered bodies (`Full<Bytes>`); every refusal the layer
+/// makes is a response, so the error type is the inner service's.
+#[derive(Clone)]
+pub struct McpIdempotency<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for McpIdempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpIdempotency")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> McpIdempotency<S> {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, taken out.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for McpIdempotency<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<McpBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The clone that was driven ready serves this call.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        Box::pin(handle(config, inner, request))
+    }
+}
+
+pub(crate) fn boxed<B>(response: Response<B>) -> Response<McpBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    response.map(|body| {
+        body.map_err(|error| -> BoxError { error.into() })
+            .boxed_unsync()
+    })
+}
+
+pub(crate) async fn forward<S, ResBody>(
+    inner: S,
+    request: Request<Full<Bytes>>,
+) -> Result<Response<McpBody>, S::Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    Ok(boxed(inner.oneshot(request).await?))
+}
+
+async fn handle<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<McpBody>, S::Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let bytes = match Limited::new(body, config.body_limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            return Ok(answer::problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                &format!("the request body exceeds {} bytes", config.body_limit),
+            ));
+        }
+        Err(_) => {
+            return Ok(answer::problem(
+                StatusCode::BAD_REQUEST,
+                "body-read-failed",
+                "the request body could not be read",
+            ));
+        }
+    };
+    let session = parts
+        .headers
+        .get(SESSION_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    if parts.method == Method::DELETE {
+        if let Some(session) = session
+            .clone()
+            .filter(|session| config.inflight.has_session(session))
+        {
+            // Closing the session would cancel its running calls: close it once they
+            // have settled, and tell the client now.
+            tracing::info!(%session, "session close deferred until its running calls settle");
+            let inflight = Arc::clone(&config.inflight);
+            let request = Request::from_parts(parts, Full::new(bytes));
+            tokio::spawn(async move {
+                inflight.session_settled(&session).await;
+                let _ = inner.oneshot(request).await;
+            });
+            return Ok(answer::empty(StatusCode::OK));
+        }
+    }
+    if parts.method != Method::POST {
+        return forward(inner, Request::from_parts(parts, Full::new(bytes))).await;
+    }
+    match jsonrpc::classify(&bytes) {
+        Classified::Cancelled { request_id } => {
+            let running = (config.scope)(&parts).is_some_and(|actor| {
+                config
+                    .inflight
+                    .is_running(session.as_deref(), actor.as_str(), &request_id)
+            });
+            if running {
+                tracing::info!(%request_id, "cancellation of a call that runs to completion: not forwarded");
+                return Ok(answer::empty(StatusCode::ACCEPTED));
+            }
+            forward(inner, Request::from_parts(parts, Full::new(bytes))).await
+        }
+        Classified::Other => forward(inner, Request::from_parts(parts, Full::new(bytes))).await,
+        Classified::ToolsList { first_page } => {
+            let response = forward(inner, Request::from_parts(parts, Full::new(bytes))).await?;
+            match (&config.status_tool, first_page) {
+                (Some(name), true) => Ok(status::add_to_tools_list(response, name).await),
+                _ => Ok(response),
+            }
+        }
+        Classified::ToolCall(call) => tool_call(config, inner, parts, bytes, call).await,
+    }
+}
+
+fn find_key(
+    headers: &HeaderMap,
+    header: &http::HeaderName,
+    call: &ToolCall,
+    policy: &ToolPolicy,
+) -> Result<Option<IdempotencyKey>, String> {
+    let mut values = headers.get_all(header).iter();
+    if let Some(value) = values.next() {
+        if values.next().is_some() {
+            return Err("the Idempotency-Key header was sent more than once".to_owned());
+        }
+        return IdempotencyKey::parse_header(value.as_bytes())
+            .map(Some)
+            .map_err(|error| format!("the Idempotency-Key header is invalid: {error}"));
+    }
+    let from_value = |where_: &str, value: &Value| match value.as_str() {
+        Some(text) => IdempotencyKey::new(text)
+            .map(Some)
+            .map_err(|error| format!("the idempotency key in {where_} is invalid: {error}")),
+        None => Err(format!("the idempotency key in {where_} must be a string")),
+    };
+    if let Some(value) = call
+        .meta
+        .as_ref()
+        .and_then(|meta| meta.get(META_IDEMPOTENCY_KEY))
+    {
+        return from_value("params._meta", value);
+    }
+    if let Some(value) = call.params.get("idempotencyKey") {
+        return from_value("params.idempotencyKey", value);
+    }
+    if let Some(name) = &policy.key_argument {
+        if let Some(value) = call.arguments.get(name) {
+            return from_value(&format!("the `{name}` argument"), value);
+        }
+    }
+    Ok(None)
+}
+
+async fn tool_call<S, ResBody>(
+    config: Arc<Config>,
+    inner: S,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    call: ToolCall,
+) -> Result<Response<McpBody>, S::Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let started = Instant::now();
+    let tool = metrics::tool_label(&config, &call.name);
+    let Some(actor) = (config.scope)(&parts).filter(Scope::is_valid) else {
+        metrics::decided(tool, "rejected", started);
+        return Ok(answer::problem(
+            StatusCode::UNAUTHORIZED,
+            "missing-scope",
+            "the request carries no authenticated actor to scope its tool calls",
+        ));
+    };
+    if config.status_tool.as_deref() == Some(call.name.as_str()) {
+        return Ok(status::answer(&config, &actor, &call).await);
+    }
+    let (response, decision) = decide_call(config, inner, parts, bytes, call, actor).await?;
+    metrics::decided(tool, decision, started);
+    Ok(response)
+}
+
+async fn decide_call<S, ResBody>(
+    config: Arc<Config>,
+    inner: S,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    call: ToolCall,
+    actor: Scope,
+) -> Result<(Response<McpBody>, &'static str), S::Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let policy = config.policy(&call.name).clone();
+    if !policy.guarded {
+        let response = forward(inner, Request::from_parts(parts, Full::new(bytes))).await?;
+        return Ok((response, "passthrough"));
+    }
+    let refuse = |slug: &str, message: &str| {
+        Ok((
+            answer::json_response(&answer::invalid_params(&call.id, slug, message)),
+            "rejected",
+        ))
+    };
+    // I-JSON check on the bytes as sent: duplicate names, lone surrogates and imprecise
+    // integers are refused, never collapsed into another command.
+    if let Err(error) = canonicalize_json(&bytes) {
+        return refuse(
+            "invalid-json",
+            &format!("the request is not valid I-JSON: {error}"),
+        );
+    }
+    let key = match find_key(&parts.headers, &config.key_header, &call, &policy) {
+        Ok(key) => key,
+        Err(message) => return refuse("invalid-idempotency-key", &message),
+    };
+    let carrier = match key {
+        Some(key) => Carrier::Explicit(key),
+        None if policy.key == KeyRequirement::Required => {
+            return refuse(
+                "missing-idempotency-key",
+                "this tool requires an idempotency key (params._meta[\"dev.tower-idempotency/idempotency-key\"] or the Idempotency-Key header)",
+            );
+        }
+        None if !policy.derived_matching => {
+            let response = forward(inner, Request::from_parts(parts, Full::new(bytes))).await?;
+            return Ok((response, "passthrough"));
+        }
+        None => Carrier::Derived,
+    };
+    let intent_scope = match call
+        .meta
+        .as_ref()
+        .and_then(|meta| meta.get(META_INTENT_SCOPE))
+    {
+        None => None,
+        Some(Value::String(scope)) if !scope.is_empty() => Some(scope.clone()),
+        Some(_) => {
+            return refuse(
+                "invalid-intent-scope",
+                "params._meta[\"dev.tower-idempotency/intent-scope\"] must be a non-empty string",
+            );
+        }
+    };
+    let mut arguments = call.arguments.clone();
+    if let Some(normalizer) = &policy.normalizer {
+        if let Err(message) = normalizer(&mut arguments) {
+            return refuse("invalid-command", &message);
+        }
+    }
+    let intent = match intent(
+        &config.fingerprinter,
+        &actor,
+        &call.name,
+        &arguments,
+        intent_scope.as_deref(),
+        call.task,
+    ) {
+        Ok(intent) => intent,
+        Err(error) => {
+            return refuse(
+                "invalid-json",
+                &format!("the arguments are not valid I-JSON: {error}"),
+            );
+        }
+    };
+    let call_ctx = CallContext {
+        config,
+        policy,
+        call,
+        intent,
+        carrier,
+    };
+    match call_ctx.decide().await {
+        Ok(Decision::Answer(response, decision)) => Ok((response, decision)),
+        Ok(Decision::Execute { operation, lease }) => {
+            call_ctx
+                .execute(inner, parts, bytes, *operation, lease)
+                .await
+        }
+        Err(error) => Ok((store_unavailable(&error), "store_unavailable")),
+    }
+}

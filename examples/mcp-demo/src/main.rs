@@ -1,0 +1,75 @@
+//! `mcp-demo`: the demo MCP server. `--help` lists the flags.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use mcp_demo::{DemoConfig, app};
+
+/// A demo MCP server whose tool calls are guarded by tower-idempotency-mcp.
+#[derive(Debug, Parser)]
+#[command(name = "mcp-demo", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3100")]
+    listen: SocketAddr,
+    /// PostgreSQL URL for execution records and effects (default: in memory).
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Milliseconds each side-effect tool sleeps after its effect, before its result.
+    #[arg(long, default_value_t = 0)]
+    tool_delay_ms: u64,
+    /// Milliseconds each side-effect tool sleeps before it marks dispatch.
+    #[arg(long, default_value_t = 0)]
+    pre_dispatch_delay_ms: u64,
+    /// Lease of a tool call, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    lease_ms: u64,
+    /// How long a retry waits for a running execution, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    wait_ms: u64,
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let config = DemoConfig {
+        database_url: args.database_url,
+        tool_delay: Duration::from_millis(args.tool_delay_ms),
+        pre_dispatch_delay: Duration::from_millis(args.pre_dispatch_delay_ms),
+        lease: Duration::from_millis(args.lease_ms),
+        wait: Duration::from_millis(args.wait_ms),
+    };
+    let router = match app(&config).await {
+        Ok(router) => router,
+        Err(error) => {
+            eprintln!("mcp-demo: {error}");
+            std::process::exit(1);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("mcp-demo: cannot listen on {}: {error}", args.listen);
+            std::process::exit(1);
+        }
+    };
+    let address = listener.local_addr().unwrap_or(args.listen);
+    println!("listening on http://{address}");
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    if let Err(error) = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
+        eprintln!("mcp-demo: {error}");
+        std::process::exit(1);
+    }
+}

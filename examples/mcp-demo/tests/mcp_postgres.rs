@@ -1,0 +1,65 @@
+//! The acceptance scenarios over real HTTP with rmcp clients, on the PostgreSQL store
+//! (execution records and effects in a fresh database per test).
+
+mod support;
+
+use std::time::Duration;
+
+use integration_tests::pg;
+use mcp_demo::DemoConfig;
+use support::{Demo, Era, scenarios};
+
+async fn demo(tool_delay_ms: u64) -> (Demo, pg::TestDatabase) {
+    let database = pg::test_database().await;
+    let demo = Demo::start(DemoConfig {
+        database_url: Some(database.url().to_owned()),
+        tool_delay: Duration::from_millis(tool_delay_ms),
+        ..DemoConfig::default()
+    })
+    .await;
+    (demo, database)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cut_call_retried_with_a_new_id_runs_once() {
+    let (demo, _db) = demo(400).await;
+    scenarios::cut_after_dispatch_then_retry(&demo.base(), "alice").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_goes_away_does_not_cancel_and_the_retry_attaches() {
+    let (demo, _db) = demo(400).await;
+    scenarios::client_gone_then_retry(&demo.base(), "alice", Era::Stateless).await;
+    scenarios::client_gone_then_retry(&demo.base(), "bob", Era::Session).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn explicit_keys_replay_and_refuse_changed_arguments() {
+    let (demo, _db) = demo(300).await;
+    scenarios::explicit_keys(&demo.base(), "alice").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_identical_calls_share_one_execution() {
+    let (demo, _db) = demo(500).await;
+    scenarios::concurrent_identical_calls(&demo.base(), "alice", Era::Session).await;
+    scenarios::concurrent_identical_calls(&demo.base(), "bob", Era::Stateless).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_identical_call_after_delivery_is_a_new_intent() {
+    let (demo, _db) = demo(0).await;
+    scenarios::repeat_after_delivery(&demo.base(), "alice").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn different_actors_get_different_executions() {
+    let (demo, _db) = demo(200).await;
+    scenarios::different_actors(&demo.base(), "alice", "bob").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_tool_answers_only_the_callers_executions() {
+    let (demo, _db) = demo(0).await;
+    scenarios::status_tool(&demo.base(), "alice", "bob").await;
+}
