@@ -45,3 +45,33 @@ async fn postgres_store_passes_the_conformance_suite_in_a_custom_schema() {
         "a custom schema must keep the tables out of `public`"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_store_passes_the_quota_checks() {
+    let db = test_database().await;
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        scope_quota: tower_idempotency_core::conformance::QUOTA,
+        ..PostgresStoreConfig::new(db.url())
+    })
+    .unwrap();
+    store.migrate().await.unwrap();
+    tower_idempotency_core::conformance::run_quota(&store).await;
+    // The counters are exactly what the rows hold, scope by scope.
+    let client = db.client().await;
+    let drift: i64 = client
+        .query_one(
+            "SELECT count(*) FROM ( \
+                 SELECT scope, sum(records) AS records, sum(bytes) AS bytes \
+                 FROM idempotency_scope_usage GROUP BY scope) AS u \
+             FULL JOIN ( \
+                 SELECT scope, count(*) AS records, sum(stored_bytes) AS bytes \
+                 FROM idempotency_operations GROUP BY scope) AS o USING (scope) \
+             WHERE coalesce(u.records, 0) <> coalesce(o.records, 0) \
+                OR coalesce(u.bytes, 0) <> coalesce(o.bytes, 0)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(drift, 0, "scope counters drifted from the rows they count");
+}

@@ -254,9 +254,31 @@ async fn with_unnamed_statements_the_store_passes_the_conformance_suite_through_
     let bouncer = Pgbouncer::start(&db, 4);
     let store = store(&bouncer.url(), StatementMode::Unnamed);
     // Migrations through the pooler too: one transaction, its advisory lock included.
-    assert_eq!(store.migrate().await.unwrap(), [1, 2, 3, 4]);
+    assert_eq!(store.migrate().await.unwrap(), [1, 2, 3, 4, 5]);
     assert!(store.migrate().await.unwrap().is_empty());
     tower_idempotency_core::conformance::run_all(&store).await;
+    assert!(
+        !bouncer.log().contains("does not exist"),
+        "{}",
+        bouncer.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_unnamed_statements_the_quota_checks_pass_through_pgbouncer() {
+    let db = test_database().await;
+    let bouncer = Pgbouncer::start(&db, 4);
+    // The quota counters are kept by the reserving, completing, releasing and purging
+    // statements themselves (CTEs): their parameter types must be inferable unnamed too.
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        max_connections: 24,
+        statement_mode: StatementMode::Unnamed,
+        scope_quota: tower_idempotency_core::conformance::QUOTA,
+        ..PostgresStoreConfig::new(bouncer.url())
+    })
+    .unwrap();
+    store.migrate().await.unwrap();
+    tower_idempotency_core::conformance::run_quota(&store).await;
     assert!(
         !bouncer.log().contains("does not exist"),
         "{}",

@@ -38,6 +38,8 @@ pub async fn measure(records: usize, body_bytes: usize) -> Result<RecordSize, St
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: records + 1,
         shards: 16,
+        max_bytes: u64::MAX,
+        scope_quota: tower_idempotency::ScopeQuota::UNLIMITED,
     });
     let template = vec![b'x'; body_bytes];
     let before = resident_bytes()?;

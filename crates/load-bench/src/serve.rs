@@ -7,14 +7,16 @@
 //! | mode | the demo's flags | idempotency | the record is written |
 //! |---|---|---|---|
 //! | `memory-unguarded` | `--no-idempotency` | none | in memory |
-//! | `memory-guarded` | *(none)*, but a store of capacity 20 M | memory store | in memory |
+//! | `memory-guarded` | *(none)*, but a store of capacity 20 M, no byte budget or quota | memory store | in memory |
 //! | `pg-unguarded` | `--database-url U --no-idempotency` | none | `INSERT`, autocommit |
 //! | `pg-non-transactional` | `--database-url U --non-transactional` | PostgreSQL store | `INSERT`, autocommit |
 //! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
 //!
 //! `memory-guarded` differs from the demo binary in one respect: the demo's memory store has
-//! the default capacity of 100,000 records, which a 10-second run of fresh keys fills (and
-//! then answers `503 store-full`), so it is built with `demo::router` over a larger store.
+//! the default bounds (2,000,000 records, 2 GiB, half of each per account: the load's one
+//! account reaches its quota after about a million fresh keys and then gets
+//! `429 scope-quota-exceeded`), so it is built with `demo::router` over an unbounded store
+//! and a long run measures the layer, not a bound.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -69,6 +71,8 @@ pub async fn serve(
             let store = MemoryStore::new(MemoryStoreConfig {
                 capacity: 20_000_000,
                 shards: 16,
+                max_bytes: u64::MAX,
+                scope_quota: tower_idempotency::ScopeQuota::UNLIMITED,
             });
             // The demo's purge schedule.
             spawn_purge_task(store.clone(), Duration::from_secs(60), 1000);

@@ -42,6 +42,23 @@ pub enum StoreError {
         /// The configured capacity.
         capacity: usize,
     },
+    /// The store's byte budget is spent by live records (the memory store's
+    /// `max_bytes`). The layer answers `503 store-full`, as for a full record capacity.
+    #[error("the idempotency store is full ({max_bytes} bytes of live records)")]
+    BytesExhausted {
+        /// The configured byte budget.
+        max_bytes: u64,
+    },
+    /// The request's scope holds as many live records, or as many stored bytes, as its
+    /// [`ScopeQuota`](crate::ScopeQuota) allows; nothing was stored. Only new keys are
+    /// refused: keys the scope already holds are still answered. The layer answers
+    /// `429 scope-quota-exceeded` with `Retry-After`.
+    #[error("the scope's idempotency quota is exhausted; retry after {retry_after:?}")]
+    ScopeQuotaExceeded {
+        /// When a record of the scope is expected to leave (its oldest live record's expiry),
+        /// clamped by [`quota_retry_after`](crate::quota::quota_retry_after).
+        retry_after: Duration,
+    },
     /// Any other backend failure.
     #[error("the idempotency store failed")]
     Backend(#[source] BoxError),

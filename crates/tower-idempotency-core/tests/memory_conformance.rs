@@ -25,6 +25,7 @@ async fn arc_wrapped_store_passes_the_concurrency_check() {
     let store = Arc::new(MemoryStore::new(MemoryStoreConfig {
         capacity: 1000,
         shards: 1,
+        ..MemoryStoreConfig::default()
     }));
     conformance::reserve_is_atomic_under_concurrency(&store).await;
     conformance::replay_counts(&store).await;
@@ -57,6 +58,7 @@ async fn full_store_refuses_new_keys_without_evicting_live_records() {
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: CAPACITY,
         shards: 4,
+        ..MemoryStoreConfig::default()
     });
     let mut held = Vec::new();
     for i in 0..CAPACITY {
@@ -105,6 +107,7 @@ async fn capacity_frees_up_after_purge() {
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: 2,
         shards: 2,
+        ..MemoryStoreConfig::default()
     });
     let mut leases = Vec::new();
     for key in ["a", "b"] {
@@ -186,6 +189,7 @@ async fn mixed_concurrent_workload_neither_deadlocks_nor_loses_records() {
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: CAPACITY,
         shards: 3,
+        ..MemoryStoreConfig::default()
     });
     let barrier = Arc::new(Barrier::new(TASKS));
     let acquisitions = Arc::new(AtomicUsize::new(0));
@@ -275,4 +279,13 @@ async fn mixed_concurrent_workload_neither_deadlocks_nor_loses_records() {
         0,
         "the record count drifted from the records held"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_store_passes_the_quota_checks() {
+    conformance::run_quota(&MemoryStore::new(MemoryStoreConfig {
+        scope_quota: conformance::QUOTA,
+        ..MemoryStoreConfig::default()
+    }))
+    .await;
 }

@@ -18,6 +18,8 @@ pub(crate) struct Completion<'a> {
     names: Vec<&'a str>,
     values: Vec<&'a [u8]>,
     body: Option<&'a [u8]>,
+    /// What the response counts against the scope's byte quota.
+    bytes: i64,
 }
 
 impl<'a> Completion<'a> {
@@ -39,10 +41,11 @@ impl<'a> Completion<'a> {
                 .map(|(_, value)| value.as_ref())
                 .collect(),
             body: response.body.as_deref(),
+            bytes: stored_bytes(response),
         }
     }
 
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 9] {
         [
             &self.scope,
             &self.key,
@@ -52,6 +55,7 @@ impl<'a> Completion<'a> {
             &self.names,
             &self.values,
             &self.body,
+            &self.bytes,
         ]
     }
 }
@@ -64,4 +68,16 @@ pub(crate) fn completed(row: OperationRow, response: StoredResponse) -> Operatio
         response: Some(response),
         ..row.operation
     }
+}
+
+/// The bytes a stored response counts against its scope's quota: header names and values,
+/// and the body (what the row's `response_*` columns hold).
+pub(crate) fn stored_bytes(response: &StoredResponse) -> i64 {
+    let headers: usize = response
+        .headers
+        .iter()
+        .map(|(name, value)| name.len() + value.len())
+        .sum();
+    let total = headers + response.body.as_ref().map_or(0, |body| body.len());
+    i64::try_from(total).unwrap_or(i64::MAX)
 }

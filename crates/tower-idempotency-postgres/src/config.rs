@@ -9,6 +9,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use tower_idempotency_core::ScopeQuota;
+
 /// Settings of a [`PostgresStore`](crate::PostgresStore), as a plain struct.
 ///
 /// ```
@@ -61,6 +63,12 @@ pub struct PostgresStoreConfig {
     /// Longest pause of [`Store::wait`](tower_idempotency_core::Store::wait) between two
     /// reads. Default 100 ms.
     pub poll_max: Duration,
+    /// What one scope may hold: live rows, and bytes of stored responses (header names and
+    /// values, body). Checked in the reserving statement against a per-scope counter the
+    /// store's statements maintain; over it, new keys of that scope fail with
+    /// [`StoreError::ScopeQuotaExceeded`](tower_idempotency_core::StoreError::ScopeQuotaExceeded).
+    /// Default [`DEFAULT_SCOPE_QUOTA`]: 1 000 000 rows and 1 GiB per scope.
+    pub scope_quota: ScopeQuota,
     /// How statements are sent: prepared once per connection (the default), or unnamed with
     /// their parameter types, which a connection pooler in transaction mode (PgBouncer
     /// before 1.21) requires. See [`StatementMode`].
@@ -93,6 +101,14 @@ pub enum StatementMode {
     Unnamed,
 }
 
+/// The default [`PostgresStoreConfig::scope_quota`]: 1 000 000 rows and 1 GiB of stored
+/// responses per scope, far above what one account of a typical API keeps for a day of
+/// retention, and a bound on what a single hostile account can make the database hold.
+pub const DEFAULT_SCOPE_QUOTA: ScopeQuota = ScopeQuota {
+    max_records: 1_000_000,
+    max_bytes: 1 << 30,
+};
+
 impl PostgresStoreConfig {
     /// The defaults, connecting to `url`.
     pub fn new(url: impl Into<String>) -> Self {
@@ -115,6 +131,7 @@ impl Default for PostgresStoreConfig {
             query_timeout: Duration::from_secs(5),
             poll_initial: Duration::from_millis(5),
             poll_max: Duration::from_millis(100),
+            scope_quota: DEFAULT_SCOPE_QUOTA,
             statement_mode: StatementMode::Prepared,
         }
     }
@@ -133,6 +150,7 @@ impl fmt::Debug for PostgresStoreConfig {
             .field("query_timeout", &self.query_timeout)
             .field("poll_initial", &self.poll_initial)
             .field("poll_max", &self.poll_max)
+            .field("scope_quota", &self.scope_quota)
             .field("statement_mode", &self.statement_mode)
             .finish()
     }

@@ -78,7 +78,7 @@ mod store;
 mod transaction;
 
 #[doc(inline)]
-pub use config::{PostgresConfigError, PostgresStoreConfig, StatementMode};
+pub use config::{DEFAULT_SCOPE_QUOTA, PostgresConfigError, PostgresStoreConfig, StatementMode};
 #[doc(inline)]
 pub use migrate::{MIGRATIONS, Migration};
 #[doc(inline)]

@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0004_resolution_operator.sql",
         sql: include_str!("../migrations/0004_resolution_operator.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_scope_quotas.sql",
+        sql: include_str!("../migrations/0005_scope_quotas.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

@@ -18,6 +18,7 @@ use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
     IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, OperationTransaction,
     Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse,
+    quota::quota_retry_after,
 };
 
 use crate::budget::{self, TransactionBudget};
@@ -29,6 +30,9 @@ use crate::executor::{Executor, MAX_SPAN, micros};
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
 use crate::transaction::PostgresTransaction;
+
+/// Most expired rows of one scope a quota refusal deletes before telling the scope to wait.
+const QUOTA_PURGE_BATCH: i64 = 1000;
 
 /// The PostgreSQL [`Store`]. Cheap to clone: clones share one pool.
 ///
@@ -49,6 +53,8 @@ pub(crate) struct Inner {
     delivered: DeliveryMarks,
     poll_initial: Duration,
     poll_max: Duration,
+    /// The quota as bind values: most rows and most bytes per scope.
+    quota: (i64, i64),
 }
 
 impl fmt::Debug for PostgresStore {
@@ -122,6 +128,10 @@ impl PostgresStore {
                 queries: Arc::new(queries),
                 poll_initial: config.poll_initial,
                 poll_max: config.poll_max,
+                quota: (
+                    i64::try_from(config.scope_quota.max_records).unwrap_or(i64::MAX),
+                    i64::try_from(config.scope_quota.max_bytes).unwrap_or(i64::MAX),
+                ),
             }),
         })
     }
@@ -244,6 +254,25 @@ impl PostgresStore {
             .transpose()
     }
 
+    /// For a scope at its quota: purges some of its expired rows and says how many went,
+    /// and how long until its oldest live record expires (clamped).
+    async fn quota_refusal(&self, scope: &Scope) -> Result<(i64, Duration)> {
+        let rows = (self.inner.executor)
+            .query(
+                "quota_refusal",
+                &self.inner.queries.operations.quota_refusal,
+                &[&scope.as_str(), &QUOTA_PURGE_BATCH],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Backend("quota_refusal returned no row".into()))?;
+        let freed: i64 = row.try_get("purged").map_err(from_pg)?;
+        let until: Option<i64> = row.try_get("until_expiry_us").map_err(from_pg)?;
+        let until = until.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)));
+        Ok((freed, quota_retry_after(until)))
+    }
+
     async fn get_row(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<OperationRow>> {
         self.read_one(
             "get",
@@ -272,7 +301,8 @@ impl Store for PostgresStore {
         let operation_id = OperationId::new();
         let lease_id = LeaseId::new();
         let (op_uuid, lease_uuid) = (operation_id.as_uuid(), lease_id.as_uuid());
-        let params: [&(dyn ToSql + Sync); 11] = [
+        let (max_records, max_bytes) = self.inner.quota;
+        let params: [&(dyn ToSql + Sync); 13] = [
             &request.scope.as_str(),
             &request.key.as_str(),
             &op_uuid,
@@ -284,12 +314,24 @@ impl Store for PostgresStore {
             &micros(request.retention),
             &micros(request.unknown_retention),
             &request.take_over_unknown,
+            &max_records,
+            &max_bytes,
         ];
-        let Some(row) = self
-            .read_one("reserve", &self.inner.queries.operations.reserve, &params)
-            .await?
-        else {
-            return Err(StoreError::Backend("reserve returned no row".into()));
+        let mut purged = false;
+        let row = loop {
+            if let Some(row) = self
+                .read_one("reserve", &self.inner.queries.operations.reserve, &params)
+                .await?
+            {
+                break row;
+            }
+            // No row: a new key of a scope at its quota. Its expired rows go first (once);
+            // if that made room, the reservation is tried again.
+            let (freed, retry_after) = self.quota_refusal(&request.scope).await?;
+            if purged || freed == 0 {
+                return Err(StoreError::ScopeQuotaExceeded { retry_after });
+            }
+            purged = true;
         };
         if row.lease_id == Some(lease_uuid) {
             let takeover = row.operation.id != operation_id;
@@ -443,13 +485,18 @@ impl Store for PostgresStore {
             return Ok(0);
         }
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        let deleted = (self.inner.executor)
-            .execute(
+        let rows = (self.inner.executor)
+            .query(
                 "purge_expired",
                 &self.inner.queries.operations.purge,
                 &[&limit],
             )
             .await?;
+        let deleted: i64 = match rows.first() {
+            Some(row) => row.try_get("purged").map_err(from_pg)?,
+            None => 0,
+        };
+        let deleted = u64::try_from(deleted).unwrap_or(0);
         metrics::counter!(names::PURGE_DELETED, names::STORE => "postgres").increment(deleted);
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }

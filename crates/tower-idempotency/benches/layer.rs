@@ -41,6 +41,7 @@ fn guarded_router() -> Router {
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: 20_000_000,
         shards: 16,
+        ..MemoryStoreConfig::default()
     });
     let layer = IdempotencyLayer::new(store)
         .with_scope(|_| Some(Scope::new("acct_1")))

@@ -392,6 +392,16 @@ async fn reserve(
             tracing::warn!(capacity, "idempotency store full");
             NotReserved::Refused(Rejection::StoreFull)
         }
+        StoreError::BytesExhausted { max_bytes } => {
+            tracing::warn!(max_bytes, "idempotency store full (byte budget)");
+            NotReserved::Refused(Rejection::StoreFull)
+        }
+        StoreError::ScopeQuotaExceeded { retry_after } => {
+            tracing::info!(?retry_after, "scope's idempotency quota exhausted");
+            NotReserved::Refused(Rejection::ScopeQuotaExceeded {
+                retry_after: retry_after.as_secs().max(1),
+            })
+        }
         StoreError::Unavailable(error) if policy.store_failure == StoreFailurePolicy::FailOpen => {
             tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
             NotReserved::FailOpen

@@ -126,7 +126,7 @@ pub use service::{IdempotencyService, ResponseFuture};
 // The store: the trait, what it exchanges, and the in-memory implementation.
 #[doc(inline)]
 pub use tower_idempotency_core::{
-    MemoryStore, MemoryStoreConfig, Reservation, ReserveRequest, Store, StoreError,
+    MemoryStore, MemoryStoreConfig, Reservation, ReserveRequest, ScopeQuota, Store, StoreError,
     purge::spawn_purge_task,
 };
 // The records a store keeps and the status routes show.

@@ -289,6 +289,15 @@ pub enum Rejection {
     /// `503 store-full` with `Retry-After`.
     #[error("the idempotency store is full")]
     StoreFull,
+    /// The caller's scope holds as many records or bytes as its quota allows; nothing was
+    /// stored and the handler did not run. Other scopes are unaffected, and keys the scope
+    /// already holds are still answered. `429 scope-quota-exceeded` with `Retry-After`.
+    #[error("this principal's idempotency quota is exhausted")]
+    ScopeQuotaExceeded {
+        /// Seconds until a record of the scope is expected to leave (its oldest record's
+        /// expiry), at least 1.
+        retry_after: u64,
+    },
     /// The layer is finishing as many requests of departed clients as it may
     /// ([`IdempotencyLayer::with_max_detached`](crate::IdempotencyLayer::with_max_detached));
     /// nothing was reserved and the handler did not run. `503 detached-limit` with
@@ -427,6 +436,8 @@ impl Rejection {
             Self::StoreUnavailable => meta(S::SERVICE_UNAVAILABLE, "store-unavailable", "Idempotency store unavailable"),
             Self::StoreFull => meta(S::SERVICE_UNAVAILABLE, "store-full", "Idempotency store full")
                 .retry_after(1),
+            Self::ScopeQuotaExceeded { retry_after } => meta(S::TOO_MANY_REQUESTS, "scope-quota-exceeded", "Idempotency quota exceeded")
+                .retry_after(*retry_after),
             Self::DetachedLimit { .. } => meta(S::SERVICE_UNAVAILABLE, "detached-limit", "Too many unfinished requests")
                 .retry_after(1),
             Self::TransactionsUnsupported => meta(S::INTERNAL_SERVER_ERROR, "transactions-unsupported", "Transactions unsupported by the store"),
@@ -536,6 +547,11 @@ mod tests {
             ),
             (Rejection::StoreUnavailable, 503, "store-unavailable"),
             (Rejection::DetachedLimit { limit: 4 }, 503, "detached-limit"),
+            (
+                Rejection::ScopeQuotaExceeded { retry_after: 5 },
+                429,
+                "scope-quota-exceeded",
+            ),
             (
                 Rejection::TransactionsUnsupported,
                 500,

@@ -50,10 +50,12 @@ pub(crate) enum Decision {
     Bypassed,
     /// No key on a route where it is optional: the handler ran unprotected.
     Passthrough,
+    /// `429 scope-quota-exceeded`: the scope's quota is spent; the handler did not run.
+    QuotaExceeded,
 }
 
 impl Decision {
-    const ALL: [Self; 13] = [
+    const ALL: [Self; 14] = [
         Self::Rejected,
         Self::Executed,
         Self::ReExecuted,
@@ -67,6 +69,7 @@ impl Decision {
         Self::NotCommitted,
         Self::Bypassed,
         Self::Passthrough,
+        Self::QuotaExceeded,
     ];
 
     /// The value on the span and in the metric label.
@@ -85,6 +88,7 @@ impl Decision {
             Self::NotCommitted => "not_committed",
             Self::Bypassed => "bypassed",
             Self::Passthrough => "passthrough",
+            Self::QuotaExceeded => "quota_exceeded",
         }
     }
 
@@ -96,6 +100,7 @@ impl Decision {
             Rejection::OutcomeUnknown { .. } => Self::Unknown,
             Rejection::StoreUnavailable | Rejection::StoreFull => Self::StoreUnavailable,
             Rejection::NotCommitted { .. } => Self::NotCommitted,
+            Rejection::ScopeQuotaExceeded { .. } => Self::QuotaExceeded,
             _ => Self::Rejected,
         }
     }
@@ -220,6 +225,13 @@ mod tests {
 
     use super::Decision;
     use crate::IdempotencyLayer;
+
+    #[test]
+    fn a_quota_refusal_is_its_own_decision() {
+        let refusal = crate::problem::Rejection::ScopeQuotaExceeded { retry_after: 5 };
+        assert_eq!(Decision::of(&refusal), Decision::QuotaExceeded);
+        assert_eq!(Decision::QuotaExceeded.as_str(), "quota_exceeded");
+    }
 
     #[test]
     fn every_decision_round_trips_through_its_number() {

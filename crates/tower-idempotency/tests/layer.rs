@@ -601,6 +601,69 @@ async fn a_full_store_answers_503_without_running_the_handler() {
     );
 }
 
+#[tokio::test]
+async fn a_scope_over_its_quota_answers_429_for_new_keys_only() {
+    let store = MemoryStore::new(tower_idempotency::MemoryStoreConfig {
+        scope_quota: tower_idempotency::ScopeQuota {
+            max_records: 1,
+            max_bytes: u64::MAX,
+        },
+        ..Default::default()
+    });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let runs = runs.clone();
+        Router::new()
+            .route(
+                "/x",
+                post(move || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    "ran"
+                }),
+            )
+            .layer(
+                IdempotencyLayer::new(store.clone())
+                    .with_scope(|req: &http::request::Parts| {
+                        req.headers
+                            .get("x-account")
+                            .and_then(|v| v.to_str().ok())
+                            .map(Scope::new)
+                    })
+                    .with_default_policy(RoutePolicy::required()),
+            )
+    };
+    let req = |account: &str, key: &str| {
+        Request::post("/x")
+            .header("x-account", account)
+            .header("idempotency-key", key)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = app.clone().oneshot(req("a", "k1")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let refused = app.clone().oneshot(req("a", "k2")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=3600).contains(&retry_after), "{retry_after}");
+    assert!(
+        problem(refused).await["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/scope-quota-exceeded")
+    );
+    // The held key replays; another scope executes; the refused key ran nothing.
+    let replay = app.clone().oneshot(req("a", "k1")).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let other = app.clone().oneshot(req("b", "k2")).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(store.len(), 2);
+}
+
 /// A `tracing` writer into a shared buffer.
 #[derive(Clone, Default)]
 struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);

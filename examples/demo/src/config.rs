@@ -62,6 +62,14 @@ struct Cli {
     /// in this process's memory
     #[arg(long)]
     memory_records: bool,
+    /// Most live idempotency records one account may hold (default: the store's, 1000000);
+    /// past it the account's new keys get 429 scope-quota-exceeded
+    #[arg(long = "scope-quota-records", value_name = "N")]
+    scope_quota_records: Option<u64>,
+    /// Most bytes one account's idempotency records may hold (default: the store's,
+    /// 1073741824)
+    #[arg(long = "scope-quota-bytes", value_name = "N")]
+    scope_quota_bytes: Option<u64>,
 }
 
 fn address(raw: &str) -> Result<SocketAddr, String> {
@@ -127,6 +135,25 @@ pub struct Config {
     pub idempotency: bool,
     /// Where the records live with a database URL, and how they are written.
     pub records: Records,
+    /// Most live idempotency records one account may hold (`--scope-quota-records`);
+    /// `None` keeps the store's default.
+    pub scope_quota_records: Option<u64>,
+    /// Most bytes one account's idempotency records may hold (`--scope-quota-bytes`);
+    /// `None` keeps the store's default.
+    pub scope_quota_bytes: Option<u64>,
+}
+
+impl Config {
+    /// The store's default scope quota `default` with the configured bounds applied.
+    pub fn scope_quota(
+        &self,
+        default: tower_idempotency::ScopeQuota,
+    ) -> tower_idempotency::ScopeQuota {
+        tower_idempotency::ScopeQuota {
+            max_records: self.scope_quota_records.unwrap_or(default.max_records),
+            max_bytes: self.scope_quota_bytes.unwrap_or(default.max_bytes),
+        }
+    }
 }
 
 impl Default for Config {
@@ -140,6 +167,8 @@ impl Default for Config {
             heartbeat: true,
             idempotency: true,
             records: Records::Transactional,
+            scope_quota_records: None,
+            scope_quota_bytes: None,
         }
     }
 }
@@ -223,6 +252,8 @@ fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::
         heartbeat: !cli.no_heartbeat,
         idempotency: !cli.no_idempotency,
         records,
+        scope_quota_records: cli.scope_quota_records,
+        scope_quota_bytes: cli.scope_quota_bytes,
     })
 }
 
@@ -238,6 +269,22 @@ mod tests {
     fn defaults_without_arguments() {
         assert_eq!(parse(&[]).unwrap(), Config::default());
         assert!(Config::default().idempotency);
+    }
+
+    #[test]
+    fn scope_quota_flags_override_the_store_default_bound_by_bound() {
+        let default = tower_idempotency::ScopeQuota {
+            max_records: 10,
+            max_bytes: 20,
+        };
+        assert_eq!(parse(&[]).unwrap().scope_quota(default), default);
+        let config = parse(&["--scope-quota-records", "3"]).unwrap();
+        assert_eq!(config.scope_quota(default).max_records, 3);
+        assert_eq!(config.scope_quota(default).max_bytes, 20);
+        let config = parse(&["--scope-quota-bytes=4096"]).unwrap();
+        assert_eq!(config.scope_quota(default).max_bytes, 4096);
+        assert!(parse(&["--scope-quota-records", "-1"]).is_err());
+        assert!(parse(&["--scope-quota-bytes"]).is_err());
     }
 
     #[test]

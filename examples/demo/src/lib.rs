@@ -40,8 +40,10 @@ use axum::http::Method;
 use axum::routing::{get, post};
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tower_idempotency::{CommandRejection, IdempotencyLayer, MemoryStore, RoutePolicy, Store};
-use tower_idempotency_postgres::{ConnectError, PostgresStore};
+use tower_idempotency::{
+    CommandRejection, IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store,
+};
+use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig};
 
 pub use crate::auth::Account;
 pub use crate::config::{Config, Records};
@@ -105,7 +107,12 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
         // Neither a store nor records would use the database.
         return Ok(in_memory(config));
     }
-    let store = PostgresStore::connect(url).await?;
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        scope_quota: config.scope_quota(tower_idempotency_postgres::DEFAULT_SCOPE_QUOTA),
+        ..PostgresStoreConfig::new(url.as_str())
+    })
+    .map_err(ConnectError::from)?;
+    store.ping().await.map_err(ConnectError::from)?;
     store.migrate().await.map_err(ConnectError::from)?;
     if config.idempotency {
         tower_idempotency::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
@@ -126,7 +133,11 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
 }
 
 fn in_memory(config: &Config) -> Router {
-    let store = MemoryStore::default();
+    let defaults = MemoryStoreConfig::default();
+    let store = MemoryStore::new(MemoryStoreConfig {
+        scope_quota: config.scope_quota(defaults.scope_quota),
+        ..defaults
+    });
     if config.idempotency {
         tower_idempotency::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
     }

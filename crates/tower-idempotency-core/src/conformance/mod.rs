@@ -37,9 +37,14 @@
 //!   out), or at their timeout, never earlier.
 //! - Purging removes only records whose retention ended, never `in_progress` ones.
 //! - Scopes are isolated, by key and by operation id.
+//! - A scope at its [`ScopeQuota`](crate::ScopeQuota) is refused new keys (and only new
+//!   keys) with `ScopeQuotaExceeded`; other scopes are unaffected; stored bytes count from
+//!   completion; released and expired records free the quota ([`run_quota`], against a store
+//!   configured with [`QUOTA`]).
 
 mod fixture;
 mod lease;
+mod quota;
 mod records;
 mod recovery;
 mod reserve;
@@ -53,6 +58,10 @@ pub use fixture::reserve_request;
 pub use lease::{
     extend_lease_keeps_in_progress, late_completion_after_expiry_is_accepted,
     lease_expiry_reads_unknown, stale_lease_is_fenced,
+};
+pub use quota::{
+    QUOTA, quota_counts_stored_bytes, quota_refuses_new_keys_of_that_scope_only,
+    released_and_expired_records_free_the_quota, run_quota,
 };
 pub use records::{
     get_by_id_finds_operation, mark_delivered_sets_flag, purge_removes_only_expired,

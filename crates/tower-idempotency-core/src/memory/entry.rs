@@ -33,6 +33,9 @@ pub(super) struct Entry {
     /// the operation over); cleared once it is completed or abandoned.
     pub(super) lease_id: Option<LeaseId>,
     pub(super) response: Option<StoredResponse>,
+    /// What this record counts against the byte budget and its scope's quota (see
+    /// [`record_bytes`](super::inner::record_bytes)).
+    pub(super) charge: u64,
     /// Created by the first waiter (most records never have one), under the shard lock.
     pub(super) notify: Option<Arc<Notify>>,
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryStoreConfig;
@@ -13,11 +13,18 @@ use super::shard::{IdKey, PassThrough, RecordKey, Shard, lock, shard_of};
 use crate::store::Result;
 use crate::{
     IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, Reservation,
-    ReserveRequest, Scope, StoreError,
+    ReserveRequest, Scope, ScopeQuota, StoreError, StoredResponse,
 };
 
 pub(super) struct Inner {
     pub(super) capacity: usize,
+    pub(super) max_bytes: u64,
+    pub(super) quota: ScopeQuota,
+    /// Bytes held by all records (the sum of their [`Entry::charge`]).
+    pub(super) bytes: AtomicU64,
+    /// Per scope, what its records hold. Lock order: a records shard, then a scopes shard;
+    /// never the other way round, and never two scopes shards at once.
+    pub(super) scopes: Box<[Mutex<HashMap<Scope, ScopeUsage>>]>,
     pub(super) records: Box<[Shard<RecordKey, Box<Entry>>]>,
     /// Operation id → its `(scope, key)`, for [`Store::get_by_id`]. Lock order: a records
     /// shard, then an ids shard; never the other way round.
@@ -39,6 +46,56 @@ impl Default for Inner {
     }
 }
 
+/// What one scope's records hold, and when the first of them is due to expire.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ScopeUsage {
+    pub(super) records: u64,
+    pub(super) bytes: u64,
+    /// The earliest retention end of the scope's completed and abandoned records (a lower
+    /// bound: a purge of some of them leaves it in the past until a full purge recomputes
+    /// it). Only a hint for `Retry-After`, and the signal that purging may free the quota.
+    pub(super) earliest_expiry: Tick,
+}
+
+/// Why a new record could not be stored.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Refusal {
+    /// The record capacity is spent.
+    Full,
+    /// The byte budget is spent.
+    Bytes,
+    /// The scope's quota is spent; its first record is due to expire at the tick.
+    Quota(Tick),
+}
+
+/// What every record counts beyond its strings and response: the map slot and the record
+/// itself, the operation-id index entry, and the allocator's rounding of the request's
+/// allocations. Measured: about 720 bytes per record with a 40-character key, a SHA-256
+/// fingerprint and one stored header, of which these strings are about 150 (see
+/// `docs/memory-store.md`).
+pub(super) const RECORD_OVERHEAD: u64 = 560;
+
+/// What every stored header counts beyond its name and value (its `String`, its `Bytes`).
+pub(super) const HEADER_OVERHEAD: u64 = 64;
+
+/// The bytes a new record for `request` counts before it has a response.
+pub(super) fn record_bytes(request: &ReserveRequest) -> u64 {
+    let strings = request.scope.as_str().len()
+        + request.key.as_str().len()
+        + request.fingerprint.as_str().len();
+    RECORD_OVERHEAD + strings as u64
+}
+
+/// The bytes a stored response adds to its record.
+pub(super) fn response_bytes(response: &StoredResponse) -> u64 {
+    let headers: u64 = response
+        .headers
+        .iter()
+        .map(|(name, value)| HEADER_OVERHEAD + (name.len() + value.len()) as u64)
+        .sum();
+    headers + response.body.as_ref().map_or(0, |body| body.len() as u64)
+}
+
 /// Most distinct method and route names one shard shares between its records. Routes are
 /// templates, a handful per service; a service that passes raw paths gets a copy per
 /// record past this many instead of an ever-growing table.
@@ -49,6 +106,10 @@ impl Inner {
         let shards = config.shards.max(1);
         Self {
             capacity: config.capacity,
+            max_bytes: config.max_bytes,
+            quota: config.scope_quota,
+            bytes: AtomicU64::new(0),
+            scopes: (0..shards).map(|_| Mutex::default()).collect(),
             records: (0..shards).map(|_| Mutex::default()).collect(),
             ids: (0..shards).map(|_| Mutex::default()).collect(),
             names: (0..shards).map(|_| Mutex::default()).collect(),
@@ -105,13 +166,90 @@ impl Inner {
         name
     }
 
-    /// Takes one slot of capacity, or reports that none is left.
-    pub(super) fn take_slot(&self) -> bool {
-        self.len
+    fn scopes_for(&self, scope: &Scope) -> MutexGuard<'_, HashMap<Scope, ScopeUsage>> {
+        lock(&self.scopes[shard_of(self.hasher.hash_one(scope), self.scopes.len())])
+    }
+
+    /// Records and bytes `scope` holds.
+    pub(super) fn scope_usage(&self, scope: &Scope) -> (u64, u64) {
+        self.scopes_for(scope)
+            .get(scope)
+            .map_or((0, 0), |usage| (usage.records, usage.bytes))
+    }
+
+    /// Takes room for one new record of `charge` bytes in `scope`: under its quota, then in
+    /// the store's capacity and byte budget; on a refusal nothing stays taken.
+    pub(super) fn admit(&self, scope: &Scope, charge: u64) -> Result<(), Refusal> {
+        let mut scopes = self.scopes_for(scope);
+        let usage = scopes.get(scope).copied();
+        let (records, bytes) = usage.map_or((0, 0), |u| (u.records, u.bytes));
+        if !self.quota.admits(records, bytes, charge) {
+            return Err(Refusal::Quota(
+                usage.map_or(Tick::NEVER, |u| u.earliest_expiry),
+            ));
+        }
+        let slot = self
+            .len
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < self.capacity).then_some(n + 1)
-            })
-            .is_ok()
+            });
+        if slot.is_err() {
+            return Err(Refusal::Full);
+        }
+        let budget = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                (b.saturating_add(charge) <= self.max_bytes).then_some(b + charge)
+            });
+        if budget.is_err() {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refusal::Bytes);
+        }
+        let usage = scopes.entry(scope.clone()).or_insert(ScopeUsage {
+            records: 0,
+            bytes: 0,
+            earliest_expiry: Tick::NEVER,
+        });
+        usage.records += 1;
+        usage.bytes = usage.bytes.saturating_add(charge);
+        Ok(())
+    }
+
+    /// Adds `bytes` to a record of `scope` that stays (a stored response): never refused,
+    /// the effect has happened; the scope's and the store's *next* new key pays for it.
+    /// `expires` is the record's new retention end, if it got one.
+    pub(super) fn charge(&self, scope: &Scope, bytes: u64, expires: Tick) {
+        self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if let Some(usage) = self.scopes_for(scope).get_mut(scope) {
+            usage.bytes = usage.bytes.saturating_add(bytes);
+            if !expires.is_never() {
+                usage.earliest_expiry = usage.earliest_expiry.min(expires);
+            }
+        }
+    }
+
+    /// Gives back what a record of `scope` that leaves the store counted.
+    pub(super) fn discharge(&self, scope: &Scope, charge: u64) {
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.bytes.fetch_sub(charge, Ordering::AcqRel);
+        let mut scopes = self.scopes_for(scope);
+        if let Some(usage) = scopes.get_mut(scope) {
+            usage.records = usage.records.saturating_sub(1);
+            usage.bytes = usage.bytes.saturating_sub(charge);
+            if usage.records == 0 {
+                scopes.remove(scope);
+            }
+        }
+    }
+
+    /// Moves a record's count from `old` bytes to `new` (an expired record replaced in its
+    /// slot by a new operation of the same scope and key).
+    fn recharge(&self, scope: &Scope, old: u64, new: u64) {
+        self.bytes.fetch_sub(old, Ordering::AcqRel);
+        self.bytes.fetch_add(new, Ordering::AcqRel);
+        if let Some(usage) = self.scopes_for(scope).get_mut(scope) {
+            usage.bytes = usage.bytes.saturating_sub(old).saturating_add(new);
+        }
     }
 
     /// A new operation for `request`, registered in the id index: the record to store
@@ -147,6 +285,7 @@ impl Inner {
             unknown_retention: request.unknown_retention,
             lease_id: Some(lease_id),
             response: None,
+            charge: record_bytes(request),
             notify: None,
         };
         let operation = entry.operation(record_key, &self.clock);
@@ -159,9 +298,9 @@ impl Inner {
         (Box::new(entry), reservation)
     }
 
-    /// The whole reservation decision, under one shard lock; `None` when a new record is
-    /// needed and the store is full.
-    pub(super) fn try_reserve(&self, request: &ReserveRequest) -> Option<Reservation> {
+    /// The whole reservation decision, under one shard lock; a [`Refusal`] when a new
+    /// record is needed and there is no room for it.
+    pub(super) fn try_reserve(&self, request: &ReserveRequest) -> Result<Reservation, Refusal> {
         let now = self.clock.now_tick();
         let record_key = self.record_key(&request.scope, &request.key);
         let mut records = self.records_for(&record_key);
@@ -169,12 +308,14 @@ impl Inner {
             entry.refresh(now, &self.clock);
             if entry.is_expired(now) {
                 // Retention ended: the key is forgotten and this is a new operation. The
-                // slot is reused, so capacity is not consulted.
+                // slot is reused, so neither capacity nor quota is consulted (the scope's
+                // record count stays; its bytes go down to the new record's).
                 let (fresh, reservation) = self.new_entry(&record_key, request, now);
+                self.recharge(&request.scope, entry.charge, fresh.charge);
                 let old = std::mem::replace(entry, fresh);
                 old.wake();
                 self.ids_for(old.id).remove(&IdKey(old.id));
-                return Some(reservation);
+                return Ok(reservation);
             }
             let same_fingerprint = entry.fingerprint == request.fingerprint;
             match entry.state {
@@ -182,20 +323,39 @@ impl Inner {
                     entry.replays = entry.replays.saturating_add(1);
                 }
                 OperationState::Unknown if same_fingerprint && request.take_over_unknown => {
-                    return Some(self.take_over(entry, &record_key, request, now));
+                    return Ok(self.take_over(entry, &record_key, request, now));
                 }
                 _ => {}
             }
-            return Some(Reservation::Existing(
+            return Ok(Reservation::Existing(
                 entry.operation(&record_key, &self.clock),
             ));
         }
-        if !self.take_slot() {
-            return None;
-        }
+        self.admit(&request.scope, record_bytes(request))?;
         let (entry, reservation) = self.new_entry(&record_key, request, now);
         records.insert(record_key, entry);
-        Some(reservation)
+        Ok(reservation)
+    }
+
+    /// The `StoreError` of a refusal; `now` dates the quota's `Retry-After`.
+    pub(super) fn refusal_error(&self, refusal: Refusal) -> StoreError {
+        match refusal {
+            Refusal::Full => StoreError::CapacityExhausted {
+                capacity: self.capacity,
+            },
+            Refusal::Bytes => StoreError::BytesExhausted {
+                max_bytes: self.max_bytes,
+            },
+            Refusal::Quota(earliest) => {
+                let until = self
+                    .clock
+                    .instant(earliest)
+                    .map(|at| at.saturating_duration_since(tokio::time::Instant::now()));
+                StoreError::ScopeQuotaExceeded {
+                    retry_after: crate::quota::quota_retry_after(until),
+                }
+            }
+        }
     }
 
     pub(super) fn take_over(
@@ -252,10 +412,11 @@ impl Inner {
             entry.wake();
         }
         if delete {
-            records.remove(&record_key);
+            if let Some(entry) = records.remove(&record_key) {
+                self.discharge(&record_key.scope, entry.charge);
+            }
             self.ids_for(lease.operation_id)
                 .remove(&IdKey(lease.operation_id));
-            self.len.fetch_sub(1, Ordering::AcqRel);
         }
         Ok(value)
     }
@@ -269,9 +430,12 @@ impl Inner {
         (!entry.is_expired(now)).then(|| entry.operation(record_key, &self.clock))
     }
 
-    /// Deletes up to `batch` records whose retention ended.
+    /// Deletes up to `batch` records whose retention ended. A purge that visits every
+    /// record (an unbounded batch) also recomputes each scope's earliest expiry.
     pub(super) fn purge(&self, batch: usize) -> usize {
         let now = self.clock.now_tick();
+        let full = batch == usize::MAX;
+        let mut earliest: HashMap<Scope, Tick> = HashMap::new();
         let mut purged = 0;
         for shard in self.records.iter() {
             if purged >= batch {
@@ -286,14 +450,33 @@ impl Inner {
                 entry.refresh(now, &self.clock);
                 if entry.is_expired(now) {
                     doomed.push(record_key.clone());
+                } else if full && !entry.expires.is_never() {
+                    let first = earliest
+                        .entry(record_key.scope.clone())
+                        .or_insert(Tick::NEVER);
+                    *first = (*first).min(entry.expires);
                 }
             }
             for record_key in doomed {
                 if let Some(entry) = records.remove(&record_key) {
                     self.ids_for(entry.id).remove(&IdKey(entry.id));
-                    self.len.fetch_sub(1, Ordering::AcqRel);
+                    self.discharge(&record_key.scope, entry.charge);
                     entry.wake();
                     purged += 1;
+                }
+            }
+        }
+        if full {
+            // A stale (passed) value is replaced; a live one can only have been lowered by a
+            // completion since the scan, so the smaller of the two stands.
+            for shard in self.scopes.iter() {
+                for (scope, usage) in lock(shard).iter_mut() {
+                    let seen = earliest.get(scope).copied().unwrap_or(Tick::NEVER);
+                    usage.earliest_expiry = if usage.earliest_expiry.has_passed(now) {
+                        seen
+                    } else {
+                        usage.earliest_expiry.min(seen)
+                    };
                 }
             }
         }

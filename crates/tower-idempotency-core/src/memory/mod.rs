@@ -12,14 +12,23 @@
 //! balancer need a shared store (PostgreSQL) instead, or a retry routed to another instance
 //! executes twice.
 //!
-//! # Capacity
+//! # Bounds
 //!
-//! [`MemoryStoreConfig::capacity`] bounds the number of records held. When a new key
-//! arrives at a full store, expired records are purged first; if the store is still full,
-//! [`Store::reserve`](crate::Store::reserve) fails with [`StoreError::CapacityExhausted`](crate::StoreError::CapacityExhausted) and the layer answers
-//! `503` with `Retry-After`. The store never evicts an `in_progress` record or one whose
-//! retention is still running: forgetting a key early would let its retry execute twice,
-//! which is the one thing this crate exists to prevent. Run
+//! [`MemoryStoreConfig::capacity`] bounds the number of records held,
+//! [`MemoryStoreConfig::max_bytes`] the bytes they hold (each record's fixed overhead, its
+//! scope, key and fingerprint, its stored headers and body), and
+//! [`MemoryStoreConfig::scope_quota`] what one scope may hold of both. All are checked when a
+//! new key is reserved; keys already held are always answered. When a new key finds no
+//! room, expired records are purged first; if there is still none,
+//! [`Store::reserve`](crate::Store::reserve) fails with
+//! [`StoreError::CapacityExhausted`](crate::StoreError::CapacityExhausted) or
+//! [`StoreError::BytesExhausted`](crate::StoreError::BytesExhausted) (the layer answers
+//! `503 store-full` with `Retry-After`), or, for a scope at its quota, with
+//! [`StoreError::ScopeQuotaExceeded`](crate::StoreError::ScopeQuotaExceeded) (`429`). The
+//! store never evicts an `in_progress` record or one whose retention is still running:
+//! forgetting a key early would let its retry execute twice, which is the one thing this
+//! crate exists to prevent. A response is counted when it is stored and is never refused for
+//! its size (its effect has happened); the next new key pays for it. Run
 //! [`spawn_purge_task`](crate::purge::spawn_purge_task) so that expired records leave
 //! before the store fills up.
 //!
@@ -96,19 +105,50 @@ use std::sync::atomic::Ordering;
 
 use inner::Inner;
 
+use crate::ScopeQuota;
+
 /// Configuration of a [`MemoryStore`].
+///
+/// ```
+/// use tower_idempotency_core::{MemoryStoreConfig, ScopeQuota};
+///
+/// let config = MemoryStoreConfig {
+///     max_bytes: 256 << 20,
+///     scope_quota: ScopeQuota { max_records: 10_000, max_bytes: 16 << 20 },
+///     ..MemoryStoreConfig::default()
+/// };
+/// assert_eq!(config.capacity, 2_000_000);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryStoreConfig {
-    /// Most records held at once, expired ones not yet purged included (default 100 000).
+    /// Most records held at once, expired ones not yet purged included (default
+    /// 2 000 000). The byte budget, [`max_bytes`](Self::max_bytes), is normally the bound
+    /// reached first.
     pub capacity: usize,
+    /// Most bytes the records may hold, by the store's own count of each record (a fixed
+    /// overhead, the scope, key and fingerprint, the stored headers and body; see
+    /// `docs/memory-store.md`). Default 2 GiB, about two million records of a 300-byte
+    /// response.
+    pub max_bytes: u64,
+    /// What one scope may hold (default: half of the defaults above, 1 000 000 records and
+    /// 1 GiB, so one account can never take the store away from the others).
+    pub scope_quota: ScopeQuota,
     /// Number of independently locked shards (default 16; 0 counts as 1).
     pub shards: usize,
 }
 
+/// The default byte budget of a [`MemoryStore`]: 2 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 2 << 30;
+
 impl Default for MemoryStoreConfig {
     fn default() -> Self {
         Self {
-            capacity: 100_000,
+            capacity: 2_000_000,
+            max_bytes: DEFAULT_MAX_BYTES,
+            scope_quota: ScopeQuota {
+                max_records: 1_000_000,
+                max_bytes: DEFAULT_MAX_BYTES / 2,
+            },
             shards: 16,
         }
     }
@@ -144,14 +184,33 @@ impl MemoryStore {
     pub fn capacity(&self) -> usize {
         self.inner.capacity
     }
+
+    /// Bytes held by the records, by the store's count (see
+    /// [`MemoryStoreConfig::max_bytes`]).
+    pub fn bytes(&self) -> u64 {
+        self.inner.bytes.load(Ordering::Acquire)
+    }
+
+    /// The configured byte budget.
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.max_bytes
+    }
+
+    /// Records and bytes `scope` holds, by the store's count: what its
+    /// [`ScopeQuota`] is checked against.
+    pub fn scope_usage(&self, scope: &crate::Scope) -> (u64, u64) {
+        self.inner.scope_usage(scope)
+    }
 }
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("capacity", &self.inner.capacity)
+            .field("max_bytes", &self.inner.max_bytes)
             .field("shards", &self.inner.records.len())
             .field("len", &self.len())
+            .field("bytes", &self.bytes())
             .finish()
     }
 }

@@ -10,36 +10,40 @@ use tokio::time::Instant;
 
 use super::MemoryStore;
 use super::clock::{Tick, later};
+use super::inner::{Refusal, response_bytes};
 use crate::store::Result;
 use crate::{
     IdempotencyKey, Lease, Operation, OperationId, OperationState, Reservation, ReserveRequest,
-    Scope, Store, StoreError, StoredResponse,
+    Scope, Store, StoredResponse,
 };
 
 #[async_trait]
 impl Store for MemoryStore {
+    /// A new key that finds no room (capacity, byte budget, or its scope's quota with a
+    /// record of the scope past its expiry) purges expired records once, then tries again.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        let inner = &self.inner;
         let mut purged = false;
         loop {
-            match self.inner.try_reserve(&request) {
-                Some(reservation) => return Ok(reservation),
-                None if !purged => {
-                    purged = true;
-                    let inner = &self.inner;
-                    if inner
-                        .purging
-                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        inner.purge(usize::MAX);
-                        inner.purging.store(false, Ordering::Release);
-                    }
-                }
-                None => {
-                    return Err(StoreError::CapacityExhausted {
-                        capacity: self.inner.capacity,
-                    });
-                }
+            let refusal = match inner.try_reserve(&request) {
+                Ok(reservation) => return Ok(reservation),
+                Err(refusal) => refusal,
+            };
+            let purge_may_help = match refusal {
+                Refusal::Full | Refusal::Bytes => true,
+                Refusal::Quota(earliest) => earliest.has_passed(inner.clock.now_tick()),
+            };
+            if purged || !purge_may_help {
+                return Err(inner.refusal_error(refusal));
+            }
+            purged = true;
+            if inner
+                .purging
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                inner.purge(usize::MAX);
+                inner.purging.store(false, Ordering::Release);
             }
         }
     }
@@ -48,16 +52,21 @@ impl Store for MemoryStore {
     /// took the operation over: the result is real, and storing it turns an `unknown`
     /// outcome into a replayable one.
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
-        self.inner
-            .with_lease(lease, |entry, record_key, now, clock| {
-                entry.lease_id = None;
-                entry.state = OperationState::Completed;
-                entry.response = Some(response);
-                entry.completed = now;
-                entry.lease_expires = Tick::NEVER;
-                entry.expires = clock.later(now, entry.retention);
-                (entry.operation(record_key, clock), false)
-            })
+        let inner = &self.inner;
+        inner.with_lease(lease, |entry, record_key, now, clock| {
+            // Counted, never refused: the effect happened and its result must be kept. A
+            // response that takes the scope past its quota refuses its next new key.
+            let added = response_bytes(&response);
+            entry.charge = entry.charge.saturating_add(added);
+            entry.lease_id = None;
+            entry.state = OperationState::Completed;
+            entry.response = Some(response);
+            entry.completed = now;
+            entry.lease_expires = Tick::NEVER;
+            entry.expires = clock.later(now, entry.retention);
+            inner.charge(&record_key.scope, added, entry.expires);
+            (entry.operation(record_key, clock), false)
+        })
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -65,11 +74,13 @@ impl Store for MemoryStore {
     }
 
     async fn abandon(&self, lease: &Lease) -> Result<()> {
-        self.inner.with_lease(lease, |entry, _, now, clock| {
+        let inner = &self.inner;
+        inner.with_lease(lease, |entry, record_key, now, clock| {
             entry.lease_id = None;
             entry.state = OperationState::Unknown;
             entry.lease_expires = Tick::NEVER;
             entry.expires = clock.later(now, entry.unknown_retention);
+            inner.charge(&record_key.scope, 0, entry.expires);
             ((), false)
         })
     }

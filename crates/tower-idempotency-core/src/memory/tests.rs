@@ -11,7 +11,7 @@ use crate::conformance::reserve_request;
 use crate::store::Result;
 use crate::{
     Fingerprint, IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest,
-    Scope, Store, StoreError, StoredResponse,
+    Scope, ScopeQuota, Store, StoreError, StoredResponse,
 };
 
 const LEASE: Duration = Duration::from_secs(5);
@@ -211,6 +211,7 @@ async fn full_store_refuses_new_keys_and_frees_up_once_records_expire() {
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: 2,
         shards: 1,
+        ..MemoryStoreConfig::default()
     });
     let (_, first) = acquire(&store, request("a", "1", "fp")).await;
     let (second, _) = acquire(&store, request("a", "2", "fp")).await;
@@ -251,6 +252,7 @@ async fn purge_respects_batch_and_spares_live_records() {
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: 100,
         shards: 4,
+        ..MemoryStoreConfig::default()
     });
     for i in 0..5 {
         let (_, lease) = acquire(&store, request("a", &format!("done-{i}"), "fp")).await;
@@ -354,6 +356,7 @@ async fn a_poisoned_shard_keeps_working() {
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: 10,
         shards: 1,
+        ..MemoryStoreConfig::default()
     });
     let poisoner = store.clone();
     let outcome = std::thread::spawn(move || {
@@ -376,9 +379,112 @@ fn debug_shows_size_not_records() {
     let store = MemoryStore::new(MemoryStoreConfig {
         capacity: 7,
         shards: 0,
+        ..MemoryStoreConfig::default()
     });
     assert_eq!(
         format!("{store:?}"),
-        "MemoryStore { capacity: 7, shards: 1, len: 0 }"
+        "MemoryStore { capacity: 7, max_bytes: 2147483648, shards: 1, len: 0, bytes: 0 }"
     );
+}
+
+fn body(len: usize) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![(
+            "content-type".to_owned(),
+            Bytes::from_static(b"application/json"),
+        )],
+        body: Some(Bytes::from(vec![b'x'; len])),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn byte_budget_counts_records_and_responses_and_gives_them_back() {
+    let store = MemoryStore::default();
+    let (_, lease) = acquire(&store, request("a", "1", "fp")).await;
+    let reserved = store.bytes();
+    assert_eq!(
+        reserved,
+        inner::RECORD_OVERHEAD + ("a".len() + "1".len() + "fp".len()) as u64
+    );
+    store.complete(&lease, body(1000)).await.unwrap();
+    let stored = reserved + inner::HEADER_OVERHEAD + 12 + 16 + 1000;
+    assert_eq!(store.bytes(), stored);
+    assert_eq!(store.scope_usage(&Scope::new("a")), (1, stored));
+    // An expired record replaced by a new operation of its key gives its response back.
+    tokio::time::advance(RETENTION).await;
+    let (_, lease) = acquire(&store, request("a", "1", "fp")).await;
+    assert_eq!(store.bytes(), reserved);
+    store.release(&lease).await.unwrap();
+    assert_eq!((store.len(), store.bytes()), (0, 0));
+    assert_eq!(store.scope_usage(&Scope::new("a")), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn spent_byte_budget_refuses_new_keys_and_never_drops_a_live_record() {
+    // Room for two reservations; a completion past the budget is stored anyway.
+    let one = inner::RECORD_OVERHEAD + 3;
+    let store = MemoryStore::new(MemoryStoreConfig {
+        max_bytes: 2 * one + 100,
+        ..MemoryStoreConfig::default()
+    });
+    let (_, first) = acquire(&store, request("a", "1", "fp")).await;
+    let (running, _) = acquire(&store, request("b", "2", "fp")).await;
+    let done = store.complete(&first, body(4096)).await.unwrap();
+    assert_eq!(done.state, OperationState::Completed);
+    assert!(store.bytes() > store.max_bytes());
+    for scope in ["a", "b", "c"] {
+        let refused = store.reserve(request(scope, "3", "fp")).await;
+        assert!(
+            matches!(refused, Err(StoreError::BytesExhausted { max_bytes }) if max_bytes == 2 * one + 100),
+            "{refused:?}"
+        );
+    }
+    // Both records are still there and answer: the completed one replays whole.
+    let replay = existing(store.reserve(request("a", "1", "fp")).await.unwrap());
+    assert_eq!(replay.response.unwrap().body.unwrap().len(), 4096);
+    assert_eq!(
+        existing(store.reserve(request("b", "2", "fp")).await.unwrap()).id,
+        running.id
+    );
+    // Once the completed record's retention ends, the store purges it to make room.
+    tokio::time::advance(RETENTION).await;
+    acquire(&store, request("c", "3", "fp")).await;
+    assert_eq!(store.len(), 2);
+    assert!(
+        store
+            .get(&Scope::new("b"), &IdempotencyKey::new("2").unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn scope_quota_refuses_only_that_scope_with_retry_after_from_its_oldest_record() {
+    let store = MemoryStore::new(MemoryStoreConfig {
+        scope_quota: ScopeQuota {
+            max_records: 2,
+            max_bytes: u64::MAX,
+        },
+        ..MemoryStoreConfig::default()
+    });
+    let (_, first) = acquire(&store, request("a", "1", "fp")).await;
+    store.complete(&first, response()).await.unwrap();
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let (_, second) = acquire(&store, request("a", "2", "fp")).await;
+    store.complete(&second, response()).await.unwrap();
+    let refused = store.reserve(request("a", "3", "fp")).await;
+    // The oldest record was completed 20 s ago with 60 s of retention.
+    assert!(
+        matches!(refused, Err(StoreError::ScopeQuotaExceeded { retry_after }) if retry_after == Duration::from_secs(40)),
+        "{refused:?}"
+    );
+    assert_eq!(store.len(), 2, "nothing stored for the refused key");
+    acquire(&store, request("b", "3", "fp")).await;
+    // The oldest record expires: the refused scope's next key purges it and gets its room.
+    tokio::time::advance(Duration::from_secs(40)).await;
+    acquire(&store, request("a", "3", "fp")).await;
+    assert_eq!(store.scope_usage(&Scope::new("a")).0, 2);
+    assert_eq!(store.len(), 3);
 }

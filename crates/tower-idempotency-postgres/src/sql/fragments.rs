@@ -55,3 +55,19 @@ pub(super) const UNKNOWN: &str = concat!("(o.state = 'unknown' OR ", lapsed!(), 
 pub(super) fn micros(param: &str) -> String {
     format!("({param}::bigint * interval '1 microsecond')")
 }
+
+/// The counter slot of the operation id in `$param`: its last byte, random in every id the
+/// store generates, spread over 64 slot rows of `idempotency_scope_usage`.
+pub(super) fn slot(param: &str) -> String {
+    format!("(get_byte(uuid_send({param}::uuid), 15) % 64)::smallint")
+}
+
+/// Adds the rows selected by `select` (`scope, slot, records, bytes`) to the scope counters
+/// in `u`.
+pub(super) fn count_usage(u: &str, select: &str) -> String {
+    format!(
+        "INSERT INTO {u} AS u (scope, slot, records, bytes) {select} \
+         ON CONFLICT (scope, slot) DO UPDATE SET records = u.records + excluded.records, \
+             bytes = u.bytes + excluded.bytes"
+    )
+}

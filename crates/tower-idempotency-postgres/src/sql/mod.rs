@@ -31,9 +31,10 @@ impl Queries {
         let operations = format!("\"{schema}\".idempotency_operations");
         let resolutions = format!("\"{schema}\".idempotency_resolutions");
         let outbox = format!("\"{schema}\".idempotency_outbox");
+        let usage = format!("\"{schema}\".idempotency_scope_usage");
         Self {
-            operations: OperationQueries::new(&operations),
-            resolutions: ResolutionQueries::new(&operations, &resolutions),
+            operations: OperationQueries::new(&operations, &usage),
+            resolutions: ResolutionQueries::new(&operations, &resolutions, &usage),
             outbox: OutboxQueries::new(&outbox),
         }
     }

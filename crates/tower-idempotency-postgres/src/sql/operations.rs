@@ -1,7 +1,9 @@
 //! Statements on `idempotency_operations`: the reservation, the fenced writes, reads,
 //! delivery marks, the purge and the operator's listings.
 
-use super::fragments::{COLUMNS, COMPLETED_COLUMNS, EXPIRED, LAPSED, UNKNOWN, micros};
+use super::fragments::{
+    COLUMNS, COMPLETED_COLUMNS, EXPIRED, LAPSED, UNKNOWN, count_usage, micros, slot,
+};
 
 /// The statements on `idempotency_operations` of one store.
 #[derive(Debug, Clone)]
@@ -17,6 +19,9 @@ pub(crate) struct OperationQueries {
     pub(crate) mark_delivered: String,
     pub(crate) mark_delivered_batch: String,
     pub(crate) purge: String,
+    /// A scope at its quota: purges up to `$2` of its expired rows, and reads when its
+    /// oldest remaining row expires.
+    pub(crate) quota_refusal: String,
     pub(crate) find_by_id: String,
     pub(crate) list_unknown: String,
     pub(crate) list_in_progress: String,
@@ -28,20 +33,36 @@ const FENCE: &str = "o.scope = $1 AND o.idempotency_key = $2 AND o.operation_id 
                      AND o.lease_id = $4 AND o.state <> 'completed'";
 
 impl OperationQueries {
-    /// The statements for the schema-qualified table `t`.
-    pub(super) fn new(t: &str) -> Self {
+    /// The statements for the schema-qualified tables `t` (operations) and `u` (scope
+    /// usage counters).
+    pub(super) fn new(t: &str, u: &str) -> Self {
         let by = micros("$5");
         Self {
-            reserve: reserve(t),
+            reserve: reserve(t, u),
             get: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.scope = $1 AND o.idempotency_key = $2 AND NOT {EXPIRED}"
             ),
             get_by_id: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.scope = $1 AND o.operation_id = $2 AND NOT {EXPIRED}"
             ),
-            complete: format!("{} RETURNING {COMPLETED_COLUMNS}", complete_update(t)),
-            complete_in_transaction: complete_in_transaction(t),
-            release: format!("DELETE FROM {t} AS o WHERE {FENCE}"),
+            complete: format!(
+                "WITH done AS ({} RETURNING {COMPLETED_COLUMNS}), \
+                 counted AS ({}) \
+                 SELECT * FROM done",
+                complete_update(t),
+                count_completion(u)
+            ),
+            complete_in_transaction: complete_in_transaction(t, u),
+            release: format!(
+                "WITH gone AS (DELETE FROM {t} AS o WHERE {FENCE} RETURNING o.stored_bytes) {}",
+                count_usage(
+                    u,
+                    &format!(
+                        "SELECT $1::text, {}, -1, -stored_bytes FROM gone",
+                        slot("$3")
+                    )
+                )
+            ),
             abandon: format!(
                 "UPDATE {t} AS o SET state = 'unknown', lease_id = NULL, \
                      lease_expires_at = LEAST(o.lease_expires_at, now()), \
@@ -64,7 +85,8 @@ impl OperationQueries {
                  WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
                      AND o.state = 'completed' AND NOT o.delivered"
             ),
-            purge: purge(t),
+            purge: purge(t, u),
+            quota_refusal: quota_refusal(t, u),
             find_by_id: format!("SELECT {COLUMNS} FROM {t} AS o WHERE o.operation_id = $1"),
             list_unknown: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE {UNKNOWN} ORDER BY o.created_at LIMIT $1"
@@ -98,7 +120,17 @@ impl OperationQueries {
 /// replay too, for a row completed after the snapshot `replay` read (that one commits
 /// synchronously: rare, and correct). The caller tells the cases apart by the ids it
 /// proposed: both ours → a fresh reservation; only the lease id ours → a take-over.
-fn reserve(t: &str) -> String {
+///
+/// The scope quota (`$12` records, `$13` bytes) is read from the scope's counter rows in
+/// the same statement and applies to new keys only: when the key has no row (in the
+/// statement's snapshot) and the scope is at its quota, `reserved` inserts nothing and the
+/// statement returns no row at all, which the caller reads as the refusal. A key with a row
+/// goes through the `INSERT … ON CONFLICT` as before. `counted` adds the reservation to the
+/// counter: one record for a new row; for an expired row replaced by a new operation, no
+/// record, and its stored bytes (read in `prior`) given back. Concurrent new keys of one
+/// scope may each pass the check, so a scope can exceed its record quota by the number of
+/// reservations in flight at once.
+fn reserve(t: &str, u: &str) -> String {
     let lease = micros("$8");
     let retention = micros("$9");
     let unknown_retention = micros("$10");
@@ -111,11 +143,25 @@ fn reserve(t: &str) -> String {
     let late_replay = format!(
         "(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = excluded.fingerprint)"
     );
+    let counted = count_usage(
+        u,
+        &format!(
+            "SELECT $1::text, {}, CASE WHEN EXISTS (SELECT 1 FROM prior) THEN 0 ELSE 1 END, \
+                 -coalesce((SELECT p.stored_bytes FROM prior AS p), 0) \
+             FROM reserved AS r WHERE r.operation_id = $3::uuid",
+            slot("$3")
+        ),
+    );
     format!(
         "WITH replay AS ( \
              UPDATE {t} AS o SET replays = o.replays + 1 \
              WHERE o.scope = $1 AND o.idempotency_key = $2 AND {replay} \
              RETURNING {COLUMNS}, set_config('synchronous_commit', 'off', true) AS commit_mode), \
+         prior AS ( \
+             SELECT o.stored_bytes FROM {t} AS o WHERE o.scope = $1 AND o.idempotency_key = $2), \
+         quota AS ( \
+             SELECT coalesce(sum(s.records), 0) AS records, coalesce(sum(s.bytes), 0) AS bytes \
+             FROM {u} AS s WHERE s.scope = $1), \
          reserved AS ( \
          INSERT INTO {t} AS o (scope, idempotency_key, operation_id, fingerprint, method, route, \
              state, lease_id, lease_expires_at, attempts, retention, unknown_retention, \
@@ -124,6 +170,8 @@ fn reserve(t: &str) -> String {
              $7::uuid, now() + {lease}, 1, {retention}, {unknown_retention}, now(), \
              now() + {unknown_expiry} \
          WHERE NOT EXISTS (SELECT 1 FROM replay) \
+             AND (EXISTS (SELECT 1 FROM prior) \
+                  OR (SELECT q.records < $12::bigint AND q.bytes <= $13::bigint FROM quota AS q)) \
          ON CONFLICT (scope, idempotency_key) DO UPDATE SET \
              operation_id = CASE WHEN {EXPIRED} THEN excluded.operation_id ELSE o.operation_id END, \
              fingerprint = CASE WHEN {EXPIRED} THEN excluded.fingerprint ELSE o.fingerprint END, \
@@ -142,13 +190,15 @@ fn reserve(t: &str) -> String {
              response_header_names = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_header_names END, \
              response_header_values = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_header_values END, \
              response_body = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_body END, \
+             stored_bytes = CASE WHEN {EXPIRED} THEN 0 ELSE o.stored_bytes END, \
              delivered = CASE WHEN {EXPIRED} THEN false ELSE o.delivered END, \
              replays = CASE WHEN {EXPIRED} THEN 0 WHEN {late_replay} THEN o.replays + 1 \
                             ELSE o.replays END, \
              created_at = CASE WHEN {EXPIRED} THEN excluded.created_at ELSE o.created_at END, \
              completed_at = CASE WHEN {EXPIRED} THEN NULL ELSE o.completed_at END, \
              expires_at = CASE WHEN {EXPIRED} OR {take} THEN excluded.expires_at ELSE o.expires_at END \
-         RETURNING {COLUMNS}, NULL::text AS commit_mode) \
+         RETURNING {COLUMNS}, NULL::text AS commit_mode), \
+         counted AS ({counted}) \
          SELECT * FROM replay UNION ALL SELECT * FROM reserved"
     )
 }
@@ -158,9 +208,17 @@ fn complete_update(t: &str) -> String {
     format!(
         "UPDATE {t} AS o SET state = 'completed', response_status = $5, \
              response_header_names = $6, response_header_values = $7, response_body = $8, \
-             completed_at = now(), expires_at = now() + o.retention, \
+             stored_bytes = $9, completed_at = now(), expires_at = now() + o.retention, \
              lease_id = NULL, lease_expires_at = NULL \
          WHERE {FENCE}"
+    )
+}
+
+/// The completion's bytes (`$9`) added to its scope's counter, for the row `done` returned.
+fn count_completion(u: &str) -> String {
+    count_usage(
+        u,
+        &format!("SELECT $1::text, {}, 0, $9::bigint FROM done", slot("$3")),
     )
 }
 
@@ -169,24 +227,61 @@ fn complete_update(t: &str) -> String {
 /// count of completed rows is the divisor, read from the one row the outer `VALUES` always
 /// yields), which aborts the transaction, so the `COMMIT` behind it rolls the handler's
 /// writes back instead of keeping them. Nothing else in the statement divides.
-fn complete_in_transaction(t: &str) -> String {
+fn complete_in_transaction(t: &str, u: &str) -> String {
     format!(
         "WITH done AS ( \
-             {} RETURNING {COMPLETED_COLUMNS}) \
+             {} RETURNING {COMPLETED_COLUMNS}), \
+         counted AS ({}) \
          SELECT done.*, 1 / (SELECT count(*) FROM done) AS fenced \
          FROM (VALUES (1)) AS one LEFT JOIN done ON true",
-        complete_update(t)
+        complete_update(t),
+        count_completion(u)
     )
 }
 
 /// Bounded and lock-friendly: the inner SELECT picks at most $1 expired rows and skips any a
 /// concurrent purge or reserve holds; the outer DELETE repeats the predicate so a row
-/// revived in between is never deleted.
-fn purge(t: &str) -> String {
+/// revived in between is never deleted. The deleted rows leave their scopes' counters (slot
+/// 0, in scope order so that concurrent purges lock counter rows in the same order); the
+/// statement returns how many rows went.
+fn purge(t: &str, u: &str) -> String {
     format!(
-        "DELETE FROM {t} AS o WHERE (o.scope, o.idempotency_key) IN ( \
-             SELECT o.scope, o.idempotency_key FROM {t} AS o WHERE {EXPIRED} \
-             LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         AND {EXPIRED}"
+        "WITH gone AS ( \
+             DELETE FROM {t} AS o WHERE (o.scope, o.idempotency_key) IN ( \
+                 SELECT o.scope, o.idempotency_key FROM {t} AS o WHERE {EXPIRED} \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             AND {EXPIRED} \
+             RETURNING o.scope, o.stored_bytes), \
+         counted AS ({}) \
+         SELECT count(*) AS purged FROM gone",
+        count_usage(
+            u,
+            "SELECT scope, 0, -count(*), -sum(stored_bytes) FROM gone GROUP BY scope ORDER BY scope"
+        )
+    )
+}
+
+/// The refusal of a scope at its quota (`$1`), run only then: deletes up to `$2` of the
+/// scope's expired rows (they free the quota at once, without waiting for the purge task)
+/// and reads how long until its oldest remaining completed or unknown row expires, in
+/// microseconds (`NULL` when it has none), for the `Retry-After`. Both are range scans of
+/// the `(scope, expires_at)` index.
+fn quota_refusal(t: &str, u: &str) -> String {
+    format!(
+        "WITH gone AS ( \
+             DELETE FROM {t} AS o WHERE (o.scope, o.idempotency_key) IN ( \
+                 SELECT o.scope, o.idempotency_key FROM {t} AS o WHERE o.scope = $1 AND {EXPIRED} \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             AND {EXPIRED} \
+             RETURNING o.stored_bytes), \
+         counted AS ({}) \
+         SELECT (SELECT count(*) FROM gone) AS purged, \
+             (SELECT (extract(epoch FROM min(o.expires_at) - now()) * 1000000)::bigint \
+              FROM {t} AS o WHERE o.scope = $1 AND o.expires_at > now() \
+                  AND o.state <> 'in_progress') AS until_expiry_us",
+        count_usage(
+            u,
+            "SELECT $1::text, 0, -count(*), -sum(stored_bytes) FROM gone HAVING count(*) > 0"
+        )
     )
 }

@@ -1,7 +1,7 @@
 //! Statements on `idempotency_resolutions`: an operator's decision about an operation whose
 //! outcome is unknown, and reading it back.
 
-use super::fragments::UNKNOWN;
+use super::fragments::{UNKNOWN, count_usage};
 
 /// Columns of `idempotency_resolutions` read back, decoded by [`crate::row`].
 const RESOLUTION_COLUMNS: &str = "operation_id, scope, idempotency_key, fingerprint, method, \
@@ -20,9 +20,11 @@ pub(crate) struct ResolutionQueries {
 }
 
 impl ResolutionQueries {
-    /// The statements for the schema-qualified tables `t` (operations) and `r`
-    /// (resolutions).
-    pub(super) fn new(t: &str, r: &str) -> Self {
+    /// The statements for the schema-qualified tables `t` (operations), `r`
+    /// (resolutions) and `u` (scope usage counters).
+    pub(super) fn new(t: &str, r: &str, u: &str) -> Self {
+        // A removed operation leaves its scope's counter in the same statement.
+        let uncount = count_usage(u, "SELECT scope, 0, -1, -stored_bytes FROM target");
         // An operator's resolution changes the operation and appends the audit record in
         // one statement. Only unknown operations qualify; the lease id is cleared or the
         // row removed, so a worker still running with the old lease is fenced off.
@@ -31,7 +33,8 @@ impl ResolutionQueries {
                 "WITH target AS ( \
                      DELETE FROM {t} AS o WHERE o.operation_id = $1 AND {UNKNOWN} \
                      RETURNING o.operation_id, o.scope, o.idempotency_key, o.fingerprint, o.method, \
-                         o.route, o.attempts, o.created_at) \
+                         o.route, o.attempts, o.created_at, o.stored_bytes), \
+                 uncounted AS ({uncount}) \
                  INSERT INTO {r} (operation_id, scope, idempotency_key, fingerprint, method, route, \
                      attempts, created_at, resolution, reason, operator) \
                  SELECT operation_id, scope, idempotency_key, fingerprint, method, route, attempts, \
