@@ -27,7 +27,7 @@ use crate::headers;
 use crate::policy::{RoutePolicy, ServerErrorPolicy};
 use crate::problem::Rejection;
 use crate::storage::{self, ResponseStorage};
-use crate::telemetry::{self, Decision, store_call};
+use crate::telemetry::{self, store_call};
 
 /// Why a result was not recorded, and what that means for the handler's answer.
 pub(crate) enum NotRecorded {
@@ -333,7 +333,6 @@ async fn commit(
         }
         Err(error) => {
             log_completion_failure(&error);
-            telemetry::record(Decision::NotCommitted);
             if !matches!(error, StoreError::LeaseLost { .. }) {
                 // The completion is in the transaction, so the record is `completed`
                 // exactly when the commit happened; the release is fenced on "not
