@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::process::Command;
 use tokio::sync::Mutex;
 
-use crate::pg::{ClusterOptions, TestCluster};
+use crate::pg::{self, ClusterOptions, TestCluster, running_as_root};
 
 /// Settings of the single topology's cluster: the harness's test settings, except that
 /// `synchronous_commit` stays on. With `synchronous_commit=off` a commit is acknowledged
@@ -344,9 +344,7 @@ impl Pair {
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
         if let Some(user) = &run_as {
-            let uid = output("id", &["-u", user]).and_then(|s| s.parse().ok());
-            let gid = output("id", &["-g", user]).and_then(|s| s.parse().ok());
-            let (Some(uid), Some(gid)) = (uid, gid) else {
+            let Some((uid, gid)) = pg::account_ids(user) else {
                 return Err(format!("running as root and there is no `{user}` account"));
             };
             std::os::unix::fs::chown(&root, Some(uid), Some(gid))
@@ -570,48 +568,10 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port: {e}"))
 }
 
-fn running_as_root() -> bool {
-    output("id", &["-u"]).is_some_and(|uid| uid == "0")
-}
-
-fn output(program: &str, args: &[&str]) -> Option<String> {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-/// The directory of the PostgreSQL server binaries, looked for as the test harness does:
-/// `PG_BINDIR`, `pg_config --bindir`, then Debian's `/usr/lib/postgresql/<newest>/bin`.
+/// The harness's PostgreSQL binaries, provided they include `pg_basebackup`, which the
+/// failover topology needs for its standby.
 fn find_bindir() -> Option<PathBuf> {
-    let complete = |dir: &Path| {
-        ["initdb", "pg_ctl", "postgres", "pg_basebackup"]
-            .iter()
-            .all(|bin| dir.join(bin).is_file())
-    };
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Ok(dir) = std::env::var("PG_BINDIR") {
-        candidates.push(dir.into());
-    }
-    if let Some(dir) = output("pg_config", &["--bindir"]) {
-        candidates.push(dir.into());
-    }
-    if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
-        let mut versions: Vec<(u32, PathBuf)> = entries
-            .flatten()
-            .filter_map(|entry| {
-                let version = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
-                Some((version, entry.path().join("bin")))
-            })
-            .collect();
-        versions.sort_by_key(|(version, _)| std::cmp::Reverse(*version));
-        candidates.extend(versions.into_iter().map(|(_, dir)| dir));
-    }
-    candidates.into_iter().find(|dir| complete(dir))
+    pg::find_bindir().filter(|dir| dir.join("pg_basebackup").is_file())
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ mod system;
 use std::sync::OnceLock;
 
 pub use cluster::{ClusterOptions, TestCluster};
+pub use system::{account_ids, find_bindir, running_as_root};
 
 const INSTALL_HINT: &str = "PostgreSQL tests need a PostgreSQL server. Either install the server binaries \
      (Debian/Ubuntu: `apt-get install postgresql`; the tests find initdb/pg_ctl/postgres via PG_BINDIR, \

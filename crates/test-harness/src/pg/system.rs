@@ -15,11 +15,13 @@ pub(super) fn as_user(run_as: Option<&str>, program: &str) -> Command {
     }
 }
 
-pub(super) fn running_as_root() -> bool {
+/// Whether this process runs as root (PostgreSQL then runs under the `postgres` account).
+pub fn running_as_root() -> bool {
     command_output("id", &["-u"]).is_some_and(|uid| uid == "0")
 }
 
-pub(super) fn account_ids(user: &str) -> Option<(u32, u32)> {
+/// The uid and gid of a system account.
+pub fn account_ids(user: &str) -> Option<(u32, u32)> {
     let uid = command_output("id", &["-u", user])?.parse().ok()?;
     let gid = command_output("id", &["-g", user])?.parse().ok()?;
     Some((uid, gid))
@@ -37,8 +39,9 @@ pub(super) fn command_output(program: &str, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-/// A directory holding `initdb`, `pg_ctl` and `postgres`.
-pub(super) fn find_bindir() -> Option<PathBuf> {
+/// A directory holding `initdb`, `pg_ctl` and `postgres`, looked for in `PG_BINDIR`,
+/// `pg_config --bindir`, `PATH`, then Debian's `/usr/lib/postgresql/<newest>/bin`.
+pub fn find_bindir() -> Option<PathBuf> {
     let complete = |dir: &Path| {
         ["initdb", "pg_ctl", "postgres"]
             .iter()
