@@ -88,6 +88,9 @@ async fn two_instances_racing_fifty_copies_execute_once() {
                 assert_eq!(operation.state, OperationState::InProgress);
                 ids.insert(operation.id);
             }
+            Reservation::ApprovalRequested(operation) => {
+                panic!("a request without approval created {operation:?}")
+            }
         }
     }
     assert_eq!(
@@ -137,6 +140,8 @@ async fn a_stale_worker_on_another_instance_is_refused_after_a_takeover() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     let takeover = ReserveRequest {
         take_over_unknown: true,
+        marks_dispatch: false,
+        approval: None,
         ..request(&scope, "deploy-7", "sha256:deploy")
     };
     let Reservation::Acquired {

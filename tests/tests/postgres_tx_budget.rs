@@ -31,6 +31,8 @@ fn request(scope: &Scope, key: &str) -> ReserveRequest {
         retention: Duration::from_secs(600),
         unknown_retention: Duration::from_secs(3600),
         take_over_unknown: false,
+        marks_dispatch: false,
+        approval: None,
     }
 }
 

@@ -56,6 +56,8 @@ pub async fn measure(records: usize, body_bytes: usize) -> Result<RecordSize, St
             retention: Duration::from_secs(24 * 3600),
             unknown_retention: Duration::from_secs(7 * 24 * 3600),
             take_over_unknown: false,
+            marks_dispatch: false,
+            approval: None,
         };
         let Ok(Reservation::Acquired { lease, .. }) = store.reserve(request).await else {
             return Err(format!("record {i} was not acquired"));

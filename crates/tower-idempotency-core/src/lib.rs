@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod approval;
 pub mod audit;
 pub mod canonical;
 #[cfg(feature = "conformance")]
@@ -25,6 +26,10 @@ pub mod scope;
 pub mod store;
 pub mod transaction;
 
+pub use approval::{
+    Approval, ApprovalDecision, ApprovalId, ApprovalPolicy, ApprovalRequest, ApprovalState,
+    DecisionOutcome,
+};
 pub use canonical::{CanonicalizeError, canonicalize_json};
 pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
 pub use key::{IdempotencyKey, KeyError};

@@ -1,9 +1,13 @@
 //! The operation record: one accepted `(scope, key)` and what became of it.
 //!
 //! States move `in_progress → completed` (the result is stored) or
-//! `in_progress → unknown` (the lease ran out with no result: a crash, a lost worker). A
-//! record is never deleted because its worker went quiet; only retention (or an explicit
-//! release of a failed attempt) removes it.
+//! `in_progress → unknown` (the lease ran out after dispatch with no result: a crash, a lost
+//! worker). An `in_progress` operation is *dispatched* once its handler is about to cross
+//! its effect boundary ([`Operation::dispatched_at`]); a lease that lapses before that mark
+//! leaves the operation safe to take over and execute. On routes that require approval the
+//! operation starts `awaiting_approval` and moves to `authorized` or `denied`; a cancelled
+//! attempt that had not dispatched is `cancelled`. A record is never deleted because its
+//! worker went quiet; only retention (or an explicit release of a failed attempt) removes it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -163,24 +167,53 @@ pub struct Lease {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum OperationState {
-    /// Reserved; the handler was dispatched and its lease has not run out.
+    /// Reserved and owned by a worker: accepted (not yet dispatched) or dispatched, see
+    /// [`Operation::dispatched_at`]. A lease that lapsed before dispatch still reads
+    /// `in_progress` (with the lease in the past); one that lapsed after reads `unknown`.
     InProgress,
     /// The handler finished and its response is stored.
     Completed,
-    /// The lease ran out with no result stored: whether the handler's effect happened is
-    /// not known.
+    /// The lease ran out after dispatch with no result stored: whether the handler's effect
+    /// happened is not known.
     Unknown,
+    /// Reserved on a route that requires approval; waiting for a person's decision (see
+    /// [`Operation::approval`]). No handler has run.
+    AwaitingApproval,
+    /// Approved; the next reservation of the key with the bound fingerprint takes it and
+    /// runs the handler. No handler has run yet.
+    Authorized,
+    /// The approval was denied; retries get the denial. No handler has run.
+    Denied,
+    /// The attempt was cancelled before it dispatched: no effect. A retry of the same
+    /// command takes it over and executes.
+    Cancelled,
 }
 
 impl OperationState {
-    /// The wire name: `in_progress`, `completed`, `unknown`.
+    /// The wire name: `in_progress`, `completed`, `unknown`, `awaiting_approval`,
+    /// `authorized`, `denied`, `cancelled`.
     pub const fn as_str(&self) -> &'static str {
         match self {
             Self::InProgress => "in_progress",
             Self::Completed => "completed",
             Self::Unknown => "unknown",
+            Self::AwaitingApproval => "awaiting_approval",
+            Self::Authorized => "authorized",
+            Self::Denied => "denied",
+            Self::Cancelled => "cancelled",
         }
     }
+
+    /// Every state, in lifecycle order.
+    pub const ALL: [Self; 7] = [
+        Self::AwaitingApproval,
+        Self::Authorized,
+        Self::Denied,
+        Self::InProgress,
+        Self::Cancelled,
+        Self::Completed,
+        Self::Unknown,
+    ];
 }
 
 impl fmt::Display for OperationState {
@@ -197,12 +230,16 @@ impl FromStr for OperationState {
             "in_progress" => Ok(Self::InProgress),
             "completed" => Ok(Self::Completed),
             "unknown" => Ok(Self::Unknown),
+            "awaiting_approval" => Ok(Self::AwaitingApproval),
+            "authorized" => Ok(Self::Authorized),
+            "denied" => Ok(Self::Denied),
+            "cancelled" => Ok(Self::Cancelled),
             _ => Err(UnknownStateName(s.to_owned())),
         }
     }
 }
 
-/// A state name that is not one of `in_progress`, `completed`, `unknown`.
+/// A name that is not one of the states' wire names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown operation state `{0}`")]
 pub struct UnknownStateName(pub String);
@@ -242,6 +279,13 @@ pub struct Operation {
     pub attempts: u32,
     /// When the operation was reserved.
     pub created_at: SystemTime,
+    /// When the current attempt was dispatched: the handler was about to cross its effect
+    /// boundary (marked by the handler through [`Store::mark_dispatched`], or at the
+    /// reservation for routes whose handlers do not mark it). `None` while accepted but not
+    /// dispatched.
+    ///
+    /// [`Store::mark_dispatched`]: crate::Store::mark_dispatched
+    pub dispatched_at: Option<SystemTime>,
     /// When the result was stored.
     pub completed_at: Option<SystemTime>,
     /// When the current lease runs out (in progress only).
@@ -254,6 +298,11 @@ pub struct Operation {
     pub response: Option<StoredResponse>,
     /// Whether the whole response body was handed to the transport on first execution.
     pub delivered: bool,
+    /// When delivery was recorded (`None` until then, and on stores that record only the
+    /// flag).
+    pub delivered_at: Option<SystemTime>,
+    /// The approval bound to this operation, on routes that require one.
+    pub approval: Option<Box<crate::Approval>>,
     /// How many times the stored response was replayed.
     pub replays: u64,
 }

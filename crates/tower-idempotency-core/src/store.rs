@@ -12,7 +12,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::transaction::OperationTransaction;
-use crate::{Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Scope, StoredResponse};
+use crate::{
+    Approval, ApprovalDecision, ApprovalId, ApprovalRequest, ApprovalState, DecisionOutcome,
+    Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Scope, StoredResponse,
+};
 
 /// Boxed error used as the source of store errors.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -59,6 +62,14 @@ pub enum StoreError {
         /// clamped by [`quota_retry_after`](crate::quota::quota_retry_after).
         retry_after: Duration,
     },
+    /// The store does not implement a capability the request needs (for example
+    /// approvals, or dispatch marks, on a third-party store that predates them). The layer
+    /// answers `500` and runs nothing.
+    #[error("the idempotency store does not support {feature}")]
+    Unsupported {
+        /// What is missing, for the log.
+        feature: &'static str,
+    },
     /// Any other backend failure.
     #[error("the idempotency store failed")]
     Backend(#[source] BoxError),
@@ -87,6 +98,17 @@ pub struct ReserveRequest {
     /// Whether an `unknown` record with the same fingerprint may be taken over and
     /// executed again (only for routes that declared re-execution safe).
     pub take_over_unknown: bool,
+    /// `true` when the handler marks its own dispatch ([`Store::mark_dispatched`]): the
+    /// operation is reserved accepted-but-not-dispatched, and a lease that lapses before the
+    /// mark leaves it safe to take over (attempt + 1, same operation id) instead of
+    /// `unknown`. `false` (the HTTP default): the reservation itself is the dispatch mark,
+    /// because the layer hands the request to a handler that may act at once.
+    pub marks_dispatch: bool,
+    /// On a route whose policy requires approval for this command: when the key has no
+    /// record, the store creates the operation in `awaiting_approval` with this approval
+    /// and answers [`Reservation::ApprovalRequested`]. A record that exists is decided by
+    /// its own state, whatever this field says.
+    pub approval: Option<ApprovalRequest>,
 }
 
 /// The answer to [`Store::reserve`].
@@ -107,7 +129,15 @@ pub enum Reservation {
     /// A record already exists. Its fingerprint may differ from the request's (the
     /// caller answers with a conflict). When it is `completed` with the same
     /// fingerprint, the store has already counted this call as a replay.
+    ///
+    /// On routes that require approval: an `awaiting_approval` record (the approval
+    /// pending, or expired), a `denied` one, or an `authorized` one whose approval expired
+    /// unused, each with [`Operation::approval`] set.
     Existing(Operation),
+    /// The key had no record and the request carried an [`ApprovalRequest`]: the operation
+    /// was created in `awaiting_approval` with a pending approval. The handler must not
+    /// run.
+    ApprovalRequested(Operation),
 }
 
 /// Durable (or not) home of operation records.
@@ -146,6 +176,68 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Records that the response of a completed operation was fully handed to the
     /// transport.
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()>;
+
+    /// Marks the operation dispatched now (its handler is about to cross the effect
+    /// boundary) and renews the lease by `renew`, in one step, fenced by the lease: a
+    /// worker whose lease was taken over never crosses the boundary. Idempotent for the
+    /// current lease (a second mark renews and keeps the first time).
+    ///
+    /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
+    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
+        let _ = (lease, renew);
+        Err(StoreError::Unsupported {
+            feature: "dispatch marks",
+        })
+    }
+
+    /// Cancels the attempt, fenced by the lease: `cancelled` when it had not dispatched
+    /// (a retry of the same command takes it over and executes), `unknown` when it had.
+    /// Returns the record as it now stands.
+    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
+        let _ = lease;
+        Err(StoreError::Unsupported {
+            feature: "cancellation",
+        })
+    }
+
+    /// Decides the approval `id` of `scope`, atomically and finally: of concurrent
+    /// decisions exactly one is [`DecisionOutcome::Decided`] by its own call. Approving
+    /// moves the operation `awaiting_approval → authorized`, denying `→ denied`.
+    /// `Ok(None)` when there is no such approval **in this scope**.
+    async fn decide_approval(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        decision: ApprovalDecision,
+        decided_by: &str,
+    ) -> Result<Option<DecisionOutcome>> {
+        let _ = (scope, id, decision, decided_by);
+        Err(StoreError::Unsupported {
+            feature: "approvals",
+        })
+    }
+
+    /// Loads the approval `id`; `None` when it does not exist or belongs to another scope.
+    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
+        let _ = (scope, id);
+        Err(StoreError::Unsupported {
+            feature: "approvals",
+        })
+    }
+
+    /// The scope's approvals in `state` (all states when `None`), oldest request first, at
+    /// most `limit`.
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> Result<Vec<Approval>> {
+        let _ = (scope, state, limit);
+        Err(StoreError::Unsupported {
+            feature: "approvals",
+        })
+    }
 
     /// Loads the record of `(scope, key)`.
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>>;
@@ -203,6 +295,34 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
         (**self).mark_delivered(scope, id).await
+    }
+    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
+        (**self).mark_dispatched(lease, renew).await
+    }
+    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
+        (**self).cancel(lease).await
+    }
+    async fn decide_approval(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        decision: ApprovalDecision,
+        decided_by: &str,
+    ) -> Result<Option<DecisionOutcome>> {
+        (**self)
+            .decide_approval(scope, id, decision, decided_by)
+            .await
+    }
+    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
+        (**self).get_approval(scope, id).await
+    }
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> Result<Vec<Approval>> {
+        (**self).list_approvals(scope, state, limit).await
     }
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         (**self).get(scope, key).await

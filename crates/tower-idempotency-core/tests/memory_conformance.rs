@@ -236,6 +236,9 @@ async fn mixed_concurrent_workload_neither_deadlocks_nor_loses_records() {
                             assert_eq!(found.key, req.key);
                         }
                     }
+                    Ok(Reservation::ApprovalRequested(operation)) => {
+                        panic!("a request without approval created {operation:?}")
+                    }
                     Err(StoreError::CapacityExhausted { .. }) => {}
                     Err(other) => panic!("unexpected store error: {other:?}"),
                 }

@@ -38,6 +38,8 @@ fn request(
         retention,
         unknown_retention: retention,
         take_over_unknown: true,
+        marks_dispatch: false,
+        approval: None,
     }
 }
 
@@ -64,7 +66,7 @@ async fn write_once(
             Reservation::Existing(record) if record.state == OperationState::Completed => {
                 return Ok(Some(record.replays));
             }
-            Reservation::Existing(_) => {
+            Reservation::Existing(_) | Reservation::ApprovalRequested(_) => {
                 store
                     .wait(&request.scope, &request.key, Duration::from_millis(500))
                     .await?;

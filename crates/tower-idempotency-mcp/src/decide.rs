@@ -86,6 +86,8 @@ impl CallContext {
             retention: self.policy.retention,
             unknown_retention: self.policy.unknown_retention,
             take_over_unknown: take_over,
+            marks_dispatch: false,
+            approval: None,
         }
     }
 
@@ -203,7 +205,7 @@ impl CallContext {
                         lease,
                     });
                 }
-                Reservation::Existing(operation) => {
+                Reservation::Existing(operation) | Reservation::ApprovalRequested(operation) => {
                     if operation.fingerprint != self.intent.fingerprint
                         || operation.method != "tools/call"
                     {

@@ -198,6 +198,8 @@ async fn mark(
         retention,
         unknown_retention: retention,
         take_over_unknown: true,
+        marks_dispatch: false,
+        approval: None,
     };
     match store.reserve(request).await? {
         Reservation::Acquired { lease, .. } => {
@@ -208,7 +210,7 @@ async fn mark(
             };
             store.complete(&lease, response).await?;
         }
-        Reservation::Existing(_) => {}
+        Reservation::Existing(_) | Reservation::ApprovalRequested(_) => {}
     }
     Ok(())
 }

@@ -77,12 +77,15 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
         state,
         attempts: u32::try_from(attempts).unwrap_or(0),
         created_at: get(row, "created_at")?,
+        dispatched_at: Some(get(row, "created_at")?),
         completed_at: get(row, "completed_at")?,
         lease_expires_at,
         expires_at: Some(get(row, "expires_at")?),
         retention: Duration::from_micros(u64::try_from(retention_us).unwrap_or(0)),
         response,
         delivered: get(row, "delivered")?,
+        delivered_at: None,
+        approval: None,
         replays: u64::try_from(replays).unwrap_or(0),
     };
     Ok(OperationRow {

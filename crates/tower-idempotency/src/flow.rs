@@ -217,6 +217,8 @@ where
         retention: policy.retention,
         unknown_retention: policy.unknown_retention,
         take_over_unknown: matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute),
+        marks_dispatch: false,
+        approval: None,
     };
     Ok((request, body))
 }
@@ -365,7 +367,9 @@ where
             let answer = execute(&shared, &policy, inner, parts, body, lease, takeover).await;
             Round::Answered(answer)
         }
-        Ok(Reservation::Existing(operation)) => Round::Existing(Box::new(operation), held),
+        Ok(Reservation::Existing(operation) | Reservation::ApprovalRequested(operation)) => {
+            Round::Existing(Box::new(operation), held)
+        }
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
         Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
     }
@@ -572,12 +576,15 @@ mod tests {
             state: OperationState::InProgress,
             attempts: 1,
             created_at: SystemTime::now(),
+            dispatched_at: None,
             completed_at: None,
             lease_expires_at: Some(lease_expires_at),
             expires_at: None,
             retention: Duration::from_secs(60),
             response: None,
             delivered: false,
+            delivered_at: None,
+            approval: None,
             replays: 0,
         }
     }

@@ -43,6 +43,8 @@ impl Fixture {
     pub(super) fn take_over(&self) -> ReserveRequest {
         ReserveRequest {
             take_over_unknown: true,
+            marks_dispatch: false,
+            approval: None,
             ..self.request()
         }
     }
@@ -99,6 +101,8 @@ pub fn reserve_request(
         retention: KEEP,
         unknown_retention: KEEP,
         take_over_unknown: false,
+        marks_dispatch: false,
+        approval: None,
     }
 }
 

@@ -50,6 +50,9 @@ pub async fn reserve_is_atomic_under_concurrency<S: Store + Clone>(store: &S) {
                 acquired.push(operation);
             }
             Reservation::Existing(operation) => existing.push(operation),
+            Reservation::ApprovalRequested(operation) => {
+                panic!("{CHECK}: a request without approval created {operation:?}")
+            }
         }
     }
     assert_eq!(

@@ -61,12 +61,15 @@ impl Entry {
             state: self.state,
             attempts: self.attempts,
             created_at: clock.system_time(self.created).unwrap_or(clock.system),
+            dispatched_at: clock.system_time(self.created),
             completed_at: clock.system_time(self.completed),
             lease_expires_at: clock.system_time(self.lease_expires),
             expires_at: clock.system_time(self.expires),
             retention: self.retention,
             response: self.response.clone(),
             delivered: self.delivered,
+            delivered_at: None,
+            approval: None,
             replays: self.replays,
         }
     }

@@ -71,6 +71,8 @@
 //!     retention: Duration::from_secs(24 * 3600),
 //!     unknown_retention: Duration::from_secs(7 * 24 * 3600),
 //!     take_over_unknown: false,
+//!     marks_dispatch: false,
+//!     approval: None,
 //! };
 //!
 //! // The first reservation wins and must run the handler.

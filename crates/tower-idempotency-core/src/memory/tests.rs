@@ -114,6 +114,8 @@ async fn take_over_fences_the_old_lease() {
     tokio::time::advance(LEASE).await;
     let takeover = ReserveRequest {
         take_over_unknown: true,
+        marks_dispatch: false,
+        approval: None,
         ..request("a", "k", "fp")
     };
     let Reservation::Acquired {

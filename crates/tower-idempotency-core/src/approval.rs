@@ -1,0 +1,323 @@
+//! Human approvals bound to one exact request.
+//!
+//! An approval belongs to one operation: it is created by the reservation that first sees
+//! the key on a route whose policy requires approval ([`ReserveRequest::approval`]), and it
+//! is bound to that operation's `(scope, key, fingerprint)`. A person approves exactly the
+//! fingerprint they were shown ([`ApprovalDecision::Approve`]); any other command under the
+//! key is a fingerprint mismatch, and any command under another key needs another approval.
+//!
+//! The operation moves `awaiting_approval → authorized` (approved) or `→ denied`; an
+//! authorized operation is taken by the first retry that reserves it, atomically, exactly
+//! once. Approval is authorization, not deduplication: it decides whether the operation
+//! may go on, never whether a request belongs to it (the fingerprint decides that).
+//!
+//! [`ReserveRequest::approval`]: crate::ReserveRequest::approval
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use uuid::Uuid;
+
+use crate::{Fingerprint, IdempotencyKey, OperationId, Scope};
+
+/// Identifier of an approval request: random (a UUIDv4), so that it discloses nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ApprovalId(Uuid);
+
+impl ApprovalId {
+    /// A fresh random id.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// Wraps an existing UUID (for stores reading their rows).
+    pub const fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+
+    /// The UUID.
+    pub const fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl Default for ApprovalId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for ApprovalId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ApprovalId({})", self.0)
+    }
+}
+
+impl fmt::Display for ApprovalId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for ApprovalId {
+    type Err = uuid::Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(Self)
+    }
+}
+
+/// Where an approval stands, as of the store's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ApprovalState {
+    /// Waiting for a person's decision.
+    Pending,
+    /// Approved for the bound fingerprint (and not yet expired, or already used).
+    Approved,
+    /// Denied, with a reason.
+    Denied,
+    /// The request was not decided before `expires_at`, or it was approved and the
+    /// operation was not started before `expires_at`. A new approval needs a new key.
+    Expired,
+}
+
+impl ApprovalState {
+    /// The wire name: `pending`, `approved`, `denied`, `expired`.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::Denied => "denied",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+impl fmt::Display for ApprovalState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ApprovalState {
+    type Err = crate::operation::UnknownStateName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pending" => Ok(Self::Pending),
+            "approved" => Ok(Self::Approved),
+            "denied" => Ok(Self::Denied),
+            "expired" => Ok(Self::Expired),
+            _ => Err(crate::operation::UnknownStateName(s.to_owned())),
+        }
+    }
+}
+
+/// What the layer asks for when a reservation on a route that requires approval finds no
+/// record: the store creates the operation in `awaiting_approval` with this approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRequest {
+    /// The principal that made the request (for the record, and for the self-approval
+    /// rule).
+    pub requested_by: String,
+    /// What the approver must see, rendered from the validated command by the route's
+    /// summary function: target, operation, consequence, whether it can be undone. Never a
+    /// credential or a redacted member.
+    pub summary: serde_json::Value,
+    /// How long the request, and an approval not yet used, stays valid.
+    pub ttl: Duration,
+}
+
+/// One approval, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    /// The approval's id.
+    pub id: ApprovalId,
+    /// The operation it belongs to.
+    pub operation_id: OperationId,
+    /// The scope that owns the operation.
+    pub scope: Scope,
+    /// The operation's key.
+    pub key: IdempotencyKey,
+    /// The fingerprint the approval is bound to (the operation's).
+    pub fingerprint: Fingerprint,
+    /// Where it stands, as of the store's clock.
+    pub state: ApprovalState,
+    /// What the approver is shown.
+    pub summary: serde_json::Value,
+    /// The requesting principal.
+    pub requested_by: String,
+    /// When it was requested.
+    pub requested_at: SystemTime,
+    /// When the request, or an approval not yet used, stops being valid.
+    pub expires_at: SystemTime,
+    /// Who decided (an approver or an operator), once decided.
+    pub decided_by: Option<String>,
+    /// When it was decided.
+    pub decided_at: Option<SystemTime>,
+    /// The reason given with a denial (or with an operator's decision).
+    pub reason: Option<String>,
+    /// Whether an approved operation was started (the approval is used up: it never
+    /// expires after that and is never used again).
+    pub used: bool,
+}
+
+/// A decision on an approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    /// Approve: valid only when `fingerprint` is the one the approval is bound to, the
+    /// fingerprint the approver was shown.
+    Approve {
+        /// The fingerprint the approver saw.
+        fingerprint: Fingerprint,
+    },
+    /// Deny, with a reason for the requester.
+    Deny {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The answer to [`Store::decide_approval`](crate::Store::decide_approval).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum DecisionOutcome {
+    /// The decision holds: this call made it, or it repeats the decision that already won
+    /// (same kind; for an approval, same fingerprint). The approval as it now stands.
+    Decided(Approval),
+    /// The opposite decision was made first; nothing changed.
+    AlreadyDecided(Approval),
+    /// An approval whose fingerprint is not the bound one; nothing changed.
+    FingerprintMismatch(Approval),
+    /// The approval expired before the decision; nothing changed.
+    Expired(Approval),
+}
+
+type Condition = std::sync::Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
+type Summary = std::sync::Arc<dyn Fn(&serde_json::Value) -> serde_json::Value + Send + Sync>;
+
+/// A route's (or a tool's) rule for which commands need a person's approval, and what the
+/// approver is shown.
+///
+/// Both closures see the validated command: the JSON body after the route's normalizer
+/// (for an MCP tool, the call's arguments after the tool's normalizer).
+///
+/// ```
+/// use std::time::Duration;
+/// use serde_json::json;
+/// use tower_idempotency_core::approval::ApprovalPolicy;
+///
+/// let policy = ApprovalPolicy::when(|command| command["environment"] == "production")
+///     .with_summary(|command| json!({
+///         "operation": "deploy",
+///         "target": format!("{} in {}", command["service"], command["environment"]),
+///         "artifact": command["version"],
+///         "reversible": true,
+///     }))
+///     .with_ttl(Duration::from_secs(15 * 60));
+///
+/// let deploy = json!({"service": "api", "version": "1.4.2", "environment": "production"});
+/// assert!(policy.applies_to(&deploy));
+/// assert_eq!(policy.summary(&deploy)["artifact"], "1.4.2");
+/// assert!(!policy.applies_to(&json!({"environment": "staging"})));
+/// ```
+#[derive(Clone)]
+pub struct ApprovalPolicy {
+    condition: Condition,
+    summary: Summary,
+    ttl: Duration,
+    wait: Duration,
+    allow_self_approval: bool,
+}
+
+impl ApprovalPolicy {
+    /// The default validity of a request, and of an approval not yet used: one hour.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+
+    /// Every command needs approval.
+    pub fn always() -> Self {
+        Self::when(|_| true)
+    }
+
+    /// Commands for which `condition` holds need approval; the others run as usual.
+    pub fn when<F>(condition: F) -> Self
+    where
+        F: Fn(&serde_json::Value) -> bool + Send + Sync + 'static,
+    {
+        Self {
+            condition: std::sync::Arc::new(condition),
+            summary: std::sync::Arc::new(Clone::clone),
+            ttl: Self::DEFAULT_TTL,
+            wait: Duration::ZERO,
+            allow_self_approval: false,
+        }
+    }
+
+    /// What the approver is shown, rendered from the validated command (default: the
+    /// command itself). Render the target, the operation, its consequence and whether it
+    /// can be undone; leave out anything secret.
+    pub fn with_summary<F>(mut self, summary: F) -> Self
+    where
+        F: Fn(&serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
+    {
+        self.summary = std::sync::Arc::new(summary);
+        self
+    }
+
+    /// How long a request, and an approval not yet used, stays valid (default one hour).
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long a retry of an undecided request waits for the decision before it gets
+    /// `approval-required` again (default zero: answer at once).
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Whether the requesting principal may approve their own request (default `false`:
+    /// `403 self-approval-forbidden`).
+    pub fn with_self_approval(mut self, allowed: bool) -> Self {
+        self.allow_self_approval = allowed;
+        self
+    }
+
+    /// Whether `command` needs approval.
+    pub fn applies_to(&self, command: &serde_json::Value) -> bool {
+        (self.condition)(command)
+    }
+
+    /// What the approver of `command` is shown.
+    pub fn summary(&self, command: &serde_json::Value) -> serde_json::Value {
+        (self.summary)(command)
+    }
+
+    /// How long a request, and an approval not yet used, stays valid.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How long a retry of an undecided request waits for the decision.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// Whether the requester may approve their own request.
+    pub fn allows_self_approval(&self) -> bool {
+        self.allow_self_approval
+    }
+}
+
+impl fmt::Debug for ApprovalPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApprovalPolicy")
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("allow_self_approval", &self.allow_self_approval)
+            .finish_non_exhaustive()
+    }
+}
