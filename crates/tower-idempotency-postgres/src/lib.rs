@@ -71,6 +71,7 @@ mod delivered;
 mod executor;
 mod migrate;
 mod outbox;
+mod reservation;
 mod resolution;
 mod row;
 mod sql;

@@ -16,9 +16,9 @@ use tokio_postgres::types::ToSql;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
-    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, OperationTransaction,
+    IdempotencyKey, Lease, Operation, OperationId, OperationState, OperationTransaction,
     Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse,
-    quota::quota_retry_after,
+    TransactionalReservation, quota::quota_retry_after, reserve_then_begin,
 };
 
 use crate::budget::{self, TransactionBudget};
@@ -27,6 +27,7 @@ use crate::config::{PostgresConfigError, PostgresStoreConfig, is_identifier};
 use crate::delivered::DeliveryMarks;
 use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, MAX_SPAN, micros};
+use crate::reservation::ReserveParams;
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
 use crate::transaction::PostgresTransaction;
@@ -298,29 +299,15 @@ pub enum ConnectError {
 #[async_trait]
 impl Store for PostgresStore {
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
-        let operation_id = OperationId::new();
-        let lease_id = LeaseId::new();
-        let (op_uuid, lease_uuid) = (operation_id.as_uuid(), lease_id.as_uuid());
-        let (max_records, max_bytes) = self.inner.quota;
-        let params: [&(dyn ToSql + Sync); 13] = [
-            &request.scope.as_str(),
-            &request.key.as_str(),
-            &op_uuid,
-            &request.fingerprint.as_str(),
-            &request.method.as_str(),
-            &request.route.as_str(),
-            &lease_uuid,
-            &micros(request.lease),
-            &micros(request.retention),
-            &micros(request.unknown_retention),
-            &request.take_over_unknown,
-            &max_records,
-            &max_bytes,
-        ];
+        let proposal = ReserveParams::new(&request, self.inner.quota);
         let mut purged = false;
         let row = loop {
             if let Some(row) = self
-                .read_one("reserve", &self.inner.queries.operations.reserve, &params)
+                .read_one(
+                    "reserve",
+                    &self.inner.queries.operations.reserve,
+                    &proposal.params(),
+                )
                 .await?
             {
                 break row;
@@ -333,29 +320,57 @@ impl Store for PostgresStore {
             }
             purged = true;
         };
-        if row.lease_id == Some(lease_uuid) {
-            let takeover = row.operation.id != operation_id;
-            if takeover {
-                tracing::info!(
-                    operation_id = %row.operation.id,
-                    attempts = row.operation.attempts,
-                    "taking over an idempotent operation whose outcome was unknown"
-                );
-            }
-            let lease = Lease {
-                scope: request.scope,
-                key: request.key,
-                operation_id: row.operation.id,
-                lease_id,
-            };
-            Ok(Reservation::Acquired {
-                operation: row.operation,
+        Ok(proposal.reservation(&request, row))
+    }
+
+    /// With a free place in the transaction budget: the reservation on a connection of
+    /// its own, pipelined with `BEGIN` (see [`PostgresTransaction::reserve`]) — one
+    /// checkout and one round trip, after which the connection holds the operation's
+    /// transaction if the reservation was won, and goes back to the pool otherwise. With
+    /// the budget full: [`reserve_then_begin`], whose reservation takes a connection of the
+    /// short statements' share and which waits for a place (up to `wait_timeout`) only once
+    /// it has won, so that replays and duplicates of transactional routes never wait for
+    /// the budget.
+    async fn reserve_transaction(
+        &self,
+        request: ReserveRequest,
+    ) -> Result<TransactionalReservation> {
+        let Some(permit) = self.inner.transactions.try_acquire() else {
+            return reserve_then_begin(self, request).await;
+        };
+        let proposal = ReserveParams::new(&request, self.inner.quota);
+        let reserved = PostgresTransaction::reserve(
+            &self.inner.executor,
+            &self.inner.queries,
+            &request,
+            &proposal,
+            permit,
+        )
+        .await?;
+        let Some((row, transaction)) = reserved else {
+            // A new key of a scope at its quota: the plain path purges and decides.
+            return reserve_then_begin(self, request).await;
+        };
+        Ok(match proposal.reservation(&request, row) {
+            Reservation::Acquired {
+                operation,
                 lease,
                 takeover,
-            })
-        } else {
-            Ok(Reservation::Existing(row.operation))
-        }
+            } => TransactionalReservation::Acquired {
+                operation,
+                transaction: Box::new(transaction.owned_by(lease.clone())),
+                lease,
+                takeover,
+            },
+            Reservation::Existing(operation) => {
+                transaction.not_needed();
+                TransactionalReservation::Existing(operation)
+            }
+            Reservation::ApprovalRequested(operation) => {
+                transaction.not_needed();
+                TransactionalReservation::ApprovalRequested(operation)
+            }
+        })
     }
 
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {

@@ -18,7 +18,7 @@ use futures_util::future::{Either, select};
 use http::{Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{Lease, StoreError};
+use tower_idempotency_core::{Lease, OperationTransaction, OperationTx, StoreError};
 
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
 use crate::buffer::{Buffered, buffer_response};
@@ -33,14 +33,23 @@ use crate::telemetry::{self, Decision, InFlight, store_call};
 /// What a guarded request answers: a response, or the inner service's own error.
 pub(crate) type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
 
+/// An operation this request reserved, ready to run.
+pub(crate) struct Run {
+    /// The lease every write of the result is fenced by.
+    pub(crate) lease: Lease,
+    /// `true` when an `unknown` record was taken over (a re-execution).
+    pub(crate) takeover: bool,
+    /// On a transactional route: the operation's open transaction, handed to the handler.
+    pub(crate) transaction: Option<Box<dyn OperationTransaction>>,
+}
+
 pub(crate) async fn execute<S, B, ResB>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
     inner: S,
     parts: Parts,
     body: Bytes,
-    lease: Lease,
-    takeover: bool,
+    run: Run,
 ) -> Answer<ResB, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
@@ -50,20 +59,19 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
+    let Run {
+        lease,
+        takeover,
+        transaction,
+    } = run;
     let mut request = Request::from_parts(parts, RequestBody::buffered(body));
     // Handlers can key their own side effects by the operation (outbound idempotency keys).
     request.extensions_mut().insert(lease.operation_id);
-    let handle = if policy.transactional {
-        match record::begin(shared, &lease).await {
-            Ok(handle) => {
-                request.extensions_mut().insert(handle.clone());
-                Some(handle)
-            }
-            Err(rejection) => return Ok(refuse(shared, rejection)),
-        }
-    } else {
-        None
-    };
+    let handle = transaction.map(|transaction| {
+        let handle = OperationTx::new(lease.operation_id, transaction);
+        request.extensions_mut().insert(handle.clone());
+        handle
+    });
     telemetry::record(if takeover {
         Decision::ReExecuted
     } else {

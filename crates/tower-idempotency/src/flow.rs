@@ -20,8 +20,10 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
+use tower_idempotency_core::store::TRANSACTIONS;
 use tower_idempotency_core::{
-    IdempotencyKey, Operation, OperationState, Reservation, ReserveRequest, Scope, StoreError,
+    IdempotencyKey, Lease, Operation, OperationState, OperationTransaction, Reservation,
+    ReserveRequest, Scope, StoreError, TransactionalReservation,
 };
 use tracing::{Instrument, Span, field};
 
@@ -30,7 +32,7 @@ use crate::buffer::read_body;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
-use crate::execute::{Answer, execute};
+use crate::execute::{Answer, Run, execute};
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
 use crate::refusal::refuse;
@@ -356,22 +358,98 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
-    match reserve(&shared, &policy, &request).await {
-        Ok(Reservation::Acquired {
-            operation,
+    let reserved = if policy.transactional {
+        reserve_transaction(&shared, &request).await
+    } else {
+        reserve(&shared, &policy, &request)
+            .await
+            .map(Reserved::from)
+    };
+    match reserved {
+        Ok(Reserved::Acquired {
             lease,
             takeover,
+            transaction,
         }) => {
-            Span::current().record("operation_id", field::display(operation.id));
+            Span::current().record("operation_id", field::display(lease.operation_id));
             let Held { inner, parts, body } = held;
-            let answer = execute(&shared, &policy, inner, parts, body, lease, takeover).await;
-            Round::Answered(answer)
+            let run = Run {
+                lease,
+                takeover,
+                transaction,
+            };
+            Round::Answered(execute(&shared, &policy, inner, parts, body, run).await)
         }
-        Ok(Reservation::Existing(operation) | Reservation::ApprovalRequested(operation)) => {
-            Round::Existing(Box::new(operation), held)
-        }
+        Ok(Reserved::Existing(operation)) => Round::Existing(operation, held),
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
         Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
+    }
+}
+
+/// A reservation as this round follows it up.
+enum Reserved {
+    /// Won: run the handler (in `transaction` on a transactional route).
+    Acquired {
+        lease: Lease,
+        takeover: bool,
+        transaction: Option<Box<dyn OperationTransaction>>,
+    },
+    /// The key is held by this record (or awaits an approval).
+    Existing(Box<Operation>),
+}
+
+impl From<Reservation> for Reserved {
+    fn from(reservation: Reservation) -> Self {
+        match reservation {
+            Reservation::Acquired {
+                lease, takeover, ..
+            } => Self::Acquired {
+                lease,
+                takeover,
+                transaction: None,
+            },
+            Reservation::Existing(operation) | Reservation::ApprovalRequested(operation) => {
+                Self::Existing(Box::new(operation))
+            }
+        }
+    }
+}
+
+/// The reservation of a transactional route, which comes with the operation's open
+/// transaction when it is won. Such a route never fails open: its handler is written to
+/// rely on a rollback, and is never run without its transaction.
+async fn reserve_transaction(
+    shared: &Shared,
+    request: &ReserveRequest,
+) -> Result<Reserved, NotReserved> {
+    let asked = Instant::now();
+    let reservation =
+        store_call("reserve", shared.store.reserve_transaction(request.clone())).await;
+    Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
+    match reservation {
+        Ok(TransactionalReservation::Acquired {
+            lease,
+            takeover,
+            transaction,
+            ..
+        }) => Ok(Reserved::Acquired {
+            lease,
+            takeover,
+            transaction: Some(transaction),
+        }),
+        Ok(
+            TransactionalReservation::Existing(operation)
+            | TransactionalReservation::ApprovalRequested(operation),
+        ) => Ok(Reserved::Existing(Box::new(operation))),
+        Err(StoreError::Unsupported {
+            feature: TRANSACTIONS,
+        }) => {
+            tracing::error!(
+                "the route is transactional but the idempotency store has no transactions; handler not run"
+            );
+            Err(NotReserved::Refused(Rejection::TransactionsUnsupported))
+        }
+        Err(error) => Err(not_reserved(error, StoreFailurePolicy::FailClosed)),
     }
 }
 
@@ -391,7 +469,12 @@ async fn reserve(
     let asked = Instant::now();
     let reservation = store_call("reserve", shared.store.reserve(request.clone())).await;
     Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
-    reservation.map_err(|error| match error {
+    reservation.map_err(|error| not_reserved(error, policy.store_failure))
+}
+
+/// What a store error on reserving means for the request.
+fn not_reserved(error: StoreError, store_failure: StoreFailurePolicy) -> NotReserved {
+    match error {
         StoreError::CapacityExhausted { capacity } => {
             tracing::warn!(capacity, "idempotency store full");
             NotReserved::Refused(Rejection::StoreFull)
@@ -406,7 +489,7 @@ async fn reserve(
                 retry_after: retry_after.as_secs().max(1),
             })
         }
-        StoreError::Unavailable(error) if policy.store_failure == StoreFailurePolicy::FailOpen => {
+        StoreError::Unavailable(error) if store_failure == StoreFailurePolicy::FailOpen => {
             tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
             NotReserved::FailOpen
         }
@@ -414,7 +497,7 @@ async fn reserve(
             tracing::error!(error = %error, source = ?std::error::Error::source(&error), "idempotency store failed; handler not run");
             NotReserved::Refused(Rejection::StoreUnavailable)
         }
-    })
+    }
 }
 
 /// What to do with a record that already holds the key: `Some` replay, `None` after

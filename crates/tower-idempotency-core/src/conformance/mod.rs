@@ -36,6 +36,11 @@
 //! - Waiters return when the record leaves `in_progress` (including by its lease running
 //!   out), or at their timeout, never earlier.
 //! - Purging removes only records whose retention ended, never `in_progress` ones.
+//! - A transactional reservation ([`Store::reserve_transaction`]) acquires like a plain one,
+//!   with the operation's transaction open; the reservation is visible while it is, a
+//!   commit completes the operation, an abort releases it, and a lease taken over fences
+//!   the commit. A store without transactions refuses it with `Unsupported` and keeps
+//!   nothing.
 //! - Scopes are isolated, by key and by operation id.
 //! - A scope at its [`ScopeQuota`](crate::ScopeQuota) is refused new keys (and only new
 //!   keys) with `ScopeQuotaExceeded`; other scopes are unaffected; stored bytes count from
@@ -48,6 +53,7 @@ mod quota;
 mod records;
 mod recovery;
 mod reserve;
+mod transaction;
 mod wait;
 
 use std::time::Duration;
@@ -73,6 +79,10 @@ pub use recovery::{
 pub use reserve::{
     fingerprint_mismatch_is_reported, records_carry_request_and_timestamps, replay_counts,
     reserve_is_atomic_under_concurrency,
+};
+pub use transaction::{
+    reserve_transaction_abort_releases, reserve_transaction_acquires_once_and_commits,
+    reserve_transaction_commit_is_fenced,
 };
 pub use wait::{in_progress_then_wait_wakes_on_complete, wait_times_out};
 
@@ -111,4 +121,7 @@ pub async fn run_all<S: Store + Clone>(store: &S) {
     scopes_are_isolated(store).await;
     mark_delivered_sets_flag(store).await;
     get_by_id_finds_operation(store).await;
+    reserve_transaction_acquires_once_and_commits(store).await;
+    reserve_transaction_abort_releases(store).await;
+    reserve_transaction_commit_is_fenced(store).await;
 }
