@@ -71,6 +71,8 @@ mod delivered;
 mod executor;
 mod migrate;
 mod outbox;
+mod recent;
+mod replays;
 mod reservation;
 mod resolution;
 mod row;

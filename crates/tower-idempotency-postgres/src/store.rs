@@ -27,6 +27,8 @@ use crate::config::{PostgresConfigError, PostgresStoreConfig, is_identifier};
 use crate::delivered::DeliveryMarks;
 use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, MAX_SPAN, micros};
+use crate::recent::RecentKeys;
+use crate::replays::ReplayCounts;
 use crate::reservation::ReserveParams;
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
@@ -52,6 +54,10 @@ pub(crate) struct Inner {
     /// Shared with the store's operation transactions.
     pub(crate) queries: Arc<Queries>,
     delivered: DeliveryMarks,
+    /// Replays found by a plain read, counted in the background.
+    replays: ReplayCounts,
+    /// Keys that had a row when last seen: read those first (see `recent.rs`).
+    recent: RecentKeys,
     poll_initial: Duration,
     poll_max: Duration,
     /// The quota as bind values: most rows and most bytes per scope.
@@ -123,6 +129,11 @@ impl PostgresStore {
                     executor.clone(),
                     queries.operations.mark_delivered_batch.clone(),
                 ),
+                replays: ReplayCounts::new(
+                    executor.clone(),
+                    queries.operations.count_replays.clone(),
+                ),
+                recent: RecentKeys::new(),
                 executor,
                 transactions: TransactionBudget::new(budget, config.wait_timeout),
                 schema: config.schema.clone(),
@@ -274,6 +285,40 @@ impl PostgresStore {
         Ok((freed, quota_retry_after(until)))
     }
 
+    /// For a key seen here before: its row, read with a plain indexed `SELECT`, when that
+    /// row answers a reservation as it stands — completed (a replay, or a conflict), or in
+    /// progress under a live lease (a duplicate, which waits). `None`: the reservation
+    /// statement decides (a fresh key, an expired, unknown or lapsed record, a take-over).
+    /// A replay found so is counted in the background (`replays.rs`): the read writes
+    /// nothing.
+    async fn settled(&self, request: &ReserveRequest) -> Result<Option<Operation>> {
+        if !self.inner.recent.contains(&request.scope, &request.key) {
+            return Ok(None);
+        }
+        let Some(row) = self.get_row(&request.scope, &request.key).await? else {
+            return Ok(None);
+        };
+        let operation = row.operation;
+        let settled = match operation.state {
+            OperationState::Completed => true,
+            OperationState::InProgress => operation
+                .lease_expires_at
+                .is_some_and(|expires| expires > row.db_now),
+            _ => false,
+        };
+        if !settled {
+            return Ok(None);
+        }
+        if operation.state == OperationState::Completed
+            && operation.fingerprint == request.fingerprint
+        {
+            self.inner
+                .replays
+                .count(&operation.scope, operation.id.as_uuid());
+        }
+        Ok(Some(operation))
+    }
+
     async fn get_row(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<OperationRow>> {
         self.read_one(
             "get",
@@ -298,7 +343,12 @@ pub enum ConnectError {
 
 #[async_trait]
 impl Store for PostgresStore {
+    /// A key seen here recently is read first (see `recent.rs`); otherwise, or when its
+    /// row does not settle the request, the reservation statement decides.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        if let Some(operation) = self.settled(&request).await? {
+            return Ok(Reservation::Existing(operation));
+        }
         let proposal = ReserveParams::new(&request, self.inner.quota);
         let mut purged = false;
         let row = loop {
@@ -320,6 +370,7 @@ impl Store for PostgresStore {
             }
             purged = true;
         };
+        self.inner.recent.remember(&request.scope, &request.key);
         Ok(proposal.reservation(&request, row))
     }
 
@@ -335,6 +386,10 @@ impl Store for PostgresStore {
         &self,
         request: ReserveRequest,
     ) -> Result<TransactionalReservation> {
+        // A replay or a duplicate needs neither a place nor `BEGIN`.
+        if let Some(operation) = self.settled(&request).await? {
+            return Ok(TransactionalReservation::Existing(operation));
+        }
         let Some(permit) = self.inner.transactions.try_acquire() else {
             return reserve_then_begin(self, request).await;
         };
@@ -351,6 +406,7 @@ impl Store for PostgresStore {
             // A new key of a scope at its quota: the plain path purges and decides.
             return reserve_then_begin(self, request).await;
         };
+        self.inner.recent.remember(&request.scope, &request.key);
         Ok(match proposal.reservation(&request, row) {
             Reservation::Acquired {
                 operation,

@@ -27,8 +27,9 @@
 //! # The contract in brief
 //!
 //! - Of concurrent reservations for one `(scope, key)`, exactly one acquires.
-//! - A completed record returned for the same fingerprint counts one replay per call, in
-//!   the same step (concurrent replays see distinct counts).
+//! - A completed record returned for the same fingerprint counts one replay per call,
+//!   exactly once: in the same step, or shortly after in the background (once the store has
+//!   caught up, the count equals the replays; a reservation never reports more).
 //! - An `in_progress` record whose lease ran out reads as `unknown`; only a reservation
 //!   with `take_over_unknown` and the same fingerprint takes it over.
 //! - A lease stops being current once its operation is taken over, completed, abandoned or

@@ -18,6 +18,9 @@ pub(crate) struct OperationQueries {
     pub(crate) extend_lease: String,
     pub(crate) mark_delivered: String,
     pub(crate) mark_delivered_batch: String,
+    /// Replays counted in the background (`replays.rs`): `$1` scopes, `$2` operation ids,
+    /// `$3` counts, pairwise; committed without waiting for its WAL flush.
+    pub(crate) count_replays: String,
     pub(crate) purge: String,
     /// A scope at its quota: purges up to `$2` of its expired rows, and reads when its
     /// oldest remaining row expires.
@@ -84,6 +87,13 @@ impl OperationQueries {
                  FROM unnest($1::text[], $2::uuid[]) AS d(scope, operation_id) \
                  WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
                      AND o.state = 'completed' AND NOT o.delivered"
+            ),
+            count_replays: format!(
+                "UPDATE {t} AS o SET replays = o.replays + d.n \
+                 FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS d(scope, operation_id, n) \
+                 WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
+                     AND o.state = 'completed' \
+                     AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
             ),
             purge: purge(t, u),
             quota_refusal: quota_refusal(t, u),
