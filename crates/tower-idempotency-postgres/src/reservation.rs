@@ -3,14 +3,17 @@
 //! then holds the operation's transaction, with `BEGIN` behind it in the same round trip).
 
 use tokio_postgres::types::ToSql;
-use tower_idempotency_core::{Lease, LeaseId, OperationId, Reservation, ReserveRequest};
+use tower_idempotency_core::{
+    ApprovalId, Lease, LeaseId, OperationId, OperationState, Reservation, ReserveRequest,
+};
 use uuid::Uuid;
 
 use crate::executor::micros;
 use crate::row::OperationRow;
 
 /// The bind values of `OperationQueries::reserve`: the request, the ids this call proposes
-/// for a new operation and its lease, and the scope's quota.
+/// for a new operation, its lease and (when the request asks for one) its approval, and the
+/// scope's quota.
 pub(crate) struct ReserveParams<'a> {
     scope: &'a str,
     key: &'a str,
@@ -25,11 +28,17 @@ pub(crate) struct ReserveParams<'a> {
     take_over_unknown: bool,
     max_records: i64,
     max_bytes: i64,
+    marks_dispatch: bool,
+    approval_id: Option<Uuid>,
+    requested_by: Option<&'a str>,
+    summary: Option<&'a serde_json::Value>,
+    approval_ttl: Option<i64>,
 }
 
 impl<'a> ReserveParams<'a> {
     /// Fresh ids for `request`, under the quota `(max_records, max_bytes)`.
     pub(crate) fn new(request: &'a ReserveRequest, (max_records, max_bytes): (i64, i64)) -> Self {
+        let asked = request.approval.as_ref();
         Self {
             scope: request.scope.as_str(),
             key: request.key.as_str(),
@@ -44,10 +53,15 @@ impl<'a> ReserveParams<'a> {
             take_over_unknown: request.take_over_unknown,
             max_records,
             max_bytes,
+            marks_dispatch: request.marks_dispatch,
+            approval_id: asked.map(|_| ApprovalId::new().as_uuid()),
+            requested_by: asked.map(|approval| approval.requested_by.as_str()),
+            summary: asked.map(|approval| &approval.summary),
+            approval_ttl: asked.map(|approval| micros(approval.ttl)),
         }
     }
 
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 18] {
         [
             &self.scope,
             &self.key,
@@ -62,6 +76,11 @@ impl<'a> ReserveParams<'a> {
             &self.take_over_unknown,
             &self.max_records,
             &self.max_bytes,
+            &self.marks_dispatch,
+            &self.approval_id,
+            &self.requested_by,
+            &self.summary,
+            &self.approval_ttl,
         ]
     }
 
@@ -75,14 +94,22 @@ impl<'a> ReserveParams<'a> {
         }
     }
 
-    /// What the statement's row means for the caller: the caller tells the cases apart by
-    /// the ids it proposed. Both ours: a fresh reservation; only the lease id ours: a
-    /// take-over; neither: the record that holds the key.
+    /// What the statement's row means for the caller, told apart by the ids it proposed:
+    /// the lease id ours — acquired (the next attempt of an existing operation is a
+    /// take-over from its second attempt on; the first attempt of an approved one is not);
+    /// the operation id ours in `awaiting_approval` — the approval was requested; otherwise
+    /// the record that holds the key.
     pub(crate) fn reservation(&self, request: &ReserveRequest, row: OperationRow) -> Reservation {
         if row.lease_id != Some(self.lease_id) {
+            if row.operation.id.as_uuid() == self.operation_id
+                && row.operation.state == OperationState::AwaitingApproval
+            {
+                return Reservation::ApprovalRequested(row.operation);
+            }
             return Reservation::Existing(row.operation);
         }
-        let takeover = row.operation.id.as_uuid() != self.operation_id;
+        let takeover =
+            row.operation.id.as_uuid() != self.operation_id && row.operation.attempts > 1;
         if takeover {
             tracing::info!(
                 operation_id = %row.operation.id,
