@@ -297,8 +297,7 @@ impl PostgresStore {
     /// row answers a reservation as it stands — completed (a replay, or a conflict), or in
     /// progress under a live lease (a duplicate, which waits). `None`: the reservation
     /// statement decides (a fresh key, an expired, unknown or lapsed record, a take-over).
-    /// A replay found so is counted in the background (`replays.rs`): the read writes
-    /// nothing.
+    /// A replay found so is counted in the background, as every replay.
     async fn settled(&self, request: &ReserveRequest) -> Result<Option<Operation>> {
         if !self.inner.recent.contains(&request.scope, &request.key) {
             return Ok(None);
@@ -317,6 +316,13 @@ impl PostgresStore {
         if !settled {
             return Ok(None);
         }
+        self.count_if_replay(request, &operation);
+        Ok(Some(operation))
+    }
+
+    /// A reservation that found its command completed is a replay: counted in the
+    /// background (`replays.rs`), so that finding it wrote nothing.
+    fn count_if_replay(&self, request: &ReserveRequest, operation: &Operation) {
         if operation.state == OperationState::Completed
             && operation.fingerprint == request.fingerprint
         {
@@ -324,7 +330,6 @@ impl PostgresStore {
                 .replays
                 .count(&operation.scope, operation.id.as_uuid());
         }
-        Ok(Some(operation))
     }
 
     /// A write fenced by `lease` that returns the operation row (`$1`–`$4`: scope, key,
@@ -399,7 +404,11 @@ impl Store for PostgresStore {
             purged = true;
         };
         self.inner.recent.remember(&request.scope, &request.key);
-        Ok(proposal.reservation(&request, row))
+        let reservation = proposal.reservation(&request, row);
+        if let Reservation::Existing(operation) = &reservation {
+            self.count_if_replay(&request, operation);
+        }
+        Ok(reservation)
     }
 
     /// With a free place in the transaction budget: the reservation on a connection of
@@ -448,6 +457,7 @@ impl Store for PostgresStore {
             },
             Reservation::Existing(operation) => {
                 transaction.not_needed();
+                self.count_if_replay(&request, &operation);
                 TransactionalReservation::Existing(operation)
             }
             Reservation::ApprovalRequested(operation) => {

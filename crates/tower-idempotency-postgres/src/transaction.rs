@@ -102,7 +102,9 @@ impl PostgresTransaction {
     ///
     /// The reservation runs first, in its own implicit transaction, and is committed before
     /// `BEGIN` starts the operation's: duplicates and the status route see it while the
-    /// handler runs, exactly as after a plain reservation. If the reservation fails, or
+    /// handler runs, exactly as after a plain reservation. Its commit does not wait for the
+    /// WAL flush (`OperationQueries::reserve_before_transaction`): the operation's commit
+    /// flushes it with everything the handler wrote, so a request waits for one flush. If the reservation fails, or
     /// `BEGIN` does, the connection is closed rather than pooled in an unknown state; a
     /// reservation won without its transaction is released.
     pub(crate) async fn reserve(
@@ -125,7 +127,7 @@ impl PostgresTransaction {
                 };
                 let (rows, begun) = {
                     let client = transaction.connection()?;
-                    let sql = &queries.operations.reserve;
+                    let sql = &queries.operations.reserve_before_transaction;
                     let params = proposal.params();
                     // Prepared (or typed) before anything is sent: `BEGIN` must follow the
                     // reservation on the wire, never precede it.
