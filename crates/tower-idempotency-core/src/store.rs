@@ -266,6 +266,30 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation>;
 
+    /// [`complete`](Store::complete) for a caller that does not read the record back (the
+    /// layer's hot path): returns nothing, so a store need not build the [`Operation`].
+    /// With `delivered`, the caller is about to hand the whole response over at once (it is
+    /// buffered, small, and its client still waits for it), and the store records the
+    /// delivery with the completion, as [`mark_delivered`](Store::mark_delivered) would —
+    /// in the same step where it can, which saves a write.
+    ///
+    /// Fails as `complete` does. The default runs `complete`, then, with `delivered`,
+    /// `mark_delivered` (whose failure is logged, not returned: the operation did complete).
+    async fn complete_delivered(
+        &self,
+        lease: &Lease,
+        response: StoredResponse,
+        delivered: bool,
+    ) -> Result<()> {
+        let operation = self.complete(lease, response).await?;
+        if delivered {
+            if let Err(error) = self.mark_delivered(&operation.scope, operation.id).await {
+                tracing::warn!(operation_id = %operation.id, error = %error, "could not record delivery");
+            }
+        }
+        Ok(())
+    }
+
     /// Deletes the reservation so that a retry executes again, fenced by the lease. Only
     /// for attempts known to have had no effect (a rolled-back transaction, a `5xx` on a
     /// route whose policy says `release`).
@@ -413,6 +437,16 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
         (**self).complete(lease, response).await
+    }
+    async fn complete_delivered(
+        &self,
+        lease: &Lease,
+        response: StoredResponse,
+        delivered: bool,
+    ) -> Result<()> {
+        (**self)
+            .complete_delivered(lease, response, delivered)
+            .await
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         (**self).release(lease).await

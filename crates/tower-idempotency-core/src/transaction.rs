@@ -35,6 +35,21 @@ pub trait OperationTransaction: Send + fmt::Debug + 'static {
     /// is `completed` exactly when the commit happened).
     async fn complete(self: Box<Self>, response: StoredResponse) -> Result<Operation>;
 
+    /// [`complete`](OperationTransaction::complete) for a caller that does not read the
+    /// record back. With `delivered` (the caller is about to hand the whole response over
+    /// at once), the transaction may record the delivery in the same commit; it answers
+    /// whether it did. The default does not: `Ok(false)`, and the caller marks the
+    /// delivery itself once the response is handed over
+    /// ([`Store::mark_delivered`](crate::Store::mark_delivered)).
+    async fn complete_delivered(
+        self: Box<Self>,
+        response: StoredResponse,
+        delivered: bool,
+    ) -> Result<bool> {
+        let _ = delivered;
+        self.complete(response).await.map(|_| false)
+    }
+
     /// Rolls the transaction back and releases the reservation (fenced by the lease), so
     /// that a retry executes again: nothing the attempt wrote was kept.
     async fn abort(self: Box<Self>) -> Result<()>;

@@ -45,6 +45,26 @@ impl<'a> Completion<'a> {
         }
     }
 
+    /// The values of `OperationQueries::complete_delivered`: [`params`](Self::params) and
+    /// the delivery (`$10`).
+    pub(crate) fn delivered_params<'b>(
+        &'b self,
+        delivered: &'b bool,
+    ) -> [&'b (dyn ToSql + Sync); 10] {
+        [
+            &self.scope,
+            &self.key,
+            &self.operation_id,
+            &self.lease_id,
+            &self.status,
+            &self.names,
+            &self.values,
+            &self.body,
+            &self.bytes,
+            delivered,
+        ]
+    }
+
     pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 9] {
         [
             &self.scope,

@@ -84,6 +84,26 @@ impl<'a> ReserveParams<'a> {
         ]
     }
 
+    /// The bind values of `OperationQueries::reserve_new`: `$1`–`$10` of
+    /// [`params`](Self::params), then the quota and `marks_dispatch`.
+    pub(crate) fn new_key_params(&self) -> [&(dyn ToSql + Sync); 13] {
+        [
+            &self.scope,
+            &self.key,
+            &self.operation_id,
+            &self.fingerprint,
+            &self.method,
+            &self.route,
+            &self.lease_id,
+            &self.lease,
+            &self.retention,
+            &self.unknown_retention,
+            &self.max_records,
+            &self.max_bytes,
+            &self.marks_dispatch,
+        ]
+    }
+
     /// The lease this call proposes, as it would be if the reservation is won fresh.
     pub(crate) fn proposed_lease(&self, request: &ReserveRequest) -> Lease {
         Lease {
@@ -94,13 +114,18 @@ impl<'a> ReserveParams<'a> {
         }
     }
 
+    /// Whether `row` is the one this call reserved (its lease is the one proposed).
+    pub(crate) fn won(&self, row: &OperationRow) -> bool {
+        row.lease_id == Some(self.lease_id)
+    }
+
     /// What the statement's row means for the caller, told apart by the ids it proposed:
     /// the lease id ours — acquired (the next attempt of an existing operation is a
     /// take-over from its second attempt on; the first attempt of an approved one is not);
     /// the operation id ours in `awaiting_approval` — the approval was requested; otherwise
     /// the record that holds the key.
     pub(crate) fn reservation(&self, request: &ReserveRequest, row: OperationRow) -> Reservation {
-        if row.lease_id != Some(self.lease_id) {
+        if !self.won(&row) {
             if row.operation.id.as_uuid() == self.operation_id
                 && row.operation.state == OperationState::AwaitingApproval
             {
@@ -128,5 +153,20 @@ impl<'a> ReserveParams<'a> {
             lease,
             takeover,
         }
+    }
+}
+
+/// Whether a record read as it stands answers a reservation without a write: completed (a
+/// replay, or a conflict), or in progress under a live lease (a duplicate, which waits).
+/// Anything else — expired, unknown, lapsed, cancelled, awaiting or holding an approval —
+/// is for the reservation statement to decide.
+pub(crate) fn settles(row: &OperationRow) -> bool {
+    match row.operation.state {
+        OperationState::Completed => true,
+        OperationState::InProgress => row
+            .operation
+            .lease_expires_at
+            .is_some_and(|expires| expires > row.db_now),
+        _ => false,
     }
 }

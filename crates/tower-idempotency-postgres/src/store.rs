@@ -30,7 +30,7 @@ use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, MAX_SPAN, micros};
 use crate::recent::RecentKeys;
 use crate::replays::ReplayCounts;
-use crate::reservation::ReserveParams;
+use crate::reservation::{ReserveParams, settles};
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
 use crate::transaction::PostgresTransaction;
@@ -305,19 +305,31 @@ impl PostgresStore {
         let Some(row) = self.get_row(&request.scope, &request.key).await? else {
             return Ok(None);
         };
-        let operation = row.operation;
-        let settled = match operation.state {
-            OperationState::Completed => true,
-            OperationState::InProgress => operation
-                .lease_expires_at
-                .is_some_and(|expires| expires > row.db_now),
-            _ => false,
-        };
-        if !settled {
+        if !settles(&row) {
             return Ok(None);
         }
-        self.count_if_replay(request, &operation);
-        Ok(Some(operation))
+        self.count_if_replay(request, &row.operation);
+        Ok(Some(row.operation))
+    }
+
+    /// What a row of `reserve_new` answers, when it does: the operation this call inserted,
+    /// or the key's record when it [`settles`] the request. `None`: the reservation
+    /// statement decides.
+    fn answered(
+        &self,
+        request: &ReserveRequest,
+        proposal: &ReserveParams<'_>,
+        row: OperationRow,
+    ) -> Option<Reservation> {
+        if !proposal.won(&row) && !settles(&row) {
+            return None;
+        }
+        self.inner.recent.remember(&request.scope, &request.key);
+        let reservation = proposal.reservation(request, row);
+        if let Reservation::Existing(operation) = &reservation {
+            self.count_if_replay(request, operation);
+        }
+        Some(reservation)
     }
 
     /// A reservation that found its command completed is a replay: counted in the
@@ -383,6 +395,20 @@ impl Store for PostgresStore {
             return Ok(Reservation::Existing(operation));
         }
         let proposal = ReserveParams::new(&request, self.inner.quota);
+        if request.approval.is_none() {
+            let new_key = self
+                .read_one(
+                    "reserve",
+                    &self.inner.queries.operations.reserve_new,
+                    &proposal.new_key_params(),
+                )
+                .await?;
+            if let Some(reservation) =
+                new_key.and_then(|row| self.answered(&request, &proposal, row))
+            {
+                return Ok(reservation);
+            }
+        }
         let mut purged = false;
         let row = loop {
             if let Some(row) = self
@@ -431,11 +457,25 @@ impl Store for PostgresStore {
             return reserve_then_begin(self, request).await;
         };
         let proposal = ReserveParams::new(&request, self.inner.quota);
+        let operations = &self.inner.queries.operations;
+        let new_key = request.approval.is_none();
+        let (sql, params) = if new_key {
+            (
+                &operations.reserve_new_before_transaction,
+                &proposal.new_key_params()[..],
+            )
+        } else {
+            (
+                &operations.reserve_before_transaction,
+                &proposal.params()[..],
+            )
+        };
         let reserved = PostgresTransaction::reserve(
             &self.inner.executor,
             &self.inner.queries,
-            &request,
-            &proposal,
+            (&request, &proposal),
+            sql,
+            params,
             permit,
         )
         .await?;
@@ -443,6 +483,11 @@ impl Store for PostgresStore {
             // A new key of a scope at its quota: the plain path purges and decides.
             return reserve_then_begin(self, request).await;
         };
+        if new_key && !proposal.won(&row) && !settles(&row) {
+            // Not a new key, and its record needs the reservation statement.
+            transaction.not_needed();
+            return reserve_then_begin(self, request).await;
+        }
         self.inner.recent.remember(&request.scope, &request.key);
         Ok(match proposal.reservation(&request, row) {
             Reservation::Acquired {
@@ -480,6 +525,32 @@ impl Store for PostgresStore {
             Some(row) => Ok(completed(row, response)),
             None => Err(lease_lost("complete", lease)),
         }
+    }
+
+    /// One statement that reads nothing back and, with `delivered`, sets the delivery in
+    /// the completion's own row version (no later `UPDATE` of the row).
+    async fn complete_delivered(
+        &self,
+        lease: &Lease,
+        response: StoredResponse,
+        delivered: bool,
+    ) -> Result<()> {
+        let completion = Completion::new(lease, &response);
+        let rows = (self.inner.executor)
+            .query(
+                "complete",
+                &self.inner.queries.operations.complete_delivered,
+                &completion.delivered_params(&delivered),
+            )
+            .await?;
+        let completed: i64 = match rows.first() {
+            Some(row) => row.try_get("completed").map_err(from_pg)?,
+            None => 0,
+        };
+        if completed == 0 {
+            return Err(lease_lost("complete", lease));
+        }
+        Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -110,8 +110,9 @@ impl PostgresTransaction {
     pub(crate) async fn reserve(
         executor: &Executor,
         queries: &Arc<Queries>,
-        request: &ReserveRequest,
-        proposal: &ReserveParams<'_>,
+        (request, proposal): (&ReserveRequest, &ReserveParams<'_>),
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
         permit: OwnedSemaphorePermit,
     ) -> Result<Option<(OperationRow, Self)>> {
         executor
@@ -127,18 +128,16 @@ impl PostgresTransaction {
                 };
                 let (rows, begun) = {
                     let client = transaction.connection()?;
-                    let sql = &queries.operations.reserve_before_transaction;
-                    let params = proposal.params();
                     // Prepared (or typed) before anything is sent: `BEGIN` must follow the
                     // reservation on the wire, never precede it.
                     let statement = match executor.statements {
                         StatementMode::Prepared => Update::Prepared(prepare(client, sql).await?),
-                        StatementMode::Unnamed => Update::Unnamed(typed(&params)?),
+                        StatementMode::Unnamed => Update::Unnamed(typed(params)?),
                     };
                     // Polled in this order, each sends its messages on its first poll.
                     let query = async {
                         match &statement {
-                            Update::Prepared(statement) => client.query(statement, &params).await,
+                            Update::Prepared(statement) => client.query(statement, params).await,
                             Update::Unnamed(typed) => client.query_typed(sql, typed).await,
                         }
                     };
@@ -214,21 +213,58 @@ impl PostgresTransaction {
     /// completion fails (see `OperationQueries::complete_in_transaction`), which turns the `COMMIT`
     /// into a rollback of everything the attempt wrote.
     async fn complete_and_commit(&mut self, response: StoredResponse) -> Result<Operation> {
+        let lease = self.lease.clone();
+        let completion = Completion::new(&lease, &response);
+        let sql = Arc::clone(&self.queries);
+        let rows = self
+            .commit_with(
+                &sql.operations.complete_in_transaction,
+                &completion.params(),
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Backend("complete returned no row".into()))?;
+        Ok(completed(row::operation(row)?, response))
+    }
+
+    /// [`complete_and_commit`](Self::complete_and_commit) reading nothing back, with the
+    /// delivery recorded in the completion's row version when `delivered`.
+    async fn complete_delivered_and_commit(
+        &mut self,
+        response: StoredResponse,
+        delivered: bool,
+    ) -> Result<bool> {
+        let lease = self.lease.clone();
+        let completion = Completion::new(&lease, &response);
+        let sql = Arc::clone(&self.queries);
+        self.commit_with(
+            &sql.operations.complete_delivered_in_transaction,
+            &completion.delivered_params(&delivered),
+        )
+        .await?;
+        Ok(delivered)
+    }
+
+    /// Sends `sql` (a fenced completion that fails when its fence matches no row) and
+    /// `COMMIT` in one round trip, and returns the completion's rows once both succeeded.
+    async fn commit_with(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
         let client = self.connection()?;
-        let completion = Completion::new(&self.lease, &response);
-        let sql = &self.queries.operations.complete_in_transaction;
-        let params = completion.params();
         // Everything that can fail before the UPDATE is sent fails here, before the COMMIT
         // could be sent without it.
         let update = match self.executor.statements {
             StatementMode::Prepared => Update::Prepared(prepare(client, sql).await?),
-            StatementMode::Unnamed => Update::Unnamed(typed(&params)?),
+            StatementMode::Unnamed => Update::Unnamed(typed(params)?),
         };
         // Polled in this order, each sends its messages on its first poll: the UPDATE,
         // then the COMMIT, on the one connection, which runs them in order.
         let query = async {
             match &update {
-                Update::Prepared(statement) => client.query(statement, &params).await,
+                Update::Prepared(statement) => client.query(statement, params).await,
                 Update::Unnamed(typed) => client.query_typed(sql, typed).await,
             }
         };
@@ -252,10 +288,7 @@ impl PostgresTransaction {
         // A failed COMMIT leaves the connection's state in doubt: it is closed on drop.
         committed.map_err(from_pg)?;
         self.finished();
-        let row = rows
-            .first()
-            .ok_or_else(|| StoreError::Backend("complete returned no row".into()))?;
-        Ok(completed(row::operation(row)?, response))
+        Ok(rows)
     }
 
     async fn roll_back(&mut self) -> Result<()> {
@@ -302,6 +335,21 @@ impl OperationTransaction for PostgresTransaction {
         // connection: PostgreSQL rolls back whatever it had not committed.
         executor
             .bounded("complete", self.complete_and_commit(response))
+            .await
+    }
+
+    /// The delivery, when asked for, is recorded in the completion's own row version.
+    async fn complete_delivered(
+        mut self: Box<Self>,
+        response: StoredResponse,
+        delivered: bool,
+    ) -> Result<bool> {
+        let executor = self.executor.clone();
+        executor
+            .bounded(
+                "complete",
+                self.complete_delivered_and_commit(response, delivered),
+            )
             .await
     }
 

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use tokio::runtime::Handle;
@@ -49,6 +49,23 @@ impl Drop for DetachedTask {
     }
 }
 
+/// Set once the caller of a [`DetachOnDrop`] dropped it unfinished (the client left) and the
+/// work went on in a task of its own: the work reads it to know that nobody will receive
+/// its answer. Cheap to clone: clones share the flag.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClientLeft(Arc<AtomicBool>);
+
+impl ClientLeft {
+    /// Whether the caller has gone.
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// The wrapped future panicked; it was dropped and its work did not finish.
 #[derive(Debug)]
 pub(crate) struct Panicked;
@@ -66,6 +83,8 @@ where
     runtime: Option<Handle>,
     /// Where a detached task is counted.
     detached: Detached,
+    /// Set when the future is detached.
+    left: Option<ClientLeft>,
 }
 
 impl<F> DetachOnDrop<F>
@@ -80,7 +99,14 @@ where
             inner: Some(Box::pin(future)),
             runtime: Handle::try_current().ok(),
             detached: detached.clone(),
+            left: None,
         }
+    }
+
+    /// Sets `left` if the future is ever detached.
+    pub(crate) fn watched_by(mut self, left: &ClientLeft) -> Self {
+        self.left = Some(left.clone());
+        self
     }
 }
 
@@ -122,6 +148,9 @@ where
         let Some(unfinished) = self.inner.take() else {
             return;
         };
+        if let Some(left) = &self.left {
+            left.set();
+        }
         match &self.runtime {
             // On a runtime that is shutting down the task is dropped unrun, as a spawned
             // task would have been.
@@ -150,8 +179,12 @@ mod tests {
     #[tokio::test]
     async fn runs_in_place_while_awaited() {
         let detached = Detached::default();
-        let answer = DetachOnDrop::new(async { 42 }, &detached).await;
+        let left = ClientLeft::default();
+        let answer = DetachOnDrop::new(async { 42 }, &detached)
+            .watched_by(&left)
+            .await;
         assert_eq!(answer.unwrap(), 42);
+        assert!(!left.is_set(), "its caller stayed");
         assert_eq!(detached.count(), 0, "nothing was detached");
     }
 
@@ -168,8 +201,11 @@ mod tests {
             &detached,
         );
         // The caller gives up after one poll, as a server does when the client leaves.
-        let abandoned = tokio::time::timeout(Duration::from_millis(1), work).await;
+        let left = ClientLeft::default();
+        let abandoned =
+            tokio::time::timeout(Duration::from_millis(1), work.watched_by(&left)).await;
         assert!(abandoned.is_err());
+        assert!(left.is_set(), "the work can tell its caller has gone");
         assert_eq!(detached.count(), 1, "counted while it runs");
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(

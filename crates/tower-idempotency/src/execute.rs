@@ -23,6 +23,7 @@ use tower_idempotency_core::{Lease, OperationTransaction, OperationTx, StoreErro
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
 use crate::buffer::{Buffered, buffer_response};
 use crate::config::{OPERATION_ID, Shared, operation_id_header};
+use crate::detach::ClientLeft;
 use crate::policy::RoutePolicy;
 use crate::problem::Rejection;
 use crate::record::{self, Sink};
@@ -41,7 +42,15 @@ pub(crate) struct Run {
     pub(crate) takeover: bool,
     /// On a transactional route: the operation's open transaction, handed to the handler.
     pub(crate) transaction: Option<Box<dyn OperationTransaction>>,
+    /// Set if the client leaves before the answer.
+    pub(crate) left: ClientLeft,
 }
+
+/// The largest answer whose delivery is recorded with its completion: one that is
+/// buffered whole, this small, and whose client still waits goes to the transport in one
+/// write (a socket's send buffer holds it). Larger ones are marked once the server has
+/// taken their last byte.
+const DELIVERED_AT_ONCE: usize = 16 * 1024;
 
 pub(crate) async fn execute<S, B, ResB>(
     shared: &Arc<Shared>,
@@ -63,6 +72,7 @@ where
         lease,
         takeover,
         transaction,
+        left,
     } = run;
     let mut request = Request::from_parts(parts, RequestBody::buffered(body));
     // Handlers can key their own side effects by the operation (outbound idempotency keys).
@@ -86,7 +96,7 @@ where
         // Waits for the handler to let go of the lock; later uses of its handle find nothing.
         Some(handle) => Sink::Transaction(handle.take().await),
     };
-    settle(shared, policy, &lease, sink, outcome).await
+    settle(shared, policy, (&lease, &left), sink, outcome).await
 }
 
 /// What the handler's outcome becomes: its answer recorded and sent, or, when it failed
@@ -94,7 +104,7 @@ where
 async fn settle<ResB, E>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
-    lease: &Lease,
+    (lease, left): (&Lease, &ClientLeft),
     sink: Sink,
     outcome: std::thread::Result<Result<Response<ResB>, E>>,
 ) -> Answer<ResB, E>
@@ -102,7 +112,7 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
     match outcome {
-        Ok(Ok(response)) => Ok(finish(shared, policy, lease, sink, response).await),
+        Ok(Ok(response)) => Ok(finish(shared, policy, (lease, left), sink, response).await),
         Ok(Err(error)) => {
             sink.fail(shared, lease, "the service returned an error")
                 .await;
@@ -155,7 +165,7 @@ pub(crate) async fn with_heartbeat<F: Future>(
 async fn finish<ResB>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
-    lease: &Lease,
+    (lease, left): (&Lease, &ClientLeft),
     sink: Sink,
     response: Response<ResB>,
 ) -> Response<ResponseBody<ResB>>
@@ -198,14 +208,14 @@ where
             },
         );
     };
-    send_buffered(shared, policy, lease, sink, parts, buffered).await
+    send_buffered(shared, policy, (lease, left), sink, parts, buffered).await
 }
 
 /// Records a buffered answer and sends it, or what must be sent instead.
 async fn send_buffered<ResB>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
-    lease: &Lease,
+    (lease, left): (&Lease, &ClientLeft),
     sink: Sink,
     parts: http::response::Parts,
     buffered: Buffered<ResB>,
@@ -215,8 +225,13 @@ where
 {
     match buffered {
         Buffered::Complete(bytes) => {
-            match record::record(shared, policy, lease, sink, &parts, Some(&bytes)).await {
-                Ok(()) => {
+            let at_once = bytes.len() <= DELIVERED_AT_ONCE && !left.is_set();
+            let recorded =
+                record::record(shared, policy, lease, sink, &parts, (Some(&bytes), at_once)).await;
+            match recorded {
+                // Delivered as far as this process can tell: handed over in one piece.
+                Ok(true) => Response::from_parts(parts, ResponseBody::full(bytes)),
+                Ok(false) => {
                     let hook = DeliveryHook {
                         store: shared.store.clone(),
                         scope: lease.scope.clone(),
@@ -235,9 +250,9 @@ where
                     "response too large to store; retries will get response-not-replayable"
                 );
             }
-            match record::record(shared, policy, lease, sink, &parts, None).await {
+            match record::record(shared, policy, lease, sink, &parts, (None, false)).await {
                 Err(Some(rejection)) => refuse(shared, rejection),
-                Ok(()) | Err(None) => {
+                Ok(_) | Err(None) => {
                     Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
                 }
             }

@@ -30,7 +30,7 @@ use tracing::{Instrument, Span, field};
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
-use crate::detach::{DetachOnDrop, Panicked};
+use crate::detach::{ClientLeft, DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
 use crate::execute::{Answer, Run, execute};
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
@@ -304,9 +304,16 @@ where
                 },
             ));
         }
-        let round = reserve_and_execute(shared.clone(), policy.clone(), held, request.clone());
+        let left = ClientLeft::default();
+        let round = reserve_and_execute(
+            shared.clone(),
+            policy.clone(),
+            held,
+            (request.clone(), left.clone()),
+        );
         let round = tally.clone().scope(round).instrument(Span::current());
-        let operation = match DetachOnDrop::new(round, &shared.detached).await {
+        let round = DetachOnDrop::new(round, &shared.detached).watched_by(&left);
+        let operation = match round.await {
             Ok(Round::Answered(answer)) => return answer,
             Ok(Round::Existing(operation, returned)) => {
                 held = returned;
@@ -348,7 +355,7 @@ async fn reserve_and_execute<S, B, ResB>(
     shared: Arc<Shared>,
     policy: RoutePolicy,
     held: Held<S>,
-    request: ReserveRequest,
+    (request, left): (ReserveRequest, ClientLeft),
 ) -> Round<S, Answer<ResB, S::Error>>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
@@ -377,6 +384,7 @@ where
                 lease,
                 takeover,
                 transaction,
+                left,
             };
             Round::Answered(execute(&shared, &policy, inner, parts, body, run).await)
         }

@@ -75,23 +75,26 @@ impl Sink {
         }
     }
 
-    /// Records the result.
+    /// Records the result; with `delivered`, asks for the delivery to be recorded with it.
+    /// `Ok(true)`: it was.
     pub(crate) async fn complete(
         self,
         shared: &Shared,
         lease: &Lease,
         stored: StoredResponse,
-    ) -> Result<(), NotRecorded> {
+        delivered: bool,
+    ) -> Result<bool, NotRecorded> {
         match self {
             Self::Store => {
                 let status = stored.status;
                 let started = Instant::now();
-                let completed = store_call("complete", shared.store.complete(lease, stored)).await;
+                let completing = shared.store.complete_delivered(lease, stored, delivered);
+                let completed = store_call("complete", completing).await;
                 let store_ms = started.elapsed().as_secs_f64() * 1000.0;
                 match completed {
-                    Ok(_) => {
+                    Ok(()) => {
                         tracing::info!(status, store_ms, "operation completed");
-                        Ok(())
+                        Ok(delivered)
                     }
                     Err(error @ StoreError::Unavailable(_)) => Err(NotRecorded::StoreAway(error)),
                     Err(error) => {
@@ -100,9 +103,11 @@ impl Sink {
                     }
                 }
             }
-            Self::Transaction(Some(transaction)) => commit(shared, lease, transaction, stored)
-                .await
-                .map_err(NotRecorded::Refused),
+            Self::Transaction(Some(transaction)) => {
+                commit(shared, lease, transaction, stored, delivered)
+                    .await
+                    .map_err(NotRecorded::Refused)
+            }
             Self::Transaction(None) => {
                 // Only the layer takes the transaction; nothing the handler wrote can be
                 // committed any more.
@@ -117,19 +122,22 @@ impl Sink {
 }
 
 /// Records the handler's answer through `sink`. `body` is the whole body, or `None` when
-/// it was too large to keep. `Err(Some(_))`: the answer must not be sent, this is sent
-/// instead; `Err(None)`: it was not recorded, but it is the truth and is sent.
+/// it was too large to keep; `delivered` asks for the delivery to be recorded with it (the
+/// answer is about to be handed over whole). `Ok(true)`: recorded, delivery included;
+/// `Ok(false)`: recorded, the delivery is for the caller to mark. `Err(Some(_))`: the
+/// answer must not be sent, this is sent instead; `Err(None)`: it was not recorded, but it
+/// is the truth and is sent.
 pub(crate) async fn record(
     shared: &Shared,
     policy: &RoutePolicy,
     lease: &Lease,
     sink: Sink,
     parts: &http::response::Parts,
-    body: Option<&Bytes>,
-) -> Result<(), Option<Rejection>> {
+    (body, delivered): (Option<&Bytes>, bool),
+) -> Result<bool, Option<Rejection>> {
     let stored = stored_response(shared, policy, lease, parts, body);
-    match sink.complete(shared, lease, stored).await {
-        Ok(()) => Ok(()),
+    match sink.complete(shared, lease, stored, delivered).await {
+        Ok(recorded) => Ok(recorded),
         Err(NotRecorded::Refused(rejection)) => Err(Some(rejection)),
         Err(NotRecorded::Sent) => Err(None),
         Err(NotRecorded::StoreAway(error)) => {
@@ -298,15 +306,16 @@ async fn commit(
     lease: &Lease,
     transaction: Box<dyn OperationTransaction>,
     stored: StoredResponse,
-) -> Result<(), Rejection> {
+    delivered: bool,
+) -> Result<bool, Rejection> {
     let status = stored.status;
     let started = Instant::now();
-    let completed = store_call("commit", transaction.complete(stored)).await;
+    let completed = store_call("commit", transaction.complete_delivered(stored, delivered)).await;
     let store_ms = started.elapsed().as_secs_f64() * 1000.0;
     match completed {
-        Ok(_) => {
+        Ok(recorded) => {
             tracing::info!(status, store_ms, "operation completed and committed");
-            Ok(())
+            Ok(recorded)
         }
         Err(error) => {
             log_completion_failure(&error);

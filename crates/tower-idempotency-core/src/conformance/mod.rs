@@ -53,6 +53,8 @@
 //!   commit completes the operation, an abort releases it, and a lease taken over fences
 //!   the commit. A store without transactions refuses it with `Unsupported` and keeps
 //!   nothing.
+//! - A completion that reads nothing back ([`Store::complete_delivered`]) is fenced like
+//!   `complete` and records the delivery with the completion when asked to.
 //! - Scopes are isolated, by key and by operation id.
 //! - A scope at its [`ScopeQuota`](crate::ScopeQuota) is refused new keys (and only new
 //!   keys) with `ScopeQuotaExceeded`; other scopes are unaffected; stored bytes count from
@@ -60,6 +62,7 @@
 //!   count ([`run_quota`], against a store configured with [`QUOTA`]).
 
 mod approval;
+mod completion;
 mod dispatch;
 mod fixture;
 mod lease;
@@ -79,6 +82,9 @@ pub use approval::{
     approvals_are_scoped, authorized_operation_is_acquired_once, concurrent_decisions_decide_once,
     denied_approval_answers_with_the_denial, list_approvals_filters_orders_and_limits,
     pending_approval_expires, purge_keeps_approvals_until_they_expire, unused_approval_expires,
+};
+pub use completion::{
+    complete_delivered_records_the_delivery, transaction_complete_delivered_says_what_it_recorded,
 };
 pub use dispatch::{
     cancel_after_dispatch_is_unknown, cancel_before_dispatch_is_cancelled,
@@ -152,6 +158,8 @@ pub async fn run_all<S: Store + Clone>(store: &S) {
     reserve_transaction_acquires_once_and_commits(store).await;
     reserve_transaction_abort_releases(store).await;
     reserve_transaction_commit_is_fenced(store).await;
+    complete_delivered_records_the_delivery(store).await;
+    transaction_complete_delivered_says_what_it_recorded(store).await;
     run_lifecycle(store).await;
 }
 
