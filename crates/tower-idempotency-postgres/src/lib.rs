@@ -82,6 +82,7 @@ mod row;
 mod sql;
 mod store;
 mod transaction;
+mod usage;
 
 #[doc(inline)]
 pub use config::{DEFAULT_SCOPE_QUOTA, PostgresConfigError, PostgresStoreConfig, StatementMode};

@@ -33,6 +33,8 @@ pub(crate) struct ReserveParams<'a> {
     requested_by: Option<&'a str>,
     summary: Option<&'a serde_json::Value>,
     approval_ttl: Option<i64>,
+    /// Whether `reserve_new` checks the quota (see `usage.rs`).
+    pub(crate) check_quota: bool,
 }
 
 impl<'a> ReserveParams<'a> {
@@ -58,6 +60,7 @@ impl<'a> ReserveParams<'a> {
             requested_by: asked.map(|approval| approval.requested_by.as_str()),
             summary: asked.map(|approval| &approval.summary),
             approval_ttl: asked.map(|approval| micros(approval.ttl)),
+            check_quota: true,
         }
     }
 
@@ -85,8 +88,9 @@ impl<'a> ReserveParams<'a> {
     }
 
     /// The bind values of `OperationQueries::reserve_new`: `$1`–`$10` of
-    /// [`params`](Self::params), then the quota and `marks_dispatch`.
-    pub(crate) fn new_key_params(&self) -> [&(dyn ToSql + Sync); 13] {
+    /// [`params`](Self::params), then the quota, `marks_dispatch` and whether to check the
+    /// quota.
+    pub(crate) fn new_key_params(&self) -> [&(dyn ToSql + Sync); 14] {
         [
             &self.scope,
             &self.key,
@@ -101,6 +105,7 @@ impl<'a> ReserveParams<'a> {
             &self.max_records,
             &self.max_bytes,
             &self.marks_dispatch,
+            &self.check_quota,
         ]
     }
 

@@ -33,7 +33,8 @@ use crate::replays::ReplayCounts;
 use crate::reservation::{ReserveParams, settles};
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
-use crate::transaction::PostgresTransaction;
+use crate::transaction::{PostgresTransaction, Reserved};
+use crate::usage::UsageCache;
 
 /// Most expired rows of one scope a quota refusal deletes before telling the scope to wait.
 const QUOTA_PURGE_BATCH: i64 = 1000;
@@ -59,6 +60,8 @@ pub(crate) struct Inner {
     replays: ReplayCounts,
     /// Keys that had a row when last seen: read those first (see `recent.rs`).
     recent: RecentKeys,
+    /// The scopes' usage as last read, to skip the quota check far below it (`usage.rs`).
+    usage: UsageCache,
     poll_initial: Duration,
     poll_max: Duration,
     /// The quota as bind values: most rows and most bytes per scope.
@@ -135,6 +138,7 @@ impl PostgresStore {
                     queries.operations.count_replays.clone(),
                 ),
                 recent: RecentKeys::new(),
+                usage: UsageCache::new(),
                 executor,
                 transactions: TransactionBudget::new(budget, config.wait_timeout),
                 schema: config.schema.clone(),
@@ -332,6 +336,16 @@ impl PostgresStore {
         Some(reservation)
     }
 
+    /// Keeps the scope's usage a checking `reserve_new` read (see `usage.rs`).
+    fn note_usage(&self, scope: &Scope, row: &tokio_postgres::Row) -> Result<()> {
+        let records: Option<i64> = row::get(row, "scope_records")?;
+        let bytes: Option<i64> = row::get(row, "scope_bytes")?;
+        if let (Some(records), Some(bytes)) = (records, bytes) {
+            self.inner.usage.read(scope, (records, bytes));
+        }
+        Ok(())
+    }
+
     /// A reservation that found its command completed is a replay: counted in the
     /// background (`replays.rs`), so that finding it wrote nothing.
     fn count_if_replay(&self, request: &ReserveRequest, operation: &Operation) {
@@ -394,19 +408,25 @@ impl Store for PostgresStore {
         if let Some(operation) = self.settled(&request).await? {
             return Ok(Reservation::Existing(operation));
         }
-        let proposal = ReserveParams::new(&request, self.inner.quota);
+        let mut proposal = ReserveParams::new(&request, self.inner.quota);
         if request.approval.is_none() {
-            let new_key = self
-                .read_one(
+            proposal.check_quota = self
+                .inner
+                .usage
+                .must_check(&request.scope, self.inner.quota);
+            let rows = (self.inner.executor)
+                .query(
                     "reserve",
                     &self.inner.queries.operations.reserve_new,
                     &proposal.new_key_params(),
                 )
                 .await?;
-            if let Some(reservation) =
-                new_key.and_then(|row| self.answered(&request, &proposal, row))
-            {
-                return Ok(reservation);
+            if let Some(row) = rows.first() {
+                self.note_usage(&request.scope, row)?;
+                if let Some(reservation) = self.answered(&request, &proposal, row::operation(row)?)
+                {
+                    return Ok(reservation);
+                }
             }
         }
         let mut purged = false;
@@ -456,9 +476,15 @@ impl Store for PostgresStore {
         let Some(permit) = self.inner.transactions.try_acquire() else {
             return reserve_then_begin(self, request).await;
         };
-        let proposal = ReserveParams::new(&request, self.inner.quota);
+        let mut proposal = ReserveParams::new(&request, self.inner.quota);
         let operations = &self.inner.queries.operations;
         let new_key = request.approval.is_none();
+        if new_key {
+            proposal.check_quota = self
+                .inner
+                .usage
+                .must_check(&request.scope, self.inner.quota);
+        }
         let (sql, params) = if new_key {
             (
                 &operations.reserve_new_before_transaction,
@@ -479,10 +505,13 @@ impl Store for PostgresStore {
             permit,
         )
         .await?;
-        let Some((row, transaction)) = reserved else {
+        let Some((Reserved { row, usage }, transaction)) = reserved else {
             // A new key of a scope at its quota: the plain path purges and decides.
             return reserve_then_begin(self, request).await;
         };
+        if let Some(usage) = usage {
+            self.inner.usage.read(&request.scope, usage);
+        }
         if new_key && !proposal.won(&row) && !settles(&row) {
             // Not a new key, and its record needs the reservation statement.
             transaction.not_needed();

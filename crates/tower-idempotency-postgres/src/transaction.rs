@@ -114,7 +114,7 @@ impl PostgresTransaction {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
         permit: OwnedSemaphorePermit,
-    ) -> Result<Option<(OperationRow, Self)>> {
+    ) -> Result<Option<(Reserved, Self)>> {
         executor
             .bounded("reserve", async {
                 // Built before anything is sent, so that a failure, or the timeout dropping
@@ -144,10 +144,10 @@ impl PostgresTransaction {
                     tokio::join!(query, client.batch_execute("BEGIN"))
                 };
                 let rows = rows.map_err(from_pg)?;
-                let row = rows.first().map(row::operation).transpose()?;
+                let row = rows.first().map(Reserved::read).transpose()?;
                 if let Err(error) = begun {
-                    if let Some(row) = row {
-                        transaction.give_back(request, proposal, row).await;
+                    if let Some(reserved) = row {
+                        transaction.give_back(request, proposal, reserved.row).await;
                     }
                     return Err(from_pg(error));
                 }
@@ -304,6 +304,31 @@ impl PostgresTransaction {
     fn finished(&mut self) {
         drop(self.client.take());
         drop(self.permit.take());
+    }
+}
+
+/// The row of a reservation sent before `BEGIN`, with the scope's usage when the statement
+/// read it (`reserve_new` checking the quota).
+pub(crate) struct Reserved {
+    pub(crate) row: OperationRow,
+    pub(crate) usage: Option<(i64, i64)>,
+}
+
+impl Reserved {
+    fn read(row: &tokio_postgres::Row) -> Result<Self> {
+        // Only `reserve_new` has the columns.
+        let has_usage = row.columns().iter().any(|c| c.name() == "scope_records");
+        let usage = if has_usage {
+            let records: Option<i64> = row::get(row, "scope_records")?;
+            let bytes: Option<i64> = row::get(row, "scope_bytes")?;
+            records.zip(bytes)
+        } else {
+            None
+        };
+        Ok(Self {
+            row: row::operation(row)?,
+            usage,
+        })
     }
 }
 

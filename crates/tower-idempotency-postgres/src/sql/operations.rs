@@ -21,7 +21,7 @@ pub(crate) struct OperationQueries {
     /// [`reserve`](Self::reserve): inserts a fresh key, or returns the key's row as it
     /// stands, in a statement PostgreSQL starts and runs at a fraction of the cost (see
     /// [`reserve_new`]). Its parameters are `$1`–`$10` of `reserve`, then `$11` most records,
-    /// `$12` most bytes, `$13` marks_dispatch.
+    /// `$12` most bytes, `$13` marks_dispatch, `$14` whether to check the quota.
     pub(crate) reserve_new: String,
     /// [`reserve_new`](Self::reserve_new) committed asynchronously, for a transactional
     /// route (as [`reserve_before_transaction`](Self::reserve_before_transaction)).
@@ -349,7 +349,9 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
 }
 
 /// The reservation of a new key, and only that: `existing` reads the key's row (in the
-/// statement's snapshot, unless it expired); without one, and with the scope under its quota, `fresh` inserts
+/// statement's snapshot, unless it expired); without one, and with the scope under its
+/// quota — checked only when `$14` says so (see `usage.rs`), the sums then returned in
+/// `scope_records` and `scope_bytes` — `fresh` inserts
 /// the new operation (`ON CONFLICT DO NOTHING`) and `counted` adds it to the scope's
 /// counter. The statement returns the existing row as it stands (no write), the inserted
 /// one, or nothing — an expired row (the insert conflicts with it), a key inserted by a
@@ -386,11 +388,15 @@ fn reserve_new(t: &str, u: &str, commit_mode: &str) -> String {
              $7::uuid, now() + {lease}, 1, {retention}, {unknown_retention}, now(), \
              now() + {unknown_expiry}, CASE WHEN $13::boolean THEN NULL ELSE now() END \
          WHERE NOT EXISTS (SELECT 1 FROM existing) \
-             AND (SELECT q.records < $11::bigint AND q.bytes <= $12::bigint FROM quota AS q) \
+             AND (NOT $14::boolean \
+                  OR (SELECT q.records < $11::bigint AND q.bytes <= $12::bigint FROM quota AS q)) \
          ON CONFLICT (scope, idempotency_key) DO NOTHING \
          RETURNING {COLUMNS}, {commit_mode} AS commit_mode), \
          counted AS ({counted}) \
-         SELECT * FROM existing UNION ALL SELECT * FROM fresh"
+         SELECT e.*, NULL::bigint AS scope_records, NULL::bigint AS scope_bytes FROM existing AS e \
+         UNION ALL \
+         SELECT f.*, (SELECT q.records::bigint FROM quota AS q WHERE $14::boolean), \
+             (SELECT q.bytes::bigint FROM quota AS q WHERE $14::boolean) FROM fresh AS f"
     )
 }
 
