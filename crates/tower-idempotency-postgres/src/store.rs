@@ -19,7 +19,6 @@ use tower_idempotency_core::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
     Operation, OperationId, OperationState, OperationTransaction, Reservation, ReserveRequest,
     Scope, Store, StoreError, StoredResponse, TransactionalReservation, quota::quota_retry_after,
-    reserve_then_begin,
 };
 
 use crate::budget::{self, TransactionBudget};
@@ -35,6 +34,25 @@ use crate::row::{self, OperationRow};
 use crate::sql::Queries;
 use crate::transaction::{PostgresTransaction, Reserved};
 use crate::usage::UsageCache;
+
+/// Whether a reservation's writes wait for their WAL flush.
+#[derive(Debug, Clone, Copy)]
+enum Commit {
+    /// As every write: the reservation is durable when the call returns.
+    Synchronous,
+    /// Not waited for: an operation transaction's commit follows on this store and flushes
+    /// the WAL past it (a transactional route's reservation).
+    BeforeTransaction,
+}
+
+impl Commit {
+    fn pick<'a>(self, synchronous: &'a str, before_transaction: &'a str) -> &'a str {
+        match self {
+            Self::Synchronous => synchronous,
+            Self::BeforeTransaction => before_transaction,
+        }
+    }
+}
 
 /// Most expired rows of one scope a quota refusal deletes before telling the scope to wait.
 const QUOTA_PURGE_BATCH: i64 = 1000;
@@ -378,6 +396,123 @@ impl PostgresStore {
         }
     }
 
+    /// [`Store::reserve`] on a pooled connection. `commit` says whether its writes wait for
+    /// their WAL flush: [`Commit::BeforeTransaction`] only for a reservation that an
+    /// operation transaction's own commit will follow (see
+    /// `OperationQueries::reserve_before_transaction`).
+    async fn reserve_on_pool(
+        &self,
+        request: ReserveRequest,
+        commit: Commit,
+    ) -> Result<Reservation> {
+        if let Some(operation) = self.settled(&request).await? {
+            return Ok(Reservation::Existing(operation));
+        }
+        let mut proposal = ReserveParams::new(&request, self.inner.quota);
+        if request.approval.is_none() {
+            proposal.check_quota = self
+                .inner
+                .usage
+                .must_check(&request.scope, self.inner.quota);
+            let rows = (self.inner.executor)
+                .query(
+                    "reserve",
+                    commit.pick(
+                        &self.inner.queries.operations.reserve_new,
+                        &self.inner.queries.operations.reserve_new_before_transaction,
+                    ),
+                    &proposal.new_key_params(),
+                )
+                .await?;
+            if let Some(row) = rows.first() {
+                self.note_usage(&request.scope, row)?;
+                if let Some(reservation) = self.answered(&request, &proposal, row::operation(row)?)
+                {
+                    return Ok(reservation);
+                }
+            }
+        }
+        let mut purged = false;
+        let row = loop {
+            if let Some(row) = self
+                .read_one(
+                    "reserve",
+                    commit.pick(
+                        &self.inner.queries.operations.reserve,
+                        &self.inner.queries.operations.reserve_before_transaction,
+                    ),
+                    &proposal.params(),
+                )
+                .await?
+            {
+                break row;
+            }
+            // No row: a new key of a scope at its quota. Its expired rows go first (once);
+            // if that made room, the reservation is tried again.
+            let (freed, retry_after) = self.quota_refusal(&request.scope).await?;
+            if purged || freed == 0 {
+                return Err(StoreError::ScopeQuotaExceeded { retry_after });
+            }
+            purged = true;
+        };
+        self.inner.recent.remember(&request.scope, &request.key);
+        let reservation = proposal.reservation(&request, row);
+        if let Reservation::Existing(operation) = &reservation {
+            self.count_if_replay(&request, operation);
+        }
+        Ok(reservation)
+    }
+
+    /// [`reserve_then_begin`](tower_idempotency_core::reserve_then_begin) with the reservation committed asynchronously: the
+    /// transaction that follows it flushes it, and if none can begin, the release does.
+    async fn reserve_then_wait_for_a_place(
+        &self,
+        request: ReserveRequest,
+    ) -> Result<TransactionalReservation> {
+        let (operation, lease, takeover) = match self
+            .reserve_on_pool(request, Commit::BeforeTransaction)
+            .await?
+        {
+            Reservation::Acquired {
+                operation,
+                lease,
+                takeover,
+            } => (operation, lease, takeover),
+            Reservation::Existing(operation) => {
+                return Ok(TransactionalReservation::Existing(operation));
+            }
+            Reservation::ApprovalRequested(operation) => {
+                return Ok(TransactionalReservation::ApprovalRequested(operation));
+            }
+        };
+        let permit = match self.inner.transactions.acquire().await {
+            Ok(permit) => permit,
+            Err(error) => {
+                if let Err(release) = self.release(&lease).await {
+                    tracing::error!(operation_id = %lease.operation_id, error = %release, "could not release a reservation whose transaction did not open; it reads unknown once its lease runs out");
+                }
+                return Err(error);
+            }
+        };
+        let begun =
+            PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, &lease, permit)
+                .await;
+        match begun {
+            Ok(transaction) => Ok(TransactionalReservation::Acquired {
+                operation,
+                lease,
+                takeover,
+                transaction: Box::new(transaction),
+            }),
+            Err(error) => {
+                if let Err(release) = self.release(&lease).await {
+                    tracing::error!(operation_id = %lease.operation_id, error = %release, "could not release a reservation whose transaction did not open; it reads unknown once its lease runs out");
+                }
+                Err(error)
+            }
+        }
+    }
+
     async fn get_row(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<OperationRow>> {
         self.read_one(
             "get",
@@ -403,68 +538,19 @@ pub enum ConnectError {
 #[async_trait]
 impl Store for PostgresStore {
     /// A key seen here recently is read first (see `recent.rs`); otherwise, or when its
-    /// row does not settle the request, the reservation statement decides.
+    /// row does not settle the request, the reservation statements decide.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
-        if let Some(operation) = self.settled(&request).await? {
-            return Ok(Reservation::Existing(operation));
-        }
-        let mut proposal = ReserveParams::new(&request, self.inner.quota);
-        if request.approval.is_none() {
-            proposal.check_quota = self
-                .inner
-                .usage
-                .must_check(&request.scope, self.inner.quota);
-            let rows = (self.inner.executor)
-                .query(
-                    "reserve",
-                    &self.inner.queries.operations.reserve_new,
-                    &proposal.new_key_params(),
-                )
-                .await?;
-            if let Some(row) = rows.first() {
-                self.note_usage(&request.scope, row)?;
-                if let Some(reservation) = self.answered(&request, &proposal, row::operation(row)?)
-                {
-                    return Ok(reservation);
-                }
-            }
-        }
-        let mut purged = false;
-        let row = loop {
-            if let Some(row) = self
-                .read_one(
-                    "reserve",
-                    &self.inner.queries.operations.reserve,
-                    &proposal.params(),
-                )
-                .await?
-            {
-                break row;
-            }
-            // No row: a new key of a scope at its quota. Its expired rows go first (once);
-            // if that made room, the reservation is tried again.
-            let (freed, retry_after) = self.quota_refusal(&request.scope).await?;
-            if purged || freed == 0 {
-                return Err(StoreError::ScopeQuotaExceeded { retry_after });
-            }
-            purged = true;
-        };
-        self.inner.recent.remember(&request.scope, &request.key);
-        let reservation = proposal.reservation(&request, row);
-        if let Reservation::Existing(operation) = &reservation {
-            self.count_if_replay(&request, operation);
-        }
-        Ok(reservation)
+        self.reserve_on_pool(request, Commit::Synchronous).await
     }
 
     /// With a free place in the transaction budget: the reservation on a connection of
     /// its own, pipelined with `BEGIN` (see [`PostgresTransaction::reserve`]) — one
     /// checkout and one round trip, after which the connection holds the operation's
     /// transaction if the reservation was won, and goes back to the pool otherwise. With
-    /// the budget full: [`reserve_then_begin`], whose reservation takes a connection of the
-    /// short statements' share and which waits for a place (up to `wait_timeout`) only once
-    /// it has won, so that replays and duplicates of transactional routes never wait for
-    /// the budget.
+    /// the budget full: the reservation takes a connection of the short statements' share
+    /// and waits for a place (up to `wait_timeout`) only once it has won, so that replays
+    /// and duplicates of transactional routes never wait for the budget (see
+    /// [`reserve_then_wait_for_a_place`](Self::reserve_then_wait_for_a_place)).
     async fn reserve_transaction(
         &self,
         request: ReserveRequest,
@@ -474,7 +560,7 @@ impl Store for PostgresStore {
             return Ok(TransactionalReservation::Existing(operation));
         }
         let Some(permit) = self.inner.transactions.try_acquire() else {
-            return reserve_then_begin(self, request).await;
+            return self.reserve_then_wait_for_a_place(request).await;
         };
         let mut proposal = ReserveParams::new(&request, self.inner.quota);
         let operations = &self.inner.queries.operations;
@@ -507,7 +593,7 @@ impl Store for PostgresStore {
         .await?;
         let Some((Reserved { row, usage }, transaction)) = reserved else {
             // A new key of a scope at its quota: the plain path purges and decides.
-            return reserve_then_begin(self, request).await;
+            return self.reserve_then_wait_for_a_place(request).await;
         };
         if let Some(usage) = usage {
             self.inner.usage.read(&request.scope, usage);
@@ -515,7 +601,7 @@ impl Store for PostgresStore {
         if new_key && !proposal.won(&row) && !settles(&row) {
             // Not a new key, and its record needs the reservation statement.
             transaction.not_needed();
-            return reserve_then_begin(self, request).await;
+            return self.reserve_then_wait_for_a_place(request).await;
         }
         self.inner.recent.remember(&request.scope, &request.key);
         Ok(match proposal.reservation(&request, row) {
