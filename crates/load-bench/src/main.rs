@@ -440,10 +440,14 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
                     }
                 };
                 // For the per-request profile (`pgprofile`); it costs every statement a
-                // little, the same in every case.
-                options
-                    .server_options
-                    .push_str(" -c shared_preload_libraries=pg_stat_statements");
+                // little, the same in every case. Checkpoints spaced out (durability is
+                // unchanged): with the defaults, a checkpoint every few minutes of load stalls
+                // every commit for seconds on this machine's disk, and hits whichever case's
+                // round it falls in.
+                options.server_options.push_str(
+                    " -c shared_preload_libraries=pg_stat_statements \
+                     -c max_wal_size=8GB -c checkpoint_timeout=30min",
+                );
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
