@@ -87,6 +87,7 @@ impl Shared {
     }
 
     /// The approver making the request, if it may decide approvals.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) fn approver_of(&self, parts: &Parts) -> Option<String> {
         self.approver
             .as_ref()
