@@ -170,6 +170,7 @@ pub use tower_idempotency_core::metrics;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 #[doc = include_str!("../../../docs/policies.md")]
+#[doc = include_str!("../../../docs/approvals.md")]
 #[doc = include_str!("../../../docs/memory-store.md")]
 #[doc = include_str!("../../../docs/security.md")]
 pub struct DocsExamples;
