@@ -175,7 +175,11 @@ fn key_of(
 ) -> Result<Option<IdempotencyKey>, Rejection> {
     let mut values = parts.headers.get_all(&shared.header_name).iter();
     match (values.next(), values.next()) {
-        (None, _) if policy.key == KeyRequirement::Optional => Ok(None),
+        // An approval is bound to a key: a route that may need one always requires it, or
+        // a keyless request would run a command that needs approval unapproved.
+        (None, _) if policy.key == KeyRequirement::Optional && policy.approval.is_none() => {
+            Ok(None)
+        }
         (None, _) => Err(Rejection::MissingKey),
         (Some(_), Some(_)) => Err(Rejection::RepeatedKey),
         (Some(value), None) => IdempotencyKey::parse_header(value.as_bytes())
@@ -440,7 +444,11 @@ async fn reserve(
                 retry_after: retry_after.as_secs().max(1),
             })
         }
-        StoreError::Unavailable(error) if policy.store_failure == StoreFailurePolicy::FailOpen => {
+        // Never for a command that needs approval: unprotected, nothing would check it.
+        StoreError::Unavailable(error)
+            if policy.store_failure == StoreFailurePolicy::FailOpen
+                && request.approval.is_none() =>
+        {
             tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
             NotReserved::FailOpen
         }

@@ -365,6 +365,11 @@ impl RoutePolicy {
     /// `403 approval-expired`. A retry while the request is undecided waits up to
     /// [`ApprovalPolicy::wait`] for the decision.
     ///
+    /// Approvals are bound to keys, so a route with an approval policy requires a key
+    /// whatever [`RoutePolicy::optional`] says, and it never fails open
+    /// ([`StoreFailurePolicy::FailOpen`]) for a command that needs approval: with the
+    /// store down it answers `503 store-unavailable`.
+    ///
     /// ```
     /// use serde_json::json;
     /// use tower_idempotency::{ApprovalPolicy, RoutePolicy};

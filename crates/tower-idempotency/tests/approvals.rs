@@ -563,3 +563,96 @@ async fn a_store_without_approvals_runs_nothing_that_needs_one() {
         (StatusCode::INTERNAL_SERVER_ERROR, "approvals-unsupported")
     );
 }
+
+/// A store that is down: every reservation fails as if the database were unreachable.
+#[derive(Debug, Clone, Default)]
+struct Down(MemoryStore);
+
+#[async_trait]
+impl Store for Down {
+    async fn reserve(&self, _request: ReserveRequest) -> Result<Reservation> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
+        self.0.complete(lease, response).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.0.release(lease).await
+    }
+    async fn abandon(&self, lease: &Lease) -> Result<()> {
+        self.0.abandon(lease).await
+    }
+    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
+        self.0.extend_lease(lease, by).await
+    }
+    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
+        self.0.mark_delivered(scope, id).await
+    }
+    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
+        self.0.get(scope, key).await
+    }
+    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
+        self.0.get_by_id(scope, id).await
+    }
+    async fn wait(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        timeout: Duration,
+    ) -> Result<Option<Operation>> {
+        self.0.wait(scope, key, timeout).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<usize> {
+        self.0.purge_expired(batch).await
+    }
+}
+
+#[tokio::test]
+async fn neither_a_missing_key_nor_a_store_outage_skips_an_approval() {
+    use tower_idempotency::StoreFailurePolicy;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let build = |store: Down, policy: RoutePolicy| {
+        let counter = runs.clone();
+        Router::new()
+            .route(
+                "/v1/deploys",
+                post(move || {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    async { StatusCode::CREATED }
+                }),
+            )
+            .route_layer(
+                IdempotencyLayer::new(store)
+                    .with_scope(|_| Some(Scope::new("acme")))
+                    .with_default_policy(policy),
+            )
+    };
+    // An optional key on a route with approvals is still required.
+    let optional = RoutePolicy::optional().with_approval(deploy_approval());
+    let app = build(Down::default(), optional);
+    let keyless = Request::post("/v1/deploys")
+        .header("content-type", "application/json")
+        .body(Body::from(PRODUCTION))
+        .unwrap();
+    let (status, problem, _) = send(&app, keyless).await;
+    assert_eq!(
+        (status, slug(&problem)),
+        (StatusCode::BAD_REQUEST, "missing-idempotency-key")
+    );
+
+    // A fail-open route with the store down runs what needs no approval, never what does.
+    let open = RoutePolicy::required()
+        .with_store_failure(StoreFailurePolicy::FailOpen)
+        .with_approval(deploy_approval());
+    let app = build(Down::default(), open);
+    let (status, problem, _) = send(&app, deploy("k-1", PRODUCTION)).await;
+    assert_eq!(
+        (status, slug(&problem)),
+        (StatusCode::SERVICE_UNAVAILABLE, "store-unavailable")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let (status, _, _) = send(&app, deploy("k-2", STAGING)).await;
+    assert_eq!(status, StatusCode::CREATED, "fails open as configured");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
