@@ -67,15 +67,17 @@
 //!
 //! - [`IdempotencyLayer`] / [`IdempotencyService`]: the middleware and its builder, and
 //!   the protocol's header names ([`IDEMPOTENCY_KEY`], [`OPERATION_ID`],
-//!   [`IDEMPOTENT_REPLAYED`]).
+//!   [`IDEMPOTENT_REPLAYED`]), and the requester recorded when none is named
+//!   ([`ANONYMOUS_PRINCIPAL`]).
 //! - [`RoutePolicy`] and its choices ([`KeyRequirement`], [`ServerErrorPolicy`],
 //!   [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]), [`CommandRejection`] for
 //!   normalizers, [`ConfigError`] for settings refused when they are built.
 //! - approvals: [`ApprovalPolicy`] (with [`RoutePolicy::with_approval`]), the records
 //!   ([`Approval`], [`ApprovalId`], [`ApprovalState`]) and decisions
-//!   ([`ApprovalDecision`], [`DecisionOutcome`]) the store keeps,
-//!   [`IdempotencyLayer::approvals_router`], and the [`problem_types`] slugs of their
-//!   refusals (shared with the MCP layer). See `docs/approvals.md`.
+//!   ([`ApprovalDecision`], [`DecisionOutcome`]) the store keeps, what a route asks it for
+//!   ([`ApprovalRequest`]), [`IdempotencyLayer::approvals_router`], and the
+//!   [`problem_types`] slugs of their refusals (shared with the MCP layer). See
+//!   `docs/approvals.md`.
 //! - [`problem`]: the refusals ([`problem::Rejection`]) and the RFC 9457 body they are
 //!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`]).
 //! - [`storage`]: what is kept of responses at rest (redaction, status only) and
