@@ -128,6 +128,10 @@ fn operation_json(operation: &Operation) -> Value {
         "attempts": operation.attempts,
         "replays": operation.replays,
         "delivered": operation.delivered,
+        "approval": operation.approval.as_ref().map(|approval| json!({
+            "approval_id": approval.id.to_string(),
+            "state": approval.state.as_str(),
+        })),
     })
 }
 
