@@ -18,7 +18,7 @@ use futures_util::future::{Either, select};
 use http::{Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{Lease, StoreError};
+use tower_idempotency_core::{Execution, Lease, Operation, StoreError};
 
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
 use crate::buffer::{Buffered, buffer_response};
@@ -33,13 +33,31 @@ use crate::telemetry::{self, Decision, InFlight, store_call};
 /// What a guarded request answers: a response, or the inner service's own error.
 pub(crate) type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
 
+/// The execution handle of the attempt that holds `lease`: with the route's
+/// `marks_dispatch` the handler's `dispatched()` stores the mark and renews the lease by
+/// the route's lease; without it the reservation was the mark.
+pub(crate) fn execution_handle(
+    shared: &Shared,
+    policy: &RoutePolicy,
+    lease: Lease,
+    operation: &Operation,
+) -> Execution {
+    Execution::new(
+        Arc::clone(&shared.store),
+        lease,
+        operation.attempts,
+        policy.marks_dispatch,
+        policy.lease,
+    )
+}
+
 pub(crate) async fn execute<S, B, ResB>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
     inner: S,
     parts: Parts,
     body: Bytes,
-    lease: Lease,
+    execution: Execution,
     takeover: bool,
 ) -> Answer<ResB, S::Error>
 where
@@ -50,9 +68,12 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
+    let lease = execution.lease().clone();
     let mut request = Request::from_parts(parts, RequestBody::buffered(body));
-    // Handlers can key their own side effects by the operation (outbound idempotency keys).
+    // Handlers can key their own side effects by the operation (outbound idempotency keys),
+    // and mark their dispatch through the execution handle.
     request.extensions_mut().insert(lease.operation_id);
+    request.extensions_mut().insert(execution);
     let handle = if policy.transactional {
         match record::begin(shared, &lease).await {
             Ok(handle) => {

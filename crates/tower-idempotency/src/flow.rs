@@ -30,7 +30,7 @@ use crate::buffer::read_body;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
-use crate::execute::{Answer, execute};
+use crate::execute::{Answer, execute, execution_handle};
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
 use crate::refusal::refuse;
@@ -217,7 +217,7 @@ where
         retention: policy.retention,
         unknown_retention: policy.unknown_retention,
         take_over_unknown: matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute),
-        marks_dispatch: false,
+        marks_dispatch: policy.marks_dispatch,
         approval: None,
     };
     Ok((request, body))
@@ -364,7 +364,8 @@ where
         }) => {
             Span::current().record("operation_id", field::display(operation.id));
             let Held { inner, parts, body } = held;
-            let answer = execute(&shared, &policy, inner, parts, body, lease, takeover).await;
+            let execution = execution_handle(&shared, &policy, lease, &operation);
+            let answer = execute(&shared, &policy, inner, parts, body, execution, takeover).await;
             Round::Answered(answer)
         }
         Ok(Reservation::Existing(operation) | Reservation::ApprovalRequested(operation)) => {
