@@ -17,10 +17,15 @@ use crate::service::McpIdempotency;
 /// Reads the actor (the idempotency scope) from a request.
 pub type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
 
+/// Reads the principal (the person or agent within the actor's account) from a request:
+/// who requested an approval.
+pub type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) scope: ScopeFn,
+    pub(crate) principal: Option<PrincipalFn>,
     pub(crate) fingerprinter: Fingerprinter,
     pub(crate) tools: HashMap<String, ToolPolicy>,
     pub(crate) default_policy: ToolPolicy,
@@ -79,6 +84,7 @@ impl McpIdempotencyLayer {
             config: Config {
                 store: Arc::new(store),
                 scope: Arc::new(|parts: &Parts| parts.extensions.get::<Scope>().cloned()),
+                principal: None,
                 fingerprinter: Fingerprinter::sha256(),
                 tools: HashMap::new(),
                 default_policy: ToolPolicy::guarded(),
@@ -97,6 +103,17 @@ impl McpIdempotencyLayer {
         scope: impl Fn(&Parts) -> Option<Scope> + Send + Sync + 'static,
     ) -> Self {
         self.config.scope = Arc::new(scope);
+        self
+    }
+
+    /// How the principal is read from a request: who requests an approval (recorded on
+    /// it, and refused as its own approver unless the policy allows self-approval).
+    /// Default, or when it answers `None`: the actor.
+    pub fn with_principal(
+        mut self,
+        principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.principal = Some(Arc::new(principal));
         self
     }
 
