@@ -52,6 +52,24 @@ pub(crate) enum Carrier {
     Derived,
 }
 
+/// The answer to a store failure on a tool call, and its decision label: `500
+/// store-unsupported` for a capability the store lacks (approvals on a store that predates
+/// them), `503 store-unavailable` otherwise. The tool is not run.
+pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static str) {
+    match error {
+        StoreError::Unsupported { feature } => {
+            tracing::error!(%error, "the idempotency store lacks a capability this tool needs");
+            let response = answer::problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store-unsupported",
+                &format!("the idempotency store does not support {feature}; the tool was not run"),
+            );
+            (response, "store_unavailable")
+        }
+        _ => (store_unavailable(error), "store_unavailable"),
+    }
+}
+
 pub(crate) fn store_unavailable(error: &StoreError) -> Response<McpBody> {
     tracing::error!(%error, "idempotency store failed on a tool call");
     answer::problem(

@@ -18,7 +18,7 @@ use tower::{Service, ServiceExt};
 use tower_idempotency_core::{ApprovalRequest, IdempotencyKey, Scope, canonicalize_json};
 
 use crate::answer;
-use crate::decide::{CallContext, Carrier, Decision, store_unavailable};
+use crate::decide::{CallContext, Carrier, Decision, store_failed};
 use crate::intent::intent;
 use crate::jsonrpc::{self, Classified, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE, ToolCall};
 use crate::layer::Config;
@@ -387,6 +387,6 @@ where
                 .execute(inner, parts, bytes, *operation, lease)
                 .await
         }
-        Err(error) => Ok((store_unavailable(&error), "store_unavailable")),
+        Err(error) => Ok(store_failed(&error)),
     }
 }
