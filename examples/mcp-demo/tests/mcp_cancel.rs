@@ -104,14 +104,11 @@ async fn cancelled_then_taken_over(store: Arc<dyn Store>) {
             "name": "rotate_key", "arguments": {"key": "signing"},
             "_meta": {"dev.tower-idempotency/idempotency-key": "rotate-1"}}})
     };
-    let status = |id: u64| {
-        let post = post.clone();
-        async move {
-            let message = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+    let status = |id: u64| async move {
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
                 "name": "execution_status", "arguments": {"idempotency_key": "rotate-1"}}});
-            let response = post(message, Duration::from_secs(30)).await.unwrap();
-            response.json::<Value>().await.unwrap()["result"]["structuredContent"].clone()
-        }
+        let response = post(message, Duration::from_secs(30)).await.unwrap();
+        response.json::<Value>().await.unwrap()["result"]["structuredContent"].clone()
     };
 
     // The client gives up after 200 ms, before the tool reached its dispatch mark.
