@@ -309,14 +309,13 @@ impl CallContext {
                             store.wait(&self.intent.actor, &key, deadline - now).await?;
                         }
                         OperationState::AwaitingApproval if !approval_expired => {
-                            let now = Instant::now();
-                            if now >= approval_deadline {
+                            let decided = Instant::now() < approval_deadline
+                                && self.wait_for_decision(&key, approval_deadline).await?;
+                            if !decided {
                                 return self
                                     .approval_refusal(ApprovalRefusal::Required, &operation, true)
                                     .await;
                             }
-                            // Waiting for a person: the store has no signal for a decision.
-                            tokio::time::sleep((approval_deadline - now).min(APPROVAL_POLL)).await;
                         }
                         OperationState::AwaitingApproval | OperationState::Authorized
                             if approval_expired =>
@@ -364,6 +363,33 @@ impl CallContext {
             None => Err(StoreError::Backend(
                 "the tool call found no reservable execution record".into(),
             )),
+        }
+    }
+
+    /// Waits until `deadline` for the undecided approval of the record under `key` to be
+    /// decided (or to expire, or the record to change); `true` when it was. The store has
+    /// no signal for a decision, so the record is looked at every [`APPROVAL_POLL`].
+    async fn wait_for_decision(
+        &self,
+        key: &IdempotencyKey,
+        deadline: Instant,
+    ) -> Result<bool, StoreError> {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep((deadline - now).min(APPROVAL_POLL)).await;
+            let current = self.config.store.get(&self.intent.actor, key).await?;
+            let undecided = current.is_some_and(|operation| {
+                operation.state == OperationState::AwaitingApproval
+                    && operation
+                        .approval
+                        .is_some_and(|approval| approval.state == ApprovalState::Pending)
+            });
+            if !undecided {
+                return Ok(true);
+            }
         }
     }
 

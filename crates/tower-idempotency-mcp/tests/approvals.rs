@@ -624,3 +624,48 @@ async fn a_store_that_predates_approvals_never_runs_the_tool_unapproved() {
             .is_none()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recall_waits_for_the_decision_within_the_approval_wait() {
+    let store = MemoryStore::default();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = McpIdempotencyLayer::new(store.clone())
+        .with_tool(
+            "deploy",
+            ToolPolicy::guarded()
+                .with_approval(ApprovalPolicy::always().with_wait(Duration::from_secs(20))),
+        )
+        .layer(server(Arc::clone(&runs), Duration::ZERO));
+    let arguments = deploy("6.0.0", "production");
+    // The first call asks, and does not wait.
+    let first = call(
+        &service,
+        "alice",
+        1,
+        "deploy",
+        arguments.clone(),
+        Some("w-1"),
+    )
+    .await;
+    let required = refusal(&first, "approval-required").clone();
+    // The re-call waits; a person approves meanwhile; the re-call runs the tool.
+    let approver = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            approve(&store, "alice", &required).await
+        })
+    };
+    let started = std::time::Instant::now();
+    let executed = call(&service, "alice", 2, "deploy", arguments, Some("w-1")).await;
+    assert!(matches!(
+        approver.await.unwrap(),
+        DecisionOutcome::Decided(_)
+    ));
+    assert_eq!(
+        executed["result"]["structuredContent"]["run"], 1,
+        "{executed}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
