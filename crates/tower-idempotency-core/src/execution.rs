@@ -208,19 +208,80 @@ mod tests {
         assert_eq!(execution.derived_key("x"), execution.id().derived_key("x"));
     }
 
+    fn request(marks_dispatch: bool, lease: Duration) -> crate::ReserveRequest {
+        crate::ReserveRequest {
+            scope: Scope::new("acct"),
+            key: IdempotencyKey::new("deploy-1").unwrap(),
+            fingerprint: crate::Fingerprint::from_stored("sha256:aa"),
+            method: "POST".into(),
+            route: "/v1/deploys".into(),
+            lease,
+            retention: Duration::from_secs(60),
+            unknown_retention: Duration::from_secs(60),
+            take_over_unknown: false,
+            marks_dispatch,
+            approval: None,
+        }
+    }
+
+    async fn acquire(store: &Arc<dyn Store>, lease: Duration) -> Execution {
+        match store.reserve(request(true, lease)).await.unwrap() {
+            crate::Reservation::Acquired {
+                operation, lease, ..
+            } => Execution::new(
+                Arc::clone(store),
+                lease,
+                operation.attempts,
+                true,
+                Duration::from_secs(30),
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_mark_is_stored_once_and_renews_the_lease() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let execution = acquire(&store, Duration::from_millis(200)).await;
+        let key = execution.lease().key.clone();
+        let before = store.get(execution.scope(), &key).await.unwrap().unwrap();
+        assert_eq!(before.dispatched_at, None);
+        execution.dispatched().await.unwrap();
+        assert!(execution.is_dispatched());
+        let marked = store.get(execution.scope(), &key).await.unwrap().unwrap();
+        let first = marked.dispatched_at.expect("marked");
+        // Renewed by 30 s, far past the 200 ms reserved.
+        assert!(marked.lease_expires_at.unwrap() > first + Duration::from_secs(20));
+        // Concurrent and repeated marks keep the first time.
+        let (a, b) = tokio::join!(execution.dispatched(), execution.dispatched());
+        a.unwrap();
+        b.unwrap();
+        let again = store.get(execution.scope(), &key).await.unwrap().unwrap();
+        assert_eq!(again.dispatched_at, Some(first));
+    }
+
+    #[tokio::test]
+    async fn an_attempt_taken_over_before_its_mark_is_refused() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let stalled = acquire(&store, Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        // The lease lapsed before the mark: the next reservation takes the operation over.
+        let taken = acquire(&store, Duration::from_secs(30)).await;
+        assert_eq!(taken.id(), stalled.id());
+        assert_eq!(taken.attempt(), 2);
+        let error = stalled.dispatched().await.unwrap_err();
+        assert!(error.is_lease_lost(), "{error:?}");
+        assert!(!stalled.is_dispatched());
+        taken.dispatched().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_lease_the_store_does_not_hold_is_lost() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
         let execution = Execution::new(store, lease(), 1, true, Duration::from_secs(1));
         assert!(!execution.is_dispatched());
         let error = execution.dispatched().await.unwrap_err();
-        // A store that has the dispatch mark refuses an unknown lease; one that predates
-        // it says so. Either way nothing is marked.
-        assert!(
-            error.is_lease_lost()
-                || matches!(error, DispatchError::Store(StoreError::Unsupported { .. })),
-            "{error:?}"
-        );
+        assert!(error.is_lease_lost(), "{error:?}");
         assert!(!execution.is_dispatched());
     }
 }
