@@ -23,5 +23,10 @@ async fn without_the_flag_the_reservation_is_the_mark() {
     dispatch::without_the_flag_the_reservation_is_the_mark(store()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_before_the_mark_is_cancelled_and_retried() {
+    dispatch::a_failure_before_the_mark_is_cancelled_and_retried(store()).await;
+}
+
 #[path = "suites/dispatch.rs"]
 mod dispatch;

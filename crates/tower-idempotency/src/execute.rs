@@ -73,7 +73,7 @@ where
     // Handlers can key their own side effects by the operation (outbound idempotency keys),
     // and mark their dispatch through the execution handle.
     request.extensions_mut().insert(lease.operation_id);
-    request.extensions_mut().insert(execution);
+    request.extensions_mut().insert(execution.clone());
     let handle = if policy.transactional {
         match record::begin(shared, &lease).await {
             Ok(handle) => {
@@ -99,30 +99,30 @@ where
         // Waits for the handler to let go of the lock; later uses of its handle find nothing.
         Some(handle) => Sink::Transaction(handle.take().await),
     };
-    settle(shared, policy, &lease, sink, outcome).await
+    settle(shared, policy, &execution, sink, outcome).await
 }
 
 /// What the handler's outcome becomes: its answer recorded and sent, or, when it failed
-/// or panicked, the operation abandoned (or rolled back).
+/// or panicked, the operation abandoned (or rolled back, or cancelled).
 async fn settle<ResB, E>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
-    lease: &Lease,
+    execution: &Execution,
     sink: Sink,
     outcome: std::thread::Result<Result<Response<ResB>, E>>,
 ) -> Answer<ResB, E>
 where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
+    let lease = execution.lease();
     match outcome {
         Ok(Ok(response)) => Ok(finish(shared, policy, lease, sink, response).await),
         Ok(Err(error)) => {
-            sink.fail(shared, lease, "the service returned an error")
-                .await;
+            fail(shared, execution, sink, "the service returned an error").await;
             Err(error)
         }
         Err(_panic) => {
-            sink.fail(shared, lease, "the handler panicked").await;
+            fail(shared, execution, sink, "the handler panicked").await;
             Ok(refuse(
                 shared,
                 Rejection::HandlerFailed {
@@ -131,6 +131,28 @@ where
             ))
         }
     }
+}
+
+/// The handler failed or panicked. On a route whose handler marks its own dispatch the
+/// store decides from the record: `cancelled` when the mark was never made (the handler did
+/// not cross its boundary, so a retry executes), `unknown` when it was. Otherwise the
+/// outcome is unknown, unless a rollback undoes it.
+async fn fail(shared: &Shared, execution: &Execution, sink: Sink, why: &'static str) {
+    if matches!(sink, Sink::Store) && execution.marks_dispatch() {
+        match store_call("cancel", shared.store.cancel(execution.lease())).await {
+            Ok(operation) => {
+                tracing::error!(operation_id = %execution.id(), why, state = %operation.state, "handler failed; recorded as its dispatch mark says");
+                return;
+            }
+            // A store that predates cancellation: abandon, as on any route.
+            Err(StoreError::Unsupported { .. }) => {}
+            Err(error) => {
+                tracing::error!(error = %error, why, "handler failed and could not be settled; its lease runs out instead");
+                return;
+            }
+        }
+    }
+    sink.fail(shared, execution.lease(), why).await;
 }
 
 /// Runs `work` while extending the lease every third of its length, so a slow but healthy

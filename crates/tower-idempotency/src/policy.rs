@@ -281,7 +281,9 @@ impl RoutePolicy {
     /// it never crosses its boundary. A lapse after the mark is `unknown`, as always.
     ///
     /// The flag means "my handler marks it": a handler that never calls `dispatched()` is
-    /// treated as never dispatched, and a lapse of its lease is re-executed. Without the
+    /// treated as never dispatched, and a lapse of its lease is re-executed; a handler that
+    /// panics or fails before its mark leaves the operation `cancelled` (a retry executes
+    /// it), after its mark `unknown`. Without the
     /// flag the reservation itself is the mark (the handler may act at once), and
     /// `dispatched()` is a no-op. The heartbeat ([`RoutePolicy::with_heartbeat`]) renews
     /// the lease of a live handler before and after the mark alike: a take-over before

@@ -73,6 +73,24 @@ async fn marking(
     (StatusCode::CREATED, Json(body)).into_response()
 }
 
+/// Panics on its first attempt, before its mark; marks and answers on the next.
+async fn flaky(
+    State((seen, _)): State<(Arc<Seen>, Stall)>,
+    Extension(execution): Extension<Execution>,
+) -> Response {
+    seen.entered.fetch_add(1, Ordering::SeqCst);
+    if execution.attempt() == 1 {
+        panic!("the handler fails before its dispatch mark");
+    }
+    execution.dispatched().await.unwrap();
+    seen.effects.fetch_add(1, Ordering::SeqCst);
+    (
+        StatusCode::CREATED,
+        Json(json!({"attempt": execution.attempt()})),
+    )
+        .into_response()
+}
+
 async fn plain(Extension(execution): Extension<Execution>) -> Response {
     assert!(!execution.marks_dispatch());
     assert!(execution.is_dispatched(), "the reservation was the mark");
@@ -96,6 +114,11 @@ async fn server(store: Arc<dyn Store>, seen: Arc<Seen>, stall: Stall) -> TestSer
         })
         .with_route_policy(
             http::Method::POST,
+            "/v1/flaky",
+            RoutePolicy::required().with_marks_dispatch(true),
+        )
+        .with_route_policy(
+            http::Method::POST,
             "/v1/deploys",
             RoutePolicy::required()
                 .with_marks_dispatch(true)
@@ -107,6 +130,7 @@ async fn server(store: Arc<dyn Store>, seen: Arc<Seen>, stall: Stall) -> TestSer
     let app = Router::new()
         .route("/v1/deploys", post(marking))
         .route("/v1/tickets", post(plain))
+        .route("/v1/flaky", post(flaky))
         .with_state((seen, stall))
         .route_layer(idempotency.clone())
         .merge(idempotency.status_router());
@@ -247,4 +271,31 @@ pub async fn without_the_flag_the_reservation_is_the_mark(store: Arc<dyn Store>)
     assert_eq!(record["state"], "completed");
     assert!(record["dispatched_at"].is_string(), "{record}");
     assert!(record.get("delivered_at").is_some(), "{record}");
+}
+
+/// A handler that fails before its mark did nothing: the operation is `cancelled`, not
+/// `unknown`, and the retry executes it (attempt 2, same operation).
+pub async fn a_failure_before_the_mark_is_cancelled_and_retried(store: Arc<dyn Store>) {
+    let seen = Arc::new(Seen::default());
+    let stall = Stall {
+        before_mark: Duration::ZERO,
+        after_mark: Duration::ZERO,
+    };
+    let server = server(store, Arc::clone(&seen), stall).await;
+    let client = server.client(&new_account());
+    let key = new_key();
+    let failed = client.post("/v1/flaky", Some(&key), "{}").await;
+    let problem = failed.assert_problem(500, "handler-failed");
+    let record = client.operation(&key).await.json();
+    assert_eq!(problem["operation_id"], record["operation_id"], "{problem}");
+    assert_eq!(record["state"], "cancelled", "{record}");
+    assert_eq!(record["dispatched_at"], Value::Null, "{record}");
+    let retry = client.post("/v1/flaky", Some(&key), "{}").await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    assert_eq!(retry.json()["attempt"], 2);
+    assert_eq!(retry.operation_id(), record["operation_id"].as_str());
+    let record = client.operation(&key).await.json();
+    assert_eq!(record["state"], "completed", "{record}");
+    assert_eq!(record["attempts"], 2, "{record}");
+    assert_eq!(seen.effects.load(Ordering::SeqCst), 1);
 }
