@@ -215,6 +215,7 @@ pub(crate) fn approval(
     approval: &Approval,
     attached: bool,
     status_tool: Option<&str>,
+    approvals_url: Option<&str>,
 ) -> Value {
     let execution_id = operation.id.to_string();
     let approval_id = approval.id.to_string();
@@ -280,6 +281,9 @@ pub(crate) fn approval(
     };
     let mut structured = content;
     structured["type"] = Value::String(problem_type(slug));
+    if let (ApprovalRefusal::Required, Some(url)) = (kind, approvals_url) {
+        structured["approval_url"] = Value::String(format!("{url}/{approval_id}"));
+    }
     let result = json!({
         "content": [{"type": "text", "text": text}],
         "isError": true,

@@ -420,6 +420,7 @@ impl CallContext {
                 approval,
                 attached,
                 self.config.status_tool.as_deref(),
+                self.config.approvals_url.as_deref(),
             ),
             decision,
         )

@@ -30,6 +30,7 @@ pub(crate) struct Config {
     pub(crate) tools: HashMap<String, ToolPolicy>,
     pub(crate) default_policy: ToolPolicy,
     pub(crate) status_tool: Option<String>,
+    pub(crate) approvals_url: Option<String>,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) key_header: HeaderName,
@@ -89,6 +90,7 @@ impl McpIdempotencyLayer {
                 tools: HashMap::new(),
                 default_policy: ToolPolicy::guarded(),
                 status_tool: Some("execution_status".to_owned()),
+                approvals_url: None,
                 body_limit: 4 * 1024 * 1024,
                 response_limit: 16 * 1024 * 1024,
                 key_header: HeaderName::from_static("idempotency-key"),
@@ -161,6 +163,14 @@ impl McpIdempotencyLayer {
     /// it off.
     pub fn with_status_tool(mut self, name: Option<String>) -> Self {
         self.config.status_tool = name;
+        self
+    }
+
+    /// Where approvals are decided (for example `/approvals`, the HTTP layer's approvals
+    /// router over the same store): `approval-required` answers then carry an
+    /// `approval_url` of `{url}/{approval_id}` to show the user. Default: none.
+    pub fn with_approvals_url(mut self, url: impl Into<String>) -> Self {
+        self.config.approvals_url = Some(url.into().trim_end_matches('/').to_owned());
         self
     }
 

@@ -65,6 +65,7 @@ fn layer(store: &MemoryStore, ttl: Duration) -> McpIdempotencyLayer {
         .with_ttl(ttl);
     McpIdempotencyLayer::new(store.clone())
         .with_principal(|parts| parts.extensions.get::<String>().cloned())
+        .with_approvals_url("/approvals/")
         .with_tool("deploy", ToolPolicy::guarded().with_approval(approval))
 }
 
@@ -175,6 +176,10 @@ async fn the_walk_with_a_key_required_then_approved_then_executed_once_then_repl
     assert_eq!(required["state"], "awaiting_approval");
     assert_eq!(required["summary"]["version"], "1.4.2");
     assert!(required["expires_at"].is_string());
+    assert_eq!(
+        required["approval_url"],
+        format!("/approvals/{}", required["approval_id"].as_str().unwrap())
+    );
     assert!(
         required["fingerprint"]
             .as_str()
@@ -504,8 +509,9 @@ async fn the_requester_defaults_to_the_actor() {
         .layer(server(Arc::default(), Duration::ZERO));
     let answer = call(&service, "alice", 1, "deploy", json!({"v": 1}), None).await;
     let content = refusal(&answer, "approval-required");
-    // The default summary is the validated arguments.
+    // The default summary is the validated arguments; no approvals URL is configured.
     assert_eq!(content["summary"], json!({"v": 1}));
+    assert!(content.get("approval_url").is_none(), "{content}");
     let approval = store
         .get_approval(&Scope::new("alice"), approval_id(content))
         .await
