@@ -15,6 +15,7 @@ pub mod canonical;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
+pub mod execution;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;
@@ -32,6 +33,7 @@ pub use approval::{
     DecisionOutcome,
 };
 pub use canonical::{CanonicalizeError, canonicalize_json};
+pub use execution::{DispatchError, Execution};
 pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
 pub use key::{IdempotencyKey, KeyError};
 pub use memory::{MemoryStore, MemoryStoreConfig};

@@ -31,7 +31,7 @@ use crate::buffer::read_body;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
-use crate::execute::{Answer, execute};
+use crate::execute::{Answer, execute, execution_handle};
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
 use crate::record::Sink;
@@ -225,7 +225,7 @@ where
         retention: policy.retention,
         unknown_retention: policy.unknown_retention,
         take_over_unknown: matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute),
-        marks_dispatch: false,
+        marks_dispatch: policy.marks_dispatch,
         approval,
     };
     Ok((request, body))
@@ -395,7 +395,8 @@ where
                 return Round::Refused(Rejection::ApprovalsUnsupported);
             }
             let Held { inner, parts, body } = held;
-            let answer = execute(&shared, &policy, inner, parts, body, lease, takeover).await;
+            let execution = execution_handle(&shared, &policy, lease, &operation);
+            let answer = execute(&shared, &policy, inner, parts, body, execution, takeover).await;
             Round::Answered(answer)
         }
         Ok(Reservation::Existing(operation)) => Round::Existing(Box::new(operation), held),

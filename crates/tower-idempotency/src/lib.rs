@@ -87,8 +87,9 @@
 //! - the core types a user of the layer meets, re-exported from
 //!   `tower-idempotency-core`: the [`Store`] trait and what it exchanges, [`MemoryStore`],
 //!   [`spawn_purge_task`], the records ([`Operation`], …), [`IdempotencyKey`], [`Scope`],
-//!   fingerprints and [`canonicalize_json`], and the transaction handle of transactional
-//!   routes ([`OperationTx`]). The rest of core (its modules, the conformance suite) is
+//!   fingerprints and [`canonicalize_json`], the execution handle every guarded request
+//!   carries ([`Execution`], [`DispatchError`]), and the transaction handle of
+//!   transactional routes ([`OperationTx`]). The rest of core (its modules, the conformance suite) is
 //!   reached through `tower-idempotency-core` itself.
 //!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
@@ -160,6 +161,9 @@ pub use tower_idempotency_core::{
 // The problem type slugs the HTTP and MCP layers share for approvals.
 #[doc(inline)]
 pub use tower_idempotency_core::problem_types;
+// The execution handle every guarded request carries (see `RoutePolicy::with_marks_dispatch`).
+#[doc(inline)]
+pub use tower_idempotency_core::{DispatchError, Execution};
 // The transaction handle of a transactional route (see `RoutePolicy::transactional`).
 #[doc(inline)]
 pub use tower_idempotency_core::{OperationTransaction, OperationTx, TransactionAccessError};

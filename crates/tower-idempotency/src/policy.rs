@@ -117,6 +117,7 @@ pub struct RoutePolicy {
     pub(crate) unknown_outcome: UnknownOutcomePolicy,
     pub(crate) store_failure: StoreFailurePolicy,
     pub(crate) heartbeat: bool,
+    pub(crate) marks_dispatch: bool,
     pub(crate) transactional: bool,
     pub(crate) fingerprint_headers: Arc<[HeaderName]>,
     pub(crate) normalizer: Option<Normalizer>,
@@ -136,6 +137,7 @@ impl fmt::Debug for RoutePolicy {
             .field("unknown_outcome", &self.unknown_outcome)
             .field("store_failure", &self.store_failure)
             .field("heartbeat", &self.heartbeat)
+            .field("marks_dispatch", &self.marks_dispatch)
             .field("transactional", &self.transactional)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
@@ -184,6 +186,7 @@ impl RoutePolicy {
             unknown_outcome: UnknownOutcomePolicy::Conflict,
             store_failure: StoreFailurePolicy::FailClosed,
             heartbeat: true,
+            marks_dispatch: false,
             transactional: false,
             fingerprint_headers: Arc::from(Vec::new()),
             normalizer: None,
@@ -267,6 +270,43 @@ impl RoutePolicy {
     pub fn with_heartbeat(mut self, heartbeat: bool) -> Self {
         self.heartbeat = heartbeat;
         self
+    }
+
+    /// Declares that the route's handler marks its own effect boundary (default `false`).
+    ///
+    /// Every guarded request carries an [`Execution`](tower_idempotency_core::Execution)
+    /// in its extensions. With this flag the operation is reserved *accepted, not
+    /// dispatched*, and the handler calls
+    /// [`Execution::dispatched`](tower_idempotency_core::Execution::dispatched) right
+    /// before its irreversible step. A lease that lapses before that mark leaves the
+    /// operation safe to take over: the next retry executes it (attempt 2, same
+    /// operation id), and the lapsed attempt's `dispatched()` fails with
+    /// [`DispatchError::LeaseLost`](tower_idempotency_core::DispatchError::LeaseLost), so
+    /// it never crosses its boundary. A lapse after the mark is `unknown`, as always.
+    ///
+    /// The flag means "my handler marks it": a handler that never calls `dispatched()` is
+    /// treated as never dispatched, and a lapse of its lease is re-executed; a handler that
+    /// panics or fails before its mark leaves the operation `cancelled` (a retry executes
+    /// it), after its mark `unknown`. Without the
+    /// flag the reservation itself is the mark (the handler may act at once), and
+    /// `dispatched()` is a no-op. The heartbeat ([`RoutePolicy::with_heartbeat`]) renews
+    /// the lease of a live handler before and after the mark alike: a take-over before
+    /// dispatch is for a worker that died or stalled, not for a slow one.
+    ///
+    /// ```
+    /// use tower_idempotency::RoutePolicy;
+    ///
+    /// assert!(RoutePolicy::required().with_marks_dispatch(true).marks_dispatch());
+    /// assert!(!RoutePolicy::required().marks_dispatch());
+    /// ```
+    pub fn with_marks_dispatch(mut self, marks: bool) -> Self {
+        self.marks_dispatch = marks;
+        self
+    }
+
+    /// Whether the route's handler marks its own dispatch.
+    pub fn marks_dispatch(&self) -> bool {
+        self.marks_dispatch
     }
 
     /// How long a duplicate waits for an in-progress original before answering
