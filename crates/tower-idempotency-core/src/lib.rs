@@ -21,6 +21,7 @@ pub mod key;
 pub mod memory;
 pub mod metrics;
 pub mod operation;
+pub mod problem_types;
 pub mod purge;
 pub mod quota;
 pub mod scope;

@@ -500,32 +500,8 @@ impl Store for PostgresStore {
             ApprovalDecision::Approve { fingerprint } => (true, Some(fingerprint.as_str()), None),
             ApprovalDecision::Deny { reason } => (false, None, Some(reason.as_str())),
         };
-        let uuid = id.as_uuid();
-        let rows = (self.inner.executor)
-            .query(
-                "decide_approval",
-                &self.inner.queries.operations.decide_approval,
-                &[
-                    &scope.as_str(),
-                    &uuid,
-                    &approves,
-                    &fingerprint,
-                    &decided_by,
-                    &reason,
-                ],
-            )
-            .await?;
-        let Some(found) = rows.first() else {
-            return Ok(None);
-        };
-        let changed: bool = row::get(found, "changed")?;
-        let operation = row::operation(found)?.operation;
-        let bound = fingerprint.is_none_or(|fp| fp == operation.fingerprint.as_str());
-        let approval = operation
-            .approval
-            .map(|approval| *approval)
-            .ok_or_else(|| StoreError::Backend("decide_approval read no approval".into()))?;
-        Ok(Some(decision_outcome(changed, bound, approves, approval)))
+        self.decide(scope, id, approves, fingerprint, decided_by, reason)
+            .await
     }
 
     async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
@@ -654,6 +630,48 @@ impl Store for PostgresStore {
             PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease, permit)
                 .await?;
         Ok(Some(Box::new(transaction)))
+    }
+}
+
+impl PostgresStore {
+    /// The decision statement on approval `id` of `scope`: approve (`approves`, with the
+    /// `fingerprint` shown) or deny, by `decided_by`, with `reason` kept with it (a
+    /// denial's, or an operator's note on an approval). One atomic step.
+    pub(crate) async fn decide(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        approves: bool,
+        fingerprint: Option<&str>,
+        decided_by: &str,
+        reason: Option<&str>,
+    ) -> Result<Option<DecisionOutcome>> {
+        let uuid = id.as_uuid();
+        let rows = (self.inner.executor)
+            .query(
+                "decide_approval",
+                &self.inner.queries.operations.decide_approval,
+                &[
+                    &scope.as_str(),
+                    &uuid,
+                    &approves,
+                    &fingerprint,
+                    &decided_by,
+                    &reason,
+                ],
+            )
+            .await?;
+        let Some(found) = rows.first() else {
+            return Ok(None);
+        };
+        let changed: bool = row::get(found, "changed")?;
+        let operation = row::operation(found)?.operation;
+        let bound = fingerprint.is_none_or(|fp| fp == operation.fingerprint.as_str());
+        let approval = operation
+            .approval
+            .map(|approval| *approval)
+            .ok_or_else(|| StoreError::Backend("decide_approval read no approval".into()))?;
+        Ok(Some(decision_outcome(changed, bound, approves, approval)))
     }
 }
 

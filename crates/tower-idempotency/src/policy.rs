@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
+use tower_idempotency_core::ApprovalPolicy;
 
 use crate::error::ConfigError;
 use crate::storage::ResponseStorage;
@@ -121,6 +122,7 @@ pub struct RoutePolicy {
     pub(crate) fingerprint_headers: Arc<[HeaderName]>,
     pub(crate) normalizer: Option<Normalizer>,
     pub(crate) response_storage: ResponseStorage,
+    pub(crate) approval: Option<ApprovalPolicy>,
 }
 
 impl fmt::Debug for RoutePolicy {
@@ -140,6 +142,7 @@ impl fmt::Debug for RoutePolicy {
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
             .field("response_storage", &self.response_storage)
+            .field("approval", &self.approval)
             .finish()
     }
 }
@@ -188,6 +191,7 @@ impl RoutePolicy {
             fingerprint_headers: Arc::from(Vec::new()),
             normalizer: None,
             response_storage: ResponseStorage::Full,
+            approval: None,
         }
     }
 
@@ -383,6 +387,52 @@ impl RoutePolicy {
     pub fn with_response_storage(mut self, storage: ResponseStorage) -> Self {
         self.response_storage = storage;
         self
+    }
+
+    /// Commands for which `policy` holds need a person's approval before the handler runs
+    /// (default: none do). See `docs/approvals.md`.
+    ///
+    /// The condition and the summary see the validated command: the JSON body after the
+    /// route's normalizer (a body that is not JSON is seen as `null`; give a route whose
+    /// approval depends on the body a normalizer, which takes JSON only). The first request
+    /// of such a command reserves its key in `awaiting_approval` and is answered
+    /// `403 approval-required` with the approval's id, its URL under the
+    /// [approvals router](crate::IdempotencyLayer::approvals_router), its expiry, the summary
+    /// and the fingerprint the approver must confirm; the handler does not run. Once a
+    /// person approved exactly that fingerprint, the next retry of the same command under the
+    /// same key runs the handler (once, however many retries race), and later retries replay.
+    /// A denial is answered `403 approval-denied` to every retry, an approval that expired
+    /// `403 approval-expired`. A retry while the request is undecided waits up to
+    /// [`ApprovalPolicy::wait`] for the decision.
+    ///
+    /// Approvals are bound to keys, so a route with an approval policy requires a key
+    /// whatever [`RoutePolicy::optional`] says, and it never fails open
+    /// ([`StoreFailurePolicy::FailOpen`]) for a command that needs approval: with the
+    /// store down it answers `503 store-unavailable`.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_idempotency::{ApprovalPolicy, RoutePolicy};
+    ///
+    /// let deploys = RoutePolicy::required().with_approval(
+    ///     ApprovalPolicy::when(|command| command["environment"] == "production")
+    ///         .with_summary(|command| json!({
+    ///             "operation": "deploy",
+    ///             "service": command["service"],
+    ///             "environment": command["environment"],
+    ///         })),
+    /// );
+    /// assert!(deploys.approval().is_some());
+    /// assert!(RoutePolicy::required().approval().is_none());
+    /// ```
+    pub fn with_approval(mut self, policy: ApprovalPolicy) -> Self {
+        self.approval = Some(policy);
+        self
+    }
+
+    /// The route's approval rule, if it has one.
+    pub fn approval(&self) -> Option<&ApprovalPolicy> {
+        self.approval.as_ref()
     }
 
     /// What is kept of this route's responses for replay.

@@ -130,6 +130,10 @@ fn operation_json(operation: &Operation) -> Value {
         "replays": operation.replays,
         "delivered": operation.delivered,
         "delivered_at": timestamp(operation.delivered_at),
+        "approval": operation.approval.as_ref().map(|approval| json!({
+            "approval_id": approval.id.to_string(),
+            "state": approval.state.as_str(),
+        })),
     })
 }
 
