@@ -89,8 +89,8 @@
 //!   [`spawn_purge_task`], the records ([`Operation`], …), [`IdempotencyKey`], [`Scope`],
 //!   fingerprints and [`canonicalize_json`], the execution handle every guarded request
 //!   carries ([`Execution`], [`DispatchError`]), and the transaction handle of
-//!   transactional routes ([`OperationTx`]). The rest of core (its modules, the conformance suite) is
-//!   reached through `tower-idempotency-core` itself.
+//!   transactional routes ([`OperationTx`]). The rest of core (its modules, the
+//!   conformance suite) is reached through `tower-idempotency-core` itself.
 //!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
 //! [`IdempotencyLayer::status_router`], [`IdempotencyLayer::approvals_router`] and
@@ -152,6 +152,12 @@ pub use tower_idempotency_core::{
     CanonicalizeError, Fingerprint, FingerprintKey, Fingerprinter, IdempotencyKey, KeyError, Scope,
     canonical::parse_json, canonicalize_json,
 };
+<<<<<<< HEAD
+=======
+// The execution handle every guarded request carries (see `RoutePolicy::with_marks_dispatch`).
+#[doc(inline)]
+pub use tower_idempotency_core::{DispatchError, Execution};
+>>>>>>> wt-mcp
 // Human approvals bound to one exact request (see `RoutePolicy::with_approval`).
 #[doc(inline)]
 pub use tower_idempotency_core::{
@@ -161,9 +167,12 @@ pub use tower_idempotency_core::{
 // The problem type slugs the HTTP and MCP layers share for approvals.
 #[doc(inline)]
 pub use tower_idempotency_core::problem_types;
+<<<<<<< HEAD
 // The execution handle every guarded request carries (see `RoutePolicy::with_marks_dispatch`).
 #[doc(inline)]
 pub use tower_idempotency_core::{DispatchError, Execution};
+=======
+>>>>>>> wt-mcp
 // The transaction handle of a transactional route (see `RoutePolicy::transactional`).
 #[doc(inline)]
 pub use tower_idempotency_core::{OperationTransaction, OperationTx, TransactionAccessError};
