@@ -152,12 +152,6 @@ pub use tower_idempotency_core::{
     CanonicalizeError, Fingerprint, FingerprintKey, Fingerprinter, IdempotencyKey, KeyError, Scope,
     canonical::parse_json, canonicalize_json,
 };
-<<<<<<< HEAD
-=======
-// The execution handle every guarded request carries (see `RoutePolicy::with_marks_dispatch`).
-#[doc(inline)]
-pub use tower_idempotency_core::{DispatchError, Execution};
->>>>>>> wt-mcp
 // Human approvals bound to one exact request (see `RoutePolicy::with_approval`).
 #[doc(inline)]
 pub use tower_idempotency_core::{
@@ -167,12 +161,9 @@ pub use tower_idempotency_core::{
 // The problem type slugs the HTTP and MCP layers share for approvals.
 #[doc(inline)]
 pub use tower_idempotency_core::problem_types;
-<<<<<<< HEAD
 // The execution handle every guarded request carries (see `RoutePolicy::with_marks_dispatch`).
 #[doc(inline)]
 pub use tower_idempotency_core::{DispatchError, Execution};
-=======
->>>>>>> wt-mcp
 // The transaction handle of a transactional route (see `RoutePolicy::transactional`).
 #[doc(inline)]
 pub use tower_idempotency_core::{OperationTransaction, OperationTx, TransactionAccessError};
