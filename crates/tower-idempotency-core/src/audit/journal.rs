@@ -336,9 +336,11 @@ impl State {
 
     fn seal_one(&mut self, event: AuditEvent) -> Result<(), JournalError> {
         let (sealed, canonical) = seal_event(self.tree.size(), self.head(), event)?;
-        self.unwritten
-            .push_str(&event_line_from(&canonical, &sealed.hash));
-        self.unwritten.push('\n');
+        if self.sink.is_some() {
+            self.unwritten
+                .push_str(&event_line_from(&canonical, &sealed.hash));
+            self.unwritten.push('\n');
+        }
         self.push(sealed);
         Ok(())
     }

@@ -131,6 +131,19 @@ impl Frontier {
         Self::default()
     }
 
+    /// The frontier of a tree of `size` leaves from its perfect subtrees' roots, largest
+    /// first (what [`Frontier::subtrees`] returns): `None` unless there is exactly one per
+    /// set bit of `size`. For a sealer that keeps its state outside the process.
+    pub fn from_subtrees(size: u64, subtrees: Vec<Sha256Hash>) -> Option<Self> {
+        (subtrees.len() == size.count_ones() as usize).then_some(Self { size, subtrees })
+    }
+
+    /// The roots of the perfect subtrees, largest (leftmost) first: one per set bit of the
+    /// size.
+    pub fn subtrees(&self) -> &[Sha256Hash] {
+        &self.subtrees
+    }
+
     /// How many leaves have been pushed.
     pub fn size(&self) -> u64 {
         self.size
