@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tower_idempotency_core::audit::DecisionEvent;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
@@ -21,6 +22,7 @@ use tower_idempotency_core::{
     quota::quota_retry_after,
 };
 
+use crate::audit::decisions::DecisionQueue;
 use crate::budget::{self, TransactionBudget};
 use crate::completion::{Completion, completed};
 use crate::config::{PostgresConfigError, PostgresStoreConfig, is_identifier};
@@ -51,6 +53,8 @@ pub(crate) struct Inner {
     /// Shared with the store's operation transactions.
     pub(crate) queries: Arc<Queries>,
     delivered: DeliveryMarks,
+    /// The journal's decisions, when this store journals (`PostgresStoreConfig::audit`).
+    decisions: Option<DecisionQueue>,
     poll_initial: Duration,
     poll_max: Duration,
     /// The quota as bind values: most rows and most bytes per scope.
@@ -122,6 +126,9 @@ impl PostgresStore {
                     executor.clone(),
                     queries.operations.mark_delivered_batch.clone(),
                 ),
+                decisions: config.audit.then(|| {
+                    DecisionQueue::new(executor.clone(), queries.audit.insert_decisions.clone())
+                }),
                 executor,
                 transactions: TransactionBudget::new(budget, config.wait_timeout),
                 schema: config.schema.clone(),
@@ -157,6 +164,14 @@ impl PostgresStore {
         pg_config.connect_timeout(config.connect_timeout);
         if pg_config.get_application_name().is_none() {
             pg_config.application_name("tower-idempotency");
+        }
+        if !config.audit {
+            // The audit triggers skip sessions that set this (migration 0007).
+            let options = match pg_config.get_options() {
+                Some(options) => format!("{options} -c tower_idempotency.audit=off"),
+                None => "-c tower_idempotency.audit=off".to_owned(),
+            };
+            pg_config.options(options);
         }
         let manager = Manager::from_config(
             pg_config,
@@ -426,6 +441,14 @@ impl Store for PostgresStore {
             )
             .await?;
         Ok(())
+    }
+
+    /// Queued for a background batch (see `audit/decisions.rs`); nothing when the store
+    /// does not journal.
+    fn record_decision(&self, event: DecisionEvent) {
+        if let Some(decisions) = &self.inner.decisions {
+            decisions.push(event);
+        }
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {

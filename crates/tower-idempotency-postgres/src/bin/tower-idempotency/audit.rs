@@ -388,9 +388,16 @@ fn kind_details(kind: &AuditEventKind) -> String {
         | AuditEventKind::ApprovalApproved { approver }
         | AuditEventKind::ApprovalDenied { approver } => format!("approver={approver}"),
         AuditEventKind::Completed { status } => format!("status={status}"),
-        AuditEventKind::Resolved { operator, reason } => {
-            format!("operator={operator} reason={reason:?}")
-        }
+        AuditEventKind::Resolved {
+            operator,
+            reason,
+            resolution,
+        } => match resolution {
+            Some(resolution) => {
+                format!("operator={operator} reason={reason:?} resolution={resolution}")
+            }
+            None => format!("operator={operator} reason={reason:?}"),
+        },
         AuditEventKind::QuotaRefused { quota } => format!("quota={quota}"),
         _ => String::new(),
     }
