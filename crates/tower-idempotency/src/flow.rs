@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
+use tower_idempotency_core::audit::AuditEventKind;
 use tower_idempotency_core::{
     IdempotencyKey, Operation, OperationState, Reservation, ReserveRequest, Scope, StoreError,
 };
@@ -31,6 +32,7 @@ use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_head
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
 use crate::execute::{Answer, execute};
+use crate::journal;
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
 use crate::refusal::refuse;
@@ -402,6 +404,10 @@ async fn reserve(
         }
         StoreError::ScopeQuotaExceeded { retry_after } => {
             tracing::info!(?retry_after, "scope's idempotency quota exhausted");
+            let quota = AuditEventKind::QuotaRefused {
+                quota: "scope".to_owned(),
+            };
+            journal::decision(shared, request, None, quota);
             NotReserved::Refused(Rejection::ScopeQuotaExceeded {
                 retry_after: retry_after.as_secs().max(1),
             })
@@ -428,16 +434,30 @@ async fn existing<ResB: Body>(
     waited: bool,
 ) -> Result<Option<Response<ResponseBody<ResB>>>, Rejection> {
     Span::current().record("operation_id", field::display(operation.id));
+    let id = operation.id;
     if operation.fingerprint != request.fingerprint {
+        journal::decision(shared, request, Some(id), AuditEventKind::Conflict);
         return Err(Rejection::FingerprintMismatch {
-            operation_id: operation.id,
+            operation_id: id,
             state: operation.state,
         });
     }
     match operation.state {
-        OperationState::Completed => replay(shared, operation, waited).map(Some),
+        OperationState::Completed => {
+            let replayed = replay(shared, operation, waited)?;
+            journal::decision(shared, request, Some(id), AuditEventKind::Replayed);
+            Ok(Some(replayed))
+        }
         OperationState::InProgress => {
-            wait_for(shared, policy, request, &operation, deadline).await?;
+            if !waited {
+                journal::decision(shared, request, Some(id), AuditEventKind::Attached);
+            }
+            let waited = wait_for(shared, policy, request, &operation, deadline).await;
+            if let Err(Rejection::RequestInProgress { .. }) = &waited {
+                let refused = AuditEventKind::RefusedInProgress;
+                journal::decision(shared, request, Some(id), refused);
+            }
+            waited?;
             Ok(None)
         }
         _ => Err(Rejection::OutcomeUnknown {

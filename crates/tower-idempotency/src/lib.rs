@@ -99,6 +99,7 @@ mod error;
 mod execute;
 mod flow;
 mod headers;
+mod journal;
 mod layer;
 mod policy;
 pub mod problem;

@@ -10,7 +10,8 @@
 use std::path::Path;
 
 use tower_idempotency_core::audit::{
-    ANCHOR_FILE, AppendFile, JournalLine, NoteVerifyingKey, SignedCheckpoint, checkpoint_line,
+    ANCHOR_FILE, AppendFile, Checkpoint, JournalLine, NoteVerifyingKey, SignedCheckpoint,
+    checkpoint_line,
 };
 
 use super::{AuditError, Inner};
@@ -22,7 +23,7 @@ pub(super) struct Anchor {
     path: std::path::PathBuf,
     key: NoteVerifyingKey,
     /// The largest checkpoint in the file.
-    size: u64,
+    newest: Option<Checkpoint>,
 }
 
 impl Anchor {
@@ -30,11 +31,16 @@ impl Anchor {
     pub(super) fn open(dir: &Path, key: &NoteVerifyingKey) -> Result<Self, AuditError> {
         let path = dir.join(ANCHOR_FILE);
         let (file, lines) = AppendFile::open(&path)?;
-        let mut size = 0;
+        let mut newest: Option<Checkpoint> = None;
         for (_, line) in lines {
             if let Ok(JournalLine::Checkpoint { note }) = line {
                 if let Ok(signed) = SignedCheckpoint::verify(&note, key) {
-                    size = size.max(signed.checkpoint.size);
+                    if newest
+                        .as_ref()
+                        .is_none_or(|n| signed.checkpoint.size > n.size)
+                    {
+                        newest = Some(signed.checkpoint);
+                    }
                 }
             }
         }
@@ -42,18 +48,23 @@ impl Anchor {
             file: Some(file),
             path,
             key: key.clone(),
-            size,
+            newest,
         })
     }
 
-    pub(super) fn size(&self) -> u64 {
-        self.size
+    /// The largest checkpoint in the file.
+    pub(super) fn newest(&self) -> Option<&Checkpoint> {
+        self.newest.as_ref()
+    }
+
+    fn size(&self) -> u64 {
+        self.newest.as_ref().map_or(0, |c| c.size)
     }
 
     /// Appends the database's checkpoints larger than the anchor's largest (one write, one
     /// fsync). A checkpoint that does not verify stops the catch-up with an error.
     pub(super) async fn catch_up(&mut self, inner: &Inner) -> Result<(), AuditError> {
-        let after = i64::try_from(self.size).unwrap_or(i64::MAX);
+        let after = i64::try_from(self.size()).unwrap_or(i64::MAX);
         let rows = (inner.executor)
             .query(
                 "audit_checkpoints",
@@ -62,13 +73,13 @@ impl Anchor {
             )
             .await?;
         let mut text = String::new();
-        let mut size = self.size;
+        let mut newest = None;
         for row in &rows {
             let note: String = row.try_get("note").map_err(from_pg)?;
             let signed = SignedCheckpoint::verify(&note, &self.key).map_err(|err| {
                 AuditError::Inconsistent(format!("a stored checkpoint does not verify: {err}"))
             })?;
-            size = size.max(signed.checkpoint.size);
+            newest = Some(signed.checkpoint);
             text.push_str(&checkpoint_line(&note));
             text.push('\n');
         }
@@ -85,7 +96,7 @@ impl Anchor {
             .map_err(|err| AuditError::Io(std::io::Error::other(err)))?;
             self.file = Some(file);
             written?;
-            self.size = size;
+            self.newest = newest;
         }
         Ok(())
     }

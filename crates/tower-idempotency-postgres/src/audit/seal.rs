@@ -97,10 +97,13 @@ pub(super) async fn seal(inner: &Inner, state: &mut SealerState) -> Result<SealR
 }
 
 /// Before the first seal: the database's newest checkpoint must verify with this sealer's
-/// key and must not be behind the anchor.
+/// key, must not be behind the anchor, and the database's checkpoint of the anchor's newest
+/// size must be the anchor's (a journal restored from an old copy and signed again differs
+/// there).
 async fn check_newest(inner: &Inner, state: &SealerState) -> Result<(), AuditError> {
+    let queries = &inner.queries.audit;
     let rows = (inner.executor)
-        .query("audit_latest", &inner.queries.audit.latest_checkpoint, &[])
+        .query("audit_latest", &queries.latest_checkpoint, &[])
         .await?;
     let key = inner.key.verifying_key();
     let newest = match rows.first() {
@@ -116,10 +119,28 @@ async fn check_newest(inner: &Inner, state: &SealerState) -> Result<(), AuditErr
         }
         None => 0,
     };
-    if let Some(anchored) = state.anchor.as_ref().map(Anchor::size) {
-        if anchored > newest {
+    let Some(anchored) = state.anchor.as_ref().and_then(Anchor::newest) else {
+        return Ok(());
+    };
+    if anchored.size > newest {
+        return Err(AuditError::Inconsistent(format!(
+            "the anchor holds a checkpoint of {} events, the database's newest covers {newest}",
+            anchored.size
+        )));
+    }
+    let below = i64::try_from(anchored.size).unwrap_or(i64::MAX) - 1;
+    let rows = (inner.executor)
+        .query("audit_checkpoints", &queries.checkpoints_after, &[&below])
+        .await?;
+    if let Some(row) = rows.first() {
+        let note: String = row.try_get("note").map_err(from_pg)?;
+        let stored = SignedCheckpoint::verify(&note, &key).map_err(|err| {
+            AuditError::Inconsistent(format!("a stored checkpoint does not verify: {err}"))
+        })?;
+        if stored.checkpoint.size == anchored.size && stored.checkpoint != *anchored {
             return Err(AuditError::Inconsistent(format!(
-                "the anchor holds a checkpoint of {anchored} events, the database's newest covers {newest}"
+                "its checkpoint of {} events is not the anchored one: the journal was rolled back and signed again",
+                anchored.size
             )));
         }
     }

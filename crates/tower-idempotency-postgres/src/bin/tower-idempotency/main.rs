@@ -127,8 +127,9 @@ enum Command {
         #[arg(long, value_name = "N", default_value = "1000", value_parser = positive)]
         batch: NonZeroUsize,
     },
-    /// The audit journal, offline: make a key, verify an export or an event proof, show an
-    /// operation's events. Needs no database
+    /// The audit journal: make a key, verify an export or an event proof, show an
+    /// operation's events (offline, no database); export, verify, prove, seal the database's
+    /// journal
     #[command(after_help = audit::AUDIT_EXIT_CODES)]
     Audit {
         #[command(subcommand)]
@@ -360,8 +361,8 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
             reason,
             operator: Some(operator(flag)?),
         },
-        // The audit verbs work on files only: no database, no DATABASE_URL.
-        Command::Audit { command } => return audit::run(*command),
+        // The audit verbs connect only when they read the database's journal.
+        Command::Audit { command } => return audit::run(*command, target).await,
         other => other,
     };
     let store = connect(target)?;
