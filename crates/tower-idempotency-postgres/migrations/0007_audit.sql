@@ -15,8 +15,9 @@
 -- journal sets it on its connections) journals nothing; every other session, the operator
 -- CLI included, journals every change it makes.
 --
--- Applied inside one transaction under the migration lock (see 0001); idempotent. Records
--- that exist before this migration have no history in the journal.
+-- Applied inside one transaction under the migration lock (see 0001), after 0006 (whose
+-- lifecycle columns the triggers read); idempotent. Records that exist before this
+-- migration have no history in the journal.
 
 -- Unchained events, in the order they were written (`id`). No index: the sealer reads and
 -- deletes the committed rows in one pass, and the table stays small.
@@ -94,6 +95,18 @@ DO $migration$
 DECLARE
     s text := quote_ident(current_schema());
 BEGIN
+    -- One function for the operations table's three triggers. Which event a change is:
+    --   INSERT                      accepted (and approval_requested, awaiting approval)
+    --   DELETE, retention ended     purged (approval_expired first if nobody answered)
+    --   DELETE, otherwise           released (unless an operator's resolution removed it)
+    --   UPDATE, another operation   purged for the old one, accepted for the new one
+    --   UPDATE, a new lease         accepted (a take-over, or the first attempt after an
+    --                               approval)
+    --   UPDATE, state changed to    completed (with a response; without one it is an
+    --                               operator's resolution), unknown, cancelled (abandoned),
+    --                               authorized (approval_approved), denied (approval_denied)
+    --   UPDATE, dispatched_at set   dispatched
+    --   UPDATE, delivered set       delivered
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION %1$s.idempotency_audit_operation() RETURNS trigger
 LANGUAGE plpgsql AS $body$
@@ -103,57 +116,94 @@ BEGIN
             (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
         VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
             NEW.fingerprint, NEW.method, NEW.route);
-    ELSIF TG_OP = 'DELETE' THEN
-        -- Retention ended (the purge, or a quota refusal making room): purged. Otherwise a
-        -- release, unless an operator's "failed" resolution removed the row, which its own
-        -- event (below) records.
+        IF NEW.state = 'awaiting_approval' THEN
+            INSERT INTO %1$s.idempotency_audit_pending
+                (kind, scope, operation_id, idempotency_key, fingerprint, principal)
+            VALUES ('approval_requested', NEW.scope, NEW.operation_id, NEW.idempotency_key,
+                NEW.fingerprint, NEW.approval_requested_by);
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'DELETE' OR OLD.operation_id <> NEW.operation_id THEN
+        -- The old operation leaves: its retention ended (the purge, a quota refusal making
+        -- room, a new operation taking its key), it was released, or an operator's
+        -- "failed" resolution removed it, which that resolution's own event records.
         IF OLD.expires_at <= now()
                 AND (OLD.state <> 'in_progress' OR OLD.lease_expires_at <= now()) THEN
+            IF OLD.approval_state = 'pending' AND NOT OLD.approval_used
+                    AND OLD.approval_expires_at <= now() THEN
+                INSERT INTO %1$s.idempotency_audit_pending
+                    (kind, scope, operation_id, idempotency_key, fingerprint)
+                VALUES ('approval_expired', OLD.scope, OLD.operation_id, OLD.idempotency_key,
+                    OLD.fingerprint);
+            END IF;
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint)
             VALUES ('purged', OLD.scope, OLD.operation_id, OLD.idempotency_key,
                 OLD.fingerprint);
-        ELSIF NOT EXISTS (SELECT 1 FROM %1$s.idempotency_resolutions AS r
-                          WHERE r.operation_id = OLD.operation_id) THEN
+        ELSIF TG_OP = 'DELETE' AND NOT EXISTS (
+                SELECT 1 FROM %1$s.idempotency_resolutions AS r
+                WHERE r.operation_id = OLD.operation_id) THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint)
             VALUES ('released', OLD.scope, OLD.operation_id, OLD.idempotency_key,
                 OLD.fingerprint);
         END IF;
-    ELSIF OLD.operation_id <> NEW.operation_id THEN
-        -- An expired record replaced by a new operation under the same key.
+        IF TG_OP = 'DELETE' THEN
+            RETURN NULL;
+        END IF;
+        -- A new operation under the same key.
         INSERT INTO %1$s.idempotency_audit_pending
             (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
-        VALUES ('purged', OLD.scope, OLD.operation_id, OLD.idempotency_key,
-                OLD.fingerprint, NULL, NULL),
-            ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
-                NEW.fingerprint, NEW.method, NEW.route);
-    ELSE
-        IF NEW.state = 'in_progress' AND OLD.lease_id IS DISTINCT FROM NEW.lease_id THEN
-            -- A take-over: a new attempt of the same operation.
+        VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
+            NEW.fingerprint, NEW.method, NEW.route);
+        IF NEW.state = 'awaiting_approval' THEN
             INSERT INTO %1$s.idempotency_audit_pending
-                (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
-            VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
-                NEW.fingerprint, NEW.method, NEW.route);
-        ELSIF NEW.state = 'completed' AND OLD.state <> 'completed'
-                AND NEW.response_status IS NOT NULL THEN
-            -- (Completed without a response is an operator's resolution, journaled as such.)
+                (kind, scope, operation_id, idempotency_key, fingerprint, principal)
+            VALUES ('approval_requested', NEW.scope, NEW.operation_id, NEW.idempotency_key,
+                NEW.fingerprint, NEW.approval_requested_by);
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'in_progress' AND OLD.lease_id IS DISTINCT FROM NEW.lease_id THEN
+        -- A new attempt of the same operation: a take-over, or the first after approval.
+        INSERT INTO %1$s.idempotency_audit_pending
+            (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
+        VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
+            NEW.fingerprint, NEW.method, NEW.route);
+        RETURN NULL;
+    END IF;
+    IF OLD.dispatched_at IS NULL AND NEW.dispatched_at IS NOT NULL THEN
+        INSERT INTO %1$s.idempotency_audit_pending
+            (kind, scope, operation_id, idempotency_key, fingerprint)
+        VALUES ('dispatched', NEW.scope, NEW.operation_id, NEW.idempotency_key,
+            NEW.fingerprint);
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state THEN
+        IF NEW.state = 'completed' AND NEW.response_status IS NOT NULL THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, status)
             VALUES ('completed', NEW.scope, NEW.operation_id, NEW.idempotency_key,
                 NEW.fingerprint, NEW.response_status);
-        ELSIF NEW.state = 'unknown' AND OLD.state <> 'unknown' THEN
+        ELSIF NEW.state IN ('unknown', 'cancelled') THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint)
-            VALUES ('unknown', NEW.scope, NEW.operation_id, NEW.idempotency_key,
-                NEW.fingerprint);
-        END IF;
-        IF NEW.delivered AND NOT OLD.delivered THEN
+            VALUES (CASE NEW.state WHEN 'unknown' THEN 'unknown' ELSE 'abandoned' END,
+                NEW.scope, NEW.operation_id, NEW.idempotency_key, NEW.fingerprint);
+        ELSIF NEW.state IN ('authorized', 'denied') THEN
             INSERT INTO %1$s.idempotency_audit_pending
-                (kind, scope, operation_id, idempotency_key, fingerprint)
-            VALUES ('delivered', NEW.scope, NEW.operation_id, NEW.idempotency_key,
-                NEW.fingerprint);
+                (kind, scope, operation_id, idempotency_key, fingerprint, actor)
+            VALUES (CASE NEW.state WHEN 'authorized' THEN 'approval_approved'
+                        ELSE 'approval_denied' END,
+                NEW.scope, NEW.operation_id, NEW.idempotency_key, NEW.fingerprint,
+                coalesce(NEW.approval_decided_by, ''));
         END IF;
+    END IF;
+    IF NEW.delivered AND NOT OLD.delivered THEN
+        INSERT INTO %1$s.idempotency_audit_pending
+            (kind, scope, operation_id, idempotency_key, fingerprint)
+        VALUES ('delivered', NEW.scope, NEW.operation_id, NEW.idempotency_key,
+            NEW.fingerprint);
     END IF;
     RETURN NULL;
 END
@@ -193,6 +243,7 @@ CREATE TRIGGER idempotency_audit_update
           AND (OLD.state IS DISTINCT FROM NEW.state
                OR OLD.operation_id IS DISTINCT FROM NEW.operation_id
                OR OLD.lease_id IS DISTINCT FROM NEW.lease_id
+               OR OLD.dispatched_at IS DISTINCT FROM NEW.dispatched_at
                OR OLD.delivered IS DISTINCT FROM NEW.delivered))
     EXECUTE FUNCTION idempotency_audit_operation();
 

@@ -8,6 +8,7 @@
 //! decision, its reason and the operator who made it are kept even after the operation row
 //! is gone.
 
+use tokio_postgres::types::ToSql;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{Operation, OperationId, OperationState, StoreError};
 
@@ -45,23 +46,27 @@ impl PostgresStore {
             .transpose()
     }
 
-    /// Lists up to `limit` operations in `state`, across scopes: `unknown` and `in_progress`
-    /// oldest first, `completed` newest first.
+    /// Lists up to `limit` operations in `state`, across scopes: `completed` newest first,
+    /// every other state oldest first. `in_progress` includes the operations whose lease ran
+    /// out before their dispatch mark (they read in progress until a retry takes them over);
+    /// `unknown` includes the dispatched ones whose lease ran out.
     pub async fn list_operations(
         &self,
         state: OperationState,
         limit: usize,
     ) -> Result<Vec<Operation>> {
         let queries = &self.inner.queries.operations;
-        let sql = match state {
-            OperationState::Unknown => &queries.list_unknown,
-            OperationState::InProgress => &queries.list_in_progress,
-            _ => &queries.list_completed,
-        };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let name = state.as_str();
+        let (sql, params): (_, &[&(dyn ToSql + Sync)]) = match state {
+            OperationState::Unknown => (&queries.list_unknown, &[&limit]),
+            OperationState::InProgress => (&queries.list_in_progress, &[&limit]),
+            OperationState::Completed => (&queries.list_completed, &[&limit]),
+            _ => (&queries.list_state, &[&limit, &name]),
+        };
         self.inner
             .executor
-            .query("list_operations", sql, &[&limit])
+            .query("list_operations", sql, params)
             .await?
             .iter()
             .map(|r| row::operation(r).map(|r| r.operation))

@@ -51,6 +51,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0005_scope_quotas.sql"),
     },
     Migration {
+        version: 6,
+        name: "0006_lifecycle.sql",
+        sql: include_str!("../migrations/0006_lifecycle.sql"),
+    },
+    Migration {
         version: 7,
         name: "0007_audit.sql",
         sql: include_str!("../migrations/0007_audit.sql"),

@@ -371,3 +371,129 @@ async fn a_sealer_with_another_key_refuses_to_extend_the_journal() {
     let error = journal(&store, &other).seal().await.unwrap_err();
     assert!(error.to_string().contains("does not verify"), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_marks_cancellations_and_approvals_are_journaled() {
+    let database = pg::test_database().await;
+    let store = store(&database, true).await;
+    let key = NoteSigningKey::generate("journal.test/lifecycle-states").unwrap();
+    let journal = journal(&store, &key);
+    let scope = Scope::new("acme");
+
+    // Accepted, dispatched by the handler, cancelled too late (unknown); and one cancelled
+    // before its dispatch (abandoned), then taken over by its retry.
+    let marks = ReserveRequest {
+        marks_dispatch: true,
+        ..request(&scope, "dispatched")
+    };
+    let Reservation::Acquired { lease, .. } = store.reserve(marks).await.unwrap() else {
+        panic!("fresh");
+    };
+    store
+        .mark_dispatched(&lease, Duration::from_secs(30))
+        .await
+        .unwrap();
+    store.cancel(&lease).await.unwrap();
+    let dispatched = lease.operation_id;
+    let early = ReserveRequest {
+        marks_dispatch: true,
+        ..request(&scope, "cancelled")
+    };
+    let Reservation::Acquired { lease, .. } = store.reserve(early.clone()).await.unwrap() else {
+        panic!("fresh");
+    };
+    store.cancel(&lease).await.unwrap();
+    let Reservation::Acquired { lease: retry, .. } = store.reserve(early).await.unwrap() else {
+        panic!("a cancelled attempt is taken over");
+    };
+    assert_eq!(retry.operation_id, lease.operation_id);
+
+    // An approval asked for, given, and used by the next reservation; another denied.
+    let approval = tower_idempotency_core::ApprovalRequest {
+        requested_by: "agent-7".into(),
+        summary: serde_json::json!({"refund": 100}),
+        ttl: Duration::from_secs(60),
+    };
+    let asking = ReserveRequest {
+        approval: Some(approval.clone()),
+        ..request(&scope, "approved")
+    };
+    let Reservation::ApprovalRequested(waiting) = store.reserve(asking.clone()).await.unwrap()
+    else {
+        panic!("an approval request");
+    };
+    let id = waiting.approval.as_ref().unwrap().id;
+    let decision = tower_idempotency_core::ApprovalDecision::Approve {
+        fingerprint: waiting.fingerprint.clone(),
+    };
+    let decided = store
+        .decide_approval(&scope, id, decision, "ops-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        decided,
+        tower_idempotency_core::DecisionOutcome::Decided(_)
+    ));
+    let Reservation::Acquired { .. } = store.reserve(asking).await.unwrap() else {
+        panic!("the approved command runs");
+    };
+    let denying = ReserveRequest {
+        approval: Some(approval),
+        ..request(&scope, "denied")
+    };
+    let Reservation::ApprovalRequested(denied) = store.reserve(denying).await.unwrap() else {
+        panic!("an approval request");
+    };
+    let decision = tower_idempotency_core::ApprovalDecision::Deny {
+        reason: "no".into(),
+    };
+    let denied_id = denied.approval.as_ref().unwrap().id;
+    let decided = store
+        .decide_approval(&scope, denied_id, decision, "ops-2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        decided,
+        tower_idempotency_core::DecisionOutcome::Decided(_)
+    ));
+
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, dispatched, 3).await),
+        ["accepted", "dispatched", "unknown"]
+    );
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, lease.operation_id, 3).await),
+        ["accepted", "abandoned", "accepted"]
+    );
+    let approved = sealed_events(&store, &journal, waiting.id, 4).await;
+    assert_eq!(
+        kinds(&approved),
+        [
+            "accepted",
+            "approval_requested",
+            "approval_approved",
+            "accepted"
+        ]
+    );
+    assert_eq!(approved[1].event.principal.as_deref(), Some("agent-7"));
+    assert_eq!(
+        approved[2].event.kind,
+        AuditEventKind::ApprovalApproved {
+            approver: "ops-1".into()
+        }
+    );
+    let denied_events = sealed_events(&store, &journal, denied.id, 3).await;
+    assert_eq!(
+        denied_events[2].event.kind,
+        AuditEventKind::ApprovalDenied {
+            approver: "ops-2".into()
+        }
+    );
+    store
+        .verify_journal(&Verifier::new(key.verifying_key()))
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -23,7 +23,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::{Value, json};
 use tower_idempotency_core::{
-    IdempotencyKey, Operation, OperationId, OperationState, Scope, Store, StoreError,
+    Approval, IdempotencyKey, Operation, OperationId, OperationState, Scope, Store, StoreError,
 };
 use tower_idempotency_postgres::{
     PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome, StatementMode,
@@ -94,7 +94,7 @@ enum Command {
     /// List operations in one state, across scopes, as tab-separated lines
     #[command(after_help = EXIT_CODES)]
     List {
-        /// unknown, in_progress or completed
+        /// unknown, in_progress, completed, awaiting_approval, authorized, denied or cancelled
         #[arg(long, default_value = "unknown", value_parser = state)]
         state: OperationState,
         /// Most operations listed
@@ -316,13 +316,31 @@ fn operation_json(operation: &Operation) -> Value {
         "route": operation.route,
         "attempts": operation.attempts,
         "created_at": time(operation.created_at),
+        "dispatched_at": operation.dispatched_at.map(time),
         "completed_at": operation.completed_at.map(time),
         "lease_expires_at": operation.lease_expires_at.map(time),
         "expires_at": operation.expires_at.map(time),
         "retention_seconds": operation.retention.as_secs(),
         "response": response,
         "delivered": operation.delivered,
+        "delivered_at": operation.delivered_at.map(time),
         "replays": operation.replays,
+        "approval": operation.approval.as_deref().map(approval_json),
+    })
+}
+
+fn approval_json(approval: &Approval) -> Value {
+    json!({
+        "approval_id": approval.id.to_string(),
+        "state": approval.state.as_str(),
+        "requested_by": approval.requested_by,
+        "requested_at": time(approval.requested_at),
+        "expires_at": time(approval.expires_at),
+        "decided_by": approval.decided_by,
+        "decided_at": approval.decided_at.map(time),
+        "reason": approval.reason,
+        "used": approval.used,
+        "summary": approval.summary,
     })
 }
 
