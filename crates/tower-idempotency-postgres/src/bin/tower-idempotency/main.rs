@@ -2,7 +2,8 @@
 //!
 //! Applies migrations, looks operations up across scopes, lists the ones whose outcome is
 //! unknown, records an operator's resolution, and purges expired records; `audit …` makes
-//! journal keys and verifies exported audit journals and event proofs offline. The command line
+//! journal keys, verifies exported audit journals and event proofs offline, and exports,
+//! verifies, proves and seals the database's journal. The command line
 //! is parsed by clap (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA`
 //! as fallbacks); every value is validated before the database is touched. The connection
 //! string comes from `DATABASE_URL` or `--database-url-file` so that its password is not on
