@@ -8,11 +8,10 @@
 //! integers (`seq` up to 2^53, `status`) are plain decimals. `encoding`'s tests compare the
 //! result byte for byte with serializing and then canonicalizing.
 
-use std::io::Write;
+use std::time::UNIX_EPOCH;
 
 use super::event::{AuditEvent, AuditEventKind, Correlation};
 use super::merkle::Sha256Hash;
-use crate::audit::encoding::truncate_to_micros;
 
 /// Appends the canonical JSON object of `event` at `seq` after `prev` to `out`.
 pub(super) fn write_event(out: &mut Vec<u8>, seq: u64, prev: &Sha256Hash, event: &AuditEvent) {
@@ -59,21 +58,24 @@ pub(super) fn write_event(out: &mut Vec<u8>, seq: u64, prev: &Sha256Hash, event:
     }
     object.string_opt("operator", operator);
     object.name("prev");
-    write_plain(object.out, &prev.to_base64());
+    let mut base64 = [0u8; 44];
+    prev.write_base64(&mut base64);
+    object.out.push(b'"');
+    object.out.extend_from_slice(&base64);
+    object.out.push(b'"');
     object.string_opt("principal", event.principal.as_deref());
     object.string_opt("quota", quota);
     object.string_opt("reason", reason);
     object.string_opt("resolution", resolution);
     object.string("scope", event.scope.as_str());
     object.name("seq");
-    let _ = write!(object.out, "{seq}");
+    write_decimal(object.out, seq);
     if let Some(status) = status {
         object.name("status");
-        let _ = write!(object.out, "{status}");
+        write_decimal(object.out, u64::from(status));
     }
     object.name("time");
-    let time = humantime::format_rfc3339_micros(truncate_to_micros(event.time));
-    let _ = write!(object.out, "\"{time}\"");
+    write_time(object.out, event.time);
     object.string("type", event.kind.name());
     object.close();
 }
@@ -139,6 +141,61 @@ impl<'a> Object<'a> {
     }
 }
 
+/// `n` in decimal.
+fn write_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// `time` as a JSON string in RFC 3339, UTC, to the microsecond (`"2026-12-01T21:00:00.123456Z"`),
+/// as `humantime::format_rfc3339_micros` spells it; times before 1970 are 1970.
+fn write_time(out: &mut Vec<u8>, time: std::time::SystemTime) {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let micros = since.subsec_micros();
+    let (year, month, day) = civil_from_days(secs / 86_400);
+    let of_day = secs % 86_400;
+    let mut text = *b"\"0000-00-00T00:00:00.000000Z\"";
+    let put = |text: &mut [u8; 29], at: usize, width: usize, mut value: u64| {
+        for i in (0..width).rev() {
+            text[at + i] = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(&mut text, 1, 4, year);
+    put(&mut text, 6, 2, month);
+    put(&mut text, 9, 2, day);
+    put(&mut text, 12, 2, of_day / 3600);
+    put(&mut text, 15, 2, of_day / 60 % 60);
+    put(&mut text, 18, 2, of_day % 60);
+    put(&mut text, 21, 6, u64::from(micros));
+    out.extend_from_slice(&text);
+}
+
+/// The proleptic Gregorian date of day `days` since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, for days on or after the epoch).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
 /// A string known to need no escape (a UUID, base64).
 fn write_plain(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
@@ -146,11 +203,38 @@ fn write_plain(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
 }
 
+/// Whether any byte of `bytes` is a control character, `"` or `\\`, eight bytes at a time
+/// (the classic "has a zero byte" bit trick on each of the three conditions).
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let x = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        let control = x.wrapping_sub(ONES * 0x20) & !x & HIGHS;
+        if control | zero(x ^ (ONES * u64::from(b'"'))) | zero(x ^ (ONES * u64::from(b'\\'))) != 0 {
+            return true;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+}
+
 /// A JSON string as JCS writes it.
 fn write_string(out: &mut Vec<u8>, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
     let bytes = text.as_bytes();
+    // Nearly every string (ids, keys, fingerprints, routes) needs no escape: one pass to
+    // check, one copy.
+    if !needs_escape(bytes) {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut start = 0;
     for (i, &byte) in bytes.iter().enumerate() {
         let escape: &[u8] = match byte {

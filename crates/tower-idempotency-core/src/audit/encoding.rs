@@ -120,6 +120,29 @@ pub fn encode_event(
     Ok(out)
 }
 
+/// [`seal_event`] with the canonical bytes written into `scratch` (cleared first), which a
+/// sealer reuses from event to event instead of allocating.
+pub(crate) fn seal_event_into(
+    scratch: &mut Vec<u8>,
+    seq: u64,
+    prev: Sha256Hash,
+    mut event: AuditEvent,
+) -> Result<SealedEvent, EncodeError> {
+    event.time = truncate_to_micros(event.time);
+    scratch.clear();
+    if seq > MAX_EXACT_INTEGER {
+        *scratch = encode_by_canonicalizing(seq, &prev, &event)?;
+    } else {
+        super::direct::write_event(scratch, seq, &prev, &event);
+    }
+    Ok(SealedEvent {
+        seq,
+        prev,
+        event,
+        hash: leaf_hash(scratch),
+    })
+}
+
 /// The largest integer every integer up to which a double holds exactly (2^53).
 const MAX_EXACT_INTEGER: u64 = 1 << 53;
 

@@ -38,6 +38,14 @@ impl Sha256Hash {
         STANDARD.encode(self.0)
     }
 
+    /// [`Sha256Hash::to_base64`] into a buffer, without allocating.
+    pub(crate) fn write_base64(&self, out: &mut [u8; 44]) {
+        let written = STANDARD
+            .encode_slice(self.0, out)
+            .expect("32 bytes take 44 base64 characters");
+        debug_assert_eq!(written, 44);
+    }
+
     /// Parses the form [`Sha256Hash::to_base64`] writes; `None` unless the text is canonical
     /// padded base64 of exactly 32 bytes.
     pub fn from_base64(text: &str) -> Option<Self> {
