@@ -398,22 +398,24 @@ fn audit_postgres_suite() -> Suite {
     Suite {
         name: "audit-postgres",
         route: "payments",
+        // The journaled server starts first, so that the server started first (and its
+        // connections opened first) is not always the baseline.
         cases: vec![
-            Case {
-                label: "guarded, transactional, fresh keys, no journal (`--no-audit`)",
-                mode: "pg-transactional-no-audit",
-                workload: "fresh",
-            },
             Case {
                 label: "guarded, transactional, fresh keys, journaled (default)",
                 mode: "pg-transactional",
                 workload: "fresh",
             },
+            Case {
+                label: "guarded, transactional, fresh keys, no journal (`--no-audit`)",
+                mode: "pg-transactional-no-audit",
+                workload: "fresh",
+            },
         ],
         targets: vec![Target {
             text: "PostgreSQL: transactional fresh keys with the journal ≥ 0.9× without",
-            case: 1,
-            against: 0,
+            case: 0,
+            against: 1,
             min: 0.9,
         }],
     }

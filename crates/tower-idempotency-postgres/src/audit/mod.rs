@@ -182,16 +182,38 @@ impl PostgresJournal {
     }
 
     /// Seals every `interval` on the current Tokio runtime until the returned task is
-    /// aborted. Failures are logged and retried at the next tick.
+    /// aborted. Failures are retried at the next tick and logged: the first one, then at
+    /// most once a minute while they go on (with how many there were), and the recovery.
     pub fn spawn_sealer(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
+        const QUIET: Duration = Duration::from_secs(60);
         let journal = self.clone();
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing: Option<(std::time::Instant, u64)> = None;
             loop {
                 ticks.tick().await;
-                if let Err(err) = journal.seal().await {
-                    tracing::warn!(error = %err, "audit journal: sealing failed");
+                match (journal.seal().await, &mut failing) {
+                    (Ok(_), None) => {}
+                    (Ok(_), Some((_, failures))) => {
+                        tracing::info!(failures = *failures, "audit journal: sealing again");
+                        failing = None;
+                    }
+                    (Err(err), None) => {
+                        tracing::warn!(error = %err, "audit journal: sealing failed");
+                        failing = Some((std::time::Instant::now(), 1));
+                    }
+                    (Err(err), Some((since, failures))) => {
+                        *failures += 1;
+                        if since.elapsed() >= QUIET {
+                            tracing::warn!(
+                                error = %err,
+                                failures = *failures,
+                                "audit journal: sealing still fails"
+                            );
+                            *since = std::time::Instant::now();
+                        }
+                    }
                 }
             }
         })
