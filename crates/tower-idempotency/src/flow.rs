@@ -21,20 +21,24 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Part
 use http_body::Body;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::audit::AuditEventKind;
+use tower_idempotency_core::store::TRANSACTIONS;
 use tower_idempotency_core::{
-    IdempotencyKey, Operation, OperationState, Reservation, ReserveRequest, Scope, StoreError,
+    IdempotencyKey, Lease, Operation, OperationState, OperationTransaction, Reservation,
+    ReserveRequest, Scope, StoreError, TransactionalReservation,
 };
 use tracing::{Instrument, Span, field};
 
+use crate::approval;
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
-use crate::execute::{Answer, execute};
+use crate::execute::{Answer, Run, execute, execution_handle};
 use crate::journal;
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
+use crate::record::Sink;
 use crate::refusal::refuse;
 use crate::request_fingerprint::fingerprint;
 use crate::telemetry::{self, Decision, Tally, store_call};
@@ -175,7 +179,11 @@ fn key_of(
 ) -> Result<Option<IdempotencyKey>, Rejection> {
     let mut values = parts.headers.get_all(&shared.header_name).iter();
     match (values.next(), values.next()) {
-        (None, _) if policy.key == KeyRequirement::Optional => Ok(None),
+        // An approval is bound to a key: a route that may need one always requires it, or
+        // a keyless request would run a command that needs approval unapproved.
+        (None, _) if policy.key == KeyRequirement::Optional && policy.approval.is_none() => {
+            Ok(None)
+        }
         (None, _) => Err(Rejection::MissingKey),
         (Some(_), Some(_)) => Err(Rejection::RepeatedKey),
         (Some(value), None) => IdempotencyKey::parse_header(value.as_bytes())
@@ -200,7 +208,7 @@ where
     Span::current().record("key", key.as_str());
     let scope = scope_of(shared, parts)?;
     let body = read_bounded(shared, parts, body).await?;
-    let fingerprint = fingerprint(
+    let fingerprinted = fingerprint(
         &shared.fingerprinter,
         &shared.header_name,
         policy,
@@ -209,6 +217,8 @@ where
         &scope,
         &body,
     )?;
+    let fingerprint = fingerprinted.fingerprint;
+    let approval = approval::request_for(shared, policy, parts, fingerprinted.command.as_ref());
     let request = ReserveRequest {
         scope,
         key,
@@ -219,8 +229,8 @@ where
         retention: policy.retention,
         unknown_retention: policy.unknown_retention,
         take_over_unknown: matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute),
-        marks_dispatch: false,
-        approval: None,
+        marks_dispatch: policy.marks_dispatch,
+        approval,
     };
     Ok((request, body))
 }
@@ -287,7 +297,10 @@ where
     ResB::Error: Send + 'static,
 {
     let started = Instant::now();
-    let deadline = started.checked_add(policy.wait).unwrap_or(started);
+    let mut deadline = started.checked_add(policy.wait).unwrap_or(started);
+    let decision_deadline = started
+        .checked_add(approval::decision_wait(&policy))
+        .unwrap_or(started);
     let mut waited = false;
     loop {
         // Checked before every reservation: past the bound nothing is reserved, so a
@@ -323,9 +336,20 @@ where
                 return Ok(refuse(&shared, Rejection::StoreUnavailable));
             }
         };
-        match existing(&shared, &policy, &request, operation, deadline, waited).await {
-            Ok(Some(replayed)) => return Ok(replayed),
-            Ok(None) => waited = true,
+        let deadlines = Deadlines {
+            in_progress: deadline,
+            decision: decision_deadline,
+        };
+        match existing(&shared, &policy, &request, operation, deadlines, waited).await {
+            Ok(Next::Replayed(replayed)) => return Ok(replayed),
+            Ok(Next::Again) => waited = true,
+            Ok(Next::Decided) => {
+                // A decision came while this retry waited for it: an execution it now meets
+                // gets the usual wait, counted from here.
+                let now = Instant::now();
+                deadline = now.checked_add(policy.wait).unwrap_or(now);
+                waited = true;
+            }
             Err(rejection) => return Ok(refuse(&shared, rejection)),
         }
     }
@@ -358,22 +382,141 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
-    match reserve(&shared, &policy, &request).await {
-        Ok(Reservation::Acquired {
+    let reserved = if policy.transactional {
+        reserve_transaction(&shared, &request).await
+    } else {
+        reserve(&shared, &policy, &request)
+            .await
+            .map(Reserved::from)
+    };
+    match reserved {
+        Ok(Reserved::Acquired {
             operation,
             lease,
             takeover,
+            transaction,
         }) => {
             Span::current().record("operation_id", field::display(operation.id));
+            if approval::ignored_by_store(&request, &operation, takeover) {
+                tracing::error!(
+                    "the route requires approval and the store reserved the key without one; handler not run"
+                );
+                match transaction {
+                    Some(transaction) => {
+                        if let Err(error) = transaction.abort().await {
+                            tracing::warn!(%error, "could not roll back the reservation's transaction");
+                        }
+                    }
+                    None => {
+                        Sink::Store
+                            .release(&shared, &lease, "the store does not implement approvals")
+                            .await;
+                    }
+                }
+                return Round::Refused(Rejection::ApprovalsUnsupported);
+            }
             let Held { inner, parts, body } = held;
-            let answer = execute(&shared, &policy, inner, parts, body, lease, takeover).await;
-            Round::Answered(answer)
+            let run = Run {
+                execution: execution_handle(&shared, &policy, lease, &operation),
+                takeover,
+                transaction,
+            };
+            Round::Answered(execute(&shared, &policy, inner, parts, body, run).await)
         }
-        Ok(Reservation::Existing(operation) | Reservation::ApprovalRequested(operation)) => {
-            Round::Existing(Box::new(operation), held)
+        Ok(Reserved::ApprovalRequested(operation)) => {
+            // The first request of a command that needs approval is answered at once: the
+            // requester needs the approval's id to ask a person.
+            Span::current().record("operation_id", field::display(operation.id));
+            if let Some(approval) = &operation.approval {
+                tracing::info!(approval_id = %approval.id, "approval requested");
+            }
+            Round::Refused(approval::refusal(&shared, &operation))
         }
+        Ok(Reserved::Existing(operation)) => Round::Existing(operation, held),
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
         Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
+    }
+}
+
+/// A reservation as this round follows it up.
+enum Reserved {
+    /// Won: run the handler (in `transaction` on a transactional route).
+    Acquired {
+        operation: Box<Operation>,
+        lease: Lease,
+        takeover: bool,
+        transaction: Option<Box<dyn OperationTransaction>>,
+    },
+    /// The key is held by this record.
+    Existing(Box<Operation>),
+    /// The key was new and its command needs approval: the record awaits a decision.
+    ApprovalRequested(Box<Operation>),
+}
+
+impl From<Reservation> for Reserved {
+    fn from(reservation: Reservation) -> Self {
+        match reservation {
+            Reservation::Acquired {
+                operation,
+                lease,
+                takeover,
+            } => Self::Acquired {
+                operation: Box::new(operation),
+                lease,
+                takeover,
+                transaction: None,
+            },
+            Reservation::Existing(operation) => Self::Existing(Box::new(operation)),
+            Reservation::ApprovalRequested(operation) => {
+                Self::ApprovalRequested(Box::new(operation))
+            }
+        }
+    }
+}
+
+/// The reservation of a transactional route, which comes with the operation's open
+/// transaction when it is won. Such a route never fails open: its handler is written to
+/// rely on a rollback, and is never run without its transaction.
+async fn reserve_transaction(
+    shared: &Shared,
+    request: &ReserveRequest,
+) -> Result<Reserved, NotReserved> {
+    let asked = Instant::now();
+    let reservation =
+        store_call("reserve", shared.store.reserve_transaction(request.clone())).await;
+    Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
+    match reservation {
+        Ok(TransactionalReservation::Acquired {
+            operation,
+            lease,
+            takeover,
+            transaction,
+        }) => Ok(Reserved::Acquired {
+            operation: Box::new(operation),
+            lease,
+            takeover,
+            transaction: Some(transaction),
+        }),
+        Ok(TransactionalReservation::Existing(operation)) => {
+            Ok(Reserved::Existing(Box::new(operation)))
+        }
+        Ok(TransactionalReservation::ApprovalRequested(operation)) => {
+            Ok(Reserved::ApprovalRequested(Box::new(operation)))
+        }
+        Err(StoreError::Unsupported {
+            feature: TRANSACTIONS,
+        }) => {
+            tracing::error!(
+                "the route is transactional but the idempotency store has no transactions; handler not run"
+            );
+            Err(NotReserved::Refused(Rejection::TransactionsUnsupported))
+        }
+        Err(error) => Err(not_reserved(
+            shared,
+            request,
+            error,
+            StoreFailurePolicy::FailClosed,
+        )),
     }
 }
 
@@ -393,7 +536,23 @@ async fn reserve(
     let asked = Instant::now();
     let reservation = store_call("reserve", shared.store.reserve(request.clone())).await;
     Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
-    reservation.map_err(|error| match error {
+    // Never fail open for a command that needs approval: unprotected, nothing would check it.
+    let store_failure = if request.approval.is_some() {
+        StoreFailurePolicy::FailClosed
+    } else {
+        policy.store_failure
+    };
+    reservation.map_err(|error| not_reserved(shared, request, error, store_failure))
+}
+
+/// What a store error on reserving `request` means for it (a quota refusal is journaled).
+fn not_reserved(
+    shared: &Shared,
+    request: &ReserveRequest,
+    error: StoreError,
+    store_failure: StoreFailurePolicy,
+) -> NotReserved {
+    match error {
         StoreError::CapacityExhausted { capacity } => {
             tracing::warn!(capacity, "idempotency store full");
             NotReserved::Refused(Rejection::StoreFull)
@@ -412,7 +571,7 @@ async fn reserve(
                 retry_after: retry_after.as_secs().max(1),
             })
         }
-        StoreError::Unavailable(error) if policy.store_failure == StoreFailurePolicy::FailOpen => {
+        StoreError::Unavailable(error) if store_failure == StoreFailurePolicy::FailOpen => {
             tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
             NotReserved::FailOpen
         }
@@ -420,19 +579,36 @@ async fn reserve(
             tracing::error!(error = %error, source = ?std::error::Error::source(&error), "idempotency store failed; handler not run");
             NotReserved::Refused(Rejection::StoreUnavailable)
         }
-    })
+    }
 }
 
-/// What to do with a record that already holds the key: `Some` replay, `None` after
-/// waiting for the original (ask the store again), or a refusal.
+/// Until when a request waits: for a running original, and for a person's decision.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    in_progress: Instant,
+    decision: Instant,
+}
+
+/// What [`existing`] found to do.
+enum Next<R> {
+    /// Answer with this replay.
+    Replayed(R),
+    /// The original changed state while this request waited: ask the store again.
+    Again,
+    /// The approval was decided while this request waited: ask the store again.
+    Decided,
+}
+
+/// What to do with a record that already holds the key: replay, ask the store again after
+/// waiting for the original or for a decision, or refuse.
 async fn existing<ResB: Body>(
     shared: &Shared,
     policy: &RoutePolicy,
     request: &ReserveRequest,
     operation: Operation,
-    deadline: Instant,
+    deadlines: Deadlines,
     waited: bool,
-) -> Result<Option<Response<ResponseBody<ResB>>>, Rejection> {
+) -> Result<Next<Response<ResponseBody<ResB>>>, Rejection> {
     Span::current().record("operation_id", field::display(operation.id));
     let id = operation.id;
     if operation.fingerprint != request.fingerprint {
@@ -446,19 +622,30 @@ async fn existing<ResB: Body>(
         OperationState::Completed => {
             let replayed = replay(shared, operation, waited)?;
             journal::decision(shared, request, Some(id), AuditEventKind::Replayed);
-            Ok(Some(replayed))
+            Ok(Next::Replayed(replayed))
         }
         OperationState::InProgress => {
             if !waited {
                 journal::decision(shared, request, Some(id), AuditEventKind::Attached);
             }
-            let waited = wait_for(shared, policy, request, &operation, deadline).await;
-            if let Err(Rejection::RequestInProgress { .. }) = &waited {
+            let waiting =
+                wait_for(shared, policy, request, &operation, deadlines.in_progress).await;
+            if let Err(Rejection::RequestInProgress { .. }) = &waiting {
                 let refused = AuditEventKind::RefusedInProgress;
                 journal::decision(shared, request, Some(id), refused);
             }
-            waited?;
-            Ok(None)
+            waiting?;
+            Ok(Next::Again)
+        }
+        OperationState::AwaitingApproval | OperationState::Authorized | OperationState::Denied => {
+            match approval::refusal(shared, &operation) {
+                Rejection::ApprovalRequired { .. } if Instant::now() < deadlines.decision => {
+                    approval::wait_for_decision(shared, request, operation, deadlines.decision)
+                        .await?;
+                    Ok(Next::Decided)
+                }
+                rejection => Err(rejection),
+            }
         }
         _ => Err(Rejection::OutcomeUnknown {
             operation_id: operation.id,

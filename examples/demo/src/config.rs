@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::ArgAction;
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -93,6 +94,40 @@ struct Cli {
     /// No audit journal: nothing journaled, no GET /audit (for comparison)
     #[arg(long, conflicts_with_all = ["audit_key", "audit_anchor", "audit_journal"])]
     no_audit: bool,
+    /// A user who may approve in their own account (`Authorization: Bearer
+    /// <account>:<user>`); repeat the flag for several
+    #[arg(
+        long = "approver",
+        value_name = "NAME",
+        action = ArgAction::Append,
+        default_value = DEFAULT_APPROVER,
+        value_parser = approver
+    )]
+    approvers: Vec<String>,
+    /// How long an approval request, and an approval not yet used, stays valid, in ms
+    #[arg(long = "approval-ttl-ms", value_name = "N", default_value = "3600000", value_parser = positive_millis)]
+    approval_ttl: Duration,
+}
+
+/// The user who may approve when no `--approver` is given.
+pub const DEFAULT_APPROVER: &str = "approver";
+
+fn approver(raw: &str) -> Result<String, String> {
+    if crate::auth::is_name(raw, crate::auth::MAX_USER_LEN) {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
+            "`{raw}` is not a user name (1–{} characters of A–Z a–z 0–9 - . _ ~ + / =)",
+            crate::auth::MAX_USER_LEN
+        ))
+    }
+}
+
+fn positive_millis(raw: &str) -> Result<Duration, String> {
+    match millis(raw)? {
+        ttl if ttl.is_zero() => Err("must be at least 1 ms".to_owned()),
+        ttl => Ok(ttl),
+    }
 }
 
 fn address(raw: &str) -> Result<SocketAddr, String> {
@@ -187,6 +222,13 @@ pub struct Config {
     pub audit_anchor: Option<PathBuf>,
     /// The memory journal's file (`--audit-journal`), with the records in memory.
     pub audit_journal: Option<PathBuf>,
+    /// The users who may approve in their own account (`--approver`, default
+    /// [`DEFAULT_APPROVER`]): `Bearer <account>:<user>` with one of these users decides the
+    /// account's approvals.
+    pub approvers: Vec<String>,
+    /// How long an approval request, and an approval not yet used, stays valid
+    /// (`--approval-ttl-ms`, default one hour).
+    pub approval_ttl: Duration,
 }
 
 impl Config {
@@ -220,6 +262,8 @@ impl Default for Config {
             audit_key: None,
             audit_anchor: None,
             audit_journal: None,
+            approvers: vec![DEFAULT_APPROVER.to_owned()],
+            approval_ttl: Duration::from_secs(3600),
         }
     }
 }
@@ -310,6 +354,8 @@ fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::
         audit_key: cli.audit_key,
         audit_anchor: cli.audit_anchor,
         audit_journal: cli.audit_journal,
+        approvers: cli.approvers,
+        approval_ttl: cli.approval_ttl,
     })
 }
 
@@ -537,6 +583,40 @@ mod tests {
             for word in words {
                 assert!(text.contains(word), "{args:?}: {word} not in {text}");
             }
+        }
+    }
+
+    #[test]
+    fn approvers_accumulate_and_the_approval_ttl_is_positive() {
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.approvers, ["approver"]);
+        assert_eq!(defaults.approval_ttl, Duration::from_secs(3600));
+        let config = parse(&[
+            "--approver",
+            "alice",
+            "--approver=bob",
+            "--approval-ttl-ms",
+            "250",
+        ])
+        .unwrap();
+        assert_eq!(config.approvers, ["alice", "bob"]);
+        assert_eq!(config.approval_ttl, Duration::from_millis(250));
+        for bad in [
+            &["--approver"][..],
+            &["--approver", "a b"],
+            &["--approver", "acme:alice"],
+            &["--approval-ttl-ms", "0"],
+            &["--approval-ttl-ms", "soon"],
+        ] {
+            assert_eq!(parse(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+        }
+        let help = parse(&["--help"]).unwrap_err().to_string();
+        for flag in [
+            "--approver <NAME>",
+            "--approval-ttl-ms <N>",
+            "[default: approver]",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from the help:\n{help}");
         }
     }
 

@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod approvals;
 pub mod audit;
 pub mod auth;
 pub mod commands;
@@ -48,7 +49,7 @@ use tower_idempotency::{
 use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig, StatementMode};
 
 pub use crate::audit::AuditJournal;
-pub use crate::auth::Account;
+pub use crate::auth::{Account, User};
 pub use crate::config::{Config, Records};
 use crate::database::Database;
 pub use crate::ledger::Ledger;
@@ -92,7 +93,8 @@ pub struct App {
 }
 
 /// Builds the demo's router for `config`: `/healthz` and `/metrics` (no authentication),
-/// the write and list routes and, unless idempotency is off, the status routes under `/operations`.
+/// the write and list routes and, unless idempotency is off, the status routes under
+/// `/operations` and the approvals routes under `/approvals`.
 ///
 /// This is the one place that picks where the records live and how they are written:
 ///
@@ -258,6 +260,7 @@ fn build(
         // or method (`405`) stay outside it and reserve nothing.
         api.route_layer(idempotency.clone())
             .merge(idempotency.status_router())
+            .merge(idempotency.approvals_router())
     } else {
         api
     };
@@ -291,7 +294,9 @@ const PURGE_BATCH: usize = 1000;
 /// fingerprint describes the command with its defaults applied. Tickets and payments are
 /// transactional routes ([`RoutePolicy::transactional`]: a `5xx` rolls back and releases,
 /// and an attempt whose lease ran out is executed again) when their handlers write in the
-/// operation's transaction.
+/// operation's transaction. Production deploys and large payments need an approval
+/// ([`approvals`]); the requester is the credential's user, and the approvers are the users
+/// named by [`Config::approvers`], each in their own account.
 fn layer(config: &Config, store: impl Store, transactional: bool) -> IdempotencyLayer {
     let tune = |policy: RoutePolicy| {
         policy
@@ -310,8 +315,17 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
             normalize(command).map_err(|problem| CommandRejection::new(problem.detail()))
         })
     };
+    let approvers: Arc<[String]> = config.approvers.clone().into();
     IdempotencyLayer::new(store)
         .with_body_limit(BODY_LIMIT)
+        .with_principal(|parts| Some(parts.extensions.get::<User>()?.as_str().to_owned()))
+        .with_approver(move |parts| {
+            let user = parts.extensions.get::<User>()?.as_str();
+            approvers
+                .iter()
+                .any(|approver| approver == user)
+                .then(|| user.to_owned())
+        })
         .with_default_policy(policy.clone())
         .with_route_policy(
             Method::POST,
@@ -321,12 +335,14 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
         .with_route_policy(
             Method::POST,
             "/v1/payments",
-            with(&written, commands::normalize_payment),
+            with(&written, commands::normalize_payment)
+                .with_approval(approvals::payment_policy(config.approval_ttl)),
         )
         .with_route_policy(
             Method::POST,
             "/v1/deploys",
-            with(&policy, commands::normalize_deploy),
+            with(&policy, commands::normalize_deploy)
+                .with_approval(approvals::deploy_policy(config.approval_ttl)),
         )
 }
 
