@@ -25,6 +25,9 @@ use super::{AuditError, Inner, SealReport};
 use crate::executor::classify::from_pg;
 use crate::executor::{execute_on, query_on};
 
+/// The `application_name` of a sealer's transaction.
+pub(crate) const SEALER_NAME: &str = "tower-idempotency audit sealer";
+
 /// What a sealer keeps between seals.
 pub(super) struct SealerState {
     anchor: Option<Anchor>,
@@ -181,7 +184,14 @@ async fn batch(inner: &Inner) -> Result<Batch, AuditError> {
     let queries = &inner.queries.audit;
     let mode = executor.statements;
     let client = executor.client().await?;
-    client.batch_execute("BEGIN").await.map_err(from_pg)?;
+    // Named for the length of the batch, so that `pg_stat_activity` tells the sealer's
+    // transaction from the operations' ones.
+    client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL application_name TO '{SEALER_NAME}'"
+        ))
+        .await
+        .map_err(from_pg)?;
     let tx = InTransaction(Some(client));
     let rows = query_on(tx.client(), mode, &queries.lock_head, &[]).await?;
     let Some(row) = rows.first() else {
