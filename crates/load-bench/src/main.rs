@@ -9,7 +9,7 @@
 //!
 //! Subcommands (`load-bench --help`, `load-bench SUBCOMMAND --help`; `--version`):
 //!
-//! - `run [--suite memory|postgres|all] [--rounds 3] [--duration 10] [--warmup 2]
+//! - `run [--suite memory|postgres|all|audit] [--rounds 3] [--duration 10] [--warmup 2]
 //!   [--connections 64] [--threads 2] [--fsync on|off] [--log warn]` — the benchmark (also
 //!   without a subcommand); out-of-range values are refused (rounds 1–20, duration 1–120 s,
 //!   warm-up 0–60 s, threads 1–64, connections 1–1024);
@@ -97,6 +97,9 @@ enum SuiteChoice {
     Memory,
     Postgres,
     All,
+    /// The audit journal on and off: memory fresh keys, then PostgreSQL transactional
+    /// fresh keys
+    Audit,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -379,6 +382,60 @@ fn postgres_suite() -> Suite {
     }
 }
 
+/// Memory fresh keys with the audit journal off and on (issue 15's target: within 10 %).
+fn audit_memory_suite() -> Suite {
+    Suite {
+        name: "audit-memory",
+        route: "tickets",
+        cases: vec![
+            Case {
+                label: "guarded, fresh keys, no journal",
+                mode: "memory-guarded",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded, fresh keys, journaled",
+                mode: "memory-guarded-audit",
+                workload: "fresh",
+            },
+        ],
+        targets: vec![Target {
+            text: "memory: fresh keys with the journal ≥ 0.9× without",
+            case: 1,
+            against: 0,
+            min: 0.9,
+        }],
+    }
+}
+
+/// PostgreSQL transactional fresh keys with the audit journal off and on.
+fn audit_postgres_suite() -> Suite {
+    Suite {
+        name: "audit-postgres",
+        route: "payments",
+        // The journaled server starts first, so that the server started first (and its
+        // connections opened first) is not always the baseline.
+        cases: vec![
+            Case {
+                label: "guarded, transactional, fresh keys, journaled (default)",
+                mode: "pg-transactional",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded, transactional, fresh keys, no journal (`--no-audit`)",
+                mode: "pg-transactional-no-audit",
+                workload: "fresh",
+            },
+        ],
+        targets: vec![Target {
+            text: "PostgreSQL: transactional fresh keys with the journal ≥ 0.9× without",
+            case: 0,
+            against: 1,
+            min: 0.9,
+        }],
+    }
+}
+
 struct Settings {
     rounds: u64,
     duration: Duration,
@@ -415,6 +472,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         SuiteChoice::Memory => vec![memory_suite()],
         SuiteChoice::Postgres => vec![postgres_suite()],
         SuiteChoice::All => vec![memory_suite(), postgres_suite()],
+        SuiteChoice::Audit => vec![audit_memory_suite(), audit_postgres_suite()],
     };
     wrk::ensure_installed()?;
     let work = std::env::temp_dir().join(format!("load-bench-{}", std::process::id()));
@@ -429,6 +487,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
                 run_suite(suite, &settings, &script, &work, None)?;
                 print_record_sizes()?;
             }
+            "audit-memory" => run_suite(suite, &settings, &script, &work, None)?,
             _ => {
                 let mut options = if settings.durable {
                     pg::ClusterOptions::durable()

@@ -11,6 +11,11 @@
 //! | `pg-unguarded` | `--database-url U --no-idempotency` | none | `INSERT`, autocommit |
 //! | `pg-non-transactional` | `--database-url U --non-transactional` | PostgreSQL store | `INSERT`, autocommit |
 //! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
+//! | `memory-guarded-audit` | *(none)*, as `memory-guarded`, with the demo's audit journal | memory store, journaled | in memory |
+//! | `pg-transactional-no-audit` | `--database-url U --no-audit` | PostgreSQL store, not journaled | `INSERT` in the operation's transaction |
+//!
+//! The demo journals by default, so the `pg-*` guarded modes are journaled; the two modes
+//! at the end of the table make the audit suites' comparison of journal on and off.
 //!
 //! `memory-guarded` differs from the demo binary in one respect: the demo's memory store has
 //! the default bounds (2,000,000 records, 2 GiB, half of each per account: the load's one
@@ -29,12 +34,14 @@ use tower_idempotency::{MemoryStore, MemoryStoreConfig};
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The serving modes, by name.
-pub const MODES: [&str; 5] = [
+pub const MODES: [&str; 7] = [
     "memory-unguarded",
     "memory-guarded",
     "pg-unguarded",
     "pg-non-transactional",
     "pg-transactional",
+    "memory-guarded-audit",
+    "pg-transactional-no-audit",
 ];
 
 /// Serves `mode` on `listen` until SIGTERM; prints `listening on http://ADDR` once bound.
@@ -93,6 +100,29 @@ pub async fn serve(
             .await?
         }
         "pg-transactional" => demo::app(&postgres()?).await?,
+        "pg-transactional-no-audit" => {
+            demo::app(&Config {
+                audit: false,
+                ..postgres()?
+            })
+            .await?
+        }
+        "memory-guarded-audit" => {
+            // `memory-guarded`'s store, journaled as the demo journals it.
+            let key = demo::audit::signing_key(None)?;
+            let journal = demo::AuditJournal::memory(key, None, None)?;
+            let store = MemoryStore::with_journal(
+                MemoryStoreConfig {
+                    capacity: 20_000_000,
+                    shards: 16,
+                    max_bytes: u64::MAX,
+                    scope_quota: tower_idempotency::ScopeQuota::UNLIMITED,
+                },
+                journal.clone(),
+            );
+            spawn_purge_task(store.clone(), Duration::from_secs(60), 1000);
+            demo::router_with_journal(&memory, store, demo::AuditJournal::Memory(journal))
+        }
         other => return Err(format!("unknown mode {other}; one of {MODES:?}").into()),
     };
     let listener = TcpListener::bind(listen).await?;

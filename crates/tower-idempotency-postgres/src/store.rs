@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tower_idempotency_core::audit::DecisionEvent;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
@@ -22,6 +23,7 @@ use tower_idempotency_core::{
     reserve_then_begin,
 };
 
+use crate::audit::decisions::DecisionQueue;
 use crate::budget::{self, TransactionBudget};
 use crate::completion::{Completion, completed};
 use crate::config::{PostgresConfigError, PostgresStoreConfig, StatementMode, is_identifier};
@@ -59,6 +61,8 @@ pub(crate) struct Inner {
     replays: ReplayCounts,
     /// Keys that had a row when last seen: read those first (see `recent.rs`).
     recent: RecentKeys,
+    /// The journal's decisions, when this store journals (`PostgresStoreConfig::audit`).
+    decisions: Option<DecisionQueue>,
     poll_initial: Duration,
     poll_max: Duration,
     /// The quota as bind values: most rows and most bytes per scope.
@@ -135,6 +139,9 @@ impl PostgresStore {
                     queries.operations.count_replays.clone(),
                 ),
                 recent: RecentKeys::new(),
+                decisions: config.audit.then(|| {
+                    DecisionQueue::new(executor.clone(), queries.audit.insert_decisions.clone())
+                }),
                 executor,
                 transactions: TransactionBudget::new(budget, config.wait_timeout),
                 schema: config.schema.clone(),
@@ -170,6 +177,14 @@ impl PostgresStore {
         pg_config.connect_timeout(config.connect_timeout);
         if pg_config.get_application_name().is_none() {
             pg_config.application_name("tower-idempotency");
+        }
+        if !config.audit {
+            // The audit triggers skip sessions that set this (migration 0007).
+            let options = match pg_config.get_options() {
+                Some(options) => format!("{options} -c tower_idempotency.audit=off"),
+                None => "-c tower_idempotency.audit=off".to_owned(),
+            };
+            pg_config.options(options);
         }
         let manager = Manager::from_config(
             pg_config,
@@ -612,6 +627,14 @@ impl Store for PostgresStore {
                     .ok_or_else(|| StoreError::Backend("list_approvals read no approval".into()))
             })
             .collect()
+    }
+
+    /// Queued for a background batch (see `audit/decisions.rs`); nothing when the store
+    /// does not journal.
+    fn record_decision(&self, event: DecisionEvent) {
+        if let Some(decisions) = &self.inner.decisions {
+            decisions.push(event);
+        }
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {

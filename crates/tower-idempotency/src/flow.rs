@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
+use tower_idempotency_core::audit::AuditEventKind;
 use tower_idempotency_core::store::TRANSACTIONS;
 use tower_idempotency_core::{
     IdempotencyKey, Lease, Operation, OperationState, OperationTransaction, Reservation,
@@ -34,6 +35,7 @@ use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_head
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
 use crate::execute::{Answer, Run, execute, execution_handle};
+use crate::journal;
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
 use crate::record::Sink;
@@ -509,7 +511,12 @@ async fn reserve_transaction(
             );
             Err(NotReserved::Refused(Rejection::TransactionsUnsupported))
         }
-        Err(error) => Err(not_reserved(error, StoreFailurePolicy::FailClosed)),
+        Err(error) => Err(not_reserved(
+            shared,
+            request,
+            error,
+            StoreFailurePolicy::FailClosed,
+        )),
     }
 }
 
@@ -535,11 +542,16 @@ async fn reserve(
     } else {
         policy.store_failure
     };
-    reservation.map_err(|error| not_reserved(error, store_failure))
+    reservation.map_err(|error| not_reserved(shared, request, error, store_failure))
 }
 
-/// What a store error on reserving means for the request.
-fn not_reserved(error: StoreError, store_failure: StoreFailurePolicy) -> NotReserved {
+/// What a store error on reserving `request` means for it (a quota refusal is journaled).
+fn not_reserved(
+    shared: &Shared,
+    request: &ReserveRequest,
+    error: StoreError,
+    store_failure: StoreFailurePolicy,
+) -> NotReserved {
     match error {
         StoreError::CapacityExhausted { capacity } => {
             tracing::warn!(capacity, "idempotency store full");
@@ -551,6 +563,10 @@ fn not_reserved(error: StoreError, store_failure: StoreFailurePolicy) -> NotRese
         }
         StoreError::ScopeQuotaExceeded { retry_after } => {
             tracing::info!(?retry_after, "scope's idempotency quota exhausted");
+            let quota = AuditEventKind::QuotaRefused {
+                quota: "scope".to_owned(),
+            };
+            journal::decision(shared, request, None, quota);
             NotReserved::Refused(Rejection::ScopeQuotaExceeded {
                 retry_after: retry_after.as_secs().max(1),
             })
@@ -594,16 +610,31 @@ async fn existing<ResB: Body>(
     waited: bool,
 ) -> Result<Next<Response<ResponseBody<ResB>>>, Rejection> {
     Span::current().record("operation_id", field::display(operation.id));
+    let id = operation.id;
     if operation.fingerprint != request.fingerprint {
+        journal::decision(shared, request, Some(id), AuditEventKind::Conflict);
         return Err(Rejection::FingerprintMismatch {
-            operation_id: operation.id,
+            operation_id: id,
             state: operation.state,
         });
     }
     match operation.state {
-        OperationState::Completed => replay(shared, operation, waited).map(Next::Replayed),
+        OperationState::Completed => {
+            let replayed = replay(shared, operation, waited)?;
+            journal::decision(shared, request, Some(id), AuditEventKind::Replayed);
+            Ok(Next::Replayed(replayed))
+        }
         OperationState::InProgress => {
-            wait_for(shared, policy, request, &operation, deadlines.in_progress).await?;
+            if !waited {
+                journal::decision(shared, request, Some(id), AuditEventKind::Attached);
+            }
+            let waiting =
+                wait_for(shared, policy, request, &operation, deadlines.in_progress).await;
+            if let Err(Rejection::RequestInProgress { .. }) = &waiting {
+                let refused = AuditEventKind::RefusedInProgress;
+                journal::decision(shared, request, Some(id), refused);
+            }
+            waiting?;
             Ok(Next::Again)
         }
         OperationState::AwaitingApproval | OperationState::Authorized | OperationState::Denied => {

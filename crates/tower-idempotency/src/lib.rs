@@ -111,6 +111,7 @@ mod error;
 mod execute;
 mod flow;
 mod headers;
+mod journal;
 mod layer;
 mod policy;
 pub mod problem;
@@ -170,6 +171,9 @@ pub use tower_idempotency_core::{OperationTransaction, OperationTx, TransactionA
 // The metric names.
 #[doc(inline)]
 pub use tower_idempotency_core::metrics;
+// The audit journal: events, checkpoints, the in-process journal and the verifier.
+#[doc(inline)]
+pub use tower_idempotency_core::audit;
 
 /// The Rust examples in the README and in `docs/`, compiled and run as doctests so they
 /// stay true.

@@ -23,6 +23,7 @@
 //! ```
 
 pub mod approvals;
+pub mod audit;
 pub mod auth;
 pub mod commands;
 pub mod config;
@@ -47,6 +48,7 @@ use tower_idempotency::{
 };
 use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig, StatementMode};
 
+pub use crate::audit::AuditJournal;
 pub use crate::auth::{Account, User};
 pub use crate::config::{Config, Records};
 use crate::database::Database;
@@ -71,9 +73,23 @@ pub enum DemoError {
     /// `--pg-statements unnamed` without a database).
     #[error("{0}")]
     Config(&'static str),
+    /// The audit journal's key, file or anchor could not be used.
+    #[error("{0}")]
+    Audit(String),
     /// Binding or serving failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+}
+
+/// The demo's router, and the public key of its audit journal when it keeps one.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct App {
+    /// The router [`app`] returns.
+    pub router: Router,
+    /// The key the journal's checkpoints verify with (`None` without the journal:
+    /// `--no-audit` or `--no-idempotency`).
+    pub audit_key: Option<tower_idempotency::audit::NoteVerifyingKey>,
 }
 
 /// Builds the demo's router for `config`: `/healthz` and `/metrics` (no authentication),
@@ -96,7 +112,18 @@ pub enum DemoError {
 /// schema is migrated at start, safe when several demos start at once; with records in
 /// PostgreSQL an outbox dispatcher delivers ticket notifications. Spawns background tasks
 /// (purge, dispatcher), so this must run inside a Tokio runtime.
+///
+/// Unless [`Config::audit`] or [`Config::idempotency`] is off, the demo keeps an audit journal
+/// ([`app_with_audit`] returns its public key): the memory store's, or the database's (the
+/// store's triggers, and a sealer in this process), signed with the key of
+/// [`Config::audit_key`] or one made at start, and `GET /audit?operation_id=…` shows an
+/// account its own events.
 pub async fn app(config: &Config) -> Result<Router, DemoError> {
+    Ok(app_with_audit(config).await?.router)
+}
+
+/// [`app`], with the audit journal's public key.
+pub async fn app_with_audit(config: &Config) -> Result<App, DemoError> {
     let Some(url) = &config.database_url else {
         if config.pg_statements != StatementMode::Prepared {
             return Err(DemoError::Config(
@@ -104,7 +131,7 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
             ));
         }
         return match config.records {
-            Records::Transactional => Ok(in_memory(config)),
+            Records::Transactional => in_memory(config),
             Records::NonTransactional => Err(DemoError::Config(
                 "--non-transactional keeps the records in PostgreSQL: it needs a database URL (--database-url or DATABASE_URL)",
             )),
@@ -115,11 +142,13 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
     };
     if config.records == Records::Memory && !config.idempotency {
         // Neither a store nor records would use the database.
-        return Ok(in_memory(config));
+        return in_memory(config);
     }
+    let journaled = config.audit && config.idempotency;
     let store = PostgresStore::from_config(&PostgresStoreConfig {
         scope_quota: config.scope_quota(tower_idempotency_postgres::DEFAULT_SCOPE_QUOTA),
         statement_mode: config.pg_statements,
+        audit: journaled,
         ..PostgresStoreConfig::new(url.as_str())
     })
     .map_err(ConnectError::from)?;
@@ -140,19 +169,47 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
             }
         }
     };
-    Ok(build(config, store, records))
+    let (journal, audit_key) = if journaled {
+        let key = audit::signing_key(config.audit_key.as_deref())?;
+        let public = key.verifying_key();
+        let journal = AuditJournal::postgres(&store, key, config.audit_anchor.as_deref())?;
+        (Some(Arc::new(journal)), Some(public))
+    } else {
+        (None, None)
+    };
+    Ok(App {
+        router: build(config, store, records, journal),
+        audit_key,
+    })
 }
 
-fn in_memory(config: &Config) -> Router {
+fn in_memory(config: &Config) -> Result<App, DemoError> {
     let defaults = MemoryStoreConfig::default();
-    let store = MemoryStore::new(MemoryStoreConfig {
+    let store_config = MemoryStoreConfig {
         scope_quota: config.scope_quota(defaults.scope_quota),
         ..defaults
-    });
+    };
+    let (store, journal, audit_key) = if config.audit && config.idempotency {
+        let key = audit::signing_key(config.audit_key.as_deref())?;
+        let public = key.verifying_key();
+        let journal = AuditJournal::memory(
+            key,
+            config.audit_journal.as_deref(),
+            config.audit_anchor.as_deref(),
+        )?;
+        let store = MemoryStore::with_journal(store_config, journal.clone());
+        let journal = Arc::new(AuditJournal::Memory(journal));
+        (store, Some(journal), Some(public))
+    } else {
+        (MemoryStore::new(store_config), None, None)
+    };
     if config.idempotency {
         tower_idempotency::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
     }
-    router(config, store)
+    Ok(App {
+        router: build(config, store, Backend::Memory(Ledger::new()), journal),
+        audit_key,
+    })
 }
 
 /// Builds the demo's router over a given idempotency store (ignored when
@@ -160,10 +217,21 @@ fn in_memory(config: &Config) -> Router {
 /// store from the configuration; this is for callers that bring their own (a PostgreSQL
 /// store, a store that is down on purpose).
 pub fn router(config: &Config, store: impl Store) -> Router {
-    build(config, store, Backend::Memory(Ledger::new()))
+    build(config, store, Backend::Memory(Ledger::new()), None)
 }
 
-fn build(config: &Config, store: impl Store, records: Backend) -> Router {
+/// [`router`] with `GET /audit` over `journal` (the journal `store` appends to).
+pub fn router_with_journal(config: &Config, store: impl Store, journal: AuditJournal) -> Router {
+    let journal = Some(Arc::new(journal));
+    build(config, store, Backend::Memory(Ledger::new()), journal)
+}
+
+fn build(
+    config: &Config,
+    store: impl Store,
+    records: Backend,
+    journal: Option<Arc<AuditJournal>>,
+) -> Router {
     // Installed before the layer exists, so that its first request is already counted.
     metrics::handle();
     let transactional = matches!(records, Backend::Transactional(_));
@@ -195,6 +263,13 @@ fn build(config: &Config, store: impl Store, records: Backend) -> Router {
             .merge(idempotency.approvals_router())
     } else {
         api
+    };
+    // After the layer, which it need not pass (a read).
+    let api = match journal {
+        Some(journal) if config.idempotency => {
+            api.route("/audit", get(audit::audit_events).with_state(journal))
+        }
+        _ => api,
     };
     let api = api
         // Without the layer this is what enforces the body limit; with it, the layer

@@ -8,6 +8,7 @@
 use super::entry::Entry;
 use super::inner::Inner;
 use super::shard::{ApprovalKey, RecordKey, lock};
+use crate::audit::AuditEventKind;
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, OperationState, Scope,
 };
@@ -33,7 +34,7 @@ impl Inner {
         let now = self.clock.now_tick();
         let mut records = self.records_for(&record_key);
         let entry = records.get_mut(&record_key)?;
-        entry.refresh(now, &self.clock);
+        self.refresh(entry, &record_key, now);
         let holds = entry.approval.as_ref().is_some_and(|a| a.id == id);
         (holds && !entry.is_expired(now)).then(|| act(entry, &record_key))
     }
@@ -85,6 +86,13 @@ impl Inner {
                 }
                 entry.charge = entry.charge.saturating_add(added);
                 self.charge(&record_key.scope, added, entry.expires);
+                let approver = decided_by.to_owned();
+                self.journal(record_key, entry, now, || match decision {
+                    ApprovalDecision::Approve { .. } => {
+                        AuditEventKind::ApprovalApproved { approver }
+                    }
+                    ApprovalDecision::Deny { .. } => AuditEventKind::ApprovalDenied { approver },
+                });
                 entry.wake();
             }
             let stored = entry.approval.as_ref()?;

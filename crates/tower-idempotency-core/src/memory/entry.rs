@@ -97,11 +97,14 @@ impl Entry {
     /// and wakes its waiters. The lease id stays, so the late worker may still finish it.
     /// One whose lease ran out before its dispatch stays `in_progress` (its waiters wake at
     /// the lapse by their own timer) and is kept for the unknown retention from the lapse.
-    pub(super) fn refresh(&mut self, now: Tick, clock: &Clock) {
+    ///
+    /// Returns whether the record turned `unknown` now.
+    pub(super) fn refresh(&mut self, now: Tick, clock: &Clock) -> bool {
         if self.is_stalled(now) {
             if self.expires.is_never() {
                 self.expires = clock.later(self.lease_expires, self.unknown_retention);
             }
+            false
         } else if self.is_in_progress() && self.lease_expires.has_passed(now) {
             let lapsed = self.lease_expires;
             self.state = OperationState::Unknown;
@@ -110,6 +113,9 @@ impl Entry {
             // retention can never make an unknown outcome vanish as soon as it appears.
             self.expires = clock.later(lapsed, self.unknown_retention);
             self.wake();
+            true
+        } else {
+            false
         }
     }
 

@@ -10,6 +10,7 @@ use super::MemoryStoreConfig;
 use super::clock::{Clock, Tick};
 use super::entry::{Entry, StoredApproval};
 use super::shard::{ApprovalKey, IdKey, PassThrough, RecordKey, Shard, lock, shard_of};
+use crate::audit::AuditEventKind;
 use crate::store::Result;
 use crate::{
     ApprovalId, ApprovalRequest, ApprovalState, IdempotencyKey, Lease, LeaseId, Operation,
@@ -43,6 +44,8 @@ pub(super) struct Inner {
     pub(super) purging: AtomicBool,
     pub(super) hasher: RandomState,
     pub(super) clock: Clock,
+    /// Where state changes and decisions are journaled, when the store journals.
+    pub(super) journal: Option<crate::audit::Journal>,
 }
 
 impl Default for Inner {
@@ -136,6 +139,7 @@ impl Inner {
             purging: AtomicBool::new(false),
             hasher: RandomState::new(),
             clock: Clock::now(),
+            journal: None,
         }
     }
 
@@ -372,7 +376,7 @@ impl Inner {
         let record_key = self.record_key(&request.scope, &request.key);
         let mut records = self.records_for(&record_key);
         if let Some(entry) = records.get_mut(&record_key) {
-            entry.refresh(now, &self.clock);
+            self.refresh(entry, &record_key, now);
             if entry.is_expired(now) {
                 // Retention ended: the key is forgotten and this is a new operation. The
                 // slot is reused, so neither capacity nor quota is consulted (the scope's
@@ -381,6 +385,8 @@ impl Inner {
                 self.recharge(&request.scope, entry.charge, fresh.charge);
                 self.charge(&request.scope, 0, fresh.expires);
                 let old = std::mem::replace(entry, fresh);
+                self.journal_purged(&record_key, &old, now);
+                self.journal_accepted(&record_key, entry, now);
                 old.wake();
                 self.unindex(&old);
                 return Ok(reservation);
@@ -420,6 +426,7 @@ impl Inner {
         if entry.approval.is_some() {
             self.charge(&request.scope, 0, entry.expires);
         }
+        self.journal_accepted(&record_key, &entry, now);
         records.insert(record_key, entry);
         Ok(reservation)
     }
@@ -489,6 +496,7 @@ impl Inner {
         entry.lease_expires = self.clock.later(now, request.lease);
         entry.dispatched = dispatch_tick(request, now);
         entry.expires = Tick::NEVER;
+        self.journal_accepted(record_key, entry, now);
         Reservation::Acquired {
             operation: entry.operation(record_key, &self.clock),
             lease: Lease {
@@ -517,7 +525,7 @@ impl Inner {
         let Some(entry) = records.get_mut(&record_key) else {
             return Err(lost);
         };
-        entry.refresh(now, &self.clock);
+        self.refresh(entry, &record_key, now);
         if !entry.is_held_by(lease) || entry.is_expired(now) {
             return Err(lost);
         }
@@ -529,6 +537,7 @@ impl Inner {
         }
         if delete {
             if let Some(entry) = records.remove(&record_key) {
+                self.journal(&record_key, &entry, now, || AuditEventKind::Released);
                 self.discharge(&record_key.scope, entry.charge);
                 self.unindex(&entry);
             }
@@ -541,7 +550,7 @@ impl Inner {
         let now = self.clock.now_tick();
         let mut records = self.records_for(record_key);
         let entry = records.get_mut(record_key)?;
-        entry.refresh(now, &self.clock);
+        self.refresh(entry, record_key, now);
         (!entry.is_expired(now)).then(|| entry.operation(record_key, &self.clock))
     }
 
@@ -562,7 +571,9 @@ impl Inner {
                 if purged + doomed.len() >= batch {
                     break;
                 }
-                entry.refresh(now, &self.clock);
+                if entry.refresh(now, &self.clock) {
+                    self.journal(record_key, entry, now, || AuditEventKind::Unknown);
+                }
                 if entry.is_expired(now) {
                     doomed.push(record_key.clone());
                 } else if full && !entry.expires.is_never() {
@@ -574,6 +585,7 @@ impl Inner {
             }
             for record_key in doomed {
                 if let Some(entry) = records.remove(&record_key) {
+                    self.journal_purged(&record_key, &entry, now);
                     self.unindex(&entry);
                     self.discharge(&record_key.scope, entry.charge);
                     entry.wake();

@@ -109,6 +109,7 @@ mod approval;
 mod clock;
 mod entry;
 mod inner;
+mod journal;
 mod shard;
 mod store;
 #[cfg(test)]
@@ -182,6 +183,20 @@ impl MemoryStore {
     pub fn new(config: MemoryStoreConfig) -> Self {
         Self {
             inner: Arc::new(Inner::new(config)),
+        }
+    }
+
+    /// Creates an empty store that journals every state change and every decision the
+    /// layer reports ([`Store::record_decision`](crate::Store::record_decision)) in
+    /// `journal`: each change appends its event inside the critical section that makes it
+    /// (one push onto the journal's pending list), so the journal's order is the order the
+    /// records changed in. Seal the journal in the background
+    /// ([`Journal::spawn_sealer`](crate::audit::Journal::spawn_sealer)).
+    pub fn with_journal(config: MemoryStoreConfig, journal: crate::audit::Journal) -> Self {
+        let mut inner = Inner::new(config);
+        inner.journal = Some(journal);
+        Self {
+            inner: Arc::new(inner),
         }
     }
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::MemoryStore;
 use super::clock::{Tick, later};
 use super::inner::{Refusal, response_bytes};
+use crate::audit::{AuditEventKind, DecisionEvent};
 use crate::store::Result;
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
@@ -66,6 +67,10 @@ impl Store for MemoryStore {
             entry.lease_expires = Tick::NEVER;
             entry.expires = clock.later(now, entry.retention);
             inner.charge(&record_key.scope, added, entry.expires);
+            let status = entry.response.as_ref().map_or(0, |r| r.status);
+            inner.journal(record_key, entry, now, || AuditEventKind::Completed {
+                status,
+            });
             (entry.operation(record_key, clock), false)
         })
     }
@@ -78,10 +83,14 @@ impl Store for MemoryStore {
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, clock| {
             entry.lease_id = None;
+            let was = entry.state;
             entry.state = OperationState::Unknown;
             entry.lease_expires = Tick::NEVER;
             entry.expires = clock.later(now, entry.unknown_retention);
             inner.charge(&record_key.scope, 0, entry.expires);
+            if was != OperationState::Unknown {
+                inner.journal(record_key, entry, now, || AuditEventKind::Unknown);
+            }
             ((), false)
         })
     }
@@ -107,6 +116,8 @@ impl Store for MemoryStore {
             if entry.id == id && entry.state == OperationState::Completed && !entry.delivered {
                 entry.delivered = true;
                 entry.delivered_at = now;
+                let delivered = || AuditEventKind::Delivered;
+                self.inner.journal(&record_key, entry, now, delivered);
             }
         }
         Ok(())
@@ -115,16 +126,17 @@ impl Store for MemoryStore {
     /// Also puts an operation whose lease ran out back `in_progress`, as a late heartbeat
     /// does, when nobody took it over: its worker is evidently alive.
     async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
-        self.inner
-            .with_lease(lease, |entry, record_key, now, clock| {
-                if entry.dispatched.is_never() {
-                    entry.dispatched = now;
-                }
-                entry.state = OperationState::InProgress;
-                entry.lease_expires = clock.later(now, renew);
-                entry.expires = Tick::NEVER;
-                (entry.operation(record_key, clock), false)
-            })
+        let inner = &self.inner;
+        inner.with_lease(lease, |entry, record_key, now, clock| {
+            if entry.dispatched.is_never() {
+                entry.dispatched = now;
+                inner.journal(record_key, entry, now, || AuditEventKind::Dispatched);
+            }
+            entry.state = OperationState::InProgress;
+            entry.lease_expires = clock.later(now, renew);
+            entry.expires = Tick::NEVER;
+            (entry.operation(record_key, clock), false)
+        })
     }
 
     async fn cancel(&self, lease: &Lease) -> Result<Operation> {
@@ -132,14 +144,19 @@ impl Store for MemoryStore {
         inner.with_lease(lease, |entry, record_key, now, clock| {
             entry.lease_id = None;
             entry.lease_expires = Tick::NEVER;
+            let was = entry.state;
             if entry.dispatched.is_never() {
                 // No effect can have happened: kept for the retention, for the retry that
                 // takes it over.
                 entry.state = OperationState::Cancelled;
                 entry.expires = clock.later(now, entry.retention);
+                inner.journal(record_key, entry, now, || AuditEventKind::Abandoned);
             } else {
                 entry.state = OperationState::Unknown;
                 entry.expires = clock.later(now, entry.unknown_retention);
+                if was != OperationState::Unknown {
+                    inner.journal(record_key, entry, now, || AuditEventKind::Unknown);
+                }
             }
             inner.charge(&record_key.scope, 0, entry.expires);
             (entry.operation(record_key, clock), false)
@@ -167,6 +184,10 @@ impl Store for MemoryStore {
         limit: usize,
     ) -> Result<Vec<Approval>> {
         Ok(self.inner.list_approvals(scope, state, limit))
+    }
+
+    fn record_decision(&self, event: DecisionEvent) {
+        self.inner.record_decision(event);
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
@@ -205,7 +226,7 @@ impl Store for MemoryStore {
                     return Ok(None);
                 };
                 let tick = clock.tick(now);
-                entry.refresh(tick, clock);
+                self.inner.refresh(entry, &record_key, tick);
                 if entry.is_expired(tick) {
                     return Ok(None);
                 }

@@ -2,8 +2,9 @@
 //!
 //! Applies migrations, looks operations up across scopes, lists the ones whose outcome is
 //! unknown, records an operator's resolution, lists and decides approvals across scopes
-//! (`approvals …`), and purges expired records; `audit …` makes journal keys and verifies
-//! exported audit journals and event proofs offline. The command line is parsed by clap
+//! (`approvals …`), and purges expired records; `audit …` makes journal keys, verifies
+//! exported audit journals and event proofs offline, and exports, verifies, proves and seals
+//! the database's journal. The command line is parsed by clap
 //! (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA` as fallbacks);
 //! every value is validated before the database is touched. The connection string comes
 //! from `DATABASE_URL` or `--database-url-file` so that its password is not on the command
@@ -137,8 +138,9 @@ enum Command {
         #[arg(long, value_name = "N", default_value = "1000", value_parser = positive)]
         batch: NonZeroUsize,
     },
-    /// The audit journal, offline: make a key, verify an export or an event proof, show an
-    /// operation's events. Needs no database
+    /// The audit journal: make a key, verify an export or an event proof, show an
+    /// operation's events (offline, no database); export, verify, prove, seal the database's
+    /// journal
     #[command(after_help = audit::AUDIT_EXIT_CODES)]
     Audit {
         #[command(subcommand)]
@@ -391,8 +393,8 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
         Command::Approvals { command } => Command::Approvals {
             command: command.with_operator()?,
         },
-        // The audit verbs work on files only: no database, no DATABASE_URL.
-        Command::Audit { command } => return audit::run(*command),
+        // The audit verbs connect only when they read the database's journal.
+        Command::Audit { command } => return audit::run(*command, target).await,
         other => other,
     };
     let store = connect(target)?;
