@@ -27,6 +27,7 @@ use tracing::{Instrument, Span, field};
 
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
+use crate::command::ParsedCommand;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
@@ -140,10 +141,15 @@ where
         }
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
-    let (request, body) = match admit(&shared, &policy, &parts, body, route, key).await {
+    let (request, body, command) = match admit(&shared, &policy, &parts, body, route, key).await {
         Ok(admitted) => admitted,
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
+    let mut parts = parts;
+    if let Some(command) = command {
+        // What the normalizer validated is what the handler executes, without a second parse.
+        parts.extensions.insert(ParsedCommand(command));
+    }
     let held = Held { inner, parts, body };
     decide(shared, policy, held, request, tally).await
 }
@@ -183,7 +189,8 @@ fn key_of(
 }
 
 /// Everything checked before the store is asked: scope, body, fingerprint. Returns what
-/// to reserve and the buffered body.
+/// to reserve, the buffered body and, on a route with a normalizer, the normalized
+/// command.
 async fn admit<B>(
     shared: &Shared,
     policy: &RoutePolicy,
@@ -191,14 +198,14 @@ async fn admit<B>(
     body: B,
     route: String,
     key: IdempotencyKey,
-) -> Result<(ReserveRequest, Bytes), Rejection>
+) -> Result<(ReserveRequest, Bytes, Option<serde_json::Value>), Rejection>
 where
     B: Body<Data = Bytes>,
 {
     Span::current().record("key", key.as_str());
     let scope = scope_of(shared, parts)?;
     let body = read_bounded(shared, parts, body).await?;
-    let fingerprint = fingerprint(
+    let (fingerprint, command) = fingerprint(
         &shared.fingerprinter,
         &shared.header_name,
         policy,
@@ -220,7 +227,7 @@ where
         marks_dispatch: false,
         approval: None,
     };
-    Ok((request, body))
+    Ok((request, body, command))
 }
 
 fn scope_of(shared: &Shared, parts: &Parts) -> Result<Scope, Rejection> {

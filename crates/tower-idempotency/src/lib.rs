@@ -71,6 +71,9 @@
 //! - [`RoutePolicy`] and its choices ([`KeyRequirement`], [`ServerErrorPolicy`],
 //!   [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]), [`CommandRejection`] for
 //!   normalizers, [`ConfigError`] for settings refused when they are built.
+//! - [`JsonCommand`], a command type with its normalizer, and the `ValidatedJson`
+//!   extractor (feature `axum`) that hands the handler the command the layer already
+//!   parsed and validated, so a normalized body is parsed once per request.
 //! - [`problem`]: the refusals ([`problem::Rejection`]) and the RFC 9457 body they are
 //!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`]).
 //! - [`storage`]: what is kept of responses at rest (redaction, status only) and
@@ -85,13 +88,15 @@
 //!   reached through `tower-idempotency-core` itself.
 //!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
-//! [`IdempotencyLayer::status_router`] and `IntoResponse` for problems.
+//! [`IdempotencyLayer::status_router`], the `ValidatedJson` extractor and `IntoResponse`
+//! for problems.
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
 mod buffer;
+mod command;
 mod config;
 mod detach;
 mod encryption;
@@ -111,6 +116,9 @@ mod status;
 pub mod storage;
 mod telemetry;
 
+pub use command::JsonCommand;
+#[cfg(feature = "axum")]
+pub use command::{JsonCommandError, ValidatedJson, ValidatedJsonRejection};
 pub use config::{
     DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
     OPERATION_ID,

@@ -12,7 +12,7 @@ use crate::policy::RoutePolicy;
 use crate::problem::Rejection;
 
 /// Whether a media type is JSON: `application/json` or any `+json` suffix.
-fn is_json(essence: &str) -> bool {
+pub(crate) fn is_json(essence: &str) -> bool {
     essence.eq_ignore_ascii_case("application/json")
         || essence
             .len()
@@ -31,9 +31,11 @@ fn content_type_essence(parts: &Parts) -> &str {
         .map_or("", |v| v.split(';').next().unwrap_or("").trim())
 }
 
-/// The fingerprint of a request. `key_header` is the layer's key header: never part of
-/// the fingerprint, whatever the route allows (a policy refuses the default name and
-/// credentials when it is built, but cannot know a name the layer was given).
+/// The fingerprint of a request and, on a route with a normalizer, the normalized command
+/// it was taken of (handed to the handler: see [`command`](crate::command)). `key_header`
+/// is the layer's key header: never part of the fingerprint, whatever the route allows (a
+/// policy refuses the default name and credentials when it is built, but cannot know a
+/// name the layer was given).
 pub(crate) fn fingerprint(
     fingerprinter: &Fingerprinter,
     key_header: &HeaderName,
@@ -42,8 +44,9 @@ pub(crate) fn fingerprint(
     route: &str,
     scope: &Scope,
     body: &Bytes,
-) -> Result<Fingerprint, Rejection> {
+) -> Result<(Fingerprint, Option<serde_json::Value>), Rejection> {
     let essence = content_type_essence(parts);
+    let mut command = None;
     let canonical;
     let lowercase;
     // A route with a normalizer takes JSON commands only: any other body would bypass the
@@ -59,7 +62,9 @@ pub(crate) fn fingerprint(
             Some(normalize) => {
                 let mut value = parse_json(body).map_err(Rejection::InvalidJson)?;
                 normalize(&mut value).map_err(Rejection::InvalidCommand)?;
-                canonicalize_value(&value)
+                let canonical = canonicalize_value(&value);
+                command = Some(value);
+                canonical
             }
         };
         FingerprintBody::CanonicalJson(&canonical)
@@ -83,14 +88,15 @@ pub(crate) fn fingerprint(
             ));
         }
     }
-    Ok(fingerprinter.fingerprint(&FingerprintInput {
+    let fingerprint = fingerprinter.fingerprint(&FingerprintInput {
         method: parts.method.as_str(),
         route,
         scope: scope.as_str(),
         query: &query,
         headers: &headers,
         body,
-    }))
+    });
+    Ok((fingerprint, command))
 }
 
 #[cfg(test)]
@@ -118,6 +124,7 @@ mod tests {
             &Scope::new("a"),
             &Bytes::from_static(body),
         )
+        .map(|(fingerprint, _)| fingerprint)
     }
 
     #[test]
