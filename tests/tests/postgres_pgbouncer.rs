@@ -7,12 +7,10 @@
 //! prepared on one is executed on another. With `StatementMode::Unnamed` the store passes
 //! the whole conformance suite through it, migrations and operation transactions included.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use integration_tests::pg::{TestDatabase, test_database};
+use test_harness::pgbouncer::{self, Pgbouncer, PgbouncerOptions};
 use tokio_postgres::error::SqlState;
 use tower_idempotency::{
     Fingerprint, IdempotencyKey, OperationTx, Reservation, ReserveRequest, Scope, Store,
@@ -22,111 +20,40 @@ use tower_idempotency_postgres::{
     Effect, OutboxDispatcher, PostgresStore, PostgresStoreConfig, PostgresTx, StatementMode,
 };
 
-/// A PgBouncer in transaction pooling mode in front of one test database, stopped and its
-/// directory removed on drop.
-struct Pgbouncer {
-    child: Child,
-    dir: PathBuf,
-    port: u16,
+/// The harness's PgBouncer (transaction pooling) in front of one test database, with
+/// `server_connections` server connections.
+struct Bouncer {
+    pgbouncer: Pgbouncer,
     dbname: String,
 }
 
-const INSTALL_HINT: &str = "this test needs PgBouncer (Debian/Ubuntu: `apt-get install pgbouncer`; \
-     found via PGBOUNCER or /usr/sbin/pgbouncer)";
-
-impl Pgbouncer {
+impl Bouncer {
     fn start(db: &TestDatabase, server_connections: usize) -> Self {
-        let binary =
-            std::env::var("PGBOUNCER").unwrap_or_else(|_| "/usr/sbin/pgbouncer".to_owned());
         let server: tokio_postgres::Config = db.url().parse().unwrap();
-        let server_port = server.get_ports()[0];
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(format!("pgbouncer-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ini = format!(
-            "[databases]\n\
-             * = host=127.0.0.1 port={server_port}\n\
-             [pgbouncer]\n\
-             listen_addr = 127.0.0.1\n\
-             listen_port = {port}\n\
-             unix_socket_dir =\n\
-             auth_type = trust\n\
-             auth_file = {dir}/users.txt\n\
-             pool_mode = transaction\n\
-             default_pool_size = {server_connections}\n\
-             max_client_conn = 500\n\
-             server_reset_query =\n\
-             ignore_startup_parameters = extra_float_digits\n\
-             logfile = {dir}/pgbouncer.log\n",
-            dir = dir.display()
-        );
-        std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
-        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
-        let mut command = Command::new(&binary);
-        // PgBouncer refuses to run as root; the harness runs PostgreSQL as `postgres` too.
-        if is_root() {
-            let status = Command::new("chown")
-                .args(["-R", "postgres", dir.to_str().unwrap()])
-                .status()
-                .unwrap();
-            assert!(status.success());
-            command.args(["-u", "postgres"]);
-        }
-        let child = command
-            .arg(dir.join("pgbouncer.ini"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|err| panic!("cannot start {binary}: {err}; {INSTALL_HINT}"));
-        let bouncer = Self {
-            child,
-            dir,
-            port,
-            dbname: db.name().to_owned(),
+        let options = PgbouncerOptions {
+            pool_size: server_connections,
+            ..PgbouncerOptions::default()
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "PgBouncer did not start listening: {}",
-                bouncer.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        let pgbouncer =
+            Pgbouncer::start(server.get_ports()[0], &options).unwrap_or_else(|err| panic!("{err}"));
+        Self {
+            pgbouncer,
+            dbname: db.name().to_owned(),
         }
-        bouncer
     }
 
     fn url(&self) -> String {
-        format!(
-            "postgres://postgres@127.0.0.1:{}/{}",
-            self.port, self.dbname
-        )
+        self.pgbouncer.url(&self.dbname)
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+        self.pgbouncer.log()
     }
 }
 
-impl Drop for Pgbouncer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-        .unwrap_or(false)
+/// The installed PgBouncer's version, `(major, minor)`.
+fn version() -> (u32, u32) {
+    pgbouncer::version().unwrap_or_else(|err| panic!("{err}"))
 }
 
 fn request(scope: &Scope, key: &str) -> ReserveRequest {
@@ -143,22 +70,6 @@ fn request(scope: &Scope, key: &str) -> ReserveRequest {
         marks_dispatch: false,
         approval: None,
     }
-}
-
-/// The installed PgBouncer's version, `(major, minor)`.
-fn version() -> (u32, u32) {
-    let binary = std::env::var("PGBOUNCER").unwrap_or_else(|_| "/usr/sbin/pgbouncer".to_owned());
-    let out = Command::new(&binary)
-        .arg("--version")
-        .output()
-        .unwrap_or_else(|err| panic!("cannot run {binary}: {err}; {INSTALL_HINT}"));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let number = text
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_else(|| panic!("unexpected `pgbouncer --version`: {text}"));
-    let mut parts = number.split('.').map(|part| part.parse::<u32>().unwrap());
-    (parts.next().unwrap(), parts.next().unwrap())
 }
 
 /// A store on `url` with `mode`, its pool larger than PgBouncer's server pool so that
@@ -220,7 +131,7 @@ async fn prepared_statements_break_under_transaction_pooling_before_1_21() {
         .migrate()
         .await
         .unwrap();
-    let bouncer = Pgbouncer::start(&db, 2);
+    let bouncer = Bouncer::start(&db, 2);
     let prepared = store(&bouncer.url(), StatementMode::Prepared);
     prepared.ping().await.unwrap();
     let errors = reserve_concurrently(&prepared).await;
@@ -253,7 +164,7 @@ async fn prepared_statements_break_under_transaction_pooling_before_1_21() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_unnamed_statements_the_store_passes_the_conformance_suite_through_pgbouncer() {
     let db = test_database().await;
-    let bouncer = Pgbouncer::start(&db, 4);
+    let bouncer = Bouncer::start(&db, 4);
     let store = store(&bouncer.url(), StatementMode::Unnamed);
     // Migrations through the pooler too: one transaction, its advisory lock included.
     assert_eq!(store.migrate().await.unwrap(), [1, 2, 3, 4, 5]);
@@ -269,7 +180,7 @@ async fn with_unnamed_statements_the_store_passes_the_conformance_suite_through_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_unnamed_statements_the_quota_checks_pass_through_pgbouncer() {
     let db = test_database().await;
-    let bouncer = Pgbouncer::start(&db, 4);
+    let bouncer = Bouncer::start(&db, 4);
     // The quota counters are kept by the reserving, completing, releasing and purging
     // statements themselves (CTEs): their parameter types must be inferable unnamed too.
     let store = PostgresStore::from_config(&PostgresStoreConfig {
@@ -299,7 +210,7 @@ fn response(body: &'static str) -> StoredResponse {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operation_transactions_and_the_outbox_work_through_pgbouncer() {
     let db = test_database().await;
-    let bouncer = Pgbouncer::start(&db, 2);
+    let bouncer = Bouncer::start(&db, 2);
     let store = store(&bouncer.url(), StatementMode::Unnamed);
     store.migrate().await.unwrap();
     db.client()

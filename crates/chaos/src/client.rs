@@ -70,6 +70,8 @@ pub struct Stats {
     pub net_cut_connections: AtomicU64,
     /// Network faults that hit one instance only (a partition), not every instance.
     pub net_one_instance: AtomicU64,
+    /// PgBouncer killed with `SIGKILL` and started again (the `pgbouncer` topology).
+    pub pgbouncer_kills: AtomicU64,
 }
 
 impl Stats {

@@ -3,8 +3,9 @@
 //! resumed, every database session of the soak terminated at once, PostgreSQL restarts
 //! (fast shutdown: sessions and open transactions are cut, then the server starts again on
 //! the same port), PostgreSQL crashes (`SIGKILL`, then crash recovery), failovers to a
-//! synchronous standby ([`crate::server`]), and a slow and partitioned network between
-//! the instances and the database ([`crate::proxy`]). Dropped client connections are
+//! synchronous standby ([`crate::server`]), a slow and partitioned network between
+//! the instances and the database ([`crate::proxy`]) and, in the `pgbouncer` topology,
+//! PgBouncer killed and started again ([`crate::bouncer`]). Dropped client connections are
 //! injected by the clients themselves ([`crate::client`]).
 //!
 //! Each fault kind runs on its own schedule; the first fault of each kind comes early
@@ -13,6 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::bouncer::Bouncer;
 use crate::client::Stats;
 use crate::instances::Fleet;
 use crate::proxy::Network;
@@ -189,6 +191,31 @@ pub async fn failover_loop(
         if servers.failover().await? {
             Stats::bump(&stats.failovers);
         }
+    }
+    Ok(())
+}
+
+/// With a PgBouncer, kills it with `SIGKILL` around every `every` until `end` and starts it
+/// again on its port after 0.2–1.5 s: every pooled client connection of every instance and
+/// every server connection to PostgreSQL dies at once, transactions and commits in flight
+/// included.
+pub async fn pgbouncer_kill_loop(
+    bouncer: Option<Arc<Bouncer>>,
+    stats: Arc<Stats>,
+    rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let Some(bouncer) = bouncer else {
+        return Ok(());
+    };
+    let mut schedule = Schedule::new(rng, every, end, 3);
+    while schedule.next().await {
+        let outage = Duration::from_millis(schedule.rng.between(200, 1500));
+        bouncer.kill().await?;
+        Stats::bump(&stats.pgbouncer_kills);
+        tokio::time::sleep(outage).await;
+        bouncer.start_again().await?;
     }
     Ok(())
 }

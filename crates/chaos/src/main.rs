@@ -1,9 +1,10 @@
 //! `chaos`: the chaos soak of tower-idempotency. It starts a throwaway PostgreSQL (the test
-//! harness's, or a primary with a synchronous standby), several demo instances on one
-//! database as separate processes, connected through loopback proxies, and concurrent
-//! clients that create tickets and payments with realistic retries, while it kills
-//! instances with `SIGKILL`, restarts PostgreSQL, kills it with `SIGKILL`, fails over to the
-//! standby, slows, stalls and cuts the network and abandons requests mid-flight. Then it
+//! harness's, the same behind PgBouncer in transaction pooling mode, or a primary with a
+//! synchronous standby), several demo instances on one database as separate processes,
+//! connected through loopback proxies, and concurrent clients that create tickets and
+//! payments with realistic retries, while it kills instances with `SIGKILL`, restarts
+//! PostgreSQL, kills it with `SIGKILL`, fails over to the standby, kills PgBouncer, slows,
+//! stalls and cuts the network and abandons requests mid-flight. Then it
 //! lets the system settle and checks, from the database and the API, that no intent took
 //! effect twice, that every acknowledged intent took effect, and that every replay equals
 //! the first answer. It prints a table and exits non-zero on any violation.
@@ -12,6 +13,7 @@
 
 use test_harness::pg;
 
+mod bouncer;
 mod check;
 mod client;
 mod faults;
@@ -28,9 +30,10 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum, value_parser};
 
+use crate::bouncer::{Bouncer, Seen};
 use crate::client::{Behaviour, Client, Intent, Stats};
 use crate::instances::Fleet;
-use crate::proxy::Network;
+use crate::proxy::{Network, SharedLink};
 use crate::rng::Rng;
 use crate::server::Servers;
 
@@ -93,13 +96,21 @@ struct Options {
     /// a stall, cut connections; on one instance's links or all)
     #[arg(long, value_name = "D", default_value = "5s", value_parser = interval)]
     net_every: Duration,
-    /// PostgreSQL topology: one server, or a primary with a synchronous standby that
-    /// faults fail over to
+    /// PostgreSQL topology: one server, the same behind PgBouncer, or a primary with a
+    /// synchronous standby that faults fail over to
     #[arg(long, value_name = "T", value_enum, default_value_t = Topology::Single)]
     topology: Topology,
     /// Mean time between failovers (with --topology failover)
     #[arg(long, value_name = "D", default_value = "120s", value_parser = interval)]
     failover_every: Duration,
+    /// Mean time between kill -9 of PgBouncer, started again after 0.2-1.5 s (with
+    /// --topology pgbouncer)
+    #[arg(long, value_name = "D", default_value = "30s", value_parser = interval)]
+    pgbouncer_kill_every: Duration,
+    /// PgBouncer's server connections to PostgreSQL (default_pool_size; with --topology
+    /// pgbouncer), fewer than the instances' pools together
+    #[arg(long, value_name = "N", default_value = "16", value_parser = at_least_one)]
+    pgbouncer_pool_size: usize,
     /// Share of attempts abandoned mid-flight
     #[arg(long, value_name = "P", default_value = "0.25", value_parser = rate)]
     drop_rate: f64,
@@ -130,9 +141,9 @@ struct Options {
     /// an unknown outcome
     #[arg(long)]
     non_transactional: bool,
-    /// Run the single topology's PostgreSQL with synchronous_commit=off (the test
-    /// harness's setting): a check that the SIGKILL fault is real, which must then report
-    /// lost acknowledgements
+    /// Run the single (or pgbouncer) topology's PostgreSQL with synchronous_commit=off (the
+    /// test harness's setting): a check that the SIGKILL fault is real, which must then
+    /// report lost acknowledgements
     #[arg(long)]
     async_commit: bool,
 }
@@ -145,6 +156,10 @@ enum Topology {
     /// A primary and a synchronous streaming-replication standby; the instances connect
     /// with a multi-host string (target_session_attrs=read-write)
     Failover,
+    /// One server behind PgBouncer (Debian's package) in transaction pooling mode, reached
+    /// through a proxy of its own; the instances connect to PgBouncer and send unnamed
+    /// statements (--pg-statements unnamed)
+    Pgbouncer,
 }
 
 impl Options {
@@ -248,14 +263,35 @@ async fn soak(o: Options) -> Result<bool, String> {
         );
     }
     let servers = Arc::new(match o.topology {
-        Topology::Single => Servers::single(o.async_commit).await?,
+        Topology::Single | Topology::Pgbouncer => Servers::single(o.async_commit).await?,
         Topology::Failover => Servers::pair().await?,
     });
     let dbname = servers.create_database().await?;
     // The soak's own connections (checks, severing) go straight to the servers; the
-    // instances' go through the proxies.
+    // instances' go through the proxies (and PgBouncer).
     let url = servers.url(&dbname, &servers.ports());
-    let network = Arc::new(Network::start(o.instances, &servers.ports()).await?);
+    let (network, bouncer) = match o.topology {
+        Topology::Pgbouncer => {
+            // instance → its proxy → PgBouncer → the shared proxy → PostgreSQL.
+            let link = SharedLink::start(servers.ports()[0]).await?;
+            let bouncer = Bouncer::start(link.port(), o.pgbouncer_pool_size, &dbname).await?;
+            println!(
+                "PgBouncer {} in transaction pooling mode on port {}, {} server connections, \
+                 reaching PostgreSQL through a proxy on port {}",
+                test_harness::pgbouncer::version()
+                    .map_or_else(|e| e, |(major, minor)| format!("{major}.{minor}")),
+                bouncer.port(),
+                o.pgbouncer_pool_size,
+                link.port()
+            );
+            let network = Network::start(o.instances, &[bouncer.port()]).await?;
+            (network.with_shared(link), Some(Arc::new(bouncer)))
+        }
+        Topology::Single | Topology::Failover => {
+            (Network::start(o.instances, &servers.ports()).await?, None)
+        }
+    };
+    let network = Arc::new(network);
     let log_dir = std::env::temp_dir().join(format!("chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).map_err(|e| format!("{}: {e}", log_dir.display()))?;
     let instance_args = (0..o.instances)
@@ -290,7 +326,7 @@ async fn soak(o: Options) -> Result<bool, String> {
             tokio::spawn(client::run(client, i, run.clone(), accounts.clone(), end))
         })
         .collect();
-    let faults = spawn_faults(&o, &fleet, &servers, &network, &url, &stats, end);
+    let faults = spawn_faults(&o, &fleet, &servers, &network, &bouncer, &url, &stats, end);
     let progress = tokio::spawn(report_progress(stats.clone(), started));
     let mut intents: Vec<Intent> = Vec::new();
     for client in clients {
@@ -318,10 +354,18 @@ async fn soak(o: Options) -> Result<bool, String> {
     let found = check::check(&url, &run, &intents, &base, &accounts).await?;
     let recoveries = servers.crash_recoveries() as u64;
     stats.crash_recoveries.store(recoveries, Ordering::Relaxed);
-    let ok = print_table(&o, &intents, &found, &stats, open_before);
+    let seen = match &bouncer {
+        Some(bouncer) => Some(bouncer.seen().await?),
+        None => None,
+    };
+    let ok = print_table(&o, &intents, &found, &stats, open_before, seen.as_ref());
     fleet.kill_all().await;
     drop(fleet);
     drop(network);
+    // Stopping PgBouncer blocks too.
+    tokio::task::spawn_blocking(move || drop(bouncer))
+        .await
+        .map_err(|e| e.to_string())?;
     // Stopping the servers blocks: off the runtime.
     tokio::task::spawn_blocking(move || drop(servers))
         .await
@@ -347,6 +391,10 @@ fn print_plan(o: &Options, run: &str) {
         Topology::Failover => format!(
             ", failover every ~{}",
             humantime::format_duration(o.failover_every)
+        ),
+        Topology::Pgbouncer => format!(
+            ", PgBouncer SIGKILL every ~{}",
+            humantime::format_duration(o.pgbouncer_kill_every)
         ),
     };
     println!(
@@ -385,6 +433,10 @@ fn demo_args(o: &Options, url: &str) -> Vec<String> {
     if o.unguarded {
         demo_args.push("--no-idempotency".to_owned());
     }
+    if o.topology == Topology::Pgbouncer {
+        // PgBouncer runs each transaction on whichever server connection is free.
+        demo_args.extend(["--pg-statements".to_owned(), "unnamed".to_owned()]);
+    }
     demo_args
 }
 
@@ -402,11 +454,13 @@ fn behaviour(o: &Options, bases: Vec<String>) -> Behaviour {
 }
 
 /// The fault loops of the storm, each ending at `end`; awaited in this order.
+#[allow(clippy::too_many_arguments)]
 fn spawn_faults(
     o: &Options,
     fleet: &Arc<Fleet>,
     servers: &Arc<Servers>,
     network: &Arc<Network>,
+    bouncer: &Option<Arc<Bouncer>>,
     url: &str,
     stats: &Arc<Stats>,
     end: Instant,
@@ -461,6 +515,13 @@ fn spawn_faults(
             stats.clone(),
             Rng::new(o.seed, 1007),
             o.failover_every,
+            end,
+        )),
+        tokio::spawn(faults::pgbouncer_kill_loop(
+            bouncer.clone(),
+            stats.clone(),
+            Rng::new(o.seed, 1008),
+            o.pgbouncer_kill_every,
             end,
         )),
     ]
@@ -526,7 +587,7 @@ async fn report_progress(stats: Arc<Stats>, started: Instant) {
     loop {
         tokio::time::sleep(Duration::from_secs(15)).await;
         eprintln!(
-            "  {:>4}s: {} attempts, {} 2xx, {} kills, {} freezes, {} PostgreSQL restarts, {} SIGKILLs, {} failovers, {} network faults, {} dropped",
+            "  {:>4}s: {} attempts, {} 2xx, {} kills, {} freezes, {} PostgreSQL restarts, {} SIGKILLs, {} failovers, {} PgBouncer kills, {} network faults, {} dropped",
             started.elapsed().as_secs(),
             stats.attempts.load(Ordering::Relaxed),
             stats.answered_2xx.load(Ordering::Relaxed),
@@ -535,6 +596,7 @@ async fn report_progress(stats: Arc<Stats>, started: Instant) {
             stats.pg_restarts.load(Ordering::Relaxed),
             stats.pg_crashes.load(Ordering::Relaxed),
             stats.failovers.load(Ordering::Relaxed),
+            stats.pgbouncer_kills.load(Ordering::Relaxed),
             stats.net_latency.load(Ordering::Relaxed)
                 + stats.net_stalls.load(Ordering::Relaxed)
                 + stats.net_cuts.load(Ordering::Relaxed),
@@ -555,10 +617,11 @@ fn print_table(
     found: &check::Findings,
     stats: &Stats,
     open_before_settle: usize,
+    pgbouncer: Option<&Seen>,
 ) -> bool {
     let mut rows = outcome_rows(intents, found, stats, open_before_settle);
     rows.extend(check_rows(intents, found, stats));
-    rows.extend(fault_rows(found, stats, o.topology == Topology::Failover));
+    rows.extend(fault_rows(found, stats, o.topology, pgbouncer));
     let notes_match = notifications_match(found);
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
@@ -721,8 +784,35 @@ fn check_rows(intents: &[Intent], found: &check::Findings, stats: &Stats) -> Vec
     ]
 }
 
-/// The faults injected, the answers they caused, and the final state of the tables.
-fn fault_rows(found: &check::Findings, stats: &Stats, replicated: bool) -> Vec<Row> {
+/// The faults injected, the answers they caused, what PgBouncer saw, and the final state
+/// of the tables.
+fn fault_rows(
+    found: &check::Findings,
+    stats: &Stats,
+    topology: Topology,
+    pgbouncer: Option<&Seen>,
+) -> Vec<Row> {
+    let pooled = pgbouncer.map_or_else(
+        || {
+            row(
+                "PgBouncer: transactions / queries pooled",
+                "0 / 0",
+                "no PgBouncer in this topology (--topology pgbouncer)",
+            )
+        },
+        |seen| {
+            row(
+                "PgBouncer: transactions / queries pooled",
+                format!("{} / {}", seen.transactions, seen.queries),
+                format!(
+                    "{} client logins; {} server connections opened, closed: {}",
+                    seen.client_logins,
+                    seen.server_connections,
+                    seen.closes()
+                ),
+            )
+        },
+    );
     vec![
         row("faults: kill -9 of an instance", n(&stats.kills), ""),
         row(
@@ -752,12 +842,22 @@ fn fault_rows(found: &check::Findings, stats: &Stats, replicated: bool) -> Vec<R
         row(
             "faults: primary failovers to the sync standby",
             n(&stats.failovers),
-            if replicated {
+            if topology == Topology::Failover {
                 "primary killed, standby promoted, old primary re-made as standby"
             } else {
-                "none in the single topology (--topology failover)"
+                "none in this topology (--topology failover)"
             },
         ),
+        row(
+            "faults: PgBouncer killed (SIGKILL) and restarted",
+            n(&stats.pgbouncer_kills),
+            if topology == Topology::Pgbouncer {
+                "every pooled client and server connection cut at once"
+            } else {
+                "none in this topology (--topology pgbouncer)"
+            },
+        ),
+        pooled,
         row(
             "faults: network latency / stalls / cuts",
             format!(
@@ -838,6 +938,46 @@ mod tests {
         assert_eq!(o.pg_kill_every, Duration::from_secs(10));
         assert_eq!(o.net_every, Duration::from_secs(2));
         assert!(parse(&["--async-commit"]).unwrap().async_commit);
+
+        let o = parse(&[
+            "--topology=pgbouncer",
+            "--pgbouncer-kill-every",
+            "5s",
+            "--pgbouncer-pool-size=4",
+        ])
+        .unwrap();
+        assert_eq!(o.topology, Topology::Pgbouncer);
+        assert_eq!(o.pgbouncer_kill_every, Duration::from_secs(5));
+        assert_eq!(o.pgbouncer_pool_size, 4);
+    }
+
+    #[test]
+    fn the_pgbouncer_topology_runs_the_demo_with_unnamed_statements() {
+        use tower_idempotency_postgres::StatementMode;
+
+        let url = "postgres://postgres@127.0.0.1:6432/chaos";
+        let mode = |args: &[&str]| {
+            let o = parse(args).unwrap();
+            let config = demo::Config::from_args(demo_args(&o, url).into_iter()).unwrap();
+            assert_eq!(config.database_url.as_deref(), Some(url));
+            config.pg_statements
+        };
+        assert_eq!(
+            mode(&["--topology", "pgbouncer"]),
+            StatementMode::Unnamed,
+            "PgBouncer runs each transaction on whichever server connection is free"
+        );
+        assert_eq!(
+            mode(&[
+                "--topology",
+                "pgbouncer",
+                "--unguarded",
+                "--non-transactional"
+            ]),
+            StatementMode::Unnamed
+        );
+        assert_eq!(mode(&[]), StatementMode::Prepared);
+        assert_eq!(mode(&["--topology", "failover"]), StatementMode::Prepared);
     }
 
     #[test]
@@ -850,7 +990,12 @@ mod tests {
             &["--kill-every", "0s"],
             &["--pg-kill-every", "0s"],
             &["--net-every", "0s"],
+            &["--pgbouncer-kill-every", "0s"],
+            &["--pgbouncer-kill-every", "often"],
+            &["--pgbouncer-pool-size", "0"],
+            &["--pgbouncer-pool-size"],
             &["--topology", "ring"],
+            &["--topology", "PgBouncer"],
             &["--topology"],
             &["--unguarded=yes"],
             &["--verbose"],
@@ -869,6 +1014,8 @@ mod tests {
         assert_eq!(o.net_every, Duration::from_secs(5));
         assert_eq!(o.topology, Topology::Single);
         assert_eq!(o.failover_every, Duration::from_secs(120));
+        assert_eq!(o.pgbouncer_kill_every, Duration::from_secs(30));
+        assert_eq!(o.pgbouncer_pool_size, 16);
         assert!(!o.async_commit);
         assert_eq!((o.max_attempts, o.lease_ms, o.wait_ms), (10, 1000, 300));
         assert!(!o.unguarded && !o.non_transactional);
@@ -884,7 +1031,10 @@ mod tests {
             "--net-every <D>",
             "--topology <T>",
             "- failover: ",
+            "- pgbouncer: ",
             "--failover-every <D>",
+            "--pgbouncer-kill-every <D>",
+            "--pgbouncer-pool-size <N>",
             "--async-commit",
             "--non-transactional",
             "Exit status",
@@ -902,6 +1052,8 @@ mod tests {
             (&["--drop-rate", "1.5"][..], "between 0 and 1"),
             (&["--kill-every", "0s"], "positive"),
             (&["--clients", "0"], "at least 1"),
+            (&["--pgbouncer-pool-size", "0"], "at least 1"),
+            (&["--pgbouncer-kill-every", "0s"], "positive"),
             (&["--duration", "soon"], "duration like 60s"),
         ] {
             let error = parse(args).unwrap_err();

@@ -5,7 +5,10 @@
 //! every connection it carries with a reset, mid-query or mid-transaction.
 //!
 //! Faults land on one instance's links (a partition of that instance from the database,
-//! the others carrying on and taking its leases over) or on every instance's at once.
+//! the others carrying on and taking its leases over) or on every instance's at once. In the
+//! `pgbouncer` topology the instances' links lead to PgBouncer, and one more proxy, a
+//! [`SharedLink`] carrying every instance's traffic, leads from PgBouncer to PostgreSQL:
+//! faults on every link hit it too.
 
 use std::io;
 use std::net::SocketAddr;
@@ -124,10 +127,32 @@ where
     }
 }
 
-/// The proxies of a soak: `links[instance][server]`.
+/// A proxy that carries every instance's traffic: between PgBouncer and PostgreSQL.
+/// Started before what connects through it, then handed to [`Network::with_shared`].
+#[derive(Debug)]
+pub struct SharedLink(Proxy);
+
+impl SharedLink {
+    /// A proxy on a free loopback port to `upstream_port` on loopback.
+    pub async fn start(upstream_port: u16) -> Result<Self, String> {
+        let upstream = SocketAddr::from(([127, 0, 0, 1], upstream_port));
+        Proxy::start(upstream)
+            .await
+            .map(Self)
+            .map_err(|e| format!("proxy: {e}"))
+    }
+
+    /// The port to connect to instead of the upstream's.
+    pub fn port(&self) -> u16 {
+        self.0.port
+    }
+}
+
+/// The proxies of a soak: `links[instance][server]`, and the shared link if there is one.
 #[derive(Debug)]
 pub struct Network {
     links: Vec<Vec<Proxy>>,
+    shared: Option<Proxy>,
 }
 
 impl Network {
@@ -146,7 +171,19 @@ impl Network {
             }
             links.push(link);
         }
-        Ok(Self { links })
+        Ok(Self {
+            links,
+            shared: None,
+        })
+    }
+
+    /// The network with `link` as its shared link: faults on every instance's links
+    /// (`None`) hit it too, faults on one instance's links leave it alone.
+    pub fn with_shared(self, link: SharedLink) -> Self {
+        Self {
+            shared: Some(link.0),
+            ..self
+        }
     }
 
     /// The proxies' ports for `instance`, in the servers' order.
@@ -163,11 +200,13 @@ impl Network {
     }
 
     fn proxies(&self, instance: Option<usize>) -> impl Iterator<Item = &Proxy> {
+        let shared = self.shared.iter().filter(move |_| instance.is_none());
         self.links
             .iter()
             .enumerate()
             .filter(move |(i, _)| instance.is_none_or(|only| only == *i))
             .flat_map(|(_, link)| link.iter())
+            .chain(shared)
     }
 
     /// Adds `latency` to every forwarded chunk on the links of `instance` (all: `None`).
@@ -258,5 +297,50 @@ mod tests {
         assert!(round_trip(&mut stream, b"gone").await.is_err());
         let mut fresh = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         assert_eq!(round_trip(&mut fresh, b"new").await.unwrap(), b"new");
+    }
+
+    #[tokio::test]
+    async fn the_shared_link_takes_the_faults_on_every_link_only() {
+        let upstream = echo().await;
+        let shared = SharedLink::start(upstream.port()).await.unwrap();
+        let shared_port = shared.port();
+        // The instances' links lead to the shared link, as to PgBouncer in front of it.
+        let network = Network::start(2, &[shared_port])
+            .await
+            .unwrap()
+            .with_shared(shared);
+        let mut through = TcpStream::connect(("127.0.0.1", network.ports(0)[0]))
+            .await
+            .unwrap();
+        assert_eq!(round_trip(&mut through, b"ping").await.unwrap(), b"ping");
+        let mut direct = TcpStream::connect(("127.0.0.1", shared_port))
+            .await
+            .unwrap();
+        assert_eq!(round_trip(&mut direct, b"ping").await.unwrap(), b"ping");
+
+        // One instance's faults leave the shared link alone.
+        network.set_stalled(Some(1), true);
+        assert_eq!(round_trip(&mut direct, b"free").await.unwrap(), b"free");
+        network.set_stalled(Some(1), false);
+        assert_eq!(network.cut(Some(1)), 0);
+        assert_eq!(round_trip(&mut direct, b"kept").await.unwrap(), b"kept");
+
+        // Faults on every link hit it: a stall holds it, a cut resets its connections
+        // (the direct one, and the one carrying instance 0's), and the instance's own.
+        network.set_stalled(None, true);
+        direct.write_all(b"held").await.unwrap();
+        let mut back = [0u8; 4];
+        let early = tokio::time::timeout(Duration::from_millis(300), direct.read(&mut back));
+        assert!(
+            early.await.is_err(),
+            "nothing may pass a stalled shared link"
+        );
+        network.set_stalled(None, false);
+        direct.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"held");
+        assert_eq!(network.cut(None), 3);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(round_trip(&mut direct, b"gone").await.is_err());
+        assert!(round_trip(&mut through, b"gone").await.is_err());
     }
 }

@@ -23,7 +23,7 @@ use tower_idempotency_core::{
 
 use crate::budget::{self, TransactionBudget};
 use crate::completion::{Completion, completed};
-use crate::config::{PostgresConfigError, PostgresStoreConfig, is_identifier};
+use crate::config::{PostgresConfigError, PostgresStoreConfig, StatementMode, is_identifier};
 use crate::delivered::DeliveryMarks;
 use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, MAX_SPAN, micros};
@@ -226,6 +226,13 @@ impl PostgresStore {
     /// The schema holding the tables.
     pub fn schema(&self) -> &str {
         &self.inner.schema
+    }
+
+    /// How the store sends its statements (see
+    /// [`PostgresStoreConfig::statement_mode`]); [`StatementMode::query`] sends an
+    /// application's own the same way.
+    pub fn statement_mode(&self) -> StatementMode {
+        self.inner.executor.statements
     }
 
     /// Most operation transactions open at once (see

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
+use tower_idempotency_postgres::StatementMode;
 
 /// What `--help` adds after the options.
 const ENVIRONMENT: &str = "\
@@ -70,6 +71,11 @@ struct Cli {
     /// 1073741824)
     #[arg(long = "scope-quota-bytes", value_name = "N")]
     scope_quota_bytes: Option<u64>,
+    /// With a database URL: how every PostgreSQL statement is sent, the store's and the
+    /// handlers' own. `prepared`: prepared once per connection; `unnamed`: unnamed with its
+    /// parameter types, for a pooler in transaction mode (PgBouncer before 1.21)
+    #[arg(long = "pg-statements", value_name = "MODE", default_value = "prepared", value_parser = statements)]
+    pg_statements: StatementMode,
 }
 
 fn address(raw: &str) -> Result<SocketAddr, String> {
@@ -81,6 +87,16 @@ fn millis(raw: &str) -> Result<Duration, String> {
     raw.parse::<u64>()
         .map(Duration::from_millis)
         .map_err(|_| format!("`{raw}` is not a whole number of milliseconds"))
+}
+
+fn statements(raw: &str) -> Result<StatementMode, String> {
+    match raw {
+        "prepared" => Ok(StatementMode::Prepared),
+        "unnamed" => Ok(StatementMode::Unnamed),
+        _ => Err(format!(
+            "`{raw}` is not a statement mode: prepared or unnamed"
+        )),
+    }
 }
 
 fn lease(raw: &str) -> Result<Duration, String> {
@@ -141,6 +157,10 @@ pub struct Config {
     /// Most bytes one account's idempotency records may hold (`--scope-quota-bytes`);
     /// `None` keeps the store's default.
     pub scope_quota_bytes: Option<u64>,
+    /// How the PostgreSQL statements are sent, the store's and the handlers' own
+    /// (`--pg-statements`): prepared once per connection (the default), or unnamed, which a
+    /// pooler in transaction mode needs (see `docs/postgres.md`, *PgBouncer*).
+    pub pg_statements: StatementMode,
 }
 
 impl Config {
@@ -169,6 +189,7 @@ impl Default for Config {
             records: Records::Transactional,
             scope_quota_records: None,
             scope_quota_bytes: None,
+            pg_statements: StatementMode::Prepared,
         }
     }
 }
@@ -254,6 +275,7 @@ fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::
         records,
         scope_quota_records: cli.scope_quota_records,
         scope_quota_bytes: cli.scope_quota_bytes,
+        pg_statements: cli.pg_statements,
     })
 }
 
@@ -285,6 +307,30 @@ mod tests {
         assert_eq!(config.scope_quota(default).max_bytes, 4096);
         assert!(parse(&["--scope-quota-records", "-1"]).is_err());
         assert!(parse(&["--scope-quota-bytes"]).is_err());
+    }
+
+    #[test]
+    fn statement_mode_flag_in_both_spellings() {
+        assert_eq!(parse(&[]).unwrap().pg_statements, StatementMode::Prepared);
+        let config = parse(&["--pg-statements", "unnamed"]).unwrap();
+        assert_eq!(config.pg_statements, StatementMode::Unnamed);
+        let config = parse(&["--pg-statements=unnamed", "--pg-statements=prepared"]).unwrap();
+        assert_eq!(config.pg_statements, StatementMode::Prepared);
+        for args in [
+            &["--pg-statements"][..],
+            &["--pg-statements", "named"],
+            &["--pg-statements", "Unnamed"],
+            &["--pg-statements="],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} should be rejected");
+        }
+        let error = parse(&["--pg-statements", "named"]).unwrap_err();
+        assert_eq!(error.exit_code(), 2);
+        let text = error.to_string();
+        assert!(
+            text.contains("--pg-statements") && text.contains("prepared or unnamed"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -359,6 +405,8 @@ mod tests {
             "--no-idempotency",
             "--non-transactional",
             "--memory-records",
+            "--pg-statements <MODE>",
+            "[default: prepared]",
             "--version",
             "DATABASE_URL",
             "RUST_LOG",

@@ -9,6 +9,10 @@
 //! other. Either way a dispatcher delivers notifications to the sink afterwards. Deploys are
 //! never transactional (a deploy is an effect outside the database); they hold a leased
 //! environment lock while they run.
+//!
+//! Every statement is sent the way the store sends its own ([`StatementMode`], the demo's
+//! `--pg-statements`): prepared once per connection, or unnamed with its parameter types,
+//! so that the demo works through a pooler in transaction mode as the store does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +25,7 @@ use tokio_postgres::types::ToSql;
 use tower_idempotency::OperationId;
 use tower_idempotency_postgres::{
     DeliveryError, DispatcherConfig, Effect, OutboxDispatcher, PostgresStore, PostgresTxGuard,
+    StatementMode,
 };
 use uuid::Uuid;
 
@@ -59,6 +64,8 @@ pub struct Database {
     /// [`INSERT_TICKET`] plus the notification's outbox row, in one statement: `$9` effect
     /// id, `$10` operation id. Built at start: the outbox lives in the store's schema.
     insert_ticket_with_notification: Arc<str>,
+    /// How the statements are sent: the store's mode.
+    statements: StatementMode,
 }
 
 /// A failure to prepare the demo's tables at start.
@@ -68,7 +75,8 @@ pub struct SchemaError(#[source] Box<dyn std::error::Error + Send + Sync>);
 
 impl Database {
     /// Applies `schema.sql` (idempotent, serialized across instances by an advisory lock)
-    /// and returns the records over `store`'s pool.
+    /// and returns the records over `store`'s pool, their statements sent in the store's
+    /// [`StatementMode`].
     pub async fn open(store: &PostgresStore) -> Result<Self, SchemaError> {
         let mut client = store
             .pool()
@@ -103,16 +111,17 @@ impl Database {
             pool: store.pool().clone(),
             store: store.clone(),
             insert_ticket_with_notification: insert_ticket_with_notification.into(),
+            statements: store.statement_mode(),
         })
     }
 
     /// Starts the outbox dispatcher that delivers ticket notifications to the sink. Every
     /// instance runs one; they share the work.
     pub fn spawn_dispatcher(&self) -> JoinHandle<()> {
-        let pool = self.pool.clone();
+        let (pool, statements) = (self.pool.clone(), self.statements);
         OutboxDispatcher::new(self.store.clone(), move |effect: Effect| {
             let pool = pool.clone();
-            async move { deliver_notification(&pool, effect).await }
+            async move { deliver_notification(&pool, statements, effect).await }
         })
         .with_config(DispatcherConfig {
             poll_interval: Duration::from_millis(100),
@@ -133,6 +142,7 @@ impl Database {
     /// enqueued). The unique constraint decides, so two concurrent operations with one
     /// event cannot both create: the second waits for the first to commit, then finds it.
     pub async fn create_ticket_in(
+        &self,
         tx: &PostgresTxGuard<'_>,
         account: &str,
         command: NewTicket,
@@ -140,13 +150,13 @@ impl Database {
         let id = new_id("tkt");
         let created_at = now();
         let params = ticket_params(&account, &id, &command, &created_at);
-        if let Some(row) = query_opt(tx, INSERT_TICKET, &params).await? {
+        if let Some(row) = self.query_opt(tx, INSERT_TICKET, &params).await? {
             let ticket = ticket(&row)?;
             let payload = json!({"account": account, "ticket_id": ticket.id});
             tx.enqueue(TICKET_NOTIFICATION, &payload).await?;
             return Ok((ticket, true));
         }
-        Ok((existing_ticket(tx, account, &command).await?, false))
+        Ok((self.existing_ticket(tx, account, &command).await?, false))
     }
 
     /// [`Database::create_ticket_in`] outside any transaction of the operation: the ticket
@@ -169,18 +179,23 @@ impl Database {
         let mut params = ticket_params(&account, &id, &command, &created_at).to_vec();
         params.extend_from_slice(&[&effect_id as &(dyn ToSql + Sync), &operation_uuid]);
         let client = self.connection().await?;
-        if let Some(row) =
-            query_opt(&client, &self.insert_ticket_with_notification, &params).await?
+        if let Some(row) = self
+            .query_opt(&client, &self.insert_ticket_with_notification, &params)
+            .await?
         {
             return Ok((ticket(&row)?, true));
         }
-        Ok((existing_ticket(&client, account, &command).await?, false))
+        Ok((
+            self.existing_ticket(&client, account, &command).await?,
+            false,
+        ))
     }
 
     /// Captures a payment unless the account already paid the invoice (the unique
     /// constraint decides). `client` is the operation's transaction on a transactional
     /// route, or a pooled connection in autocommit.
     pub async fn capture_payment(
+        &self,
         client: &ClientWrapper,
         account: &str,
         command: NewPayment,
@@ -198,11 +213,12 @@ impl Database {
             &command.payee,
             &created_at,
         ];
-        if let Some(row) = query_opt(client, INSERT_PAYMENT, &params).await? {
+        if let Some(row) = self.query_opt(client, INSERT_PAYMENT, &params).await? {
             return Ok(Ok(payment(&row)?));
         }
-        let existing =
-            query_one(client, EXISTING_PAYMENT, &[&account, &command.invoice_ref]).await?;
+        let existing = self
+            .query_one(client, EXISTING_PAYMENT, &[&account, &command.invoice_ref])
+            .await?;
         Ok(Err(InvoiceAlreadyPaid {
             invoice_ref: command.invoice_ref,
             payment_id: existing.try_get("id")?,
@@ -220,7 +236,8 @@ impl Database {
         let client = self.connection().await?;
         let id = new_id("dep");
         let hold_ms = i64::try_from(hold.as_millis()).unwrap_or(i64::MAX);
-        let locked = query_opt(
+        let locked = self
+            .query_opt(
                 &client,
                 "INSERT INTO demo_environment_locks AS l (account, environment, deploy_id, locked_until) \
                  VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond') \
@@ -236,34 +253,34 @@ impl Database {
                 environment: command.environment,
             }));
         }
-        let row = query_one(
-            &client,
-            "INSERT INTO demo_deploys (account, id, service, environment, artifact, created_at) \
+        let row = self
+            .query_one(
+                &client,
+                "INSERT INTO demo_deploys (account, id, service, environment, artifact, created_at) \
                  VALUES ($1, $2, $3, $4, $5, $6) RETURNING *",
-            &[
-                &account,
-                &id,
-                &command.service,
-                &command.environment,
-                &command.artifact,
-                &now(),
-            ],
-        )
-        .await?;
+                &[
+                    &account,
+                    &id,
+                    &command.service,
+                    &command.environment,
+                    &command.artifact,
+                    &now(),
+                ],
+            )
+            .await?;
         Ok(Ok(deploy(&row)?))
     }
 
     /// Frees the environment `deploy` locked.
     pub async fn finish_deploy(&self, account: &str, deploy: &Deploy) -> Result<(), RecordError> {
         let client = self.connection().await?;
-        let statement = client
-            .prepare_cached(
+        self.statements
+            .execute(
+                &client,
                 "DELETE FROM demo_environment_locks \
                  WHERE account = $1 AND environment = $2 AND deploy_id = $3",
+                &[&account, &deploy.environment, &deploy.id],
             )
-            .await?;
-        client
-            .execute(&statement, &[&account, &deploy.environment, &deploy.id])
             .await?;
         Ok(())
     }
@@ -316,9 +333,50 @@ impl Database {
         decode: fn(&Row) -> Result<T, DbError>,
     ) -> Result<Vec<T>, RecordError> {
         let client = self.connection().await?;
-        let statement = client.prepare_cached(sql).await?;
-        let rows = client.query(&statement, &[&account]).await?;
+        let rows = self.statements.query(&client, sql, &[&account]).await?;
         Ok(rows.iter().map(decode).collect::<Result<_, _>>()?)
+    }
+
+    /// The account's ticket for `command`'s event, after an insert found one.
+    async fn existing_ticket(
+        &self,
+        client: &ClientWrapper,
+        account: &str,
+        command: &NewTicket,
+    ) -> Result<Ticket, RecordError> {
+        let row = self
+            .query_one(
+                client,
+                EXISTING_TICKET,
+                &[&account, &command.source_event_id],
+            )
+            .await?;
+        Ok(ticket(&row)?)
+    }
+
+    /// The first row of `sql`, if any. Prepared statements are prepared once per pooled
+    /// connection: a handler's write is then one round trip, not a parse round trip plus
+    /// an execute round trip; unnamed ones are one round trip each time.
+    async fn query_opt(
+        &self,
+        client: &ClientWrapper,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, RecordError> {
+        let rows = self.statements.query(client, sql, params).await?;
+        Ok(rows.into_iter().next())
+    }
+
+    /// The one row of `sql`, which always returns one.
+    async fn query_one(
+        &self,
+        client: &ClientWrapper,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, RecordError> {
+        self.query_opt(client, sql, params)
+            .await?
+            .ok_or(RecordError::NoRow)
     }
 }
 
@@ -341,41 +399,6 @@ fn ticket_params<'a>(
     ]
 }
 
-/// The account's ticket for `command`'s event, after an insert found one.
-async fn existing_ticket(
-    client: &ClientWrapper,
-    account: &str,
-    command: &NewTicket,
-) -> Result<Ticket, RecordError> {
-    let row = query_one(
-        client,
-        EXISTING_TICKET,
-        &[&account, &command.source_event_id],
-    )
-    .await?;
-    Ok(ticket(&row)?)
-}
-
-// Statements are prepared once per pooled connection: a handler's write is then one round
-// trip, not a parse round trip plus an execute round trip.
-async fn query_opt(
-    client: &ClientWrapper,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Option<Row>, DbError> {
-    let statement = client.prepare_cached(sql).await?;
-    client.query_opt(&statement, params).await
-}
-
-async fn query_one(
-    client: &ClientWrapper,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Row, DbError> {
-    let statement = client.prepare_cached(sql).await?;
-    client.query_one(&statement, params).await
-}
-
 /// A database failure in a demo handler (answered `500`; on a transactional route the
 /// operation's transaction rolls back).
 #[derive(Debug, thiserror::Error)]
@@ -384,18 +407,26 @@ pub enum RecordError {
     /// No pooled connection.
     #[error("no database connection")]
     Pool(#[from] deadpool_postgres::PoolError),
-    /// A statement failed.
+    /// A statement failed (sent as the store sends its own, so failing as its calls do),
+    /// or the outbox refused the notification.
     #[error("a database statement failed")]
-    Statement(#[from] tokio_postgres::Error),
-    /// The notification could not be enqueued.
-    #[error("the outbox refused the notification")]
-    Outbox(#[from] tower_idempotency::StoreError),
+    Statement(#[from] tower_idempotency::StoreError),
+    /// A statement that always returns a row returned none.
+    #[error("a database statement returned no row")]
+    NoRow,
+    /// A row did not hold what the demo's tables hold.
+    #[error("a database row could not be read")]
+    Row(#[from] tokio_postgres::Error),
 }
 
 /// The sink: records the notification under its effect id. A redelivery of the same effect
 /// (a dispatcher that lost its claim) counts as an attempt and is never a second
 /// notification.
-async fn deliver_notification(pool: &Pool, effect: Effect) -> Result<(), DeliveryError> {
+async fn deliver_notification(
+    pool: &Pool,
+    statements: StatementMode,
+    effect: Effect,
+) -> Result<(), DeliveryError> {
     let (Some(account), Some(ticket_id)) = (
         effect.payload["account"].as_str(),
         effect.payload["ticket_id"].as_str(),
@@ -405,8 +436,9 @@ async fn deliver_notification(pool: &Pool, effect: Effect) -> Result<(), Deliver
         ));
     };
     let client = pool.get().await.map_err(DeliveryError::retry)?;
-    client
+    statements
         .execute(
+            &client,
             "INSERT INTO demo_notifications (effect_id, account, ticket_id) VALUES ($1, $2, $3) \
              ON CONFLICT (effect_id) DO UPDATE SET attempts = demo_notifications.attempts + 1",
             &[&effect.effect_id, &account, &ticket_id],

@@ -40,7 +40,7 @@ use axum::http::Method;
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store};
-use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig};
+use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig, StatementMode};
 
 pub use crate::auth::Account;
 use crate::commands::{NewDeploy, NewPayment, NewTicket};
@@ -63,8 +63,8 @@ pub enum DemoError {
     /// The demo's own tables could not be prepared (records in PostgreSQL).
     #[error(transparent)]
     Schema(#[from] crate::database::SchemaError),
-    /// The configuration cannot work (`--non-transactional` or `--memory-records` without a
-    /// database).
+    /// The configuration cannot work (`--non-transactional`, `--memory-records` or
+    /// `--pg-statements unnamed` without a database).
     #[error("{0}")]
     Config(&'static str),
     /// Binding or serving failed.
@@ -85,12 +85,19 @@ pub enum DemoError {
 /// | given | `Memory` | PostgreSQL | memory | in memory |
 ///
 /// With [`Config::idempotency`] off there is no store and no operation transaction: the
-/// records are where the table says, PostgreSQL ones written in autocommit. The PostgreSQL
+/// records are where the table says, PostgreSQL ones written in autocommit. Every
+/// PostgreSQL statement, the store's and the handlers', is sent as [`Config::pg_statements`]
+/// says (unnamed through a pooler in transaction mode); it needs a database URL. The PostgreSQL
 /// schema is migrated at start, safe when several demos start at once; with records in
 /// PostgreSQL an outbox dispatcher delivers ticket notifications. Spawns background tasks
 /// (purge, dispatcher), so this must run inside a Tokio runtime.
 pub async fn app(config: &Config) -> Result<Router, DemoError> {
     let Some(url) = &config.database_url else {
+        if config.pg_statements != StatementMode::Prepared {
+            return Err(DemoError::Config(
+                "--pg-statements says how PostgreSQL statements are sent: it needs a database URL (--database-url or DATABASE_URL)",
+            ));
+        }
         return match config.records {
             Records::Transactional => Ok(in_memory(config)),
             Records::NonTransactional => Err(DemoError::Config(
@@ -107,6 +114,7 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
     }
     let store = PostgresStore::from_config(&PostgresStoreConfig {
         scope_quota: config.scope_quota(tower_idempotency_postgres::DEFAULT_SCOPE_QUOTA),
+        statement_mode: config.pg_statements,
         ..PostgresStoreConfig::new(url.as_str())
     })
     .map_err(ConnectError::from)?;

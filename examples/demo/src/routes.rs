@@ -80,11 +80,10 @@ pub async fn create_ticket(
             });
             ledger.create_ticket(account.as_str(), command, effect_id)
         }
-        Backend::Transactional(_) => {
+        Backend::Transactional(db) => {
             let account = account.as_str();
-            let write = async |tx: &PostgresTxGuard<'_>| {
-                Database::create_ticket_in(tx, account, command).await
-            };
+            let write =
+                async |tx: &PostgresTxGuard<'_>| db.create_ticket_in(tx, account, command).await;
             match in_transaction(transaction, write).await {
                 Ok(written) => written,
                 Err(response) => return response,
@@ -140,11 +139,10 @@ pub async fn create_payment(
     };
     let outcome = match &state.records {
         Backend::Memory(ledger) => ledger.capture_payment(account.as_str(), command),
-        Backend::Transactional(_) => {
+        Backend::Transactional(db) => {
             let account = account.as_str();
-            let write = async |tx: &PostgresTxGuard<'_>| {
-                Database::capture_payment(tx, account, command).await
-            };
+            let write =
+                async |tx: &PostgresTxGuard<'_>| db.capture_payment(tx, account, command).await;
             match in_transaction(transaction, write).await {
                 Ok(outcome) => outcome,
                 Err(response) => return response,
@@ -152,7 +150,7 @@ pub async fn create_payment(
         }
         Backend::Autocommit(db) => {
             let written = match db.connection().await {
-                Ok(client) => Database::capture_payment(&client, account.as_str(), command).await,
+                Ok(client) => db.capture_payment(&client, account.as_str(), command).await,
                 Err(error) => Err(error),
             };
             match written {

@@ -140,9 +140,15 @@ async fn database_url_comes_from_the_environment_unless_empty() {
 
 #[tokio::test]
 async fn database_flags_without_a_database_are_a_startup_error() {
-    for flag in ["--non-transactional", "--memory-records"] {
+    for flags in [
+        &["--non-transactional"][..],
+        &["--memory-records"],
+        &["--pg-statements", "unnamed"],
+    ] {
+        let flag = flags[0];
         let refused = demo()
-            .args(["--listen", "127.0.0.1:0", flag])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(flags)
             .output()
             .await
             .unwrap();

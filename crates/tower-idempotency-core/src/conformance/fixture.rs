@@ -9,8 +9,8 @@ use uuid::Uuid;
 use super::{KEEP, LONG, SHORT, WAKE_BOUND};
 use crate::store::Result;
 use crate::{
-    Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation, ReserveRequest, Scope,
-    Store, StoreError, StoredResponse,
+    ApprovalRequest, Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation,
+    ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
 
 /// A fresh `(scope, key, fingerprint)` and the requests checks make with it.
@@ -40,6 +40,31 @@ impl Fixture {
         }
     }
 
+    /// The request of a handler that marks its own dispatch ([`Store::mark_dispatched`]).
+    pub(super) fn undispatched(&self) -> ReserveRequest {
+        ReserveRequest {
+            marks_dispatch: true,
+            ..self.request()
+        }
+    }
+
+    /// [`Fixture::undispatched`] with a short lease.
+    pub(super) fn short_undispatched(&self) -> ReserveRequest {
+        ReserveRequest {
+            lease: SHORT,
+            marks_dispatch: true,
+            ..self.request()
+        }
+    }
+
+    /// The request of a route that requires approval, the approval valid for `ttl`.
+    pub(super) fn with_approval(&self, ttl: Duration) -> ReserveRequest {
+        ReserveRequest {
+            approval: Some(approval_request(ttl)),
+            ..self.request()
+        }
+    }
+
     pub(super) fn take_over(&self) -> ReserveRequest {
         ReserveRequest {
             take_over_unknown: true,
@@ -49,6 +74,22 @@ impl Fixture {
         }
     }
 }
+
+/// The approver's view of the suite's command, asked for by [`REQUESTER`].
+pub(super) fn approval_request(ttl: Duration) -> ApprovalRequest {
+    ApprovalRequest {
+        requested_by: REQUESTER.to_owned(),
+        summary: serde_json::json!({
+            "operation": "deploy",
+            "target": "api in production",
+            "reversible": true,
+        }),
+        ttl,
+    }
+}
+
+/// The principal whose requests need approval in the approval checks.
+pub(super) const REQUESTER: &str = "requester@conformance";
 
 pub(super) fn fresh_scope() -> Scope {
     Scope::new(format!("conformance-{}", Uuid::new_v4()))
@@ -139,6 +180,34 @@ pub(super) async fn acquire<S: Store>(
             takeover: false,
         } => (operation, lease),
         other => panic!("{check}: a fresh key must be acquired, got {other:?}"),
+    }
+}
+
+/// A reservation that must take the operation over (same operation, one more attempt).
+pub(super) async fn take_over<S: Store>(
+    check: &str,
+    store: &S,
+    request: ReserveRequest,
+) -> (Operation, Lease) {
+    match must(check, "reserve", store.reserve(request).await) {
+        Reservation::Acquired {
+            operation,
+            lease,
+            takeover: true,
+        } => (operation, lease),
+        other => panic!("{check}: the record must be taken over, got {other:?}"),
+    }
+}
+
+/// A reservation of a new key on a route that requires approval.
+pub(super) async fn request_approval<S: Store>(
+    check: &str,
+    store: &S,
+    request: ReserveRequest,
+) -> Operation {
+    match must(check, "reserve", store.reserve(request).await) {
+        Reservation::ApprovalRequested(operation) => operation,
+        other => panic!("{check}: a new key needing approval must request it, got {other:?}"),
     }
 }
 

@@ -29,8 +29,19 @@
 //! - Of concurrent reservations for one `(scope, key)`, exactly one acquires.
 //! - A completed record returned for the same fingerprint counts one replay per call, in
 //!   the same step (concurrent replays see distinct counts).
-//! - An `in_progress` record whose lease ran out reads as `unknown`; only a reservation
-//!   with `take_over_unknown` and the same fingerprint takes it over.
+//! - An `in_progress` record whose lease ran out after its dispatch reads as `unknown`; only
+//!   a reservation with `take_over_unknown` and the same fingerprint takes it over.
+//! - A reservation is dispatched at once unless its request says the handler marks the
+//!   dispatch ([`Store::mark_dispatched`]: fenced, the first time kept, the lease renewed). A
+//!   lease that lapses before the mark reads `in_progress` (lease in the past), wakes its
+//!   waiters, and is taken over by the next reservation of the same command, exactly once,
+//!   whatever `take_over_unknown` says. [`Store::cancel`] before the mark leaves a
+//!   `cancelled` record a retry takes over; after it, `unknown`.
+//! - A new key that needs approval is created `awaiting_approval` with a pending approval
+//!   bound to its fingerprint; [`Store::decide_approval`] decides exactly once (approving
+//!   needs the bound fingerprint; a repeat of the winning decision reports it, the opposite
+//!   is refused); an authorized operation is acquired by exactly one reservation; pending
+//!   requests and unused approvals expire; approvals are seen by their own scope only.
 //! - A lease stops being current once its operation is taken over, completed, abandoned or
 //!   released. A lease that merely ran out is still current: its late result is accepted.
 //! - Waiters return when the record leaves `in_progress` (including by its lease running
@@ -39,9 +50,11 @@
 //! - Scopes are isolated, by key and by operation id.
 //! - A scope at its [`ScopeQuota`](crate::ScopeQuota) is refused new keys (and only new
 //!   keys) with `ScopeQuotaExceeded`; other scopes are unaffected; stored bytes count from
-//!   completion; released and expired records free the quota ([`run_quota`], against a store
-//!   configured with [`QUOTA`]).
+//!   completion; released and expired records free the quota; records awaiting approval
+//!   count ([`run_quota`], against a store configured with [`QUOTA`]).
 
+mod approval;
+mod dispatch;
 mod fixture;
 mod lease;
 mod quota;
@@ -54,14 +67,28 @@ use std::time::Duration;
 
 use crate::Store;
 
+pub use approval::{
+    approval_authorizes_its_fingerprint_only, approval_is_requested_for_a_new_key,
+    approvals_are_scoped, authorized_operation_is_acquired_once, concurrent_decisions_decide_once,
+    denied_approval_answers_with_the_denial, list_approvals_filters_orders_and_limits,
+    pending_approval_expires, purge_keeps_approvals_until_they_expire, unused_approval_expires,
+};
+pub use dispatch::{
+    cancel_after_dispatch_is_unknown, cancel_before_dispatch_is_cancelled,
+    lapse_after_dispatch_is_unknown, lapse_before_dispatch_is_taken_over,
+    lapsed_before_dispatch_is_taken_over_once, mark_delivered_records_its_time_once,
+    mark_dispatched_sets_the_time_once_and_renews, mark_dispatched_with_a_stale_lease_is_lost,
+    reserve_without_mark_is_dispatched, wait_returns_when_an_undispatched_lease_lapses,
+};
 pub use fixture::reserve_request;
 pub use lease::{
     extend_lease_keeps_in_progress, late_completion_after_expiry_is_accepted,
     lease_expiry_reads_unknown, stale_lease_is_fenced,
 };
 pub use quota::{
-    QUOTA, quota_counts_stored_bytes, quota_refuses_new_keys_of_that_scope_only,
-    released_and_expired_records_free_the_quota, run_quota,
+    QUOTA, quota_counts_awaiting_approval_records, quota_counts_stored_bytes,
+    quota_refuses_new_keys_of_that_scope_only, released_and_expired_records_free_the_quota,
+    run_quota,
 };
 pub use records::{
     get_by_id_finds_operation, mark_delivered_sets_flag, purge_removes_only_expired,
@@ -111,4 +138,30 @@ pub async fn run_all<S: Store + Clone>(store: &S) {
     scopes_are_isolated(store).await;
     mark_delivered_sets_flag(store).await;
     get_by_id_finds_operation(store).await;
+    run_lifecycle(store).await;
+}
+
+/// Runs the lifecycle checks — dispatch marks, cancellation, delivery times and approvals —
+/// against `store`, one after the other (part of [`run_all`]).
+pub async fn run_lifecycle<S: Store + Clone>(store: &S) {
+    reserve_without_mark_is_dispatched(store).await;
+    mark_dispatched_sets_the_time_once_and_renews(store).await;
+    mark_dispatched_with_a_stale_lease_is_lost(store).await;
+    lapse_before_dispatch_is_taken_over(store).await;
+    lapse_after_dispatch_is_unknown(store).await;
+    lapsed_before_dispatch_is_taken_over_once(store).await;
+    wait_returns_when_an_undispatched_lease_lapses(store).await;
+    cancel_before_dispatch_is_cancelled(store).await;
+    cancel_after_dispatch_is_unknown(store).await;
+    mark_delivered_records_its_time_once(store).await;
+    approval_is_requested_for_a_new_key(store).await;
+    approval_authorizes_its_fingerprint_only(store).await;
+    denied_approval_answers_with_the_denial(store).await;
+    concurrent_decisions_decide_once(store).await;
+    authorized_operation_is_acquired_once(store).await;
+    pending_approval_expires(store).await;
+    unused_approval_expires(store).await;
+    approvals_are_scoped(store).await;
+    list_approvals_filters_orders_and_limits(store).await;
+    purge_keeps_approvals_until_they_expire(store).await;
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::fixture::{
-    Fixture, acquire, existing, fresh_fingerprint, fresh_key, fresh_scope, must, reserve_request,
-    response,
+    Fixture, acquire, approval_request, existing, fresh_fingerprint, fresh_key, fresh_scope, must,
+    request_approval, reserve_request, response,
 };
 use super::{PAST_SHORT, SHORT, SLACK};
 use crate::quota::{QUOTA_RETRY_MAX, QUOTA_RETRY_MIN};
@@ -38,6 +38,7 @@ pub async fn run_quota<S: Store>(store: &S) {
     quota_refuses_new_keys_of_that_scope_only(store).await;
     quota_counts_stored_bytes(store).await;
     released_and_expired_records_free_the_quota(store).await;
+    quota_counts_awaiting_approval_records(store).await;
 }
 
 fn request(scope: &Scope, key: &IdempotencyKey) -> ReserveRequest {
@@ -194,5 +195,47 @@ pub async fn released_and_expired_records_free_the_quota<S: Store>(store: &S) {
     tokio::time::sleep(PAST_SHORT).await;
     for _ in 0..QUOTA.max_records {
         acquire(CHECK, store, short(&fresh_key())).await;
+    }
+}
+
+/// Records awaiting approval count against the scope's quota like any record: a scope
+/// holding `QUOTA.max_records` of them is refused a new key, with or without approval, and
+/// still answers the keys it holds.
+pub async fn quota_counts_awaiting_approval_records<S: Store>(store: &S) {
+    const CHECK: &str = "quota_counts_awaiting_approval_records";
+    let scope = fresh_scope();
+    let with_approval = |key: &IdempotencyKey| ReserveRequest {
+        approval: Some(approval_request(Duration::from_secs(600))),
+        ..request(&scope, key)
+    };
+    let mut held = Vec::new();
+    for _ in 0..QUOTA.max_records {
+        let request = with_approval(&fresh_key());
+        request_approval(CHECK, store, request.clone()).await;
+        held.push(request);
+    }
+    refused(
+        CHECK,
+        "a new key needing approval over the quota",
+        store.reserve(with_approval(&fresh_key())).await,
+    );
+    refused(
+        CHECK,
+        "a new key over the quota",
+        store.reserve(request(&scope, &fresh_key())).await,
+    );
+    for request in &held {
+        let operation = existing(
+            CHECK,
+            must(
+                CHECK,
+                "reserve a held key",
+                store.reserve(request.clone()).await,
+            ),
+        );
+        assert_eq!(
+            operation.key, request.key,
+            "{CHECK}: a held key answers with its record"
+        );
     }
 }

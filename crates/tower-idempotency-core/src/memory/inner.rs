@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryStoreConfig;
 use super::clock::{Clock, Tick};
-use super::entry::Entry;
-use super::shard::{IdKey, PassThrough, RecordKey, Shard, lock, shard_of};
+use super::entry::{Entry, StoredApproval};
+use super::shard::{ApprovalKey, IdKey, PassThrough, RecordKey, Shard, lock, shard_of};
 use crate::store::Result;
 use crate::{
-    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, Reservation,
-    ReserveRequest, Scope, ScopeQuota, StoreError, StoredResponse,
+    ApprovalId, ApprovalRequest, ApprovalState, IdempotencyKey, Lease, LeaseId, Operation,
+    OperationId, OperationState, Reservation, ReserveRequest, Scope, ScopeQuota, StoreError,
+    StoredResponse,
 };
 
 pub(super) struct Inner {
@@ -29,6 +30,10 @@ pub(super) struct Inner {
     /// Operation id → its `(scope, key)`, for [`Store::get_by_id`]. Lock order: a records
     /// shard, then an ids shard; never the other way round.
     pub(super) ids: Box<[Shard<IdKey, RecordKey>]>,
+    /// Approval id → its operation's `(scope, key)`, for the records that have an approval
+    /// (see `approval.rs`). Lock order: a records shard, then an approvals shard; never the
+    /// other way round.
+    pub(super) approvals: Box<[Shard<ApprovalKey, RecordKey>]>,
     /// Per records shard, the methods and route templates its records share (see
     /// [`Inner::intern`]). Locked only while a records shard is held, after it.
     pub(super) names: Box<[Mutex<Vec<Arc<str>>>]>,
@@ -78,12 +83,25 @@ pub(super) const RECORD_OVERHEAD: u64 = 560;
 /// What every stored header counts beyond its name and value (its `String`, its `Bytes`).
 pub(super) const HEADER_OVERHEAD: u64 = 64;
 
-/// The bytes a new record for `request` counts before it has a response.
+/// What an approval counts beyond its summary and names: the boxed record, the
+/// approval-id index entry and the summary's in-memory form beyond its JSON text.
+pub(super) const APPROVAL_OVERHEAD: u64 = 320;
+
+/// The bytes a new record for `request` counts before it has a response: with an approval
+/// request, that too (a request that is stored counts like any record, against the scope's
+/// quota as well).
 pub(super) fn record_bytes(request: &ReserveRequest) -> u64 {
     let strings = request.scope.as_str().len()
         + request.key.as_str().len()
         + request.fingerprint.as_str().len();
-    RECORD_OVERHEAD + strings as u64
+    RECORD_OVERHEAD + strings as u64 + request.approval.as_ref().map_or(0, approval_bytes)
+}
+
+/// The bytes an approval request adds to its record: its summary (as JSON text) and the
+/// requester's name. A decision adds the approver's name and the reason when it is made.
+fn approval_bytes(request: &ApprovalRequest) -> u64 {
+    let summary = serde_json::to_vec(&request.summary).map_or(0, |text| text.len());
+    APPROVAL_OVERHEAD + (summary + request.requested_by.len()) as u64
 }
 
 /// The bytes a stored response adds to its record.
@@ -112,6 +130,7 @@ impl Inner {
             scopes: (0..shards).map(|_| Mutex::default()).collect(),
             records: (0..shards).map(|_| Mutex::default()).collect(),
             ids: (0..shards).map(|_| Mutex::default()).collect(),
+            approvals: (0..shards).map(|_| Mutex::default()).collect(),
             names: (0..shards).map(|_| Mutex::default()).collect(),
             len: AtomicUsize::new(0),
             purging: AtomicBool::new(false),
@@ -164,6 +183,13 @@ impl Inner {
             names.push(Arc::clone(&name));
         }
         name
+    }
+
+    pub(super) fn approvals_for(
+        &self,
+        id: ApprovalId,
+    ) -> MutexGuard<'_, HashMap<ApprovalKey, RecordKey, BuildHasherDefault<PassThrough>>> {
+        lock(&self.approvals[shard_of(ApprovalKey(id).bits(), self.approvals.len())])
     }
 
     fn scopes_for(&self, scope: &Scope) -> MutexGuard<'_, HashMap<Scope, ScopeUsage>> {
@@ -252,8 +278,9 @@ impl Inner {
         }
     }
 
-    /// A new operation for `request`, registered in the id index: the record to store
-    /// under `record_key` and the reservation that acquired it.
+    /// A new operation for `request`, registered in the id index (and the approval index):
+    /// the record to store under `record_key` and the reservation that acquired it, or that
+    /// requested its approval.
     pub(super) fn new_entry(
         &self,
         record_key: &RecordKey,
@@ -261,14 +288,22 @@ impl Inner {
         now: Tick,
     ) -> (Box<Entry>, Reservation) {
         let id = OperationId::new();
-        let lease_id = LeaseId::new();
-        let lease = Lease {
-            scope: request.scope.clone(),
-            key: request.key.clone(),
-            operation_id: id,
-            lease_id,
-        };
-        let entry = Entry {
+        let approval = request.approval.as_ref().map(|asked| {
+            Box::new(StoredApproval {
+                id: ApprovalId::new(),
+                state: ApprovalState::Pending,
+                used: false,
+                summary: asked.summary.clone(),
+                requested_by: asked.requested_by.clone(),
+                requested: now,
+                expires: self.clock.later(now, asked.ttl),
+                decided_by: None,
+                decided: Tick::NEVER,
+                reason: None,
+            })
+        });
+        let lease_id = approval.is_none().then(LeaseId::new);
+        let mut entry = Entry {
             id,
             fingerprint: request.fingerprint.clone(),
             method: self.intern(record_key, &request.method),
@@ -278,24 +313,56 @@ impl Inner {
             attempts: 1,
             replays: 0,
             created: now,
+            dispatched: dispatch_tick(request, now),
             completed: Tick::NEVER,
+            delivered_at: Tick::NEVER,
             lease_expires: self.clock.later(now, request.lease),
             expires: Tick::NEVER,
             retention: request.retention,
             unknown_retention: request.unknown_retention,
-            lease_id: Some(lease_id),
+            lease_id,
             response: None,
+            approval: None,
             charge: record_bytes(request),
             notify: None,
         };
+        if let Some(approval) = approval {
+            // Nothing runs until a person decides: no lease, no attempt, no dispatch; the
+            // record is kept for its retention past the request's expiry.
+            entry.state = OperationState::AwaitingApproval;
+            entry.attempts = 0;
+            entry.dispatched = Tick::NEVER;
+            entry.lease_expires = Tick::NEVER;
+            entry.expires = self.clock.later(approval.expires, request.retention);
+            self.approvals_for(approval.id)
+                .insert(ApprovalKey(approval.id), record_key.clone());
+            entry.approval = Some(approval);
+        }
         let operation = entry.operation(record_key, &self.clock);
         self.ids_for(id).insert(IdKey(id), record_key.clone());
-        let reservation = Reservation::Acquired {
-            operation,
-            lease,
-            takeover: false,
+        let reservation = match lease_id {
+            Some(lease_id) => Reservation::Acquired {
+                operation,
+                lease: Lease {
+                    scope: request.scope.clone(),
+                    key: request.key.clone(),
+                    operation_id: id,
+                    lease_id,
+                },
+                takeover: false,
+            },
+            None => Reservation::ApprovalRequested(operation),
         };
         (Box::new(entry), reservation)
+    }
+
+    /// Removes a record that leaves the store from the id and approval indexes.
+    pub(super) fn unindex(&self, entry: &Entry) {
+        self.ids_for(entry.id).remove(&IdKey(entry.id));
+        if let Some(approval) = &entry.approval {
+            self.approvals_for(approval.id)
+                .remove(&ApprovalKey(approval.id));
+        }
     }
 
     /// The whole reservation decision, under one shard lock; a [`Refusal`] when a new
@@ -312,20 +379,37 @@ impl Inner {
                 // record count stays; its bytes go down to the new record's).
                 let (fresh, reservation) = self.new_entry(&record_key, request, now);
                 self.recharge(&request.scope, entry.charge, fresh.charge);
+                self.charge(&request.scope, 0, fresh.expires);
                 let old = std::mem::replace(entry, fresh);
                 old.wake();
-                self.ids_for(old.id).remove(&IdKey(old.id));
+                self.unindex(&old);
                 return Ok(reservation);
             }
-            let same_fingerprint = entry.fingerprint == request.fingerprint;
-            match entry.state {
-                OperationState::Completed if same_fingerprint => {
-                    entry.replays = entry.replays.saturating_add(1);
+            if entry.fingerprint == request.fingerprint {
+                match entry.state {
+                    OperationState::Completed => {
+                        entry.replays = entry.replays.saturating_add(1);
+                    }
+                    OperationState::Unknown if request.take_over_unknown => {
+                        return Ok(self.take_over(entry, &record_key, request, now));
+                    }
+                    // Nothing can have happened: a lapse before the dispatch mark, or a
+                    // cancellation before it. The same command goes on.
+                    OperationState::InProgress if entry.is_stalled(now) => {
+                        return Ok(self.take_over(entry, &record_key, request, now));
+                    }
+                    OperationState::Cancelled => {
+                        return Ok(self.take_over(entry, &record_key, request, now));
+                    }
+                    OperationState::Authorized
+                        if entry.approval.as_ref().is_some_and(|approval| {
+                            approval.state(now) == ApprovalState::Approved
+                        }) =>
+                    {
+                        return Ok(self.start_authorized(entry, &record_key, request, now));
+                    }
+                    _ => {}
                 }
-                OperationState::Unknown if same_fingerprint && request.take_over_unknown => {
-                    return Ok(self.take_over(entry, &record_key, request, now));
-                }
-                _ => {}
             }
             return Ok(Reservation::Existing(
                 entry.operation(&record_key, &self.clock),
@@ -333,6 +417,9 @@ impl Inner {
         }
         self.admit(&request.scope, record_bytes(request))?;
         let (entry, reservation) = self.new_entry(&record_key, request, now);
+        if entry.approval.is_some() {
+            self.charge(&request.scope, 0, entry.expires);
+        }
         records.insert(record_key, entry);
         Ok(reservation)
     }
@@ -365,6 +452,34 @@ impl Inner {
         request: &ReserveRequest,
         now: Tick,
     ) -> Reservation {
+        self.start_attempt(entry, record_key, request, now, true)
+    }
+
+    /// The first attempt of an approved operation: the approval is used up, and nothing
+    /// else may start the operation again.
+    fn start_authorized(
+        &self,
+        entry: &mut Entry,
+        record_key: &RecordKey,
+        request: &ReserveRequest,
+        now: Tick,
+    ) -> Reservation {
+        if let Some(approval) = &mut entry.approval {
+            approval.used = true;
+        }
+        self.start_attempt(entry, record_key, request, now, false)
+    }
+
+    /// Starts the next attempt of the operation in `entry` for `request`: a new lease, one
+    /// more attempt, dispatched as the request says, retention as it says.
+    fn start_attempt(
+        &self,
+        entry: &mut Entry,
+        record_key: &RecordKey,
+        request: &ReserveRequest,
+        now: Tick,
+        takeover: bool,
+    ) -> Reservation {
         let lease_id = LeaseId::new();
         entry.lease_id = Some(lease_id);
         entry.unknown_retention = request.unknown_retention;
@@ -372,6 +487,7 @@ impl Inner {
         entry.attempts = entry.attempts.saturating_add(1);
         entry.retention = request.retention;
         entry.lease_expires = self.clock.later(now, request.lease);
+        entry.dispatched = dispatch_tick(request, now);
         entry.expires = Tick::NEVER;
         Reservation::Acquired {
             operation: entry.operation(record_key, &self.clock),
@@ -381,7 +497,7 @@ impl Inner {
                 operation_id: entry.id,
                 lease_id,
             },
-            takeover: true,
+            takeover,
         }
     }
 
@@ -414,9 +530,8 @@ impl Inner {
         if delete {
             if let Some(entry) = records.remove(&record_key) {
                 self.discharge(&record_key.scope, entry.charge);
+                self.unindex(&entry);
             }
-            self.ids_for(lease.operation_id)
-                .remove(&IdKey(lease.operation_id));
         }
         Ok(value)
     }
@@ -459,7 +574,7 @@ impl Inner {
             }
             for record_key in doomed {
                 if let Some(entry) = records.remove(&record_key) {
-                    self.ids_for(entry.id).remove(&IdKey(entry.id));
+                    self.unindex(&entry);
                     self.discharge(&record_key.scope, entry.charge);
                     entry.wake();
                     purged += 1;
@@ -481,5 +596,15 @@ impl Inner {
             }
         }
         purged
+    }
+}
+
+/// When an attempt for `request` that starts at `now` is dispatched: at once, unless its
+/// handler marks the dispatch itself.
+fn dispatch_tick(request: &ReserveRequest, now: Tick) -> Tick {
+    if request.marks_dispatch {
+        Tick::NEVER
+    } else {
+        now
     }
 }

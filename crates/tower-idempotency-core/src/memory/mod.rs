@@ -34,12 +34,24 @@
 //!
 //! # Leases
 //!
-//! An `in_progress` record whose lease ran out reads (and is stored) as `unknown`. Its
-//! lease stays current until someone takes the operation over: a result that arrives late
-//! is real, so [`Store::complete`](crate::Store::complete) still accepts it, turning an unknown outcome into a
-//! replayable one (and a late [`Store::extend_lease`](crate::Store::extend_lease) puts it back `in_progress`). A take-
-//! over, completion, abandonment or release ends the lease; after that every call with it
-//! fails with [`StoreError::LeaseLost`](crate::StoreError::LeaseLost).
+//! An `in_progress` record whose lease ran out after its dispatch reads (and is stored) as
+//! `unknown`. Its lease stays current until someone takes the operation over: a result that
+//! arrives late is real, so [`Store::complete`](crate::Store::complete) still accepts it,
+//! turning an unknown outcome into a replayable one (and a late
+//! [`Store::extend_lease`](crate::Store::extend_lease) puts it back `in_progress`). A lease
+//! that runs out before its dispatch mark ([`Store::mark_dispatched`](crate::Store::mark_dispatched),
+//! for requests with `marks_dispatch`) leaves the record `in_progress`, its waiters woken,
+//! and the next reservation of the same command takes it over. A take-over, completion,
+//! abandonment, cancellation or release ends the lease; after that every call with it fails
+//! with [`StoreError::LeaseLost`](crate::StoreError::LeaseLost).
+//!
+//! # Approvals
+//!
+//! A record that needs approval keeps it behind one pointer (records without one pay just
+//! that), and an approval-id index holds the records that have one, so lookups by approval
+//! id are one map look-up and a scope's listing walks the approvals only, never the store.
+//! Decisions are made under the record's shard lock: of concurrent decisions exactly one
+//! changes the record.
 //!
 //! # Time
 //!
@@ -93,6 +105,7 @@
 //! # }
 //! ```
 
+mod approval;
 mod clock;
 mod entry;
 mod inner;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::{IdempotencyKey, OperationId, Scope};
+use crate::{ApprovalId, IdempotencyKey, OperationId, Scope};
 
 pub(super) type Shard<K, V> = Mutex<HashMap<K, V, BuildHasherDefault<PassThrough>>>;
 
@@ -50,7 +50,24 @@ impl Hash for IdKey {
     }
 }
 
-/// The maps' hasher: hands on the precomputed `u64` of [`RecordKey`] and [`IdKey`].
+/// An approval id as a map key, hashed by the low half of its (random, version 4) UUID.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct ApprovalKey(pub(super) ApprovalId);
+
+impl ApprovalKey {
+    pub(super) fn bits(self) -> u64 {
+        self.0.as_uuid().as_u64_pair().1
+    }
+}
+
+impl Hash for ApprovalKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.bits());
+    }
+}
+
+/// The maps' hasher: hands on the precomputed `u64` of [`RecordKey`], [`IdKey`] and
+/// [`ApprovalKey`].
 #[derive(Default)]
 pub(super) struct PassThrough(pub(super) u64);
 

@@ -13,8 +13,9 @@ use super::clock::{Tick, later};
 use super::inner::{Refusal, response_bytes};
 use crate::store::Result;
 use crate::{
-    IdempotencyKey, Lease, Operation, OperationId, OperationState, Reservation, ReserveRequest,
-    Scope, Store, StoredResponse,
+    Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
+    Operation, OperationId, OperationState, Reservation, ReserveRequest, Scope, Store,
+    StoredResponse,
 };
 
 #[async_trait]
@@ -100,13 +101,72 @@ impl Store for MemoryStore {
         let Some(record_key) = self.inner.record_key_of(scope, id) else {
             return Ok(());
         };
+        let now = self.inner.clock.now_tick();
         let mut records = self.inner.records_for(&record_key);
         if let Some(entry) = records.get_mut(&record_key) {
-            if entry.id == id && entry.state == OperationState::Completed {
+            if entry.id == id && entry.state == OperationState::Completed && !entry.delivered {
                 entry.delivered = true;
+                entry.delivered_at = now;
             }
         }
         Ok(())
+    }
+
+    /// Also puts an operation whose lease ran out back `in_progress`, as a late heartbeat
+    /// does, when nobody took it over: its worker is evidently alive.
+    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
+        self.inner
+            .with_lease(lease, |entry, record_key, now, clock| {
+                if entry.dispatched.is_never() {
+                    entry.dispatched = now;
+                }
+                entry.state = OperationState::InProgress;
+                entry.lease_expires = clock.later(now, renew);
+                entry.expires = Tick::NEVER;
+                (entry.operation(record_key, clock), false)
+            })
+    }
+
+    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
+        let inner = &self.inner;
+        inner.with_lease(lease, |entry, record_key, now, clock| {
+            entry.lease_id = None;
+            entry.lease_expires = Tick::NEVER;
+            if entry.dispatched.is_never() {
+                // No effect can have happened: kept for the retention, for the retry that
+                // takes it over.
+                entry.state = OperationState::Cancelled;
+                entry.expires = clock.later(now, entry.retention);
+            } else {
+                entry.state = OperationState::Unknown;
+                entry.expires = clock.later(now, entry.unknown_retention);
+            }
+            inner.charge(&record_key.scope, 0, entry.expires);
+            (entry.operation(record_key, clock), false)
+        })
+    }
+
+    async fn decide_approval(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        decision: ApprovalDecision,
+        decided_by: &str,
+    ) -> Result<Option<DecisionOutcome>> {
+        Ok(self.inner.decide_approval(scope, id, decision, decided_by))
+    }
+
+    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
+        Ok(self.inner.get_approval(scope, id))
+    }
+
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> Result<Vec<Approval>> {
+        Ok(self.inner.list_approvals(scope, state, limit))
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
@@ -124,8 +184,9 @@ impl Store for MemoryStore {
     }
 
     /// Returns the record as it stands once the one seen first leaves `in_progress`: it
-    /// may then be completed, unknown, gone (`None`), or a new operation reserved after a
-    /// release.
+    /// may then be completed, unknown, cancelled, gone (`None`), or a new operation reserved
+    /// after a release. A lease that lapses before its dispatch mark returns it too, still
+    /// `in_progress`: nobody drives it any more, and the caller may take it over.
     async fn wait(
         &self,
         scope: &Scope,
@@ -149,7 +210,11 @@ impl Store for MemoryStore {
                     return Ok(None);
                 }
                 let id = *first_id.get_or_insert(entry.id);
-                if !entry.is_in_progress() || entry.id != id || now >= deadline {
+                if !entry.is_in_progress()
+                    || entry.is_stalled(tick)
+                    || entry.id != id
+                    || now >= deadline
+                {
                     return Ok(Some(entry.operation(&record_key, clock)));
                 }
                 // Created under the lock: every later `notify_waiters` reaches it.

@@ -490,3 +490,100 @@ async fn scope_quota_refuses_only_that_scope_with_retry_after_from_its_oldest_re
     assert_eq!(store.scope_usage(&Scope::new("a")).0, 2);
     assert_eq!(store.len(), 3);
 }
+
+fn approval_request(ttl: Duration) -> crate::ApprovalRequest {
+    crate::ApprovalRequest {
+        requested_by: "alice".to_owned(),
+        summary: serde_json::json!({"operation": "deploy"}),
+        ttl,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn approval_records_count_their_request_and_leave_the_index_when_purged() {
+    const TTL: Duration = Duration::from_secs(30);
+    let store = MemoryStore::default();
+    let asked = ReserveRequest {
+        approval: Some(approval_request(TTL)),
+        ..request("a", "1", "fp")
+    };
+    let Reservation::ApprovalRequested(op) = store.reserve(asked).await.unwrap() else {
+        panic!("a new key needing approval requests it");
+    };
+    let summary = r#"{"operation":"deploy"}"#.len() + "alice".len();
+    let reserved = inner::RECORD_OVERHEAD
+        + ("a".len() + "1".len() + "fp".len()) as u64
+        + inner::APPROVAL_OVERHEAD
+        + summary as u64;
+    assert_eq!(store.bytes(), reserved);
+    let id = op.approval.as_ref().unwrap().id;
+    let scope = Scope::new("a");
+    let deny = crate::ApprovalDecision::Deny {
+        reason: "no".to_owned(),
+    };
+    let outcome = store
+        .decide_approval(&scope, id, deny, "bob")
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Some(crate::DecisionOutcome::Decided(_))));
+    assert_eq!(store.bytes(), reserved + ("bob".len() + "no".len()) as u64);
+    // Denied: kept for the retention after the decision, then purged with its index entry.
+    tokio::time::advance(RETENTION - Duration::from_secs(1)).await;
+    assert_eq!(store.purge_expired(usize::MAX).await.unwrap(), 0);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(store.purge_expired(usize::MAX).await.unwrap(), 1);
+    assert_eq!((store.len(), store.bytes()), (0, 0));
+    assert!(
+        store
+            .inner
+            .approvals
+            .iter()
+            .all(|shard| shard::lock(shard).is_empty())
+    );
+    assert_eq!(store.get_approval(&scope, id).await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_approval_record_replaced_by_a_new_operation_leaves_the_index() {
+    let store = MemoryStore::default();
+    let asked = ReserveRequest {
+        approval: Some(approval_request(Duration::from_secs(30))),
+        ..request("a", "1", "fp")
+    };
+    let Reservation::ApprovalRequested(op) = store.reserve(asked.clone()).await.unwrap() else {
+        panic!("a new key needing approval requests it");
+    };
+    let old = op.approval.unwrap().id;
+    tokio::time::advance(Duration::from_secs(30) + RETENTION).await;
+    let Reservation::ApprovalRequested(again) = store.reserve(asked).await.unwrap() else {
+        panic!("an expired record is forgotten: the key requests approval again");
+    };
+    assert_ne!(again.id, op.id);
+    let scope = Scope::new("a");
+    assert_eq!(store.get_approval(&scope, old).await.unwrap(), None);
+    let listed = store.list_approvals(&scope, None, 10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(Some(listed[0].id), again.approval.map(|a| a.id));
+    assert_eq!(store.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_on_an_undispatched_lease_wakes_at_its_lapse_by_timer() {
+    let store = MemoryStore::default();
+    let undispatched = ReserveRequest {
+        marks_dispatch: true,
+        ..request("a", "1", "fp")
+    };
+    let (op, _lease) = acquire(&store, undispatched).await;
+    let start = Instant::now();
+    let seen = store
+        .wait(&op.scope, &op.key, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.state, OperationState::InProgress);
+    assert_eq!(Instant::now() - start, LEASE, "woken exactly at the lapse");
+    // Kept for the unknown retention from the lapse, like an unknown outcome, then gone.
+    tokio::time::advance(UNKNOWN_RETENTION).await;
+    assert_eq!(store.get(&op.scope, &op.key).await.unwrap(), None);
+}

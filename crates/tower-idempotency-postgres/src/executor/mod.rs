@@ -163,6 +163,40 @@ pub(crate) async fn execute_on(
     }
 }
 
+impl StatementMode {
+    /// Runs `sql` on `client` the way this mode sends the store's own statements, and
+    /// returns its rows: prepared once per connection (deadpool's statement cache), or
+    /// unnamed with each parameter's type taken from its Rust value (`&str` and `String` as
+    /// `text`, `i64` as `int8`, `Uuid` as `uuid`, `Option<T>` as `T`'s, …; a cast in the
+    /// SQL, `$1::int4`, picks another). For an application's own statements next to the
+    /// store, through the same pooler: on a pooled connection (`store.pool().get()`) or
+    /// inside an operation's transaction ([`PostgresTxGuard`](crate::PostgresTxGuard)
+    /// dereferences to the connection).
+    ///
+    /// Fails as the store's calls do: [`StoreError::Unavailable`] when the connection is
+    /// lost, [`StoreError::Backend`] for anything the server refused (the
+    /// [`tokio_postgres::Error`] is the source), or a parameter of a type the store never
+    /// sends (`f32`, say; cast it).
+    pub async fn query(
+        self,
+        client: &ClientWrapper,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        query_on(client, self, sql, params).await
+    }
+
+    /// [`StatementMode::query`] for a statement whose row count is all the caller needs.
+    pub async fn execute(
+        self,
+        client: &ClientWrapper,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64> {
+        execute_on(client, self, sql, params).await
+    }
+}
+
 /// Every PostgreSQL type the store's parameters are sent as, in order of preference (the
 /// first a value accepts is the one it is sent as: `TIMESTAMPTZ` before `TIMESTAMP`,
 /// `JSONB` before `JSON`, `TEXT` before the other string types).

@@ -29,11 +29,17 @@ impl DemoProcess {
     /// Starts `demo --listen 127.0.0.1:0 --database-url URL ARGS…` and waits for its
     /// `listening on http://ADDR` line.
     pub async fn start(database_url: &str, args: &[&str]) -> Self {
+        Self::start_logging(database_url, args, "warn").await
+    }
+
+    /// [`DemoProcess::start`] with `log` as the demo's `RUST_LOG` (its stderr is the
+    /// test's).
+    pub async fn start_logging(database_url: &str, args: &[&str], log: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_demo"))
             .args(["--listen", "127.0.0.1:0", "--database-url", database_url])
             .args(args)
             .env_remove("DATABASE_URL")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

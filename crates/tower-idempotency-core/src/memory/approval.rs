@@ -1,0 +1,159 @@
+//! Approvals in the memory store: lookups through the approval-id index, and the decision,
+//! made under the record's shard lock so that of concurrent decisions exactly one changes
+//! the record.
+//!
+//! The index holds only the records that have an approval, so listing a scope's approvals
+//! walks the approvals (human-rate, few), never the store.
+
+use super::entry::Entry;
+use super::inner::Inner;
+use super::shard::{ApprovalKey, RecordKey, lock};
+use crate::{
+    Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, OperationState, Scope,
+};
+
+impl Inner {
+    /// The `(scope, key)` of approval `id`, if it belongs to `scope`.
+    fn approval_record_key(&self, scope: &Scope, id: ApprovalId) -> Option<RecordKey> {
+        self.approvals_for(id)
+            .get(&ApprovalKey(id))
+            .filter(|record_key| record_key.scope == *scope)
+            .cloned()
+    }
+
+    /// Runs `act` on the live record holding approval `id` of `scope`, under its shard lock;
+    /// `None` when there is none.
+    fn with_approval<T>(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        act: impl FnOnce(&mut Entry, &RecordKey) -> T,
+    ) -> Option<T> {
+        let record_key = self.approval_record_key(scope, id)?;
+        let now = self.clock.now_tick();
+        let mut records = self.records_for(&record_key);
+        let entry = records.get_mut(&record_key)?;
+        entry.refresh(now, &self.clock);
+        let holds = entry.approval.as_ref().is_some_and(|a| a.id == id);
+        (holds && !entry.is_expired(now)).then(|| act(entry, &record_key))
+    }
+
+    /// Approval `id` of `scope` as it stands.
+    pub(super) fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Option<Approval> {
+        let now = self.clock.now_tick();
+        self.with_approval(scope, id, |entry, record_key| {
+            let stored = entry.approval.as_ref()?;
+            Some(stored.approval(entry, record_key, &self.clock, now))
+        })
+        .flatten()
+    }
+
+    /// Decides approval `id` of `scope` (see [`Store::decide_approval`]).
+    ///
+    /// [`Store::decide_approval`]: crate::Store::decide_approval
+    pub(super) fn decide_approval(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        decision: ApprovalDecision,
+        decided_by: &str,
+    ) -> Option<DecisionOutcome> {
+        let now = self.clock.now_tick();
+        self.with_approval(scope, id, |entry, record_key| {
+            let bound = decision_fingerprint(&decision).is_none_or(|fp| *fp == entry.fingerprint);
+            let retention = entry.retention;
+            let stored = entry.approval.as_mut()?;
+            let changes = stored.state(now) == ApprovalState::Pending && bound;
+            if changes {
+                let added =
+                    (decided_by.len() + decision_reason(&decision).map_or(0, str::len)) as u64;
+                stored.decided_by = Some(decided_by.to_owned());
+                stored.decided = now;
+                match decision {
+                    ApprovalDecision::Approve { .. } => {
+                        stored.state = ApprovalState::Approved;
+                        entry.state = OperationState::Authorized;
+                    }
+                    ApprovalDecision::Deny { ref reason } => {
+                        stored.state = ApprovalState::Denied;
+                        stored.reason = Some(reason.clone());
+                        entry.state = OperationState::Denied;
+                        // Kept for its retention after the decision, for the retries that
+                        // must get the denial.
+                        entry.expires = self.clock.later(now, retention);
+                    }
+                }
+                entry.charge = entry.charge.saturating_add(added);
+                self.charge(&record_key.scope, added, entry.expires);
+                entry.wake();
+            }
+            let stored = entry.approval.as_ref()?;
+            let approval = stored.approval(entry, record_key, &self.clock, now);
+            Some(outcome(changes, bound, &decision, approval))
+        })
+        .flatten()
+    }
+
+    /// The approvals of `scope` in `state` (as read), oldest request first, at most `limit`.
+    pub(super) fn list_approvals(
+        &self,
+        scope: &Scope,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> Vec<Approval> {
+        let mut ids = Vec::new();
+        for shard in self.approvals.iter() {
+            ids.extend(
+                lock(shard)
+                    .iter()
+                    .filter(|(_, record_key)| record_key.scope == *scope)
+                    .map(|(id, _)| id.0),
+            );
+        }
+        let mut approvals: Vec<Approval> = ids
+            .into_iter()
+            .filter_map(|id| self.get_approval(scope, id))
+            .filter(|approval| state.is_none_or(|state| approval.state == state))
+            .collect();
+        approvals.sort_by_key(|approval| (approval.requested_at, approval.id));
+        approvals.truncate(limit);
+        approvals
+    }
+}
+
+/// The fingerprint an approval must be bound to for `decision` to hold; `None` for a
+/// denial, which needs none.
+fn decision_fingerprint(decision: &ApprovalDecision) -> Option<&crate::Fingerprint> {
+    match decision {
+        ApprovalDecision::Approve { fingerprint } => Some(fingerprint),
+        ApprovalDecision::Deny { .. } => None,
+    }
+}
+
+fn decision_reason(decision: &ApprovalDecision) -> Option<&str> {
+    match decision {
+        ApprovalDecision::Approve { .. } => None,
+        ApprovalDecision::Deny { reason } => Some(reason),
+    }
+}
+
+/// What a decision on `approval` (as it now stands) amounts to, when this call `changed` it
+/// or not; `bound` says whether the decision's fingerprint is the bound one (always for a
+/// denial). An expired approval refuses every decision; then a mismatching fingerprint;
+/// then a decided one repeats the same decision and refuses the opposite.
+fn outcome(
+    changed: bool,
+    bound: bool,
+    decision: &ApprovalDecision,
+    approval: Approval,
+) -> DecisionOutcome {
+    let approves = matches!(decision, ApprovalDecision::Approve { .. });
+    match approval.state {
+        _ if changed => DecisionOutcome::Decided(approval),
+        ApprovalState::Expired => DecisionOutcome::Expired(approval),
+        _ if !bound => DecisionOutcome::FingerprintMismatch(approval),
+        ApprovalState::Approved if approves => DecisionOutcome::Decided(approval),
+        ApprovalState::Denied if !approves => DecisionOutcome::Decided(approval),
+        _ => DecisionOutcome::AlreadyDecided(approval),
+    }
+}
