@@ -94,7 +94,7 @@ pub(super) struct Rare {
 pub(super) struct Entry {
     pub(super) id: OperationId,
     /// The scope's name, shared with the scope's other records.
-    pub(super) scope: Scope,
+    pub(super) scope: Arc<Scope>,
     key: [u8; INLINE_KEY],
     digest: [u8; 32],
     pub(super) profile: Arc<Profile>,
@@ -120,7 +120,7 @@ pub(super) struct Entry {
 /// What a new record is made of.
 pub(super) struct NewEntry<'a> {
     pub(super) id: OperationId,
-    pub(super) scope: Scope,
+    pub(super) scope: Arc<Scope>,
     pub(super) key: &'a str,
     pub(super) fingerprint: &'a Fingerprint,
     pub(super) profile: Arc<Profile>,
@@ -545,7 +545,7 @@ mod tests {
         // The budget of docs/memory-store.md: the record, its two index slots and the
         // allocator's rounding of the body come to under 256 bytes.
         assert!(
-            std::mem::size_of::<Entry>() <= 208,
+            std::mem::size_of::<Entry>() <= 200,
             "{}",
             std::mem::size_of::<Entry>()
         );

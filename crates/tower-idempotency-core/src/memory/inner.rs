@@ -61,8 +61,10 @@ impl Default for Inner {
 }
 
 /// What one scope's records hold, and when the first of them is due to expire.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct ScopeUsage {
+    /// The scope's name, shared by its records (one pointer each).
+    pub(super) name: Arc<Scope>,
     pub(super) records: u64,
     pub(super) bytes: u64,
     /// The earliest retention end of the scope's completed and abandoned records (a lower
@@ -83,11 +85,12 @@ pub(super) enum Refusal {
 }
 
 /// What every record counts beyond its strings and response: its slot (the record itself,
-/// 208 bytes, with its key up to 40 characters inline) and its two index slots. Measured:
-/// about 240 bytes per record beyond the body with a 40-character key, a SHA-256
-/// fingerprint and one stored header, of which the counted strings (scope, key,
-/// fingerprint text) are about 110 and kept in less room (see `docs/memory-store.md`).
-pub(super) const RECORD_OVERHEAD: u64 = 240;
+/// 200 bytes, with a key of up to 40 characters inline and the fingerprint as its 32-byte
+/// digest) and its two index slots (20–30 bytes, with the tables' fill), less what the
+/// counted fingerprint text (71 characters for SHA-256) stands for. A demo-sized record
+/// counts about 290 bytes for the 245–256 it takes (see `docs/memory-store.md`): the count
+/// errs high.
+pub(super) const RECORD_OVERHEAD: u64 = 176;
 
 /// What every stored header counts beyond its name and value (its `String`, its `Bytes`).
 /// Header lists repeat from response to response and are shared, so this errs high.
@@ -188,7 +191,7 @@ impl Inner {
         let now = self.clock.now_tick();
         let mut records = self.records_of_id(id);
         let entry = records.get_by_id_mut(id)?;
-        if entry.scope != *scope {
+        if *entry.scope != *scope {
             return None;
         }
         entry.refresh(now, &self.clock);
@@ -198,7 +201,7 @@ impl Inner {
         let key = IdempotencyKey::new(entry.key()).ok()?;
         let record_key = RecordKey {
             hash: self.record_hash(&entry.scope, key.as_str()),
-            scope: entry.scope.clone(),
+            scope: Scope::clone(&entry.scope),
             key,
         };
         Some(act(entry, &record_key, now))
@@ -266,9 +269,9 @@ impl Inner {
 
     /// Takes room for one new record of `charge` bytes in `scope`: under its quota, then in
     /// the store's capacity and byte budget; on a refusal nothing stays taken.
-    pub(super) fn admit(&self, scope: &Scope, charge: u64) -> Result<Scope, Refusal> {
+    pub(super) fn admit(&self, scope: &Scope, charge: u64) -> Result<Arc<Scope>, Refusal> {
         let mut scopes = self.scopes_for(scope);
-        let usage = scopes.get(scope).copied();
+        let usage = scopes.get(scope);
         let (records, bytes) = usage.map_or((0, 0), |u| (u.records, u.bytes));
         if !self.quota.admits(records, bytes, charge) {
             return Err(Refusal::Quota(
@@ -292,17 +295,15 @@ impl Inner {
             self.len.fetch_sub(1, Ordering::AcqRel);
             return Err(Refusal::Bytes);
         }
-        let usage = scopes.entry(scope.clone()).or_insert(ScopeUsage {
+        let usage = scopes.entry(scope.clone()).or_insert_with(|| ScopeUsage {
+            name: Arc::new(scope.clone()),
             records: 0,
             bytes: 0,
             earliest_expiry: Tick::NEVER,
         });
         usage.records += 1;
         usage.bytes = usage.bytes.saturating_add(charge);
-        // The scope's name as the table holds it: the records of a scope share one copy.
-        let shared = scopes
-            .get_key_value(scope)
-            .map_or_else(|| scope.clone(), |(shared, _)| shared.clone());
+        let shared = Arc::clone(&usage.name);
         Ok(shared)
     }
 
@@ -349,7 +350,7 @@ impl Inner {
     pub(super) fn new_entry(
         &self,
         record_key: &RecordKey,
-        scope: Scope,
+        scope: Arc<Scope>,
         request: &ReserveRequest,
         now: Tick,
     ) -> (Entry, Reservation) {
@@ -620,7 +621,9 @@ impl Inner {
                 if entry.is_expired(now) {
                     doomed.push((slot, self.record_hash(&entry.scope, entry.key())));
                 } else if full && !entry.expires.is_never() {
-                    let first = earliest.entry(entry.scope.clone()).or_insert(Tick::NEVER);
+                    let first = earliest
+                        .entry(Scope::clone(&entry.scope))
+                        .or_insert(Tick::NEVER);
                     *first = (*first).min(entry.expires);
                 }
             }

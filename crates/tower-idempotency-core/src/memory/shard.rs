@@ -73,7 +73,7 @@ impl Table {
             .find(mix(u64::from(tag)), |&(slot, t)| {
                 t == tag
                     && entry_at(chunks, slot).is_some_and(|entry| {
-                        entry.scope == record_key.scope && entry.key() == record_key.key.as_str()
+                        *entry.scope == record_key.scope && entry.key() == record_key.key.as_str()
                     })
             })
             .map(|&(slot, _)| slot)

@@ -101,7 +101,7 @@ impl Store for MemoryStore {
         let now = self.inner.clock.now_tick();
         let mut records = self.inner.records_of_id(id);
         if let Some(entry) = records.get_by_id_mut(id) {
-            if entry.scope == *scope && entry.state == OperationState::Completed {
+            if *entry.scope == *scope && entry.state == OperationState::Completed {
                 entry.mark_delivered(now);
             }
         }
