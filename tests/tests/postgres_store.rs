@@ -648,3 +648,85 @@ async fn operator_resolutions_fence_the_old_worker_and_are_recorded() {
         ResolveOutcome::NotUnknown(_)
     ));
 }
+
+/// A database at migration 5 with rows of every old state: 0006 marks them dispatched at
+/// their creation, so a lapsed old lease still reads `unknown` (never silently re-run) and
+/// the others keep their state; the new columns read back empty.
+#[tokio::test]
+async fn rows_from_before_the_lifecycle_migration_read_as_dispatched() {
+    let db = test_database().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE idempotency_schema_migrations (version integer PRIMARY KEY, \
+             name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .unwrap();
+    for migration in &tower_idempotency_postgres::MIGRATIONS[..5] {
+        client.batch_execute(migration.sql).await.unwrap();
+        client
+            .execute(
+                "INSERT INTO idempotency_schema_migrations (version, name) VALUES ($1, $2)",
+                &[&migration.version, &migration.name],
+            )
+            .await
+            .unwrap();
+    }
+    let scope = fresh_scope();
+    for (key, state, lease) in [
+        ("lapsed", "in_progress", "now() - interval '1 minute'"),
+        ("running", "in_progress", "now() + interval '1 hour'"),
+        ("done", "completed", "NULL"),
+    ] {
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO idempotency_operations (scope, idempotency_key, operation_id, \
+                     fingerprint, method, route, state, lease_id, lease_expires_at, retention, \
+                     unknown_retention, created_at, expires_at) \
+                     VALUES ($1, $2, $3, 'sha256:old', 'POST', '/v1/old', $4, $5, {lease}, \
+                     interval '1 hour', interval '1 day', now() - interval '2 minutes', \
+                     now() + interval '1 day')"
+                ),
+                &[
+                    &scope.as_str(),
+                    &key,
+                    &Uuid::now_v7(),
+                    &state,
+                    &Some(Uuid::new_v4()).filter(|_| state == "in_progress"),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let store = PostgresStore::from_config(&PostgresStoreConfig::new(db.url())).unwrap();
+    assert_eq!(store.migrate().await.unwrap(), [6]);
+    for (key, state) in [
+        ("lapsed", OperationState::Unknown),
+        ("running", OperationState::InProgress),
+        ("done", OperationState::Completed),
+    ] {
+        let operation = store
+            .get(&scope, &IdempotencyKey::new(key).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(operation.state, state, "{key}");
+        assert_eq!(
+            operation.dispatched_at,
+            Some(operation.created_at),
+            "{key}: dispatched when it was reserved"
+        );
+        assert_eq!((operation.delivered_at, operation.approval), (None, None));
+    }
+    // The old lapsed lease is an unknown outcome: a retry without take-over sees it.
+    let seen = store
+        .reserve(request(&scope, "lapsed", "sha256:old"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&seen, Reservation::Existing(op) if op.state == OperationState::Unknown),
+        "{seen:?}"
+    );
+}

@@ -146,13 +146,22 @@ pub enum Reservation {
 /// [`conformance`](crate::conformance) (feature `conformance`).
 #[async_trait]
 pub trait Store: Send + Sync + Debug + 'static {
-    /// Atomically reserves `(scope, key)` in state `in_progress`, or returns the record
+    /// Atomically reserves `(scope, key)` in state `in_progress` (or, with
+    /// [`ReserveRequest::approval`], creates it `awaiting_approval`), or returns the record
     /// that holds it.
     ///
     /// No check-then-act: of concurrent calls for one `(scope, key)`, exactly one gets
-    /// [`Reservation::Acquired`]. An `in_progress` record whose lease has run out is
-    /// reported as `unknown`. A completed record returned with a matching fingerprint has
-    /// its replay count incremented in the same step.
+    /// [`Reservation::Acquired`]. An `in_progress` record whose lease ran out after its
+    /// dispatch is reported as `unknown`. A completed record returned with a matching
+    /// fingerprint has its replay count incremented in the same step.
+    ///
+    /// A record with the same fingerprint starts its next attempt (`Acquired`, same
+    /// operation id, attempts + 1, a new lease, dispatched as `marks_dispatch` says) when
+    /// nobody runs it and nothing can have happened: its lease lapsed before the dispatch
+    /// mark, or it was cancelled before it (`takeover: true`, whatever `take_over_unknown`
+    /// says); or it is `authorized` and its approval has not expired (`takeover: false`; the
+    /// approval is used up). An `unknown` one only with `take_over_unknown`. Any other record
+    /// is [`Reservation::Existing`]; a different fingerprint always is.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation>;
 
     /// Stores the response and marks the operation `completed`, fenced by the lease.
@@ -182,13 +191,15 @@ pub trait Store: Send + Sync + Debug + 'static {
     async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()>;
 
     /// Records that the response of a completed operation was fully handed to the
-    /// transport.
+    /// transport, and when ([`Operation::delivered_at`], the first mark's time).
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()>;
 
     /// Marks the operation dispatched now (its handler is about to cross the effect
     /// boundary) and renews the lease by `renew`, in one step, fenced by the lease: a
     /// worker whose lease was taken over never crosses the boundary. Idempotent for the
-    /// current lease (a second mark renews and keeps the first time).
+    /// current lease (a second mark renews and keeps the first time). Like
+    /// [`extend_lease`](Store::extend_lease), it also renews a lease that ran out but was not
+    /// taken over. Returns the record as it now stands.
     ///
     /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
     async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
@@ -199,8 +210,10 @@ pub trait Store: Send + Sync + Debug + 'static {
     }
 
     /// Cancels the attempt, fenced by the lease: `cancelled` when it had not dispatched
-    /// (a retry of the same command takes it over and executes), `unknown` when it had.
-    /// Returns the record as it now stands.
+    /// (lease cleared, kept for `retention`; a retry of the same command takes it over and
+    /// executes, another command conflicts), `unknown` when it had (as
+    /// [`abandon`](Store::abandon)). Wakes the record's waiters. Returns the record as it now
+    /// stands.
     async fn cancel(&self, lease: &Lease) -> Result<Operation> {
         let _ = lease;
         Err(StoreError::Unsupported {
@@ -210,8 +223,17 @@ pub trait Store: Send + Sync + Debug + 'static {
 
     /// Decides the approval `id` of `scope`, atomically and finally: of concurrent
     /// decisions exactly one is [`DecisionOutcome::Decided`] by its own call. Approving
-    /// moves the operation `awaiting_approval → authorized`, denying `→ denied`.
-    /// `Ok(None)` when there is no such approval **in this scope**.
+    /// moves the operation `awaiting_approval → authorized`, denying `→ denied` (kept for
+    /// its retention after the decision). `Ok(None)` when there is no such approval **in
+    /// this scope**.
+    ///
+    /// Nothing changes unless the approval is pending and not expired and, to approve, the
+    /// decision names the bound fingerprint. Otherwise, in this order: an expired approval
+    /// answers [`Expired`](DecisionOutcome::Expired); an approval with another fingerprint
+    /// [`FingerprintMismatch`](DecisionOutcome::FingerprintMismatch); a decided one
+    /// [`Decided`](DecisionOutcome::Decided), unchanged (first time, approver and reason),
+    /// for the same decision again and [`AlreadyDecided`](DecisionOutcome::AlreadyDecided)
+    /// for the opposite.
     async fn decide_approval(
         &self,
         scope: &Scope,
@@ -225,7 +247,9 @@ pub trait Store: Send + Sync + Debug + 'static {
         })
     }
 
-    /// Loads the approval `id`; `None` when it does not exist or belongs to another scope.
+    /// Loads the approval `id`, its state as read (a pending request, or an approval not yet
+    /// used, past its `expires_at` is `expired`); `None` when it does not exist or belongs to
+    /// another scope.
     async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
         let _ = (scope, id);
         Err(StoreError::Unsupported {
@@ -233,8 +257,8 @@ pub trait Store: Send + Sync + Debug + 'static {
         })
     }
 
-    /// The scope's approvals in `state` (all states when `None`), oldest request first, at
-    /// most `limit`.
+    /// The scope's approvals in `state` as read (all states when `None`), oldest request
+    /// first, at most `limit`.
     async fn list_approvals(
         &self,
         scope: &Scope,
@@ -253,9 +277,10 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Loads a record by id; `None` when it does not exist **or belongs to another scope**.
     async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>>;
 
-    /// Waits until the record of `(scope, key)` leaves `in_progress` (completed, unknown
-    /// or gone) or `timeout` passes, then returns it as it stands. Must not busy-poll a
-    /// backend in a tight loop.
+    /// Waits until the record of `(scope, key)` leaves `in_progress` (completed, unknown,
+    /// cancelled or gone), or its lease lapses before its dispatch mark (it still reads
+    /// `in_progress`, but nobody drives it: the caller may take it over), or `timeout`
+    /// passes, then returns it as it stands. Must not busy-poll a backend in a tight loop.
     async fn wait(
         &self,
         scope: &Scope,
@@ -264,7 +289,9 @@ pub trait Store: Send + Sync + Debug + 'static {
     ) -> Result<Option<Operation>>;
 
     /// Deletes at most `batch` records whose retention has ended; returns how many went.
-    /// Never deletes an `in_progress` record or a record whose retention is still running.
+    /// Never deletes an `in_progress` record whose lease is live or a record whose retention
+    /// is still running (for a record awaiting approval or authorized, that is its
+    /// approval's expiry plus the retention).
     async fn purge_expired(&self, batch: usize) -> Result<usize>;
 
     /// Opens a database transaction for the operation `lease` holds, for a transactional

@@ -4,8 +4,11 @@
 //! Reservation is one round trip keyed by `(scope, idempotency_key)` (an `INSERT … ON
 //! CONFLICT … RETURNING`, or for a replay an `UPDATE` of the replay count alone, committed
 //! without waiting for its WAL flush); completion, release, abandonment and lease extension are
-//! fenced by the lease id; every lease and expiry decision uses the database's `now()`; a
-//! lease that runs out turns the record `unknown`, never deletes it. Connection failures
+//! fenced by the lease id (as are dispatch marks and cancellation); every lease and expiry
+//! decision uses the database's `now()`; a lease that runs out after dispatch turns the
+//! record `unknown` (one that runs out before its dispatch mark is taken over by the next
+//! retry), never deletes it. Approvals are requested by the reservation and decided in one
+//! statement. Connection failures
 //! surface as [`StoreError::Unavailable`](tower_idempotency_core::StoreError::Unavailable)
 //! (the layer answers `503` without running the handler) and the pool recovers by itself
 //! once PostgreSQL is back.

@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_scope_quotas.sql",
         sql: include_str!("../migrations/0005_scope_quotas.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_lifecycle.sql",
+        sql: include_str!("../migrations/0006_lifecycle.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

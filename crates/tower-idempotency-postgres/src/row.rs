@@ -1,15 +1,17 @@
 //! Decoding of result rows into core types.
 //!
-//! The one rule applied here rather than in SQL: an `in_progress` row whose lease ran out by
-//! the database's clock (`db_now`, read in the same statement) is reported as `unknown`.
+//! The rules applied here rather than in SQL, by the database's clock (`db_now`, read in the
+//! same statement): an `in_progress` row that was dispatched and whose lease ran out is
+//! reported as `unknown`; a pending or approved approval that is not used and is past its
+//! expiry is reported as `expired`.
 
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio_postgres::Row;
 use tower_idempotency_core::{
-    Fingerprint, IdempotencyKey, Operation, OperationId, OperationState, Scope, StoreError,
-    StoredResponse,
+    Approval, ApprovalId, ApprovalState, Fingerprint, IdempotencyKey, Operation, OperationId,
+    OperationState, Scope, StoreError, StoredResponse,
 };
 use uuid::Uuid;
 
@@ -39,7 +41,13 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
     let mut state: OperationState = state_name
         .parse()
         .map_err(|_| corrupt(format!("unexpected operation state `{state_name}`")))?;
-    if state == OperationState::InProgress && lease_expires_at.is_none_or(|at| at <= db_now) {
+    let dispatched_at: Option<SystemTime> = get(row, "dispatched_at")?;
+    // A lapse after the dispatch mark is unknown; one before it stays in progress (its lease
+    // in the past), for the next reservation of the command to take over.
+    if state == OperationState::InProgress
+        && dispatched_at.is_some()
+        && lease_expires_at.is_none_or(|at| at <= db_now)
+    {
         state = OperationState::Unknown;
     }
     let key_text: String = get(row, "idempotency_key")?;
@@ -67,25 +75,29 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
         }
         _ => None,
     };
+    let id = OperationId::from_uuid(get(row, "operation_id")?);
+    let scope = Scope::new(get::<String>(row, "scope")?);
+    let fingerprint = Fingerprint::from_stored(get::<String>(row, "fingerprint")?);
+    let approval = approval(row, db_now, (id, &scope, &key, &fingerprint))?;
     let operation = Operation {
-        id: OperationId::from_uuid(get(row, "operation_id")?),
-        scope: Scope::new(get::<String>(row, "scope")?),
+        id,
+        scope,
         key,
-        fingerprint: Fingerprint::from_stored(get::<String>(row, "fingerprint")?),
+        fingerprint,
         method: get(row, "method")?,
         route: get(row, "route")?,
         state,
         attempts: u32::try_from(attempts).unwrap_or(0),
         created_at: get(row, "created_at")?,
-        dispatched_at: Some(get(row, "created_at")?),
+        dispatched_at,
         completed_at: get(row, "completed_at")?,
         lease_expires_at,
         expires_at: Some(get(row, "expires_at")?),
         retention: Duration::from_micros(u64::try_from(retention_us).unwrap_or(0)),
         response,
         delivered: get(row, "delivered")?,
-        delivered_at: None,
-        approval: None,
+        delivered_at: get(row, "delivered_at")?,
+        approval: approval.map(Box::new),
         replays: u64::try_from(replays).unwrap_or(0),
     };
     Ok(OperationRow {
@@ -93,6 +105,46 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
         lease_id: get(row, "lease_id")?,
         db_now,
     })
+}
+
+/// The approval columns of an operation row, as read at `db_now`; `None` without one.
+fn approval(
+    row: &Row,
+    db_now: SystemTime,
+    (operation_id, scope, key, fingerprint): (OperationId, &Scope, &IdempotencyKey, &Fingerprint),
+) -> Result<Option<Approval>, StoreError> {
+    let Some(id) = get::<Option<Uuid>>(row, "approval_id")? else {
+        return Ok(None);
+    };
+    let name: String = get(row, "approval_state")?;
+    let stored: ApprovalState = name
+        .parse()
+        .map_err(|_| corrupt(format!("unexpected approval state `{name}`")))?;
+    let expires_at: SystemTime = get(row, "approval_expires_at")?;
+    let used: bool = get(row, "approval_used")?;
+    let state = match stored {
+        ApprovalState::Pending | ApprovalState::Approved if !used && expires_at <= db_now => {
+            ApprovalState::Expired
+        }
+        stored => stored,
+    };
+    Ok(Some(Approval {
+        id: ApprovalId::from_uuid(id),
+        operation_id,
+        scope: scope.clone(),
+        key: key.clone(),
+        fingerprint: fingerprint.clone(),
+        state,
+        summary: get::<Option<serde_json::Value>>(row, "approval_summary")?
+            .unwrap_or(serde_json::Value::Null),
+        requested_by: get::<Option<String>>(row, "approval_requested_by")?.unwrap_or_default(),
+        requested_at: get(row, "approval_requested_at")?,
+        expires_at,
+        decided_by: get(row, "approval_decided_by")?,
+        decided_at: get(row, "approval_decided_at")?,
+        reason: get(row, "approval_reason")?,
+        used,
+    }))
 }
 
 pub(crate) fn resolution(row: &Row) -> Result<ResolutionRecord, StoreError> {

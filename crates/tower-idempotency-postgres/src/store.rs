@@ -16,9 +16,9 @@ use tokio_postgres::types::ToSql;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
-    IdempotencyKey, Lease, LeaseId, Operation, OperationId, OperationState, OperationTransaction,
-    Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse,
-    quota::quota_retry_after,
+    Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
+    LeaseId, Operation, OperationId, OperationState, OperationTransaction, Reservation,
+    ReserveRequest, Scope, Store, StoreError, StoredResponse, quota::quota_retry_after,
 };
 
 use crate::budget::{self, TransactionBudget};
@@ -280,6 +280,26 @@ impl PostgresStore {
         Ok((freed, quota_retry_after(until)))
     }
 
+    /// A write fenced by `lease` that returns the operation row (`$1`–`$4`: scope, key,
+    /// operation id, lease id; `extra` follows): no row means the lease is not current.
+    async fn fenced_row(
+        &self,
+        what: &'static str,
+        sql: &str,
+        lease: &Lease,
+        extra: &[&(dyn ToSql + Sync)],
+    ) -> Result<Operation> {
+        let operation_id = lease.operation_id.as_uuid();
+        let lease_id = lease.lease_id.as_uuid();
+        let (scope, key) = (lease.scope.as_str(), lease.key.as_str());
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&scope, &key, &operation_id, &lease_id];
+        params.extend_from_slice(extra);
+        match self.read_one(what, sql, &params).await? {
+            Some(row) => Ok(row.operation),
+            None => Err(lease_lost(what, lease)),
+        }
+    }
+
     async fn get_row(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<OperationRow>> {
         self.read_one(
             "get",
@@ -309,7 +329,12 @@ impl Store for PostgresStore {
         let lease_id = LeaseId::new();
         let (op_uuid, lease_uuid) = (operation_id.as_uuid(), lease_id.as_uuid());
         let (max_records, max_bytes) = self.inner.quota;
-        let params: [&(dyn ToSql + Sync); 13] = [
+        let asked = request.approval.as_ref();
+        let approval_id = asked.map(|_| ApprovalId::new().as_uuid());
+        let requested_by = asked.map(|a| a.requested_by.as_str());
+        let summary = asked.map(|a| &a.summary);
+        let ttl = asked.map(|a| micros(a.ttl));
+        let params: [&(dyn ToSql + Sync); 18] = [
             &request.scope.as_str(),
             &request.key.as_str(),
             &op_uuid,
@@ -323,6 +348,11 @@ impl Store for PostgresStore {
             &request.take_over_unknown,
             &max_records,
             &max_bytes,
+            &request.marks_dispatch,
+            &approval_id,
+            &requested_by,
+            &summary,
+            &ttl,
         ];
         let mut purged = false;
         let row = loop {
@@ -341,7 +371,9 @@ impl Store for PostgresStore {
             purged = true;
         };
         if row.lease_id == Some(lease_uuid) {
-            let takeover = row.operation.id != operation_id;
+            // The next attempt of an existing operation: a take-over from the second attempt
+            // on; the first attempt of an approved one is not.
+            let takeover = row.operation.id != operation_id && row.operation.attempts > 1;
             if takeover {
                 tracing::info!(
                     operation_id = %row.operation.id,
@@ -360,6 +392,10 @@ impl Store for PostgresStore {
                 lease,
                 takeover,
             })
+        } else if row.operation.id == operation_id
+            && row.operation.state == OperationState::AwaitingApproval
+        {
+            Ok(Reservation::ApprovalRequested(row.operation))
         } else {
             Ok(Reservation::Existing(row.operation))
         }
@@ -435,6 +471,77 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
+        let renew = micros(renew);
+        self.fenced_row(
+            "mark_dispatched",
+            &self.inner.queries.operations.mark_dispatched,
+            lease,
+            &[&renew],
+        )
+        .await
+    }
+
+    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
+        self.fenced_row("cancel", &self.inner.queries.operations.cancel, lease, &[])
+            .await
+    }
+
+    /// One statement (see `OperationQueries::decide_approval`): the row is locked and read as
+    /// it stands, and changed only if the decision holds.
+    async fn decide_approval(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        decision: ApprovalDecision,
+        decided_by: &str,
+    ) -> Result<Option<DecisionOutcome>> {
+        let (approves, fingerprint, reason) = match &decision {
+            ApprovalDecision::Approve { fingerprint } => (true, Some(fingerprint.as_str()), None),
+            ApprovalDecision::Deny { reason } => (false, None, Some(reason.as_str())),
+        };
+        self.decide(scope, id, approves, fingerprint, decided_by, reason)
+            .await
+    }
+
+    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
+        let uuid = id.as_uuid();
+        Ok(self
+            .read_one(
+                "get_approval",
+                &self.inner.queries.operations.get_approval,
+                &[&scope.as_str(), &uuid],
+            )
+            .await?
+            .and_then(|row| row.operation.approval.map(|approval| *approval)))
+    }
+
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> Result<Vec<Approval>> {
+        let state = state.map(|state| state.as_str());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        (self.inner.executor)
+            .query(
+                "list_approvals",
+                &self.inner.queries.operations.list_approvals,
+                &[&scope.as_str(), &state, &limit],
+            )
+            .await?
+            .iter()
+            .map(|found| {
+                let operation = row::operation(found)?.operation;
+                operation
+                    .approval
+                    .map(|approval| *approval)
+                    .ok_or_else(|| StoreError::Backend("list_approvals read no approval".into()))
+            })
+            .collect()
+    }
+
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         Ok(self.get_row(scope, key).await?.map(|row| row.operation))
     }
@@ -472,12 +579,14 @@ impl Store for PostgresStore {
             if row.operation.state != OperationState::InProgress {
                 return Ok(Some(row.operation));
             }
+            // By the database clock, as every lease decision. A lease that lapsed before its
+            // dispatch mark still reads in progress, but nobody drives it any more: return it
+            // for the caller to take over.
+            let lease_left = row.operation.lease_remaining(row.db_now);
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || lease_left.is_zero() {
                 return Ok(Some(row.operation));
             }
-            // By the database clock, as every lease decision.
-            let lease_left = row.operation.lease_remaining(row.db_now);
             // Wake just after the lease ends so the lapse is observed, not before it.
             let sleep = pause
                 .min(deadline - now)
@@ -521,5 +630,67 @@ impl Store for PostgresStore {
             PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease, permit)
                 .await?;
         Ok(Some(Box::new(transaction)))
+    }
+}
+
+impl PostgresStore {
+    /// The decision statement on approval `id` of `scope`: approve (`approves`, with the
+    /// `fingerprint` shown) or deny, by `decided_by`, with `reason` kept with it (a
+    /// denial's, or an operator's note on an approval). One atomic step.
+    pub(crate) async fn decide(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        approves: bool,
+        fingerprint: Option<&str>,
+        decided_by: &str,
+        reason: Option<&str>,
+    ) -> Result<Option<DecisionOutcome>> {
+        let uuid = id.as_uuid();
+        let rows = (self.inner.executor)
+            .query(
+                "decide_approval",
+                &self.inner.queries.operations.decide_approval,
+                &[
+                    &scope.as_str(),
+                    &uuid,
+                    &approves,
+                    &fingerprint,
+                    &decided_by,
+                    &reason,
+                ],
+            )
+            .await?;
+        let Some(found) = rows.first() else {
+            return Ok(None);
+        };
+        let changed: bool = row::get(found, "changed")?;
+        let operation = row::operation(found)?.operation;
+        let bound = fingerprint.is_none_or(|fp| fp == operation.fingerprint.as_str());
+        let approval = operation
+            .approval
+            .map(|approval| *approval)
+            .ok_or_else(|| StoreError::Backend("decide_approval read no approval".into()))?;
+        Ok(Some(decision_outcome(changed, bound, approves, approval)))
+    }
+}
+
+/// What a decision on `approval` (as the statement left it) amounts to, when the statement
+/// `changed` it or not; `bound` says whether the decision's fingerprint is the bound one
+/// (always for a denial). An expired approval refuses every decision; then a mismatching
+/// fingerprint; then a decided one repeats the same decision and refuses the opposite.
+fn decision_outcome(
+    changed: bool,
+    bound: bool,
+    approves: bool,
+    approval: Approval,
+) -> DecisionOutcome {
+    match approval.state {
+        _ if changed => DecisionOutcome::Decided(approval),
+        ApprovalState::Expired => DecisionOutcome::Expired(approval),
+        _ if !bound => DecisionOutcome::FingerprintMismatch(approval),
+        ApprovalState::Approved if approves => DecisionOutcome::Decided(approval),
+        ApprovalState::Denied if !approves => DecisionOutcome::Decided(approval),
+        _ => DecisionOutcome::AlreadyDecided(approval),
     }
 }

@@ -151,7 +151,7 @@ async fn operator_commands_against_a_real_database() {
     let out = cli(&["--database-url", url.as_str(), "migrate"], &[]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("applied migrations [1, 2, 3, 4, 5]"),
+        stdout(&out).contains("applied migrations [1, 2, 3, 4, 5, 6]"),
         "{}",
         stdout(&out)
     );
@@ -586,7 +586,7 @@ async fn resolutions_recorded_before_operators_were_kept_read_as_no_operator() {
     let out = cli(&["migrate"], &[("DATABASE_URL", db.url())]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("applied migrations [4, 5]"),
+        stdout(&out).contains("applied migrations [4, 5, 6]"),
         "{}",
         stdout(&out)
     );
@@ -601,4 +601,92 @@ async fn resolutions_recorded_before_operators_were_kept_read_as_no_operator() {
     let store = PostgresStore::connect(db.url()).await.unwrap();
     let record = store.find_resolution(id).await.unwrap().unwrap();
     assert_eq!(record.operator, None);
+}
+
+/// The lifecycle's states are listed and shown: a request awaiting approval (with its
+/// approval), a cancelled attempt, and an attempt whose lease lapsed before its dispatch mark,
+/// which is still in progress (a retry takes it over), never unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_states_are_listed_and_shown() {
+    let db = pg::test_database().await;
+    let url = db.url().to_owned();
+    let with_url = |args: &[&str]| cli(args, &[("DATABASE_URL", &url)]);
+    let store = PostgresStore::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    let scope = Scope::new("acct_lifecycle");
+    let asked = ReserveRequest {
+        approval: Some(tower_idempotency_core::ApprovalRequest {
+            requested_by: "alice".to_owned(),
+            summary: serde_json::json!({"operation": "deploy", "target": "api"}),
+            ttl: Duration::from_secs(600),
+        }),
+        ..request(&scope, "needs-approval", Duration::from_secs(60))
+    };
+    let Reservation::ApprovalRequested(awaiting) = store.reserve(asked).await.unwrap() else {
+        panic!("a new key needing approval requests it");
+    };
+    let Reservation::Acquired {
+        operation, lease, ..
+    } = store
+        .reserve(ReserveRequest {
+            marks_dispatch: true,
+            ..request(&scope, "cancelled", Duration::from_secs(60))
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    store.cancel(&lease).await.unwrap();
+    let cancelled = operation.id;
+    let stalled = acquire(
+        &store,
+        ReserveRequest {
+            marks_dispatch: true,
+            ..request(&scope, "stalled", Duration::from_millis(200))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    for (state, id) in [
+        ("awaiting_approval", awaiting.id),
+        ("cancelled", cancelled),
+        ("in_progress", stalled),
+    ] {
+        let out = with_url(&["list", "--state", state]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert!(
+            stdout(&out).contains(&id.to_string()),
+            "{state}: {}",
+            stdout(&out)
+        );
+    }
+    let out = with_url(&["list", "--state", "unknown"]);
+    assert!(
+        !stdout(&out).contains(&stalled.to_string()),
+        "{}",
+        stdout(&out)
+    );
+    let out = with_url(&["list", "--state", "denied"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 1, "{}", stdout(&out));
+
+    let out = with_url(&["show", &awaiting.id.to_string()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let shown = json(&out);
+    assert_eq!(shown["operation"]["state"], "awaiting_approval");
+    assert_eq!(shown["operation"]["dispatched_at"], Value::Null);
+    let approval = &shown["operation"]["approval"];
+    assert_eq!(approval["state"], "pending");
+    assert_eq!(approval["requested_by"], "alice");
+    assert_eq!(approval["summary"]["target"], "api");
+    assert_eq!(
+        approval["approval_id"],
+        awaiting.approval.unwrap().id.to_string()
+    );
+    let out = with_url(&["show", &stalled.to_string()]);
+    assert_eq!(json(&out)["operation"]["state"], "in_progress");
+    let out = with_url(&["list", "--state", "nonsense"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
 }

@@ -25,15 +25,17 @@ use tower_idempotency_core::{
 };
 use tracing::{Instrument, Span, field};
 
+use crate::approval;
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
 use crate::command::ParsedCommand;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
-use crate::execute::{Answer, execute};
+use crate::execute::{Answer, execute, execution_handle};
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
+use crate::record::Sink;
 use crate::refusal::refuse;
 use crate::request_fingerprint::fingerprint;
 use crate::telemetry::{self, Decision, Tally, store_call};
@@ -179,7 +181,11 @@ fn key_of(
 ) -> Result<Option<IdempotencyKey>, Rejection> {
     let mut values = parts.headers.get_all(&shared.header_name).iter();
     match (values.next(), values.next()) {
-        (None, _) if policy.key == KeyRequirement::Optional => Ok(None),
+        // An approval is bound to a key: a route that may need one always requires it, or
+        // a keyless request would run a command that needs approval unapproved.
+        (None, _) if policy.key == KeyRequirement::Optional && policy.approval.is_none() => {
+            Ok(None)
+        }
         (None, _) => Err(Rejection::MissingKey),
         (Some(_), Some(_)) => Err(Rejection::RepeatedKey),
         (Some(value), None) => IdempotencyKey::parse_header(value.as_bytes())
@@ -205,7 +211,7 @@ where
     Span::current().record("key", key.as_str());
     let scope = scope_of(shared, parts)?;
     let body = read_bounded(shared, parts, body).await?;
-    let (fingerprint, command) = fingerprint(
+    let fingerprinted = fingerprint(
         &shared.fingerprinter,
         &shared.header_name,
         policy,
@@ -214,6 +220,13 @@ where
         &scope,
         &body,
     )?;
+    let fingerprint = fingerprinted.fingerprint;
+    let approval = approval::request_for(shared, policy, parts, fingerprinted.command.as_ref());
+    // The handler gets the normalized command (not a merely parsed body: its extractor would
+    // then skip the command's own normalization).
+    let command = fingerprinted
+        .command
+        .filter(|_| policy.normalizer.is_some());
     let request = ReserveRequest {
         scope,
         key,
@@ -224,8 +237,8 @@ where
         retention: policy.retention,
         unknown_retention: policy.unknown_retention,
         take_over_unknown: matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute),
-        marks_dispatch: false,
-        approval: None,
+        marks_dispatch: policy.marks_dispatch,
+        approval,
     };
     Ok((request, body, command))
 }
@@ -292,7 +305,10 @@ where
     ResB::Error: Send + 'static,
 {
     let started = Instant::now();
-    let deadline = started.checked_add(policy.wait).unwrap_or(started);
+    let mut deadline = started.checked_add(policy.wait).unwrap_or(started);
+    let decision_deadline = started
+        .checked_add(approval::decision_wait(&policy))
+        .unwrap_or(started);
     let mut waited = false;
     loop {
         // Checked before every reservation: past the bound nothing is reserved, so a
@@ -328,9 +344,20 @@ where
                 return Ok(refuse(&shared, Rejection::StoreUnavailable));
             }
         };
-        match existing(&shared, &policy, &request, operation, deadline, waited).await {
-            Ok(Some(replayed)) => return Ok(replayed),
-            Ok(None) => waited = true,
+        let deadlines = Deadlines {
+            in_progress: deadline,
+            decision: decision_deadline,
+        };
+        match existing(&shared, &policy, &request, operation, deadlines, waited).await {
+            Ok(Next::Replayed(replayed)) => return Ok(replayed),
+            Ok(Next::Again) => waited = true,
+            Ok(Next::Decided) => {
+                // A decision came while this retry waited for it: an execution it now meets
+                // gets the usual wait, counted from here.
+                let now = Instant::now();
+                deadline = now.checked_add(policy.wait).unwrap_or(now);
+                waited = true;
+            }
             Err(rejection) => return Ok(refuse(&shared, rejection)),
         }
     }
@@ -370,12 +397,29 @@ where
             takeover,
         }) => {
             Span::current().record("operation_id", field::display(operation.id));
+            if approval::ignored_by_store(&request, &operation, takeover) {
+                tracing::error!(
+                    "the route requires approval and the store reserved the key without one; handler not run"
+                );
+                Sink::Store
+                    .release(&shared, &lease, "the store does not implement approvals")
+                    .await;
+                return Round::Refused(Rejection::ApprovalsUnsupported);
+            }
             let Held { inner, parts, body } = held;
-            let answer = execute(&shared, &policy, inner, parts, body, lease, takeover).await;
+            let execution = execution_handle(&shared, &policy, lease, &operation);
+            let answer = execute(&shared, &policy, inner, parts, body, execution, takeover).await;
             Round::Answered(answer)
         }
-        Ok(Reservation::Existing(operation) | Reservation::ApprovalRequested(operation)) => {
-            Round::Existing(Box::new(operation), held)
+        Ok(Reservation::Existing(operation)) => Round::Existing(Box::new(operation), held),
+        Ok(Reservation::ApprovalRequested(operation)) => {
+            // The first request of a command that needs approval is answered at once: the
+            // requester needs the approval's id to ask a person.
+            Span::current().record("operation_id", field::display(operation.id));
+            if let Some(approval) = &operation.approval {
+                tracing::info!(approval_id = %approval.id, "approval requested");
+            }
+            Round::Refused(approval::refusal(&shared, &operation))
         }
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
         Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
@@ -413,7 +457,11 @@ async fn reserve(
                 retry_after: retry_after.as_secs().max(1),
             })
         }
-        StoreError::Unavailable(error) if policy.store_failure == StoreFailurePolicy::FailOpen => {
+        // Never for a command that needs approval: unprotected, nothing would check it.
+        StoreError::Unavailable(error)
+            if policy.store_failure == StoreFailurePolicy::FailOpen
+                && request.approval.is_none() =>
+        {
             tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
             NotReserved::FailOpen
         }
@@ -424,16 +472,33 @@ async fn reserve(
     })
 }
 
-/// What to do with a record that already holds the key: `Some` replay, `None` after
-/// waiting for the original (ask the store again), or a refusal.
+/// Until when a request waits: for a running original, and for a person's decision.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    in_progress: Instant,
+    decision: Instant,
+}
+
+/// What [`existing`] found to do.
+enum Next<R> {
+    /// Answer with this replay.
+    Replayed(R),
+    /// The original changed state while this request waited: ask the store again.
+    Again,
+    /// The approval was decided while this request waited: ask the store again.
+    Decided,
+}
+
+/// What to do with a record that already holds the key: replay, ask the store again after
+/// waiting for the original or for a decision, or refuse.
 async fn existing<ResB: Body>(
     shared: &Shared,
     policy: &RoutePolicy,
     request: &ReserveRequest,
     operation: Operation,
-    deadline: Instant,
+    deadlines: Deadlines,
     waited: bool,
-) -> Result<Option<Response<ResponseBody<ResB>>>, Rejection> {
+) -> Result<Next<Response<ResponseBody<ResB>>>, Rejection> {
     Span::current().record("operation_id", field::display(operation.id));
     if operation.fingerprint != request.fingerprint {
         return Err(Rejection::FingerprintMismatch {
@@ -442,10 +507,20 @@ async fn existing<ResB: Body>(
         });
     }
     match operation.state {
-        OperationState::Completed => replay(shared, operation, waited).map(Some),
+        OperationState::Completed => replay(shared, operation, waited).map(Next::Replayed),
         OperationState::InProgress => {
-            wait_for(shared, policy, request, &operation, deadline).await?;
-            Ok(None)
+            wait_for(shared, policy, request, &operation, deadlines.in_progress).await?;
+            Ok(Next::Again)
+        }
+        OperationState::AwaitingApproval | OperationState::Authorized | OperationState::Denied => {
+            match approval::refusal(shared, &operation) {
+                Rejection::ApprovalRequired { .. } if Instant::now() < deadlines.decision => {
+                    approval::wait_for_decision(shared, request, operation, deadlines.decision)
+                        .await?;
+                    Ok(Next::Decided)
+                }
+                rejection => Err(rejection),
+            }
         }
         _ => Err(Rejection::OutcomeUnknown {
             operation_id: operation.id,

@@ -54,10 +54,17 @@ pub(crate) enum Decision {
     Passthrough,
     /// `429 scope-quota-exceeded`: the scope's quota is spent; the handler did not run.
     QuotaExceeded,
+    /// `403 approval-required`: the command waits for a person's approval; the handler did
+    /// not run.
+    ApprovalRequired,
+    /// `403 approval-denied`: the stored denial.
+    ApprovalDenied,
+    /// `403 approval-expired`: the approval expired before it was decided or used.
+    ApprovalExpired,
 }
 
 impl Decision {
-    const ALL: [Self; 14] = [
+    const ALL: [Self; 17] = [
         Self::Rejected,
         Self::Executed,
         Self::ReExecuted,
@@ -72,6 +79,9 @@ impl Decision {
         Self::Bypassed,
         Self::Passthrough,
         Self::QuotaExceeded,
+        Self::ApprovalRequired,
+        Self::ApprovalDenied,
+        Self::ApprovalExpired,
     ];
 
     /// The value on the span and in the metric label.
@@ -91,6 +101,9 @@ impl Decision {
             Self::Bypassed => "bypassed",
             Self::Passthrough => "passthrough",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::ApprovalRequired => "approval_required",
+            Self::ApprovalDenied => "approval_denied",
+            Self::ApprovalExpired => "approval_expired",
         }
     }
 
@@ -103,6 +116,9 @@ impl Decision {
             Rejection::StoreUnavailable | Rejection::StoreFull => Self::StoreUnavailable,
             Rejection::NotCommitted { .. } => Self::NotCommitted,
             Rejection::ScopeQuotaExceeded { .. } => Self::QuotaExceeded,
+            Rejection::ApprovalRequired { .. } => Self::ApprovalRequired,
+            Rejection::ApprovalDenied { .. } => Self::ApprovalDenied,
+            Rejection::ApprovalExpired { .. } => Self::ApprovalExpired,
             _ => Self::Rejected,
         }
     }
@@ -382,6 +398,19 @@ mod tests {
             .find(|l| l.key() == names::METHOD)
             .map(|l| l.value().to_owned());
         assert_eq!(method.as_deref(), Some("_OTHER"));
+    }
+
+    #[test]
+    fn approval_refusals_are_decisions_of_their_own() {
+        use crate::problem::Rejection;
+        assert_eq!(Decision::ApprovalRequired.as_str(), "approval_required");
+        assert_eq!(Decision::ApprovalDenied.as_str(), "approval_denied");
+        assert_eq!(Decision::ApprovalExpired.as_str(), "approval_expired");
+        assert_eq!(Decision::of(&Rejection::NotAnApprover), Decision::Rejected);
+        assert_eq!(
+            Decision::of(&Rejection::ApprovalsUnsupported),
+            Decision::Rejected
+        );
     }
 
     #[test]

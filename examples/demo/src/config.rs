@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use clap::ArgAction;
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -76,6 +77,40 @@ struct Cli {
     /// parameter types, for a pooler in transaction mode (PgBouncer before 1.21)
     #[arg(long = "pg-statements", value_name = "MODE", default_value = "prepared", value_parser = statements)]
     pg_statements: StatementMode,
+    /// A user who may approve in their own account (`Authorization: Bearer
+    /// <account>:<user>`); repeat the flag for several
+    #[arg(
+        long = "approver",
+        value_name = "NAME",
+        action = ArgAction::Append,
+        default_value = DEFAULT_APPROVER,
+        value_parser = approver
+    )]
+    approvers: Vec<String>,
+    /// How long an approval request, and an approval not yet used, stays valid, in ms
+    #[arg(long = "approval-ttl-ms", value_name = "N", default_value = "3600000", value_parser = positive_millis)]
+    approval_ttl: Duration,
+}
+
+/// The user who may approve when no `--approver` is given.
+pub const DEFAULT_APPROVER: &str = "approver";
+
+fn approver(raw: &str) -> Result<String, String> {
+    if crate::auth::is_name(raw, crate::auth::MAX_USER_LEN) {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
+            "`{raw}` is not a user name (1–{} characters of A–Z a–z 0–9 - . _ ~ + / =)",
+            crate::auth::MAX_USER_LEN
+        ))
+    }
+}
+
+fn positive_millis(raw: &str) -> Result<Duration, String> {
+    match millis(raw)? {
+        ttl if ttl.is_zero() => Err("must be at least 1 ms".to_owned()),
+        ttl => Ok(ttl),
+    }
 }
 
 fn address(raw: &str) -> Result<SocketAddr, String> {
@@ -161,6 +196,13 @@ pub struct Config {
     /// (`--pg-statements`): prepared once per connection (the default), or unnamed, which a
     /// pooler in transaction mode needs (see `docs/postgres.md`, *PgBouncer*).
     pub pg_statements: StatementMode,
+    /// The users who may approve in their own account (`--approver`, default
+    /// [`DEFAULT_APPROVER`]): `Bearer <account>:<user>` with one of these users decides the
+    /// account's approvals.
+    pub approvers: Vec<String>,
+    /// How long an approval request, and an approval not yet used, stays valid
+    /// (`--approval-ttl-ms`, default one hour).
+    pub approval_ttl: Duration,
 }
 
 impl Config {
@@ -190,6 +232,8 @@ impl Default for Config {
             scope_quota_records: None,
             scope_quota_bytes: None,
             pg_statements: StatementMode::Prepared,
+            approvers: vec![DEFAULT_APPROVER.to_owned()],
+            approval_ttl: Duration::from_secs(3600),
         }
     }
 }
@@ -276,6 +320,8 @@ fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::
         scope_quota_records: cli.scope_quota_records,
         scope_quota_bytes: cli.scope_quota_bytes,
         pg_statements: cli.pg_statements,
+        approvers: cli.approvers,
+        approval_ttl: cli.approval_ttl,
     })
 }
 
@@ -467,6 +513,40 @@ mod tests {
             for word in words {
                 assert!(text.contains(word), "{args:?}: {word} not in {text}");
             }
+        }
+    }
+
+    #[test]
+    fn approvers_accumulate_and_the_approval_ttl_is_positive() {
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.approvers, ["approver"]);
+        assert_eq!(defaults.approval_ttl, Duration::from_secs(3600));
+        let config = parse(&[
+            "--approver",
+            "alice",
+            "--approver=bob",
+            "--approval-ttl-ms",
+            "250",
+        ])
+        .unwrap();
+        assert_eq!(config.approvers, ["alice", "bob"]);
+        assert_eq!(config.approval_ttl, Duration::from_millis(250));
+        for bad in [
+            &["--approver"][..],
+            &["--approver", "a b"],
+            &["--approver", "acme:alice"],
+            &["--approval-ttl-ms", "0"],
+            &["--approval-ttl-ms", "soon"],
+        ] {
+            assert_eq!(parse(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+        }
+        let help = parse(&["--help"]).unwrap_err().to_string();
+        for flag in [
+            "--approver <NAME>",
+            "--approval-ttl-ms <N>",
+            "[default: approver]",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from the help:\n{help}");
         }
     }
 

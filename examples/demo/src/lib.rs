@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod approvals;
 pub mod auth;
 pub mod commands;
 pub mod config;
@@ -32,6 +33,7 @@ pub mod problem;
 pub mod routes;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -42,7 +44,7 @@ use tokio::net::TcpListener;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store};
 use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig, StatementMode};
 
-pub use crate::auth::Account;
+pub use crate::auth::{Account, User};
 use crate::commands::{NewDeploy, NewPayment, NewTicket};
 pub use crate::config::{Config, Records};
 use crate::database::Database;
@@ -73,7 +75,8 @@ pub enum DemoError {
 }
 
 /// Builds the demo's router for `config`: `/healthz` and `/metrics` (no authentication),
-/// the write and list routes and, unless idempotency is off, the status routes under `/operations`.
+/// the write and list routes and, unless idempotency is off, the status routes under
+/// `/operations` and the approvals routes under `/approvals`.
 ///
 /// This is the one place that picks where the records live and how they are written:
 ///
@@ -187,6 +190,7 @@ fn build(config: &Config, store: impl Store, records: Backend) -> Router {
         // or method (`405`) stay outside it and reserve nothing.
         api.route_layer(idempotency.clone())
             .merge(idempotency.status_router())
+            .merge(idempotency.approvals_router())
     } else {
         api
     };
@@ -214,7 +218,9 @@ const PURGE_BATCH: usize = 1000;
 /// the handler receives that validated command without parsing the body again. Tickets and payments are
 /// transactional routes ([`RoutePolicy::transactional`]: a `5xx` rolls back and releases,
 /// and an attempt whose lease ran out is executed again) when their handlers write in the
-/// operation's transaction.
+/// operation's transaction. Production deploys and large payments need an approval
+/// ([`approvals`]); the requester is the credential's user, and the approvers are the users
+/// named by [`Config::approvers`], each in their own account.
 fn layer(config: &Config, store: impl Store, transactional: bool) -> IdempotencyLayer {
     let tune = |policy: RoutePolicy| {
         policy
@@ -228,8 +234,17 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
     } else {
         policy.clone()
     };
+    let approvers: Arc<[String]> = config.approvers.clone().into();
     IdempotencyLayer::new(store)
         .with_body_limit(BODY_LIMIT)
+        .with_principal(|parts| Some(parts.extensions.get::<User>()?.as_str().to_owned()))
+        .with_approver(move |parts| {
+            let user = parts.extensions.get::<User>()?.as_str();
+            approvers
+                .iter()
+                .any(|approver| approver == user)
+                .then(|| user.to_owned())
+        })
         .with_default_policy(policy.clone())
         .with_route_policy(
             Method::POST,
@@ -239,12 +254,16 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
         .with_route_policy(
             Method::POST,
             "/v1/payments",
-            written.with_command::<NewPayment>(),
+            written
+                .with_command::<NewPayment>()
+                .with_approval(approvals::payment_policy(config.approval_ttl)),
         )
         .with_route_policy(
             Method::POST,
             "/v1/deploys",
-            policy.with_command::<NewDeploy>(),
+            policy
+                .with_command::<NewDeploy>()
+                .with_approval(approvals::deploy_policy(config.approval_ttl)),
         )
 }
 

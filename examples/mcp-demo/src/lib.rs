@@ -1,6 +1,8 @@
 //! A demo MCP server (tickets, payments, deploys) whose tool calls are guarded by
 //! `tower-idempotency-mcp`: `/mcp` (rmcp's Streamable HTTP service, both protocol eras),
-//! `GET /healthz`, `GET /effects`. The bearer token is the actor.
+//! `GET /healthz`, `GET /effects`. The bearer token is the actor (`<actor>:<user>` names
+//! the user too). Deploys to `production` and charges of 100000 minor units or more need a
+//! person's approval.
 //!
 //! `README.md` beside this crate documents the command line and the routes; tests and
 //! tools outside this repository drive them.
@@ -24,7 +26,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 use tower::Layer;
 use tower_idempotency_core::{MemoryStore, Scope, Store};
-use tower_idempotency_mcp::{McpIdempotencyLayer, ToolPolicy};
+use tower_idempotency_mcp::{ApprovalPolicy, McpIdempotencyLayer, ToolPolicy};
 use tower_idempotency_postgres::PostgresStore;
 
 use crate::effects::Effects;
@@ -43,6 +45,8 @@ pub struct DemoConfig {
     pub lease: Duration,
     /// How long a retry waits for a running execution.
     pub wait: Duration,
+    /// How long an approval request, and an approval not yet used, stays valid.
+    pub approval_ttl: Duration,
 }
 
 impl Default for DemoConfig {
@@ -53,6 +57,7 @@ impl Default for DemoConfig {
             pre_dispatch_delay: Duration::ZERO,
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(10),
+            approval_ttl: ApprovalPolicy::DEFAULT_TTL,
         }
     }
 }
@@ -67,6 +72,63 @@ pub enum StartError {
 
 /// The whole application.
 pub async fn app(config: &DemoConfig) -> Result<Router, StartError> {
+    app_with_store(config).await.map(|(router, _)| router)
+}
+
+/// The principal of a request: the user part of `Bearer <actor>:<user>`, `agent` for a
+/// bare `Bearer <actor>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal(pub String);
+
+/// The approval rule of each side-effect tool: deploys to `production`, and charges of
+/// 100000 minor units or more (the HTTP demo's rule), with what the approver is shown.
+pub fn approval_policy(tool: &str, ttl: Duration) -> Option<ApprovalPolicy> {
+    let policy = match tool {
+        "deploy_release" => {
+            ApprovalPolicy::when(|arguments| arguments["environment"] == "production")
+                .with_summary(|arguments| {
+                    json!({
+                        "operation": "deploy a release",
+                        "target": format!("{} in {}", text(&arguments["service"]), text(&arguments["environment"])),
+                        "service": arguments["service"],
+                        "environment": arguments["environment"],
+                        "version": arguments["version"],
+                        "consequence": "production traffic is served by this version",
+                        "reversible": "yes: deploy the previous version again",
+                    })
+                })
+        }
+        "charge" => ApprovalPolicy::when(|arguments| {
+            arguments["amount_minor"]
+                .as_i64()
+                .is_some_and(|amount| amount >= 100_000)
+        })
+        .with_summary(|arguments| {
+            json!({
+                "operation": "charge a payment",
+                "target": arguments["payee"],
+                "payee": arguments["payee"],
+                "amount_minor": arguments["amount_minor"],
+                "currency": arguments["currency"],
+                "invoice_ref": arguments["invoice_ref"],
+                "consequence": "the payee is charged this amount",
+                "reversible": "no: only a refund undoes it",
+            })
+        }),
+        _ => return None,
+    };
+    Some(policy.with_ttl(ttl))
+}
+
+fn text(value: &serde_json::Value) -> String {
+    value
+        .as_str()
+        .map_or_else(|| value.to_string(), str::to_owned)
+}
+
+/// The whole application and the store it keeps execution records in (tests decide
+/// approvals through it).
+pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Store>), StartError> {
     let (store, effects): (Arc<dyn Store>, Effects) = match &config.database_url {
         None => (Arc::new(MemoryStore::default()), Effects::memory()),
         Some(url) => {
@@ -93,16 +155,24 @@ pub async fn app(config: &DemoConfig) -> Result<Router, StartError> {
         .iter()
         .filter_map(|tool| serde_json::to_value(tool).ok())
         .collect();
-    let (lease, wait) = (config.lease, config.wait);
-    let guard = McpIdempotencyLayer::new(store).with_tool_definitions(
-        &definitions,
-        |_, policy: ToolPolicy| {
-            policy
+    let (lease, wait, approval_ttl) = (config.lease, config.wait, config.approval_ttl);
+    let guard = McpIdempotencyLayer::new(Arc::clone(&store))
+        .with_principal(|parts| {
+            parts
+                .extensions
+                .get::<Principal>()
+                .map(|principal| principal.0.clone())
+        })
+        .with_tool_definitions(&definitions, |name, policy: ToolPolicy| {
+            let policy = policy
                 .with_lease(lease)
                 .with_wait(wait)
-                .with_marks_dispatch(true)
-        },
-    );
+                .with_marks_dispatch(true);
+            match approval_policy(name, approval_ttl) {
+                Some(approval) => policy.with_approval(approval),
+                None => policy,
+            }
+        });
     let mcp = StreamableHttpService::new(
         move || Ok(tools.clone()),
         Arc::new(LocalSessionManager::default()),
@@ -119,9 +189,10 @@ pub async fn app(config: &DemoConfig) -> Result<Router, StartError> {
             }),
         )
         .layer(middleware::from_fn(authenticate));
-    Ok(Router::new()
+    let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .merge(authenticated))
+        .merge(authenticated);
+    Ok((router, store))
 }
 
 async fn effects_route(effects: &Effects, actor: Option<Scope>) -> Response {
@@ -138,19 +209,31 @@ async fn effects_route(effects: &Effects, actor: Option<Scope>) -> Response {
     }
 }
 
-/// `Authorization: Bearer <actor>`: the token is the actor. Missing → `401`.
+/// The actor and principal of a bearer token: `<actor>:<user>`, or a bare `<actor>` (the
+/// user `agent`).
+fn credentials(token: &str) -> Option<(Scope, Principal)> {
+    let token = token.trim();
+    let (actor, user) = match token.split_once(':') {
+        Some((actor, user)) if !actor.is_empty() && !user.is_empty() => (actor, user),
+        _ => (token, "agent"),
+    };
+    (!actor.is_empty() && actor.len() <= Scope::MAX_LEN)
+        .then(|| (Scope::new(actor), Principal(user.to_owned())))
+}
+
+/// `Authorization: Bearer <actor>` or `Bearer <actor>:<user>`: the actor is the scope, the
+/// user the principal. Missing → `401`.
 async fn authenticate(mut request: Request, next: Next) -> Response {
-    let actor = request
+    let found = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|token| !token.is_empty() && token.len() <= Scope::MAX_LEN)
-        .map(Scope::new);
-    match actor {
-        Some(actor) => {
+        .and_then(credentials);
+    match found {
+        Some((actor, principal)) => {
             request.extensions_mut().insert(actor);
+            request.extensions_mut().insert(principal);
             next.run(request).await
         }
         None => unauthorized(),
@@ -183,4 +266,46 @@ fn problem(status: StatusCode, slug: &str, detail: &str) -> Response {
         body.to_string(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_name_the_actor_and_the_user() {
+        assert_eq!(
+            credentials("alice"),
+            Some((Scope::new("alice"), Principal("agent".into())))
+        );
+        assert_eq!(
+            credentials("acme:dana"),
+            Some((Scope::new("acme"), Principal("dana".into())))
+        );
+        // Half a pair is a bare token, as before.
+        assert_eq!(credentials("acme:").unwrap().0, Scope::new("acme:"));
+        assert_eq!(credentials(":dana").unwrap().0, Scope::new(":dana"));
+        assert_eq!(credentials(" "), None);
+    }
+
+    #[test]
+    fn production_deploys_and_large_charges_need_approval() {
+        let ttl = Duration::from_secs(60);
+        let deploy = approval_policy("deploy_release", ttl).unwrap();
+        let production = json!({"service": "api", "version": "1.4.2", "environment": "production"});
+        assert!(deploy.applies_to(&production));
+        assert!(
+            !deploy.applies_to(&json!({"service": "api", "version": "1", "environment": "prod"}))
+        );
+        let summary = deploy.summary(&production);
+        assert_eq!(summary["target"], "api in production");
+        assert_eq!(summary["version"], "1.4.2");
+        let charge = approval_policy("charge", ttl).unwrap();
+        let large = json!({"payee": "acme", "amount_minor": 100_000, "currency": "EUR", "invoice_ref": "inv-1"});
+        assert!(charge.applies_to(&large));
+        assert!(!charge.applies_to(&json!({"amount_minor": 99_999})));
+        assert_eq!(charge.summary(&large)["invoice_ref"], "inv-1");
+        assert_eq!(charge.ttl(), ttl);
+        assert!(approval_policy("create_ticket", ttl).is_none());
+    }
 }

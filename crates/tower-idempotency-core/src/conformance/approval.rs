@@ -414,8 +414,16 @@ pub async fn denied_approval_answers_with_the_denial<S: Store>(store: &S) {
 
 /// Of many concurrent approvals and denials of one request, exactly one call makes the
 /// decision; every other call reports it (the same kind: `Decided`, unchanged) or refuses
-/// (the opposite kind: `AlreadyDecided`), and the operation follows the winner.
+/// (the opposite kind: `AlreadyDecided`), and the operation follows the winner. Several
+/// rounds, each on a new request, so that the calls really overlap in a durable store.
 pub async fn concurrent_decisions_decide_once<S: Store + Clone>(store: &S) {
+    const ROUNDS: usize = 8;
+    for _ in 0..ROUNDS {
+        decide_concurrently(store).await;
+    }
+}
+
+async fn decide_concurrently<S: Store + Clone>(store: &S) {
     const CHECK: &str = "concurrent_decisions_decide_once";
     const TASKS: usize = 24;
     let fixture = Fixture::new();

@@ -24,7 +24,7 @@ use crate::{
 
 /// The scope quota the store under test must be configured with: three records, 16 KiB.
 /// (A memory-store record counts under a kilobyte before its response, so three small
-/// records fit; one response of [`BIG_BODY`] bytes does not.)
+/// records fit; one response of `BIG_BODY` (32 KiB) does not.)
 pub const QUOTA: ScopeQuota = ScopeQuota {
     max_records: 3,
     max_bytes: 16 * 1024,

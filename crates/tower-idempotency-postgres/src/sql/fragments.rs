@@ -10,7 +10,10 @@ macro_rules! columns {
              attempts, created_at, completed_at, lease_id, lease_expires_at, expires_at, \
              (extract(epoch FROM retention) * 1000000)::bigint AS retention_us, response_status, ",
             $response,
-            ", delivered, replays, now() AS db_now"
+            ", delivered, replays, dispatched_at, delivered_at, approval_id, approval_state, \
+             approval_summary, approval_requested_by, approval_requested_at, \
+             approval_expires_at, approval_decided_by, approval_decided_at, approval_reason, \
+             approval_used, now() AS db_now"
         )
     };
 }
@@ -39,14 +42,26 @@ pub(super) const COMPLETED_COLUMNS: &str = columns!(
 pub(super) const EXPIRED: &str =
     "(o.expires_at <= now() AND (o.state <> 'in_progress' OR o.lease_expires_at <= now()))";
 
-/// The row is `in_progress` but its lease ran out: its outcome is unknown. A macro so that
-/// [`UNKNOWN`] is built from the same text at compile time.
+/// The row is `in_progress`, dispatched, and its lease ran out: its outcome is unknown. A
+/// macro so that [`UNKNOWN`] is built from the same text at compile time.
 macro_rules! lapsed {
     () => {
-        "(o.state = 'in_progress' AND o.lease_expires_at <= now())"
+        "(o.state = 'in_progress' AND o.lease_expires_at <= now() \
+         AND o.dispatched_at IS NOT NULL)"
     };
 }
 pub(super) const LAPSED: &str = lapsed!();
+
+/// The row is `in_progress` but its lease ran out before its dispatch mark: no effect can
+/// have happened, so the next reservation of the same command takes it over.
+pub(super) const STALLED: &str =
+    "(o.state = 'in_progress' AND o.lease_expires_at <= now() AND o.dispatched_at IS NULL)";
+
+/// The approval's state as read: a pending or approved approval that is not used is
+/// `expired` once its expiry passed; `NULL` for a row without an approval.
+pub(super) const APPROVAL_STATE: &str = "(CASE WHEN o.approval_state IN ('pending', 'approved') \
+     AND NOT o.approval_used AND o.approval_expires_at <= now() THEN 'expired' \
+     ELSE o.approval_state END)";
 
 /// The row is unknown: marked so, or its lease lapsed.
 pub(super) const UNKNOWN: &str = concat!("(o.state = 'unknown' OR ", lapsed!(), ")");

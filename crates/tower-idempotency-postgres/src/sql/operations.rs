@@ -2,7 +2,8 @@
 //! delivery marks, the purge and the operator's listings.
 
 use super::fragments::{
-    COLUMNS, COMPLETED_COLUMNS, EXPIRED, LAPSED, UNKNOWN, count_usage, micros, slot,
+    APPROVAL_STATE, COLUMNS, COMPLETED_COLUMNS, EXPIRED, LAPSED, STALLED, UNKNOWN, count_usage,
+    micros, slot,
 };
 
 /// The statements on `idempotency_operations` of one store.
@@ -16,16 +17,34 @@ pub(crate) struct OperationQueries {
     pub(crate) release: String,
     pub(crate) abandon: String,
     pub(crate) extend_lease: String,
+    /// Fenced: sets `dispatched_at` once and renews the lease by `$5` microseconds.
+    pub(crate) mark_dispatched: String,
+    /// Fenced: `cancelled` before the dispatch mark, `unknown` after it.
+    pub(crate) cancel: String,
     pub(crate) mark_delivered: String,
     pub(crate) mark_delivered_batch: String,
     pub(crate) purge: String,
     /// A scope at its quota: purges up to `$2` of its expired rows, and reads when its
     /// oldest remaining row expires.
     pub(crate) quota_refusal: String,
+    /// Approval `$2` of scope `$1`.
+    pub(crate) get_approval: String,
+    /// Scope `$1`'s approvals in state `$2` as read (all when `NULL`), oldest first, at most
+    /// `$3`.
+    pub(crate) list_approvals: String,
+    /// The decision on approval `$2` of scope `$1` (see [`decide_approval`]).
+    pub(crate) decide_approval: String,
     pub(crate) find_by_id: String,
     pub(crate) list_unknown: String,
     pub(crate) list_in_progress: String,
     pub(crate) list_completed: String,
+    /// Operations in state `$2`, oldest first (the approval and cancellation states).
+    pub(crate) list_state: String,
+    /// Approval `$1`, in any scope (operators).
+    pub(crate) find_approval: String,
+    /// Every scope's approvals in state `$1` as read (all when `NULL`), oldest first, at
+    /// most `$2` (operators).
+    pub(crate) list_all_approvals: String,
 }
 
 /// Fenced writes: the lease id is the fencing token; a stale worker matches no row.
@@ -74,29 +93,68 @@ impl OperationQueries {
                      expires_at = now() + {by} + o.unknown_retention \
                  WHERE {FENCE}"
             ),
+            mark_dispatched: format!(
+                "UPDATE {t} AS o SET dispatched_at = coalesce(o.dispatched_at, now()), \
+                     state = 'in_progress', lease_expires_at = now() + {by}, \
+                     expires_at = now() + {by} + o.unknown_retention \
+                 WHERE {FENCE} RETURNING {COLUMNS}"
+            ),
+            cancel: format!(
+                "UPDATE {t} AS o SET \
+                     state = CASE WHEN o.dispatched_at IS NULL THEN 'cancelled' ELSE 'unknown' END, \
+                     lease_id = NULL, \
+                     lease_expires_at = CASE WHEN o.dispatched_at IS NULL THEN NULL \
+                                             ELSE LEAST(o.lease_expires_at, now()) END, \
+                     expires_at = now() + CASE WHEN o.dispatched_at IS NULL THEN o.retention \
+                                               ELSE o.unknown_retention END \
+                 WHERE {FENCE} RETURNING {COLUMNS}"
+            ),
             mark_delivered: format!(
-                "UPDATE {t} AS o SET delivered = true \
+                "UPDATE {t} AS o SET delivered = true, delivered_at = now() \
                  WHERE o.scope = $1 AND o.operation_id = $2 AND o.state = 'completed' AND NOT o.delivered"
             ),
             // Many marks in one statement: `$1` scopes and `$2` operation ids, pairwise.
             mark_delivered_batch: format!(
-                "UPDATE {t} AS o SET delivered = true \
+                "UPDATE {t} AS o SET delivered = true, delivered_at = now() \
                  FROM unnest($1::text[], $2::uuid[]) AS d(scope, operation_id) \
                  WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
                      AND o.state = 'completed' AND NOT o.delivered"
             ),
             purge: purge(t, u),
             quota_refusal: quota_refusal(t, u),
+            get_approval: format!(
+                "SELECT {COLUMNS} FROM {t} AS o \
+                 WHERE o.scope = $1 AND o.approval_id = $2 AND NOT {EXPIRED}"
+            ),
+            list_approvals: format!(
+                "SELECT {COLUMNS} FROM {t} AS o \
+                 WHERE o.scope = $1 AND o.approval_id IS NOT NULL AND NOT {EXPIRED} \
+                     AND ($2::text IS NULL OR {APPROVAL_STATE} = $2::text) \
+                 ORDER BY o.approval_requested_at, o.approval_id LIMIT $3"
+            ),
+            decide_approval: decide_approval(t),
             find_by_id: format!("SELECT {COLUMNS} FROM {t} AS o WHERE o.operation_id = $1"),
             list_unknown: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE {UNKNOWN} ORDER BY o.created_at LIMIT $1"
             ),
             list_in_progress: format!(
-                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = 'in_progress' AND o.lease_expires_at > now() \
+                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = 'in_progress' AND NOT {LAPSED} \
                  ORDER BY o.created_at LIMIT $1"
             ),
             list_completed: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = 'completed' ORDER BY o.created_at DESC LIMIT $1"
+            ),
+            list_state: format!(
+                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = $2 ORDER BY o.created_at LIMIT $1"
+            ),
+            find_approval: format!(
+                "SELECT {COLUMNS} FROM {t} AS o WHERE o.approval_id = $1 AND NOT {EXPIRED}"
+            ),
+            list_all_approvals: format!(
+                "SELECT {COLUMNS} FROM {t} AS o \
+                 WHERE o.approval_id IS NOT NULL AND NOT {EXPIRED} \
+                     AND ($1::text IS NULL OR {APPROVAL_STATE} = $1::text) \
+                 ORDER BY o.approval_requested_at, o.approval_id LIMIT $2"
             ),
         }
     }
@@ -119,25 +177,48 @@ impl OperationQueries {
 /// a conditional update would return no row there and force a second, racy read. It counts a
 /// replay too, for a row completed after the snapshot `replay` read (that one commits
 /// synchronously: rare, and correct). The caller tells the cases apart by the ids it
-/// proposed: both ours → a fresh reservation; only the lease id ours → a take-over.
+/// proposed: both ours → a fresh reservation (or, with no lease, a requested approval); only
+/// the lease id ours → the next attempt of the operation (a take-over from its second attempt
+/// on, the first attempt of an approved one).
+///
+/// The next attempt starts (`start`) when the row holds the same command and nothing runs
+/// it: an `unknown` outcome on request (`$11`), a lapse before the dispatch mark or a
+/// cancellation whatever `$11` says (no effect can have happened), or an approval granted
+/// and not expired (its first attempt, which uses the approval up). The conflict branch
+/// re-checks the row after waiting on its lock, so of concurrent reservations exactly one
+/// starts the attempt; the others see it in progress. A new attempt is dispatched at once
+/// unless the handler marks the dispatch (`$14`).
+///
+/// With an approval request (`$15` its new id, `$16` the requester, `$17` the summary, `$18`
+/// its ttl), a new row is inserted `awaiting_approval`: no lease, no attempt, no dispatch,
+/// kept for its retention past the approval's expiry.
 ///
 /// The scope quota (`$12` records, `$13` bytes) is read from the scope's counter rows in
 /// the same statement and applies to new keys only: when the key has no row (in the
 /// statement's snapshot) and the scope is at its quota, `reserved` inserts nothing and the
 /// statement returns no row at all, which the caller reads as the refusal. A key with a row
 /// goes through the `INSERT … ON CONFLICT` as before. `counted` adds the reservation to the
-/// counter: one record for a new row; for an expired row replaced by a new operation, no
-/// record, and its stored bytes (read in `prior`) given back. Concurrent new keys of one
-/// scope may each pass the check, so a scope can exceed its record quota by the number of
-/// reservations in flight at once.
+/// counter: one record for a new row (awaiting approval or not); for an expired row replaced
+/// by a new operation, no record, and its stored bytes (read in `prior`) given back.
+/// Concurrent new keys of one scope may each pass the check, so a scope can exceed its
+/// record quota by the number of reservations in flight at once.
 fn reserve(t: &str, u: &str) -> String {
     let lease = micros("$8");
     let retention = micros("$9");
     let unknown_retention = micros("$10");
     let unknown_expiry = micros("($8::bigint + $10::bigint)");
-    let take = format!(
-        "(NOT {EXPIRED} AND $11::boolean AND o.fingerprint = excluded.fingerprint AND {UNKNOWN})"
+    let ttl = micros("$18");
+    let same = "o.fingerprint = excluded.fingerprint";
+    let start = format!(
+        "(NOT {EXPIRED} AND {same} AND (($11::boolean AND {UNKNOWN}) OR {STALLED} \
+              OR o.state = 'cancelled' OR {authorized}))",
+        authorized = AUTHORIZED
     );
+    let authorized = format!("(NOT {EXPIRED} AND {same} AND {AUTHORIZED})");
+    let dispatched = "CASE WHEN $14::boolean THEN NULL ELSE now() END";
+    // Without an approval request (`$15` NULL) the new row is in progress; with one it
+    // awaits the decision.
+    let plain = "$15::uuid IS NULL";
     // A replay: the row is completed with the request's fingerprint and still retained.
     let replay = format!("(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = $4)");
     let late_replay = format!(
@@ -152,6 +233,20 @@ fn reserve(t: &str, u: &str) -> String {
             slot("$3")
         ),
     );
+    // The approval columns of a row: a new operation's (the excluded row's), else kept.
+    let approval = [
+        "approval_id",
+        "approval_state",
+        "approval_summary",
+        "approval_requested_by",
+        "approval_requested_at",
+        "approval_expires_at",
+        "approval_decided_by",
+        "approval_decided_at",
+        "approval_reason",
+    ]
+    .map(|c| format!("{c} = CASE WHEN {EXPIRED} THEN excluded.{c} ELSE o.{c} END, "))
+    .concat();
     format!(
         "WITH replay AS ( \
              UPDATE {t} AS o SET replays = o.replays + 1 \
@@ -165,10 +260,17 @@ fn reserve(t: &str, u: &str) -> String {
          reserved AS ( \
          INSERT INTO {t} AS o (scope, idempotency_key, operation_id, fingerprint, method, route, \
              state, lease_id, lease_expires_at, attempts, retention, unknown_retention, \
-             created_at, expires_at) \
-         SELECT $1::text, $2::text, $3::uuid, $4::text, $5::text, $6::text, 'in_progress', \
-             $7::uuid, now() + {lease}, 1, {retention}, {unknown_retention}, now(), \
-             now() + {unknown_expiry} \
+             created_at, expires_at, dispatched_at, approval_id, approval_state, \
+             approval_summary, approval_requested_by, approval_requested_at, \
+             approval_expires_at) \
+         SELECT $1::text, $2::text, $3::uuid, $4::text, $5::text, $6::text, \
+             CASE WHEN {plain} THEN 'in_progress' ELSE 'awaiting_approval' END, \
+             CASE WHEN {plain} THEN $7::uuid END, CASE WHEN {plain} THEN now() + {lease} END, \
+             CASE WHEN {plain} THEN 1 ELSE 0 END, {retention}, {unknown_retention}, now(), \
+             CASE WHEN {plain} THEN now() + {unknown_expiry} ELSE now() + {ttl} + {retention} END, \
+             CASE WHEN {plain} THEN {dispatched} END, \
+             $15::uuid, CASE WHEN NOT {plain} THEN 'pending' END, $17::jsonb, $16::text, \
+             CASE WHEN NOT {plain} THEN now() END, CASE WHEN NOT {plain} THEN now() + {ttl} END \
          WHERE NOT EXISTS (SELECT 1 FROM replay) \
              AND (EXISTS (SELECT 1 FROM prior) \
                   OR (SELECT q.records < $12::bigint AND q.bytes <= $13::bigint FROM quota AS q)) \
@@ -177,29 +279,79 @@ fn reserve(t: &str, u: &str) -> String {
              fingerprint = CASE WHEN {EXPIRED} THEN excluded.fingerprint ELSE o.fingerprint END, \
              method = CASE WHEN {EXPIRED} THEN excluded.method ELSE o.method END, \
              route = CASE WHEN {EXPIRED} THEN excluded.route ELSE o.route END, \
-             state = CASE WHEN {EXPIRED} OR {take} THEN 'in_progress' \
+             state = CASE WHEN {EXPIRED} THEN excluded.state WHEN {start} THEN 'in_progress' \
                           WHEN {LAPSED} THEN 'unknown' ELSE o.state END, \
-             lease_id = CASE WHEN {EXPIRED} OR {take} THEN excluded.lease_id ELSE o.lease_id END, \
-             lease_expires_at = CASE WHEN {EXPIRED} OR {take} THEN excluded.lease_expires_at \
+             lease_id = CASE WHEN {EXPIRED} THEN excluded.lease_id WHEN {start} THEN $7::uuid \
+                             ELSE o.lease_id END, \
+             lease_expires_at = CASE WHEN {EXPIRED} THEN excluded.lease_expires_at \
+                                     WHEN {start} THEN now() + {lease} \
                                      ELSE o.lease_expires_at END, \
-             attempts = CASE WHEN {EXPIRED} THEN 1 WHEN {take} THEN o.attempts + 1 ELSE o.attempts END, \
-             retention = CASE WHEN {EXPIRED} OR {take} THEN excluded.retention ELSE o.retention END, \
-             unknown_retention = CASE WHEN {EXPIRED} OR {take} THEN excluded.unknown_retention \
+             attempts = CASE WHEN {EXPIRED} THEN excluded.attempts WHEN {start} THEN o.attempts + 1 \
+                             ELSE o.attempts END, \
+             retention = CASE WHEN {EXPIRED} OR {start} THEN excluded.retention ELSE o.retention END, \
+             unknown_retention = CASE WHEN {EXPIRED} OR {start} THEN excluded.unknown_retention \
                                       ELSE o.unknown_retention END, \
+             dispatched_at = CASE WHEN {EXPIRED} THEN excluded.dispatched_at \
+                                  WHEN {start} THEN {dispatched} ELSE o.dispatched_at END, \
              response_status = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_status END, \
              response_header_names = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_header_names END, \
              response_header_values = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_header_values END, \
              response_body = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_body END, \
              stored_bytes = CASE WHEN {EXPIRED} THEN 0 ELSE o.stored_bytes END, \
              delivered = CASE WHEN {EXPIRED} THEN false ELSE o.delivered END, \
+             delivered_at = CASE WHEN {EXPIRED} THEN NULL ELSE o.delivered_at END, \
              replays = CASE WHEN {EXPIRED} THEN 0 WHEN {late_replay} THEN o.replays + 1 \
                             ELSE o.replays END, \
              created_at = CASE WHEN {EXPIRED} THEN excluded.created_at ELSE o.created_at END, \
              completed_at = CASE WHEN {EXPIRED} THEN NULL ELSE o.completed_at END, \
-             expires_at = CASE WHEN {EXPIRED} OR {take} THEN excluded.expires_at ELSE o.expires_at END \
+             {approval}\
+             approval_used = CASE WHEN {EXPIRED} THEN false WHEN {authorized} THEN true \
+                                  ELSE o.approval_used END, \
+             expires_at = CASE WHEN {EXPIRED} THEN excluded.expires_at \
+                               WHEN {start} THEN now() + {unknown_expiry} ELSE o.expires_at END \
          RETURNING {COLUMNS}, NULL::text AS commit_mode), \
          counted AS ({counted}) \
          SELECT * FROM replay UNION ALL SELECT * FROM reserved"
+    )
+}
+
+/// The row is authorized and its approval has not expired: the next reservation of its
+/// command starts it. (An authorized row's approval is never used: its first attempt moves
+/// it to `in_progress`.)
+const AUTHORIZED: &str = "(o.state = 'authorized' AND o.approval_expires_at > now())";
+
+/// The decision on an approval, in one statement: `target` locks the approval's row and
+/// reads it as it stands once the lock is held (a decision committed meanwhile included);
+/// `decided` changes it only if it is pending and not expired and, for an approval (`$3`
+/// true), bound to the fingerprint `$4`. Returned: the row, and whether this statement
+/// changed it; no row when the scope has no such approval. Of concurrent decisions the
+/// first to lock the row changes it; every later one reads it decided and changes nothing.
+///
+/// `$5` names the approver, `$6` is the reason (a denial's). A denial keeps the row for its
+/// retention after the decision; an approval keeps the expiry it had (the approval's + the
+/// retention).
+fn decide_approval(t: &str) -> String {
+    format!(
+        "WITH target AS ( \
+             SELECT {COLUMNS} FROM {t} AS o \
+             WHERE o.scope = $1 AND o.approval_id = $2 AND NOT {EXPIRED} \
+             FOR UPDATE), \
+         decided AS ( \
+             UPDATE {t} AS o SET \
+                 approval_state = CASE WHEN $3::boolean THEN 'approved' ELSE 'denied' END, \
+                 state = CASE WHEN $3::boolean THEN 'authorized' ELSE 'denied' END, \
+                 approval_decided_by = $5::text, approval_decided_at = now(), \
+                 approval_reason = $6::text, \
+                 expires_at = CASE WHEN $3::boolean THEN o.expires_at \
+                                   ELSE now() + o.retention END \
+             WHERE o.scope = $1 AND o.approval_id = $2 \
+                 AND EXISTS (SELECT 1 FROM target AS d \
+                     WHERE d.approval_state = 'pending' AND d.approval_expires_at > now() \
+                         AND (NOT $3::boolean OR d.fingerprint = $4::text)) \
+             RETURNING {COLUMNS}) \
+         SELECT *, true AS changed FROM decided \
+         UNION ALL SELECT *, false AS changed FROM target \
+         WHERE NOT EXISTS (SELECT 1 FROM decided)"
     )
 }
 

@@ -1,16 +1,18 @@
 //! `tower-idempotency`: the operator's tool for the PostgreSQL idempotency store.
 //!
 //! Applies migrations, looks operations up across scopes, lists the ones whose outcome is
-//! unknown, records an operator's resolution, and purges expired records; `audit …` makes
-//! journal keys and verifies exported audit journals and event proofs offline. The command line
-//! is parsed by clap (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA`
-//! as fallbacks); every value is validated before the database is touched. The connection
-//! string comes from `DATABASE_URL` or `--database-url-file` so that its password is not on
-//! the command line, and every resolution records its operator (`--operator`, or `$USER`). Exit codes are
-//! stable for scripts: 0 ok, 1 not found, 2 usage, 3 database unreachable, 4 refused,
-//! 5 other database failure, 6 an audit journal or proof does not verify, 7 a file cannot be
-//! read or written.
+//! unknown, records an operator's resolution, lists and decides approvals across scopes
+//! (`approvals …`), and purges expired records; `audit …` makes journal keys and verifies
+//! exported audit journals and event proofs offline. The command line is parsed by clap
+//! (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA` as fallbacks);
+//! every value is validated before the database is touched. The connection string comes
+//! from `DATABASE_URL` or `--database-url-file` so that its password is not on the command
+//! line, and every resolution and approval decision records its operator (`--operator`, or
+//! `$USER`). Exit codes are stable for scripts: 0 ok, 1 not found, 2 usage, 3 database
+//! unreachable, 4 refused, 5 other database failure, 6 an audit journal or proof does not
+//! verify, 7 a file cannot be read or written.
 
+mod approvals;
 mod audit;
 
 use std::io::Write;
@@ -23,7 +25,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::{Value, json};
 use tower_idempotency_core::{
-    IdempotencyKey, Operation, OperationId, OperationState, Scope, Store, StoreError,
+    Approval, IdempotencyKey, Operation, OperationId, OperationState, Scope, Store, StoreError,
 };
 use tower_idempotency_postgres::{
     PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome, StatementMode,
@@ -33,7 +35,8 @@ use tower_idempotency_postgres::{
 const EXIT_CODES: &str = "\
 EXIT CODES:
     0 ok, 1 not found, 2 usage error, 3 database unreachable,
-    4 refused (the operation is not in a state that allows it), 5 other database failure,
+    4 refused (the operation or approval is not in a state that allows it),
+    5 other database failure,
     6 an audit journal or proof does not verify, 7 a file cannot be read or written";
 
 /// Operator tool for the tower-idempotency PostgreSQL store.
@@ -94,7 +97,7 @@ enum Command {
     /// List operations in one state, across scopes, as tab-separated lines
     #[command(after_help = EXIT_CODES)]
     List {
-        /// unknown, in_progress or completed
+        /// unknown, in_progress, completed, awaiting_approval, authorized, denied or cancelled
         #[arg(long, default_value = "unknown", value_parser = state)]
         state: OperationState,
         /// Most operations listed
@@ -119,6 +122,13 @@ enum Command {
         /// Who decides (kept with the decision); defaults to $USER
         #[arg(long, value_name = "NAME", value_parser = reason)]
         operator: Option<String>,
+    },
+    /// Approvals across scopes: list, show, approve (with the fingerprint shown) or deny,
+    /// with the operator recorded as the decider
+    #[command(after_help = EXIT_CODES)]
+    Approvals {
+        #[command(subcommand)]
+        command: approvals::ApprovalsCommand,
     },
     /// Delete every record whose retention ended, N at a time
     #[command(after_help = EXIT_CODES)]
@@ -192,7 +202,7 @@ fn operator(flag: Option<String>) -> Result<String, Failure> {
     match std::env::var("USER") {
         Ok(name) if !name.trim().is_empty() => Ok(name.trim().to_owned()),
         _ => Err(Failure::Usage(
-            "resolve records who decided: pass --operator NAME (USER is not set)".to_owned(),
+            "this command records who decided: pass --operator NAME (USER is not set)".to_owned(),
         )),
     }
 }
@@ -315,13 +325,31 @@ fn operation_json(operation: &Operation) -> Value {
         "route": operation.route,
         "attempts": operation.attempts,
         "created_at": time(operation.created_at),
+        "dispatched_at": operation.dispatched_at.map(time),
         "completed_at": operation.completed_at.map(time),
         "lease_expires_at": operation.lease_expires_at.map(time),
         "expires_at": operation.expires_at.map(time),
         "retention_seconds": operation.retention.as_secs(),
         "response": response,
         "delivered": operation.delivered,
+        "delivered_at": operation.delivered_at.map(time),
         "replays": operation.replays,
+        "approval": operation.approval.as_deref().map(approval_json),
+    })
+}
+
+fn approval_json(approval: &Approval) -> Value {
+    json!({
+        "approval_id": approval.id.to_string(),
+        "state": approval.state.as_str(),
+        "requested_by": approval.requested_by,
+        "requested_at": time(approval.requested_at),
+        "expires_at": time(approval.expires_at),
+        "decided_by": approval.decided_by,
+        "decided_at": approval.decided_at.map(time),
+        "reason": approval.reason,
+        "used": approval.used,
+        "summary": approval.summary,
     })
 }
 
@@ -360,6 +388,9 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
             reason,
             operator: Some(operator(flag)?),
         },
+        Command::Approvals { command } => Command::Approvals {
+            command: command.with_operator()?,
+        },
         // The audit verbs work on files only: no database, no DATABASE_URL.
         Command::Audit { command } => return audit::run(*command),
         other => other,
@@ -379,6 +410,7 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
             let operator = operator.unwrap_or_default();
             resolve(&store, operation_id, resolution, &reason, &operator).await
         }
+        Command::Approvals { command } => approvals::run(&store, command).await,
         Command::Purge { batch } => purge(&store, batch.get()).await,
         Command::Audit { .. } => unreachable!("handled before connecting"),
     }
