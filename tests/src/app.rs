@@ -194,6 +194,31 @@ impl Client {
             .await
     }
 
+    /// Polls the status route until the operation under `key` has counted `replays` replays
+    /// (panicking after `deadline`, or at once if it counted more), checks that the count
+    /// then stays put, and returns the status JSON. Stores may count replays in the
+    /// background, shortly after answering them (the `Store` contract).
+    pub async fn until_replays(&self, key: &str, replays: u64, deadline: Duration) -> Value {
+        let status = eventually(
+            deadline,
+            &format!("operation {key}: {replays} replays"),
+            || async {
+                let status = self.operation(key).await.json();
+                let counted = status["replays"].as_u64().unwrap_or(0);
+                assert!(
+                    counted <= replays,
+                    "{counted} replays counted, not {replays}: {status}"
+                );
+                (counted == replays).then_some(status)
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let again = self.operation(key).await.json();
+        assert_eq!(again["replays"], replays, "the count moved on: {again}");
+        status
+    }
+
     /// Polls the status route until the operation under `key` is in `state` (panicking after
     /// `deadline`), and returns its status JSON.
     pub async fn until_state(&self, key: &str, state: &str, deadline: Duration) -> Value {

@@ -126,7 +126,7 @@ fn servers(
         if !started.iter().any(|(m, _)| m == mode) {
             started.push((
                 *mode,
-                Server::start(mode, None, &settings.log_level, work, &[])?,
+                Server::launch(mode, None, &settings.log_level, None, work, &[])?,
             ));
         }
     }

@@ -17,6 +17,7 @@
 //! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record.
 
 mod curves;
+mod pgprofile;
 mod record_size;
 mod serve;
 mod wrk;
@@ -124,6 +125,10 @@ struct RunArgs {
     /// The servers' log filter (their RUST_LOG)
     #[arg(long, value_name = "LEVEL", default_value = "warn")]
     log: String,
+    /// Run the servers from this load-bench binary instead of this one (its `serve`
+    /// subcommand), to measure another build of the layer with the same harness
+    #[arg(long, value_name = "PATH")]
+    server_exe: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -281,11 +286,28 @@ impl Server {
     fn start(
         mode: &str,
         database_url: Option<&str>,
-        log_level: &str,
+        settings: &Settings,
         logs: &std::path::Path,
         extra: &[String],
     ) -> Result<Self, String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = settings.server_exe.as_deref();
+        Self::launch(mode, database_url, &settings.log_level, exe, logs, extra)
+    }
+
+    /// One server of `mode`, from `exe` (this program when `None`), logging at `log_level`
+    /// into `logs`, with `extra` arguments.
+    fn launch(
+        mode: &str,
+        database_url: Option<&str>,
+        log_level: &str,
+        exe: Option<&std::path::Path>,
+        logs: &std::path::Path,
+        extra: &[String],
+    ) -> Result<Self, String> {
+        let exe = match exe {
+            Some(exe) => exe.to_path_buf(),
+            None => std::env::current_exe().map_err(|e| e.to_string())?,
+        };
         let log = std::fs::File::create(logs.join(format!("{mode}.log")))
             .map_err(|e| format!("log file: {e}"))?;
         let mut command = Command::new(exe);
@@ -437,16 +459,22 @@ fn postgres_suite() -> Suite {
                 min: 0.7,
             },
             Target {
-                text: "PostgreSQL: replay ≥ 2× fresh (transactional)",
-                case: 3,
-                against: 2,
-                min: 2.0,
+                text: "PostgreSQL: transactional fresh ≥ 0.5× unguarded INSERT (the floor)",
+                case: 2,
+                against: 0,
+                min: 0.5,
             },
             Target {
-                text: "PostgreSQL: replay ≥ 2× fresh (not transactional)",
+                text: "PostgreSQL: replay ≥ 1.4× unguarded INSERT (transactional)",
+                case: 3,
+                against: 0,
+                min: 1.4,
+            },
+            Target {
+                text: "PostgreSQL: replay ≥ 1.4× unguarded INSERT (not transactional)",
                 case: 4,
-                against: 1,
-                min: 2.0,
+                against: 0,
+                min: 1.4,
             },
         ],
     }
@@ -459,6 +487,7 @@ struct Settings {
     load: Load,
     durable: bool,
     log_level: String,
+    server_exe: Option<PathBuf>,
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -481,6 +510,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         },
         durable: args.fsync == Fsync::On,
         log_level: args.log.clone(),
+        server_exe: args.server_exe.clone(),
     };
     let suites: Vec<Suite> = match args.suite {
         SuiteChoice::Memory => vec![memory_suite()],
@@ -501,7 +531,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
                 print_record_sizes()?;
             }
             _ => {
-                let options = if settings.durable {
+                let mut options = if settings.durable {
                     pg::ClusterOptions::durable()
                 } else {
                     pg::ClusterOptions {
@@ -510,12 +540,20 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
                             .to_owned(),
                     }
                 };
+                // For the per-request profile (`pgprofile`); it costs every statement a
+                // little, the same in every case.
+                options
+                    .server_options
+                    .push_str(" -c shared_preload_libraries=pg_stat_statements");
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .map_err(|e| e.to_string())?;
                 let cluster = pg::TestCluster::launch_with(options);
                 let database = runtime.block_on(cluster.create_database());
+                runtime.block_on(async {
+                    pgprofile::prepare(&pg::connect(database.url()).await).await
+                })?;
                 let version = runtime
                     .block_on(query(database.url(), "SHOW server_version"))
                     .unwrap_or_default();
@@ -573,7 +611,7 @@ fn start_servers<'a>(
     let mut servers: Vec<(&str, Server)> = Vec::new();
     for case in &suite.cases {
         if !servers.iter().any(|(mode, _)| *mode == case.mode) {
-            let server = Server::start(case.mode, url, &settings.log_level, work, &[])?;
+            let server = Server::start(case.mode, url, settings, work, &[])?;
             servers.push((case.mode, server));
         }
     }
@@ -667,9 +705,69 @@ fn run_suite(
             results[index].push(run);
         }
     }
+    let profiles = match url {
+        Some(url) => Some(profile_cases(suite, settings, script, url, &servers)?),
+        None => None,
+    };
     drop(servers);
     print_table(suite, &results);
+    if let Some(profiles) = profiles {
+        pgprofile::print(&profiles);
+    }
     Ok(())
+}
+
+/// One more run of each case, 5 s, between two snapshots of the database's counters and
+/// the processes' CPU time (see `pgprofile`).
+fn profile_cases(
+    suite: &Suite,
+    settings: &Settings,
+    script: &std::path::Path,
+    url: &str,
+    servers: &[(&str, Server)],
+) -> Result<Vec<pgprofile::Profile>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = runtime.block_on(pg::connect(url));
+    let mut profiles = Vec::new();
+    for (index, case) in suite.cases.iter().enumerate() {
+        let Some((_, server)) = servers.iter().find(|(mode, _)| *mode == case.mode) else {
+            continue;
+        };
+        let pid = server.child.id();
+        std::thread::sleep(pgprofile::flush_wait());
+        let before = runtime.block_on(pgprofile::snapshot(&client))?;
+        let server_before = pgprofile::process_cpu(pid, false);
+        let run = wrk::run(
+            &settings.load,
+            script,
+            &server.base,
+            Duration::from_secs(5),
+            &format!("{}-{index}-profile", suite.name),
+            Workload {
+                mode: case.workload,
+                route: suite.route,
+                body_bytes: 0,
+            },
+        )?;
+        let server_cpu = pgprofile::process_cpu(pid, false) - server_before;
+        std::thread::sleep(pgprofile::flush_wait());
+        let after = runtime.block_on(pgprofile::snapshot(&client))?;
+        eprintln!(
+            "load-bench: {} profile: {} — {:.0} req/s",
+            suite.name, case.label, run.rps
+        );
+        profiles.push(pgprofile::profile(
+            case.label,
+            &before,
+            &after,
+            (run.requests, run.seconds),
+            (server_cpu, run.cpu),
+        ));
+    }
+    Ok(profiles)
 }
 
 fn print_table(suite: &Suite, results: &[Vec<Run>]) {

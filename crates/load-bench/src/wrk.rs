@@ -10,6 +10,12 @@ use std::time::Duration;
 pub struct Run {
     /// Requests per second over the run.
     pub rps: f64,
+    /// Requests made.
+    pub requests: f64,
+    /// The run's length in seconds, as wrk measured it.
+    pub seconds: f64,
+    /// CPU seconds wrk used.
+    pub cpu: f64,
     /// Median latency, milliseconds.
     pub p50_ms: f64,
     /// 99th percentile latency, milliseconds.
@@ -85,6 +91,7 @@ pub fn run(
     if !base.starts_with("http://127.0.0.1:") {
         return Err(format!("refusing to load {base}: loopback only"));
     }
+    let cpu_before = crate::pgprofile::process_cpu(std::process::id(), true);
     let output = Command::new("timeout")
         // wrk stops itself after `duration`; the timeout is a backstop.
         .arg(format!("{}", duration.as_secs() + 30))
@@ -104,6 +111,8 @@ pub fn run(
         .arg(workload.body_bytes.to_string())
         .output()
         .map_err(|e| format!("cannot run wrk: {e}"))?;
+    // wrk has been waited for: its CPU time is now among this process's children's.
+    let cpu = crate::pgprofile::process_cpu(std::process::id(), true) - cpu_before;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let line = stdout
         .lines()
@@ -128,6 +137,9 @@ pub fn run(
         } else {
             0.0
         },
+        requests,
+        seconds,
+        cpu,
         p50_ms: field("p50_us")? / 1000.0,
         p99_ms: field("p99_us")? / 1000.0,
         non2xx: field("non2xx")? as u64,

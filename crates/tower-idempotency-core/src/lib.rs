@@ -40,5 +40,7 @@ pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
 pub use quota::ScopeQuota;
 pub use scope::Scope;
-pub use store::{Reservation, ReserveRequest, Store, StoreError};
+pub use store::{
+    Reservation, ReserveRequest, Store, StoreError, TransactionalReservation, reserve_then_begin,
+};
 pub use transaction::{OperationTransaction, OperationTx, TransactionAccessError};

@@ -128,7 +128,13 @@ pub enum Reservation {
     },
     /// A record already exists. Its fingerprint may differ from the request's (the
     /// caller answers with a conflict). When it is `completed` with the same
-    /// fingerprint, the store has already counted this call as a replay.
+    /// fingerprint, this call is a replay: the store counts it in the record's
+    /// [`replays`](Operation::replays), **eventually** — in the same step, or in the
+    /// background shortly after (the PostgreSQL store batches the counts, so that a replay
+    /// writes nothing on its request's path). The count returned here may not include this
+    /// call, nor concurrent ones; once the store's background work has run, every replay is
+    /// counted exactly once. A crash of the store may lose the counts not yet written, never
+    /// the record.
     ///
     /// On routes that require approval: an `awaiting_approval` record (the approval
     /// pending, or expired), a `denied` one, or an `authorized` one whose approval expired
@@ -139,6 +145,77 @@ pub enum Reservation {
     /// run.
     ApprovalRequested(Operation),
 }
+
+/// The answer to [`Store::reserve_transaction`]: [`Reservation`] for a transactional route,
+/// whose acquisition comes with the operation's transaction already open.
+#[derive(Debug)]
+#[must_use]
+pub enum TransactionalReservation {
+    /// The caller owns the operation and its open transaction: it runs the handler in the
+    /// transaction, then commits it with [`OperationTransaction::complete`] or rolls it
+    /// back with [`OperationTransaction::abort`].
+    Acquired {
+        /// The record as reserved (state `in_progress`).
+        operation: Operation,
+        /// The fencing token the transaction's completion is fenced by.
+        lease: Lease,
+        /// `true` when an `unknown` record was taken over (a re-execution).
+        takeover: bool,
+        /// The operation's open transaction.
+        transaction: Box<dyn OperationTransaction>,
+    },
+    /// A record already holds the key, as [`Reservation::Existing`]; no transaction is
+    /// left open.
+    Existing(Operation),
+    /// As [`Reservation::ApprovalRequested`]; no transaction is left open.
+    ApprovalRequested(Operation),
+}
+
+/// What [`Store::reserve_transaction`] does unless a store does better: [`Store::reserve`],
+/// then, when it acquired, [`Store::begin_transaction`] — two steps, the reservation
+/// committed before the transaction opens. When the transaction cannot be opened, the
+/// reservation is released (fenced by its lease) and the error returned; a store without
+/// transactions answers [`StoreError::Unsupported`] with feature `"transactions"`.
+pub async fn reserve_then_begin<S: Store + ?Sized>(
+    store: &S,
+    request: ReserveRequest,
+) -> Result<TransactionalReservation> {
+    let (operation, lease, takeover) = match store.reserve(request).await? {
+        Reservation::Acquired {
+            operation,
+            lease,
+            takeover,
+        } => (operation, lease, takeover),
+        Reservation::Existing(operation) => {
+            return Ok(TransactionalReservation::Existing(operation));
+        }
+        Reservation::ApprovalRequested(operation) => {
+            return Ok(TransactionalReservation::ApprovalRequested(operation));
+        }
+    };
+    let failure = match store.begin_transaction(&lease).await {
+        Ok(Some(transaction)) => {
+            return Ok(TransactionalReservation::Acquired {
+                operation,
+                lease,
+                takeover,
+                transaction,
+            });
+        }
+        Ok(None) => StoreError::Unsupported {
+            feature: TRANSACTIONS,
+        },
+        Err(error) => error,
+    };
+    // Nothing ran under the reservation: give the key back, so that a retry executes.
+    if let Err(error) = store.release(&lease).await {
+        tracing::error!(operation_id = %lease.operation_id, error = %error, "could not release a reservation whose transaction did not open; it reads unknown once its lease runs out");
+    }
+    Err(failure)
+}
+
+/// The [`StoreError::Unsupported`] feature of a store without transactions.
+pub const TRANSACTIONS: &str = "transactions";
 
 /// Durable (or not) home of operation records.
 ///
@@ -153,7 +230,8 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// No check-then-act: of concurrent calls for one `(scope, key)`, exactly one gets
     /// [`Reservation::Acquired`]. An `in_progress` record whose lease ran out after its
     /// dispatch is reported as `unknown`. A completed record returned with a matching
-    /// fingerprint has its replay count incremented in the same step.
+    /// fingerprint is a replay, which the store counts in its replay count (see
+    /// [`Reservation::Existing`]).
     ///
     /// A record with the same fingerprint starts its next attempt (`Acquired`, same
     /// operation id, attempts + 1, a new lease, dispatched as `marks_dispatch` says) when
@@ -163,6 +241,25 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// approval is used up). An `unknown` one only with `take_over_unknown`. Any other record
     /// is [`Reservation::Existing`]; a different fingerprint always is.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation>;
+
+    /// [`reserve`](Store::reserve) for a transactional route: when this call acquires the
+    /// operation, it also opens the operation's transaction
+    /// ([`begin_transaction`](Store::begin_transaction)) and hands it over with the lease,
+    /// so that a store can do both in fewer round trips (the PostgreSQL store reserves on the
+    /// connection that then holds the transaction, with `BEGIN` in the same round trip).
+    ///
+    /// The reservation is visible to other callers and to the status route before the
+    /// transaction commits, exactly as after `reserve`: duplicates wait for it or replay,
+    /// and its lease is fenced and renewed as usual. When no transaction can be opened, the
+    /// store releases what it reserved and fails: [`StoreError::Unsupported`] (feature
+    /// [`TRANSACTIONS`]) for a store without transactions, the cause otherwise. The default
+    /// is [`reserve_then_begin`].
+    async fn reserve_transaction(
+        &self,
+        request: ReserveRequest,
+    ) -> Result<TransactionalReservation> {
+        reserve_then_begin(self, request).await
+    }
 
     /// Stores the response and marks the operation `completed`, fenced by the lease.
     ///
@@ -315,6 +412,12 @@ pub trait Store: Send + Sync + Debug + 'static {
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
         (**self).reserve(request).await
+    }
+    async fn reserve_transaction(
+        &self,
+        request: ReserveRequest,
+    ) -> Result<TransactionalReservation> {
+        (**self).reserve_transaction(request).await
     }
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
         (**self).complete(lease, response).await

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Map, Value, json};
-use tower_idempotency_core::{Approval, Operation, OperationId, OperationState};
+use tower_idempotency_core::{Approval, Operation, OperationId, OperationState, problem_types};
 
 use crate::McpBody;
 use crate::jsonrpc::{self, META_EXECUTION};
@@ -226,7 +226,7 @@ pub(crate) fn approval(
     };
     let (slug, text, content) = match kind {
         ApprovalRefusal::Required => (
-            "approval-required",
+            problem_types::APPROVAL_REQUIRED,
             format!(
                 "This tool call needs a person's approval before it runs, and it has not run. \
                  Approval {approval_id} was requested (valid until {expires}) for: {summary}. \
@@ -246,7 +246,7 @@ pub(crate) fn approval(
             }),
         ),
         ApprovalRefusal::Denied => (
-            "approval-denied",
+            problem_types::APPROVAL_DENIED,
             format!(
                 "A person denied this tool call (approval {approval_id}){reason}. It did not run \
                  and will not run; do not call it again with the same arguments.",
@@ -264,7 +264,7 @@ pub(crate) fn approval(
             }),
         ),
         ApprovalRefusal::Expired => (
-            "approval-expired",
+            problem_types::APPROVAL_EXPIRED,
             format!(
                 "The approval for this tool call (approval {approval_id}) expired at {expires} \
                  before the call could run, and it did not run. Asking again needs a new \

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tower::Service;
 use tower_idempotency_core::{
     ApprovalPolicy, ApprovalRequest, ApprovalState, Execution, IdempotencyKey, Lease, Operation,
-    OperationState, Reservation, ReserveRequest, StoreError,
+    OperationState, Reservation, ReserveRequest, StoreError, problem_types,
 };
 
 use crate::answer::{self, ApprovalRefusal, Uncertain};
@@ -53,15 +53,21 @@ pub(crate) enum Carrier {
 }
 
 /// The answer to a store failure on a tool call, and its decision label: `500
-/// store-unsupported` for a capability the store lacks (approvals on a store that predates
-/// them), `503 store-unavailable` otherwise. The tool is not run.
+/// approvals-unsupported` (the HTTP layer's problem) for a tool that requires approval on a
+/// store that predates approvals, `500 store-unsupported` for another capability the store
+/// lacks, `503 store-unavailable` otherwise. The tool is not run.
 pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static str) {
     match error {
         StoreError::Unsupported { feature } => {
             tracing::error!(%error, "the idempotency store lacks a capability this tool needs");
+            let slug = if *feature == "approvals" {
+                problem_types::APPROVALS_UNSUPPORTED
+            } else {
+                "store-unsupported"
+            };
             let response = answer::problem(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "store-unsupported",
+                slug,
                 &format!("the idempotency store does not support {feature}; the tool was not run"),
             );
             (response, "store_unavailable")

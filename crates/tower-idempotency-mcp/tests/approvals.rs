@@ -617,7 +617,7 @@ async fn a_store_that_predates_approvals_never_runs_the_tool_unapproved() {
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(
         body["type"],
-        "https://tower-idempotency.dev/problems/store-unsupported"
+        "https://tower-idempotency.dev/problems/approvals-unsupported"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     // Nothing is left under the key.

@@ -50,6 +50,11 @@ impl TransactionBudget {
         self.size - self.permits.available_permits()
     }
 
+    /// A permit to open one transaction if one is free right now.
+    pub(crate) fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.permits).try_acquire_owned().ok()
+    }
+
     /// A permit to open one transaction, waiting at most the configured time for one.
     pub(crate) async fn acquire(&self) -> Result<OwnedSemaphorePermit> {
         let permits = Arc::clone(&self.permits);

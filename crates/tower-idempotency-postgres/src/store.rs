@@ -17,8 +17,9 @@ use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
-    LeaseId, Operation, OperationId, OperationState, OperationTransaction, Reservation,
-    ReserveRequest, Scope, Store, StoreError, StoredResponse, quota::quota_retry_after,
+    Operation, OperationId, OperationState, OperationTransaction, Reservation, ReserveRequest,
+    Scope, Store, StoreError, StoredResponse, TransactionalReservation, quota::quota_retry_after,
+    reserve_then_begin,
 };
 
 use crate::budget::{self, TransactionBudget};
@@ -27,6 +28,9 @@ use crate::config::{PostgresConfigError, PostgresStoreConfig, StatementMode, is_
 use crate::delivered::DeliveryMarks;
 use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, MAX_SPAN, micros};
+use crate::recent::RecentKeys;
+use crate::replays::ReplayCounts;
+use crate::reservation::ReserveParams;
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
 use crate::transaction::PostgresTransaction;
@@ -51,6 +55,10 @@ pub(crate) struct Inner {
     /// Shared with the store's operation transactions.
     pub(crate) queries: Arc<Queries>,
     delivered: DeliveryMarks,
+    /// Replays found by a plain read, counted in the background.
+    replays: ReplayCounts,
+    /// Keys that had a row when last seen: read those first (see `recent.rs`).
+    recent: RecentKeys,
     poll_initial: Duration,
     poll_max: Duration,
     /// The quota as bind values: most rows and most bytes per scope.
@@ -122,6 +130,11 @@ impl PostgresStore {
                     executor.clone(),
                     queries.operations.mark_delivered_batch.clone(),
                 ),
+                replays: ReplayCounts::new(
+                    executor.clone(),
+                    queries.operations.count_replays.clone(),
+                ),
+                recent: RecentKeys::new(),
                 executor,
                 transactions: TransactionBudget::new(budget, config.wait_timeout),
                 schema: config.schema.clone(),
@@ -280,6 +293,45 @@ impl PostgresStore {
         Ok((freed, quota_retry_after(until)))
     }
 
+    /// For a key seen here before: its row, read with a plain indexed `SELECT`, when that
+    /// row answers a reservation as it stands — completed (a replay, or a conflict), or in
+    /// progress under a live lease (a duplicate, which waits). `None`: the reservation
+    /// statement decides (a fresh key, an expired, unknown or lapsed record, a take-over).
+    /// A replay found so is counted in the background, as every replay.
+    async fn settled(&self, request: &ReserveRequest) -> Result<Option<Operation>> {
+        if !self.inner.recent.contains(&request.scope, &request.key) {
+            return Ok(None);
+        }
+        let Some(row) = self.get_row(&request.scope, &request.key).await? else {
+            return Ok(None);
+        };
+        let operation = row.operation;
+        let settled = match operation.state {
+            OperationState::Completed => true,
+            OperationState::InProgress => operation
+                .lease_expires_at
+                .is_some_and(|expires| expires > row.db_now),
+            _ => false,
+        };
+        if !settled {
+            return Ok(None);
+        }
+        self.count_if_replay(request, &operation);
+        Ok(Some(operation))
+    }
+
+    /// A reservation that found its command completed is a replay: counted in the
+    /// background (`replays.rs`), so that finding it wrote nothing.
+    fn count_if_replay(&self, request: &ReserveRequest, operation: &Operation) {
+        if operation.state == OperationState::Completed
+            && operation.fingerprint == request.fingerprint
+        {
+            self.inner
+                .replays
+                .count(&operation.scope, operation.id.as_uuid());
+        }
+    }
+
     /// A write fenced by `lease` that returns the operation row (`$1`–`$4`: scope, key,
     /// operation id, lease id; `extra` follows): no row means the lease is not current.
     async fn fenced_row(
@@ -324,40 +376,21 @@ pub enum ConnectError {
 
 #[async_trait]
 impl Store for PostgresStore {
+    /// A key seen here recently is read first (see `recent.rs`); otherwise, or when its
+    /// row does not settle the request, the reservation statement decides.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
-        let operation_id = OperationId::new();
-        let lease_id = LeaseId::new();
-        let (op_uuid, lease_uuid) = (operation_id.as_uuid(), lease_id.as_uuid());
-        let (max_records, max_bytes) = self.inner.quota;
-        let asked = request.approval.as_ref();
-        let approval_id = asked.map(|_| ApprovalId::new().as_uuid());
-        let requested_by = asked.map(|a| a.requested_by.as_str());
-        let summary = asked.map(|a| &a.summary);
-        let ttl = asked.map(|a| micros(a.ttl));
-        let params: [&(dyn ToSql + Sync); 18] = [
-            &request.scope.as_str(),
-            &request.key.as_str(),
-            &op_uuid,
-            &request.fingerprint.as_str(),
-            &request.method.as_str(),
-            &request.route.as_str(),
-            &lease_uuid,
-            &micros(request.lease),
-            &micros(request.retention),
-            &micros(request.unknown_retention),
-            &request.take_over_unknown,
-            &max_records,
-            &max_bytes,
-            &request.marks_dispatch,
-            &approval_id,
-            &requested_by,
-            &summary,
-            &ttl,
-        ];
+        if let Some(operation) = self.settled(&request).await? {
+            return Ok(Reservation::Existing(operation));
+        }
+        let proposal = ReserveParams::new(&request, self.inner.quota);
         let mut purged = false;
         let row = loop {
             if let Some(row) = self
-                .read_one("reserve", &self.inner.queries.operations.reserve, &params)
+                .read_one(
+                    "reserve",
+                    &self.inner.queries.operations.reserve,
+                    &proposal.params(),
+                )
                 .await?
             {
                 break row;
@@ -370,35 +403,74 @@ impl Store for PostgresStore {
             }
             purged = true;
         };
-        if row.lease_id == Some(lease_uuid) {
-            // The next attempt of an existing operation: a take-over from the second attempt
-            // on; the first attempt of an approved one is not.
-            let takeover = row.operation.id != operation_id && row.operation.attempts > 1;
-            if takeover {
-                tracing::info!(
-                    operation_id = %row.operation.id,
-                    attempts = row.operation.attempts,
-                    "taking over an idempotent operation whose outcome was unknown"
-                );
-            }
-            let lease = Lease {
-                scope: request.scope,
-                key: request.key,
-                operation_id: row.operation.id,
-                lease_id,
-            };
-            Ok(Reservation::Acquired {
-                operation: row.operation,
+        self.inner.recent.remember(&request.scope, &request.key);
+        let reservation = proposal.reservation(&request, row);
+        if let Reservation::Existing(operation) = &reservation {
+            self.count_if_replay(&request, operation);
+        }
+        Ok(reservation)
+    }
+
+    /// With a free place in the transaction budget: the reservation on a connection of
+    /// its own, pipelined with `BEGIN` (see [`PostgresTransaction::reserve`]) — one
+    /// checkout and one round trip, after which the connection holds the operation's
+    /// transaction if the reservation was won, and goes back to the pool otherwise. With
+    /// the budget full: [`reserve_then_begin`], whose reservation takes a connection of the
+    /// short statements' share and which waits for a place (up to `wait_timeout`) only once
+    /// it has won, so that replays and duplicates of transactional routes never wait for
+    /// the budget.
+    async fn reserve_transaction(
+        &self,
+        request: ReserveRequest,
+    ) -> Result<TransactionalReservation> {
+        // A replay or a duplicate needs neither a place nor `BEGIN`.
+        if let Some(operation) = self.settled(&request).await? {
+            return Ok(TransactionalReservation::Existing(operation));
+        }
+        // A command that needs approval: its reservation may create the approval request,
+        // which must be committed whatever the handler later does, so it is reserved on its
+        // own (two steps; rare: once per approval, and once for the approved attempt).
+        if request.approval.is_some() {
+            return reserve_then_begin(self, request).await;
+        }
+        let Some(permit) = self.inner.transactions.try_acquire() else {
+            return reserve_then_begin(self, request).await;
+        };
+        let proposal = ReserveParams::new(&request, self.inner.quota);
+        let reserved = PostgresTransaction::reserve(
+            &self.inner.executor,
+            &self.inner.queries,
+            &request,
+            &proposal,
+            permit,
+        )
+        .await?;
+        let Some((row, transaction)) = reserved else {
+            // A new key of a scope at its quota: the plain path purges and decides.
+            return reserve_then_begin(self, request).await;
+        };
+        self.inner.recent.remember(&request.scope, &request.key);
+        Ok(match proposal.reservation(&request, row) {
+            Reservation::Acquired {
+                operation,
                 lease,
                 takeover,
-            })
-        } else if row.operation.id == operation_id
-            && row.operation.state == OperationState::AwaitingApproval
-        {
-            Ok(Reservation::ApprovalRequested(row.operation))
-        } else {
-            Ok(Reservation::Existing(row.operation))
-        }
+            } => TransactionalReservation::Acquired {
+                operation,
+                transaction: Box::new(transaction.owned_by(lease.clone())),
+                lease,
+                takeover,
+            },
+            Reservation::Existing(operation) => {
+                transaction.not_needed();
+                self.count_if_replay(&request, &operation);
+                TransactionalReservation::Existing(operation)
+            }
+            Reservation::ApprovalRequested(operation) => {
+                transaction.not_needed();
+                TransactionalReservation::ApprovalRequested(operation)
+            }
+        })
     }
 
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {

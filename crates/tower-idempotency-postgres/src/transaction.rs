@@ -13,8 +13,11 @@
 
 use std::any::Any;
 use std::fmt;
+use std::future::Future;
 use std::ops::Deref;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
@@ -24,15 +27,16 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
-    Lease, Operation, OperationId, OperationTransaction, OperationTx, Scope, StoreError,
-    StoredResponse, TransactionAccessError,
+    Lease, Operation, OperationId, OperationTransaction, OperationTx, Reservation, ReserveRequest,
+    Scope, StoreError, StoredResponse, TransactionAccessError,
 };
 
 use crate::completion::{Completion, completed};
 use crate::config::StatementMode;
 use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, execute_on, prepare, typed};
-use crate::row;
+use crate::reservation::ReserveParams;
+use crate::row::{self, OperationRow};
 use crate::sql::Queries;
 
 /// An open PostgreSQL transaction belonging to one reserved operation. The layer creates
@@ -88,6 +92,111 @@ impl PostgresTransaction {
                 Ok(transaction)
             })
             .await
+    }
+
+    /// Checks out a connection, sends the reservation and `BEGIN` on it in one round trip,
+    /// and returns the reservation's row with the connection inside the open transaction
+    /// (the lease is the one proposed until [`owned_by`](Self::owned_by) says whose it is).
+    /// `None`: the statement returned no row (a new key of a scope at its quota), and the
+    /// connection went back to the pool.
+    ///
+    /// The reservation runs first, in its own implicit transaction, and is committed before
+    /// `BEGIN` starts the operation's: duplicates and the status route see it while the
+    /// handler runs, exactly as after a plain reservation. Its commit does not wait for the
+    /// WAL flush (`OperationQueries::reserve_before_transaction`): the operation's commit
+    /// flushes it with everything the handler wrote, so a request waits for one flush. If the reservation fails, or
+    /// `BEGIN` does, the connection is closed rather than pooled in an unknown state; a
+    /// reservation won without its transaction is released.
+    pub(crate) async fn reserve(
+        executor: &Executor,
+        queries: &Arc<Queries>,
+        request: &ReserveRequest,
+        proposal: &ReserveParams<'_>,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Option<(OperationRow, Self)>> {
+        executor
+            .bounded("reserve", async {
+                // Built before anything is sent, so that a failure, or the timeout dropping
+                // this future, closes the connection instead of pooling it mid-transaction.
+                let transaction = Self {
+                    executor: executor.clone(),
+                    queries: Arc::clone(queries),
+                    lease: proposal.proposed_lease(request),
+                    client: Some(executor.client().await?),
+                    permit: Some(permit),
+                };
+                let (rows, begun) = {
+                    let client = transaction.connection()?;
+                    let sql = &queries.operations.reserve_before_transaction;
+                    let params = proposal.params();
+                    // Prepared (or typed) before anything is sent: `BEGIN` must follow the
+                    // reservation on the wire, never precede it.
+                    let statement = match executor.statements {
+                        StatementMode::Prepared => Update::Prepared(prepare(client, sql).await?),
+                        StatementMode::Unnamed => Update::Unnamed(typed(&params)?),
+                    };
+                    // Polled in this order, each sends its messages on its first poll.
+                    let query = async {
+                        match &statement {
+                            Update::Prepared(statement) => client.query(statement, &params).await,
+                            Update::Unnamed(typed) => client.query_typed(sql, typed).await,
+                        }
+                    };
+                    tokio::join!(query, client.batch_execute("BEGIN"))
+                };
+                let rows = rows.map_err(from_pg)?;
+                let row = rows.first().map(row::operation).transpose()?;
+                if let Err(error) = begun {
+                    if let Some(row) = row {
+                        transaction.give_back(request, proposal, row).await;
+                    }
+                    return Err(from_pg(error));
+                }
+                match row {
+                    Some(row) => Ok(Some((row, transaction))),
+                    None => {
+                        transaction.not_needed();
+                        Ok(None)
+                    }
+                }
+            })
+            .await
+    }
+
+    /// The reservation was won but its transaction could not begin: released (on a pooled
+    /// connection, fenced by the lease), so that a retry executes.
+    async fn give_back(
+        &self,
+        request: &ReserveRequest,
+        proposal: &ReserveParams<'_>,
+        row: OperationRow,
+    ) {
+        if let Reservation::Acquired { lease, .. } = proposal.reservation(request, row) {
+            let release = &self.queries.operations.release;
+            if let Err(error) = self.executor.fenced("release", release, &lease, &[]).await {
+                tracing::error!(error = %error, "could not release a reservation whose transaction did not begin; it reads unknown once its lease runs out");
+            }
+        }
+    }
+
+    /// The transaction of the operation `lease` holds (the reservation was won).
+    pub(crate) fn owned_by(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The reservation was not won: the transaction `BEGIN` opened is rolled back and the
+    /// connection goes back to the pool. The `ROLLBACK` is sent, not waited for: it is
+    /// queued on the connection ahead of whatever its next user sends, PostgreSQL runs them
+    /// in order, and the connection reads and drops its answer. A replay or a duplicate of
+    /// a transactional route so costs no round trip more than a plain reservation.
+    pub(crate) fn not_needed(mut self) {
+        if let Some(client) = self.client.as_deref() {
+            let rollback = pin!(client.batch_execute("ROLLBACK"));
+            // The first poll writes the message; the answer is not awaited.
+            let _ = rollback.poll(&mut Context::from_waker(Waker::noop()));
+        }
+        self.finished();
     }
 
     /// The operation the transaction belongs to.
@@ -165,7 +274,8 @@ impl PostgresTransaction {
     }
 }
 
-/// The completion `UPDATE` of [`PostgresTransaction::complete_and_commit`], ready to send.
+/// A statement of [`PostgresTransaction::complete_and_commit`] or
+/// [`PostgresTransaction::reserve`], ready to send.
 enum Update<'a> {
     Prepared(Statement),
     Unnamed(Vec<(&'a (dyn ToSql + Sync), Type)>),

@@ -18,7 +18,9 @@ use futures_util::future::{Either, select};
 use http::{Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{Execution, Lease, Operation, StoreError};
+use tower_idempotency_core::{
+    Execution, Lease, Operation, OperationTransaction, OperationTx, StoreError,
+};
 
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
 use crate::buffer::{Buffered, buffer_response};
@@ -51,14 +53,24 @@ pub(crate) fn execution_handle(
     )
 }
 
+/// An operation this request reserved, ready to run.
+pub(crate) struct Run {
+    /// The attempt's execution handle, which holds the lease every write of the result is
+    /// fenced by.
+    pub(crate) execution: Execution,
+    /// `true` when an `unknown` record was taken over (a re-execution).
+    pub(crate) takeover: bool,
+    /// On a transactional route: the operation's open transaction, handed to the handler.
+    pub(crate) transaction: Option<Box<dyn OperationTransaction>>,
+}
+
 pub(crate) async fn execute<S, B, ResB>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
     inner: S,
     parts: Parts,
     body: Bytes,
-    execution: Execution,
-    takeover: bool,
+    run: Run,
 ) -> Answer<ResB, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
@@ -68,23 +80,22 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
+    let Run {
+        execution,
+        takeover,
+        transaction,
+    } = run;
     let lease = execution.lease().clone();
     let mut request = Request::from_parts(parts, RequestBody::buffered(body));
     // Handlers can key their own side effects by the operation (outbound idempotency keys),
     // and mark their dispatch through the execution handle.
     request.extensions_mut().insert(lease.operation_id);
     request.extensions_mut().insert(execution.clone());
-    let handle = if policy.transactional {
-        match record::begin(shared, &lease).await {
-            Ok(handle) => {
-                request.extensions_mut().insert(handle.clone());
-                Some(handle)
-            }
-            Err(rejection) => return Ok(refuse(shared, rejection)),
-        }
-    } else {
-        None
-    };
+    let handle = transaction.map(|transaction| {
+        let handle = OperationTx::new(lease.operation_id, transaction);
+        request.extensions_mut().insert(handle.clone());
+        handle
+    });
     telemetry::record(if takeover {
         Decision::ReExecuted
     } else {

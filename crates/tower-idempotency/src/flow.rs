@@ -20,8 +20,10 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
+use tower_idempotency_core::store::TRANSACTIONS;
 use tower_idempotency_core::{
-    IdempotencyKey, Operation, OperationState, Reservation, ReserveRequest, Scope, StoreError,
+    IdempotencyKey, Lease, Operation, OperationState, OperationTransaction, Reservation,
+    ReserveRequest, Scope, StoreError, TransactionalReservation,
 };
 use tracing::{Instrument, Span, field};
 
@@ -32,7 +34,7 @@ use crate::command::ParsedCommand;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
-use crate::execute::{Answer, execute, execution_handle};
+use crate::execute::{Answer, Run, execute, execution_handle};
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
 use crate::record::Sink;
@@ -390,29 +392,48 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
-    match reserve(&shared, &policy, &request).await {
-        Ok(Reservation::Acquired {
+    let reserved = if policy.transactional {
+        reserve_transaction(&shared, &request).await
+    } else {
+        reserve(&shared, &policy, &request)
+            .await
+            .map(Reserved::from)
+    };
+    match reserved {
+        Ok(Reserved::Acquired {
             operation,
             lease,
             takeover,
+            transaction,
         }) => {
             Span::current().record("operation_id", field::display(operation.id));
             if approval::ignored_by_store(&request, &operation, takeover) {
                 tracing::error!(
                     "the route requires approval and the store reserved the key without one; handler not run"
                 );
-                Sink::Store
-                    .release(&shared, &lease, "the store does not implement approvals")
-                    .await;
+                match transaction {
+                    Some(transaction) => {
+                        if let Err(error) = transaction.abort().await {
+                            tracing::warn!(%error, "could not roll back the reservation's transaction");
+                        }
+                    }
+                    None => {
+                        Sink::Store
+                            .release(&shared, &lease, "the store does not implement approvals")
+                            .await;
+                    }
+                }
                 return Round::Refused(Rejection::ApprovalsUnsupported);
             }
             let Held { inner, parts, body } = held;
-            let execution = execution_handle(&shared, &policy, lease, &operation);
-            let answer = execute(&shared, &policy, inner, parts, body, execution, takeover).await;
-            Round::Answered(answer)
+            let run = Run {
+                execution: execution_handle(&shared, &policy, lease, &operation),
+                takeover,
+                transaction,
+            };
+            Round::Answered(execute(&shared, &policy, inner, parts, body, run).await)
         }
-        Ok(Reservation::Existing(operation)) => Round::Existing(Box::new(operation), held),
-        Ok(Reservation::ApprovalRequested(operation)) => {
+        Ok(Reserved::ApprovalRequested(operation)) => {
             // The first request of a command that needs approval is answered at once: the
             // requester needs the approval's id to ask a person.
             Span::current().record("operation_id", field::display(operation.id));
@@ -421,8 +442,86 @@ where
             }
             Round::Refused(approval::refusal(&shared, &operation))
         }
+        Ok(Reserved::Existing(operation)) => Round::Existing(operation, held),
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
         Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
+    }
+}
+
+/// A reservation as this round follows it up.
+enum Reserved {
+    /// Won: run the handler (in `transaction` on a transactional route).
+    Acquired {
+        operation: Box<Operation>,
+        lease: Lease,
+        takeover: bool,
+        transaction: Option<Box<dyn OperationTransaction>>,
+    },
+    /// The key is held by this record.
+    Existing(Box<Operation>),
+    /// The key was new and its command needs approval: the record awaits a decision.
+    ApprovalRequested(Box<Operation>),
+}
+
+impl From<Reservation> for Reserved {
+    fn from(reservation: Reservation) -> Self {
+        match reservation {
+            Reservation::Acquired {
+                operation,
+                lease,
+                takeover,
+            } => Self::Acquired {
+                operation: Box::new(operation),
+                lease,
+                takeover,
+                transaction: None,
+            },
+            Reservation::Existing(operation) => Self::Existing(Box::new(operation)),
+            Reservation::ApprovalRequested(operation) => {
+                Self::ApprovalRequested(Box::new(operation))
+            }
+        }
+    }
+}
+
+/// The reservation of a transactional route, which comes with the operation's open
+/// transaction when it is won. Such a route never fails open: its handler is written to
+/// rely on a rollback, and is never run without its transaction.
+async fn reserve_transaction(
+    shared: &Shared,
+    request: &ReserveRequest,
+) -> Result<Reserved, NotReserved> {
+    let asked = Instant::now();
+    let reservation =
+        store_call("reserve", shared.store.reserve_transaction(request.clone())).await;
+    Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
+    match reservation {
+        Ok(TransactionalReservation::Acquired {
+            operation,
+            lease,
+            takeover,
+            transaction,
+        }) => Ok(Reserved::Acquired {
+            operation: Box::new(operation),
+            lease,
+            takeover,
+            transaction: Some(transaction),
+        }),
+        Ok(TransactionalReservation::Existing(operation)) => {
+            Ok(Reserved::Existing(Box::new(operation)))
+        }
+        Ok(TransactionalReservation::ApprovalRequested(operation)) => {
+            Ok(Reserved::ApprovalRequested(Box::new(operation)))
+        }
+        Err(StoreError::Unsupported {
+            feature: TRANSACTIONS,
+        }) => {
+            tracing::error!(
+                "the route is transactional but the idempotency store has no transactions; handler not run"
+            );
+            Err(NotReserved::Refused(Rejection::TransactionsUnsupported))
+        }
+        Err(error) => Err(not_reserved(error, StoreFailurePolicy::FailClosed)),
     }
 }
 
@@ -442,7 +541,18 @@ async fn reserve(
     let asked = Instant::now();
     let reservation = store_call("reserve", shared.store.reserve(request.clone())).await;
     Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
-    reservation.map_err(|error| match error {
+    // Never fail open for a command that needs approval: unprotected, nothing would check it.
+    let store_failure = if request.approval.is_some() {
+        StoreFailurePolicy::FailClosed
+    } else {
+        policy.store_failure
+    };
+    reservation.map_err(|error| not_reserved(error, store_failure))
+}
+
+/// What a store error on reserving means for the request.
+fn not_reserved(error: StoreError, store_failure: StoreFailurePolicy) -> NotReserved {
+    match error {
         StoreError::CapacityExhausted { capacity } => {
             tracing::warn!(capacity, "idempotency store full");
             NotReserved::Refused(Rejection::StoreFull)
@@ -457,11 +567,7 @@ async fn reserve(
                 retry_after: retry_after.as_secs().max(1),
             })
         }
-        // Never for a command that needs approval: unprotected, nothing would check it.
-        StoreError::Unavailable(error)
-            if policy.store_failure == StoreFailurePolicy::FailOpen
-                && request.approval.is_none() =>
-        {
+        StoreError::Unavailable(error) if store_failure == StoreFailurePolicy::FailOpen => {
             tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
             NotReserved::FailOpen
         }
@@ -469,7 +575,7 @@ async fn reserve(
             tracing::error!(error = %error, source = ?std::error::Error::source(&error), "idempotency store failed; handler not run");
             NotReserved::Refused(Rejection::StoreUnavailable)
         }
-    })
+    }
 }
 
 /// Until when a request waits: for a running original, and for a person's decision.

@@ -92,8 +92,8 @@
 //!   [`spawn_purge_task`], the records ([`Operation`], …), [`IdempotencyKey`], [`Scope`],
 //!   fingerprints and [`canonicalize_json`], the execution handle every guarded request
 //!   carries ([`Execution`], [`DispatchError`]), and the transaction handle of
-//!   transactional routes ([`OperationTx`]). The rest of core (its modules, the conformance suite) is
-//!   reached through `tower-idempotency-core` itself.
+//!   transactional routes ([`OperationTx`]). The rest of core (its modules, the
+//!   conformance suite) is reached through `tower-idempotency-core` itself.
 //!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
 //! [`IdempotencyLayer::status_router`], [`IdempotencyLayer::approvals_router`], the

@@ -1,8 +1,9 @@
 //! Recording a handler's result: completing the operation with the stored response,
 //! releasing it (a retry executes again), abandoning it (its outcome is unknown), or, when
 //! the store is away, recording it later in the background. On a transactional route the
-//! same steps run through the operation's transaction: opened before the handler
-//! ([`begin`]), committed with the completion, or rolled back.
+//! same steps run through the operation's transaction: opened with the reservation
+//! ([`Store::reserve_transaction`](tower_idempotency_core::Store::reserve_transaction)),
+//! committed with the completion, or rolled back.
 //!
 //! Invariants: a result is stored fenced by its lease, so an attempt that lost its lease
 //! cannot overwrite another's; the handler of a transactional route never runs without its
@@ -16,9 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tower_idempotency_core::{
-    Lease, OperationTransaction, OperationTx, Store, StoreError, StoredResponse,
-};
+use tower_idempotency_core::{Lease, OperationTransaction, Store, StoreError, StoredResponse};
 use tracing::{Instrument, Span};
 
 use crate::config::Shared;
@@ -290,28 +289,6 @@ async fn abandon(shared: &Shared, lease: &Lease, why: &'static str) {
     tracing::error!(operation_id = %lease.operation_id, why, "handler failed; outcome recorded as unknown");
     if let Err(error) = store_call("abandon", shared.store.abandon(lease)).await {
         tracing::error!(error = %error, "could not record the unknown outcome; it will read unknown when the lease runs out");
-    }
-}
-
-/// Opens the operation's transaction, after the reservation committed, so duplicates and
-/// the status route see the operation `in_progress` while the handler runs (see
-/// docs/transactional.md). On failure the reservation is released and the handler must
-/// not run.
-pub(crate) async fn begin(shared: &Shared, lease: &Lease) -> Result<OperationTx, Rejection> {
-    match store_call("begin", shared.store.begin_transaction(lease)).await {
-        Ok(Some(transaction)) => Ok(OperationTx::new(lease.operation_id, transaction)),
-        Ok(None) => {
-            tracing::error!(
-                "the route is transactional but the idempotency store has no transactions; handler not run"
-            );
-            release(shared, lease).await;
-            Err(Rejection::TransactionsUnsupported)
-        }
-        Err(error) => {
-            tracing::error!(error = %error, "could not open the operation's transaction; handler not run");
-            release(shared, lease).await;
-            Err(Rejection::StoreUnavailable)
-        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! A demo MCP server (tickets, payments, deploys) whose tool calls are guarded by
 //! `tower-idempotency-mcp`: `/mcp` (rmcp's Streamable HTTP service, both protocol eras),
-//! `GET /healthz`, `GET /effects`. The bearer token is the actor (`<actor>:<user>` names
+//! `GET /healthz`, `GET /effects`, and the approvals routes at `/approvals`. The bearer token is the actor (`<actor>:<user>` names
 //! the user too). Deploys to `production` and charges of 100000 minor units or more need a
 //! person's approval.
 //!
@@ -25,6 +25,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tower::Layer;
+use tower_idempotency::IdempotencyLayer;
 use tower_idempotency_core::{MemoryStore, Scope, Store};
 use tower_idempotency_mcp::{ApprovalPolicy, McpIdempotencyLayer, ToolPolicy};
 use tower_idempotency_postgres::PostgresStore;
@@ -47,7 +48,12 @@ pub struct DemoConfig {
     pub wait: Duration,
     /// How long an approval request, and an approval not yet used, stays valid.
     pub approval_ttl: Duration,
+    /// The users who may decide approvals in their own account (`--approver`).
+    pub approvers: Vec<String>,
 }
+
+/// The user who may approve when no `--approver` is given.
+pub const DEFAULT_APPROVER: &str = "approver";
 
 impl Default for DemoConfig {
     fn default() -> Self {
@@ -58,6 +64,7 @@ impl Default for DemoConfig {
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(10),
             approval_ttl: ApprovalPolicy::DEFAULT_TTL,
+            approvers: vec![DEFAULT_APPROVER.to_owned()],
         }
     }
 }
@@ -79,6 +86,16 @@ pub async fn app(config: &DemoConfig) -> Result<Router, StartError> {
 /// bare `Bearer <actor>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal(pub String);
+
+/// Where the approvals routes are mounted.
+pub const APPROVALS_PATH: &str = "/approvals";
+
+fn principal_of(parts: &http::request::Parts) -> Option<String> {
+    parts
+        .extensions
+        .get::<Principal>()
+        .map(|principal| principal.0.clone())
+}
 
 /// The approval rule of each side-effect tool: deploys to `production`, and charges of
 /// 100000 minor units or more (the HTTP demo's rule), with what the approver is shown.
@@ -157,12 +174,8 @@ pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Stor
         .collect();
     let (lease, wait, approval_ttl) = (config.lease, config.wait, config.approval_ttl);
     let guard = McpIdempotencyLayer::new(Arc::clone(&store))
-        .with_principal(|parts| {
-            parts
-                .extensions
-                .get::<Principal>()
-                .map(|principal| principal.0.clone())
-        })
+        .with_principal(principal_of)
+        .with_approvals_url(APPROVALS_PATH)
         .with_tool_definitions(&definitions, |name, policy: ToolPolicy| {
             let policy = policy
                 .with_lease(lease)
@@ -178,8 +191,20 @@ pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Stor
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default(),
     );
+    // The HTTP layer over the same store serves the approvals routes: a person of the
+    // actor's account named by `--approver` decides; the requester cannot approve its own.
+    let approvers: Arc<[String]> = config.approvers.clone().into();
+    let approvals = IdempotencyLayer::new(Arc::clone(&store))
+        .with_scope(|parts| parts.extensions.get::<Scope>().cloned())
+        .with_principal(principal_of)
+        .with_approvals_path(APPROVALS_PATH)
+        .with_approver(move |parts| {
+            let user = principal_of(parts)?;
+            approvers.contains(&user).then_some(user)
+        });
     let authenticated = Router::new()
         .route_service("/mcp", guard.layer(mcp))
+        .merge(approvals.approvals_router())
         .route(
             "/effects",
             get(move |request: Request| {

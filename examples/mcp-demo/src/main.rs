@@ -32,6 +32,10 @@ struct Args {
     /// milliseconds.
     #[arg(long, default_value_t = 3_600_000)]
     approval_ttl_ms: u64,
+    /// A user who may decide approvals in their own account (`Authorization: Bearer
+    /// <actor>:<user>`) on `/approvals`; repeat the flag for several.
+    #[arg(long = "approver", value_name = "NAME", action = clap::ArgAction::Append, default_value = mcp_demo::DEFAULT_APPROVER)]
+    approvers: Vec<String>,
 }
 
 #[tokio::main]
@@ -50,6 +54,7 @@ async fn main() {
         lease: Duration::from_millis(args.lease_ms),
         wait: Duration::from_millis(args.wait_ms),
         approval_ttl: Duration::from_millis(args.approval_ttl_ms),
+        approvers: args.approvers,
     };
     let router = match app(&config).await {
         Ok(router) => router,

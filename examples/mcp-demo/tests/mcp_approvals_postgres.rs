@@ -3,59 +3,63 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use integration_tests::pg;
 use mcp_demo::DemoConfig;
 use support::{Demo, approvals};
-use tower_idempotency_core::Store;
 
-async fn demo(config: DemoConfig) -> (Demo, Arc<dyn Store>, pg::TestDatabase) {
+async fn demo(config: DemoConfig) -> (Demo, pg::TestDatabase) {
     let database = pg::test_database().await;
-    let (demo, store) = Demo::start_with_store(DemoConfig {
+    let demo = Demo::start(DemoConfig {
         database_url: Some(database.url().to_owned()),
         ..config
     })
     .await;
-    (demo, store, database)
+    (demo, database)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn required_then_approved_then_executed_once_then_replayed() {
-    let (demo, store, _db) = demo(DemoConfig::default()).await;
-    approvals::walk_with_a_key(&demo.base(), &store).await;
+    let (demo, _db) = demo(DemoConfig::default()).await;
+    approvals::walk_with_a_key(&demo.base()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_keyless_recall_after_approval_attaches_to_the_authorized_execution() {
-    let (demo, store, _db) = demo(DemoConfig::default()).await;
-    approvals::keyless_recall_attaches(&demo.base(), &store).await;
+    let (demo, _db) = demo(DemoConfig::default()).await;
+    approvals::keyless_recall_attaches(&demo.base()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_denial_is_replayed() {
-    let (demo, store, _db) = demo(DemoConfig::default()).await;
-    approvals::denial_is_replayed(&demo.base(), &store).await;
+    let (demo, _db) = demo(DemoConfig::default()).await;
+    approvals::denial_is_replayed(&demo.base()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_recalls_after_approval_execute_once() {
-    let (demo, store, _db) = demo(DemoConfig {
+    let (demo, _db) = demo(DemoConfig {
         tool_delay: Duration::from_millis(500),
         ..DemoConfig::default()
     })
     .await;
-    approvals::concurrent_recalls_execute_once(&demo.base(), &store).await;
+    approvals::concurrent_recalls_execute_once(&demo.base()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_requester_cannot_approve_its_own_call() {
+    let (demo, _db) = demo(DemoConfig::default()).await;
+    approvals::self_approval_is_forbidden(&demo.base()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_undecided_request_expires() {
     let ttl = Duration::from_millis(1500);
-    let (demo, store, _db) = demo(DemoConfig {
+    let (demo, _db) = demo(DemoConfig {
         approval_ttl: ttl,
         ..DemoConfig::default()
     })
     .await;
-    approvals::expiry(&demo.base(), &store, ttl).await;
+    approvals::expiry(&demo.base(), ttl).await;
 }

@@ -7,14 +7,12 @@
 mod support;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use integration_tests::pg;
 use mcp_demo::DemoConfig;
 use serde_json::Value;
 use support::{DEADLINE, Demo, RawSession, approvals, deploy, effects};
-use tower_idempotency_core::{DecisionOutcome, Store};
 
 fn python() -> PathBuf {
     if let Some(path) = std::env::var_os("MCP_PYTHON") {
@@ -88,7 +86,7 @@ async fn python_retry_attaches(demo: &Demo) {
     );
 }
 
-async fn python_approval_walk(demo: &Demo, store: &Arc<dyn Store>) {
+async fn python_approval_walk(demo: &Demo) {
     let url = format!("{}/mcp", demo.base());
     let first = agent(&["production", &url, "acme:py", "py-7"]).await;
     let result = &first["result"];
@@ -102,10 +100,7 @@ async fn python_approval_walk(demo: &Demo, store: &Arc<dyn Store>) {
             .contains("approv")
     );
     assert_eq!(effects(&demo.base(), "acme").await["deploy_release"], 0);
-    assert!(matches!(
-        approvals::decide(store, "acme", &required, Ok(())).await,
-        DecisionOutcome::Decided(_)
-    ));
+    approvals::approve(&demo.base(), &required).await;
     // A new process, a new session, the same intent: the authorized execution runs.
     let second = agent(&["production", &url, "acme:py", "py-7"]).await;
     let result = &second["result"];
@@ -128,15 +123,15 @@ fn config(database_url: Option<String>) -> DemoConfig {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_sdk_agent_walks_an_approval_on_the_memory_store() {
-    let (demo, store) = Demo::start_with_store(config(None)).await;
-    python_approval_walk(&demo, &store).await;
+    let demo = Demo::start(config(None)).await;
+    python_approval_walk(&demo).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_sdk_agent_walks_an_approval_on_postgres() {
     let database = pg::test_database().await;
-    let (demo, store) = Demo::start_with_store(config(Some(database.url().to_owned()))).await;
-    python_approval_walk(&demo, &store).await;
+    let demo = Demo::start(config(Some(database.url().to_owned()))).await;
+    python_approval_walk(&demo).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

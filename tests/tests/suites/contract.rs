@@ -375,6 +375,8 @@ async fn the_status_routes_show_the_operation_to_its_owner_only() {
 
     let replay = client.post("/v1/tickets", Some(&key), TICKET).await;
     assert!(replay.is_replay());
+    // The PostgreSQL store counts replays in the background: poll rather than race.
+    client.until_replays(&key, 1, Duration::from_secs(10)).await;
     let by_key = client
         .get_json(&format!("/operations?idempotency_key={key}"))
         .await;

@@ -141,7 +141,10 @@ async fn thirty_two_concurrent_copies_execute_once() {
     }
     assert_eq!(client.list("tickets").await.len(), 1);
     let replayed = replies.iter().filter(|r| r.is_replay()).count();
-    let status = client.until_state(&key, "completed", DEADLINE).await;
+    client.until_state(&key, "completed", DEADLINE).await;
+    let status = client
+        .until_replays(&key, u64::try_from(replayed).unwrap(), DEADLINE)
+        .await;
     assert_eq!(
         status["replays"], replayed,
         "each replay counted once: {status}"
@@ -186,6 +189,6 @@ async fn a_client_that_disconnects_mid_handler_gets_a_replay_on_retry() {
     let tickets = tickets["tickets"].as_array().unwrap();
     assert_eq!(tickets.len(), 1, "the effect happened once");
     assert_eq!(retry.json()["id"], tickets[0]["id"]);
-    let after = client.until_state(&key, "completed", DEADLINE).await;
+    let after = client.until_replays(&key, 1, DEADLINE).await;
     assert_eq!(after["replays"], 1);
 }

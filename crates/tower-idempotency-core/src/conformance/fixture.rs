@@ -262,6 +262,42 @@ pub(super) fn assert_close(
     );
 }
 
+/// The replay count of `(scope, key)` once the store has caught up with the replays it was
+/// given: the contract lets a store count them in the background, shortly after the
+/// reservations that found them. Polls until the count is `expected` (within
+/// [`WAKE_BOUND`]), then reads again after a pause, so that a count that overshoots, or one
+/// still on its way, is caught.
+pub(super) async fn settled_replays<S: Store>(
+    check: &str,
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    expected: u64,
+) {
+    let deadline = std::time::Instant::now() + WAKE_BOUND;
+    loop {
+        let replays = get(check, store, scope, key).await.replays;
+        assert!(
+            replays <= expected,
+            "{check}: {replays} replays counted where there were {expected}"
+        );
+        if replays == expected {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{check}: the replay count stayed at {replays}, not {expected}, for {WAKE_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = get(check, store, scope, key).await.replays;
+    assert_eq!(
+        again, expected,
+        "{check}: the replay count moved to {again} after reaching {expected}"
+    );
+}
+
 /// Awaits a store call that must finish long before any timeout it was given.
 pub(super) async fn bounded<T>(check: &str, what: &str, call: impl Future<Output = T>) -> T {
     tokio::time::timeout(WAKE_BOUND, call)

@@ -27,8 +27,9 @@
 //! # The contract in brief
 //!
 //! - Of concurrent reservations for one `(scope, key)`, exactly one acquires.
-//! - A completed record returned for the same fingerprint counts one replay per call, in
-//!   the same step (concurrent replays see distinct counts).
+//! - A completed record returned for the same fingerprint counts one replay per call,
+//!   exactly once: in the same step, or shortly after in the background (once the store has
+//!   caught up, the count equals the replays; a reservation never reports more).
 //! - An `in_progress` record whose lease ran out after its dispatch reads as `unknown`; only
 //!   a reservation with `take_over_unknown` and the same fingerprint takes it over.
 //! - A reservation is dispatched at once unless its request says the handler marks the
@@ -47,6 +48,11 @@
 //! - Waiters return when the record leaves `in_progress` (including by its lease running
 //!   out), or at their timeout, never earlier.
 //! - Purging removes only records whose retention ended, never `in_progress` ones.
+//! - A transactional reservation ([`Store::reserve_transaction`]) acquires like a plain one,
+//!   with the operation's transaction open; the reservation is visible while it is, a
+//!   commit completes the operation, an abort releases it, and a lease taken over fences
+//!   the commit. A store without transactions refuses it with `Unsupported` and keeps
+//!   nothing.
 //! - Scopes are isolated, by key and by operation id.
 //! - A scope at its [`ScopeQuota`](crate::ScopeQuota) is refused new keys (and only new
 //!   keys) with `ScopeQuotaExceeded`; other scopes are unaffected; stored bytes count from
@@ -61,6 +67,7 @@ mod quota;
 mod records;
 mod recovery;
 mod reserve;
+mod transaction;
 mod wait;
 
 use std::time::Duration;
@@ -101,6 +108,10 @@ pub use reserve::{
     fingerprint_mismatch_is_reported, records_carry_request_and_timestamps, replay_counts,
     reserve_is_atomic_under_concurrency,
 };
+pub use transaction::{
+    reserve_transaction_abort_releases, reserve_transaction_acquires_once_and_commits,
+    reserve_transaction_commit_is_fenced,
+};
 pub use wait::{in_progress_then_wait_wakes_on_complete, wait_times_out};
 
 /// A lease that outlives any check.
@@ -138,6 +149,9 @@ pub async fn run_all<S: Store + Clone>(store: &S) {
     scopes_are_isolated(store).await;
     mark_delivered_sets_flag(store).await;
     get_by_id_finds_operation(store).await;
+    reserve_transaction_acquires_once_and_commits(store).await;
+    reserve_transaction_abort_releases(store).await;
+    reserve_transaction_commit_is_fenced(store).await;
     run_lifecycle(store).await;
 }
 

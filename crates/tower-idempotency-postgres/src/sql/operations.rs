@@ -10,6 +10,13 @@ use super::fragments::{
 #[derive(Debug, Clone)]
 pub(crate) struct OperationQueries {
     pub(crate) reserve: String,
+    /// The reservation of a transactional route, sent just before the `BEGIN` of the
+    /// operation's transaction on the same connection: committed without waiting for its
+    /// WAL flush, because the transaction's own (synchronous) commit flushes the WAL up to
+    /// and past it. A database crash before that commit may lose the reservation together
+    /// with everything the transaction wrote; once the transaction's commit has returned,
+    /// both are durable (see docs/transactional.md).
+    pub(crate) reserve_before_transaction: String,
     pub(crate) get: String,
     pub(crate) get_by_id: String,
     pub(crate) complete: String,
@@ -23,6 +30,9 @@ pub(crate) struct OperationQueries {
     pub(crate) cancel: String,
     pub(crate) mark_delivered: String,
     pub(crate) mark_delivered_batch: String,
+    /// Replays counted in the background (`replays.rs`): `$1` scopes, `$2` operation ids,
+    /// `$3` counts, pairwise; committed without waiting for its WAL flush.
+    pub(crate) count_replays: String,
     pub(crate) purge: String,
     /// A scope at its quota: purges up to `$2` of its expired rows, and reads when its
     /// oldest remaining row expires.
@@ -47,6 +57,11 @@ pub(crate) struct OperationQueries {
     pub(crate) list_all_approvals: String,
 }
 
+/// Makes the statement's implicit transaction commit without waiting for its WAL flush
+/// (`set_config(…, true)` lasts until the end of that transaction); evaluated only for the
+/// rows the statement writes.
+const ASYNCHRONOUS_COMMIT: &str = "set_config('synchronous_commit', 'off', true)";
+
 /// Fenced writes: the lease id is the fencing token; a stale worker matches no row.
 const FENCE: &str = "o.scope = $1 AND o.idempotency_key = $2 AND o.operation_id = $3 \
                      AND o.lease_id = $4 AND o.state <> 'completed'";
@@ -57,7 +72,8 @@ impl OperationQueries {
     pub(super) fn new(t: &str, u: &str) -> Self {
         let by = micros("$5");
         Self {
-            reserve: reserve(t, u),
+            reserve: reserve(t, u, "NULL::text"),
+            reserve_before_transaction: reserve(t, u, ASYNCHRONOUS_COMMIT),
             get: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.scope = $1 AND o.idempotency_key = $2 AND NOT {EXPIRED}"
             ),
@@ -113,12 +129,21 @@ impl OperationQueries {
                 "UPDATE {t} AS o SET delivered = true, delivered_at = now() \
                  WHERE o.scope = $1 AND o.operation_id = $2 AND o.state = 'completed' AND NOT o.delivered"
             ),
-            // Many marks in one statement: `$1` scopes and `$2` operation ids, pairwise.
+            // Many marks in one statement: `$1` scopes and `$2` operation ids, pairwise;
+            // in the background, so committed without waiting for the WAL flush (a database
+            // crash may lose the last marks, never a completion).
             mark_delivered_batch: format!(
                 "UPDATE {t} AS o SET delivered = true, delivered_at = now() \
                  FROM unnest($1::text[], $2::uuid[]) AS d(scope, operation_id) \
                  WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
-                     AND o.state = 'completed' AND NOT o.delivered"
+                     AND o.state = 'completed' AND NOT o.delivered \
+                     AND {ASYNCHRONOUS_COMMIT} IS NOT NULL"
+            ),
+            count_replays: format!(
+                "UPDATE {t} AS o SET replays = o.replays + d.n \
+                 FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS d(scope, operation_id, n) \
+                 WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
+                     AND o.state = 'completed' AND {ASYNCHRONOUS_COMMIT} IS NOT NULL"
             ),
             purge: purge(t, u),
             quota_refusal: quota_refusal(t, u),
@@ -160,23 +185,21 @@ impl OperationQueries {
     }
 }
 
-/// The reservation: one statement decides every case, in two steps.
+/// The reservation: one statement decides every case, in two steps. `commit_mode` is the
+/// value the statement's writes return in `commit_mode`: `NULL` for a reservation that
+/// commits as usual, or [`ASYNCHRONOUS_COMMIT`] for one whose commit need not wait for its
+/// WAL flush (see [`OperationQueries::reserve_before_transaction`]).
 ///
-/// `replay` counts a replay of a completed row: an update of the counter alone (a HOT
-/// update: no indexed column changes) and the only write of the statement, so the
-/// statement's commit is made asynchronous (`set_config(…, true)` lasts until the end of
-/// this implicit transaction and is evaluated only for the replayed row). A replay then
-/// never waits for a WAL flush while holding the row lock that the next replay of the key
-/// queues on; a database crash may lose the last few counts, never a reservation or a
-/// response. Concurrent replays still each see their own count: a replay blocked on the row
-/// lock re-reads the row before incrementing.
+/// `replay` reads a completed row with the request's fingerprint: a replay writes nothing
+/// (no row version, no transaction id, no WAL, no flush), and its count is added in the
+/// background by the store (`replays.rs`).
 ///
 /// `reserved` runs only when `replay` found nothing. Its conflict branch always updates
 /// (often to the same values) so that RETURNING yields the row as it now stands, including a
 /// row committed by a concurrent reserve after this statement's snapshot; a `DO NOTHING` or
-/// a conditional update would return no row there and force a second, racy read. It counts a
-/// replay too, for a row completed after the snapshot `replay` read (that one commits
-/// synchronously: rare, and correct). The caller tells the cases apart by the ids it
+/// a conditional update would return no row there and force a second, racy read. A row
+/// completed after the snapshot `replay` read comes back unchanged and completed: a
+/// replay, counted by the store like the others. The caller tells the cases apart by the ids it
 /// proposed: both ours → a fresh reservation (or, with no lease, a requested approval); only
 /// the lease id ours → the next attempt of the operation (a take-over from its second attempt
 /// on, the first attempt of an approved one).
@@ -202,7 +225,7 @@ impl OperationQueries {
 /// by a new operation, no record, and its stored bytes (read in `prior`) given back.
 /// Concurrent new keys of one scope may each pass the check, so a scope can exceed its
 /// record quota by the number of reservations in flight at once.
-fn reserve(t: &str, u: &str) -> String {
+fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
     let lease = micros("$8");
     let retention = micros("$9");
     let unknown_retention = micros("$10");
@@ -221,9 +244,6 @@ fn reserve(t: &str, u: &str) -> String {
     let plain = "$15::uuid IS NULL";
     // A replay: the row is completed with the request's fingerprint and still retained.
     let replay = format!("(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = $4)");
-    let late_replay = format!(
-        "(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = excluded.fingerprint)"
-    );
     let counted = count_usage(
         u,
         &format!(
@@ -249,9 +269,8 @@ fn reserve(t: &str, u: &str) -> String {
     .concat();
     format!(
         "WITH replay AS ( \
-             UPDATE {t} AS o SET replays = o.replays + 1 \
-             WHERE o.scope = $1 AND o.idempotency_key = $2 AND {replay} \
-             RETURNING {COLUMNS}, set_config('synchronous_commit', 'off', true) AS commit_mode), \
+             SELECT {COLUMNS}, NULL::text AS commit_mode FROM {t} AS o \
+             WHERE o.scope = $1 AND o.idempotency_key = $2 AND {replay}), \
          prior AS ( \
              SELECT o.stored_bytes FROM {t} AS o WHERE o.scope = $1 AND o.idempotency_key = $2), \
          quota AS ( \
@@ -300,8 +319,7 @@ fn reserve(t: &str, u: &str) -> String {
              stored_bytes = CASE WHEN {EXPIRED} THEN 0 ELSE o.stored_bytes END, \
              delivered = CASE WHEN {EXPIRED} THEN false ELSE o.delivered END, \
              delivered_at = CASE WHEN {EXPIRED} THEN NULL ELSE o.delivered_at END, \
-             replays = CASE WHEN {EXPIRED} THEN 0 WHEN {late_replay} THEN o.replays + 1 \
-                            ELSE o.replays END, \
+             replays = CASE WHEN {EXPIRED} THEN 0 ELSE o.replays END, \
              created_at = CASE WHEN {EXPIRED} THEN excluded.created_at ELSE o.created_at END, \
              completed_at = CASE WHEN {EXPIRED} THEN NULL ELSE o.completed_at END, \
              {approval}\
@@ -309,7 +327,7 @@ fn reserve(t: &str, u: &str) -> String {
                                   ELSE o.approval_used END, \
              expires_at = CASE WHEN {EXPIRED} THEN excluded.expires_at \
                                WHEN {start} THEN now() + {unknown_expiry} ELSE o.expires_at END \
-         RETURNING {COLUMNS}, NULL::text AS commit_mode), \
+         RETURNING {COLUMNS}, {commit_mode} AS commit_mode), \
          counted AS ({counted}) \
          SELECT * FROM replay UNION ALL SELECT * FROM reserved"
     )

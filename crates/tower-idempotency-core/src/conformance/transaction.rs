@@ -1,0 +1,231 @@
+//! Transactional reservations ([`Store::reserve_transaction`]): of concurrent ones exactly
+//! one acquires, with its transaction open, and the reservation is visible while that
+//! transaction is; committing completes the operation, aborting releases it, and a lease
+//! taken over fences the commit. A store without transactions refuses them and keeps
+//! nothing.
+
+use std::sync::Arc;
+
+use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+
+use super::fixture::{Fixture, expect_lost, get, must, response};
+use super::{LONG, PAST_SHORT};
+use crate::store::{Result, TRANSACTIONS};
+use crate::{
+    Lease, Operation, OperationState, OperationTransaction, Reservation, ReserveRequest, Store,
+    StoreError, TransactionalReservation,
+};
+
+/// The transaction of a fresh key; `None` for a store without transactions (after checking
+/// that it refused as the trait says and kept nothing).
+async fn acquire_transaction<S: Store>(
+    check: &str,
+    store: &S,
+    request: ReserveRequest,
+) -> Option<(Operation, Lease, Box<dyn OperationTransaction>)> {
+    let (scope, key) = (request.scope.clone(), request.key.clone());
+    match store.reserve_transaction(request).await {
+        Ok(TransactionalReservation::Acquired {
+            operation,
+            lease,
+            takeover: false,
+            transaction,
+        }) => Some((operation, lease, transaction)),
+        Err(StoreError::Unsupported {
+            feature: TRANSACTIONS,
+        }) => {
+            let kept = must(check, "get", store.get(&scope, &key).await);
+            assert!(
+                kept.is_none(),
+                "{check}: a store without transactions kept a record of a refused transactional reservation: {kept:?}"
+            );
+            None
+        }
+        other => {
+            panic!("{check}: a fresh key must be acquired with its transaction, got {other:?}")
+        }
+    }
+}
+
+fn existing(check: &str, reservation: Result<TransactionalReservation>) -> Operation {
+    match must(check, "reserve_transaction", reservation) {
+        TransactionalReservation::Existing(operation) => operation,
+        other => panic!("{check}: the key is taken, but the reservation answered {other:?}"),
+    }
+}
+
+/// Of 8 concurrent transactional reservations of one key exactly one acquires, with its
+/// transaction; the others see its record `in_progress`, as do reads and plain
+/// reservations while the transaction is open, and its lease can be renewed meanwhile.
+/// Committing completes the operation with the response; later reservations replay it.
+pub async fn reserve_transaction_acquires_once_and_commits<S: Store + Clone>(store: &S) {
+    const CHECK: &str = "reserve_transaction_acquires_once_and_commits";
+    const TASKS: usize = 8;
+    let fixture = Fixture::new();
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let mut tasks = JoinSet::new();
+    for _ in 0..TASKS {
+        let (store, barrier, request) = (store.clone(), Arc::clone(&barrier), fixture.request());
+        tasks.spawn(async move {
+            barrier.wait().await;
+            store.reserve_transaction(request).await
+        });
+    }
+    let mut won = Vec::new();
+    let mut seen = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined.unwrap_or_else(|error| panic!("{CHECK}: a reserve task failed: {error}")) {
+            Ok(TransactionalReservation::Acquired {
+                operation,
+                lease,
+                transaction,
+                ..
+            }) => won.push((operation, lease, transaction)),
+            Ok(TransactionalReservation::Existing(operation)) => seen.push(operation),
+            Err(StoreError::Unsupported {
+                feature: TRANSACTIONS,
+            }) => {
+                let kept = must(CHECK, "get", store.get(&fixture.scope, &fixture.key).await);
+                assert!(
+                    kept.is_none(),
+                    "{CHECK}: a store without transactions kept {kept:?}"
+                );
+                return;
+            }
+            other => panic!("{CHECK}: unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(won.len(), 1, "{CHECK}: exactly one reservation acquires");
+    let (operation, lease, transaction) = won.pop().unwrap_or_else(|| unreachable!());
+    assert_eq!(operation.state, OperationState::InProgress, "{CHECK}");
+    for other in &seen {
+        assert_eq!(
+            other.id, operation.id,
+            "{CHECK}: a loser saw another operation"
+        );
+        assert_eq!(
+            other.state,
+            OperationState::InProgress,
+            "{CHECK}: a loser's view"
+        );
+    }
+    // Visible and renewable while the transaction is open.
+    let read = get(CHECK, store, &fixture.scope, &fixture.key).await;
+    assert_eq!(
+        (read.id, read.state),
+        (operation.id, OperationState::InProgress),
+        "{CHECK}: the reservation is visible while its transaction is open"
+    );
+    must(
+        CHECK,
+        "extend_lease",
+        store.extend_lease(&lease, LONG).await,
+    );
+    let plain = must(CHECK, "reserve", store.reserve(fixture.request()).await);
+    assert!(
+        matches!(&plain, Reservation::Existing(op) if op.state == OperationState::InProgress),
+        "{CHECK}: a plain reservation while the transaction is open: {plain:?}"
+    );
+
+    let done = must(
+        CHECK,
+        "commit",
+        transaction.complete(response("committed")).await,
+    );
+    assert_eq!(done.state, OperationState::Completed, "{CHECK}");
+    let read = get(CHECK, store, &fixture.scope, &fixture.key).await;
+    assert_eq!(
+        read.state,
+        OperationState::Completed,
+        "{CHECK}: after commit"
+    );
+    assert_eq!(read.response, Some(response("committed")), "{CHECK}");
+    let replay = existing(CHECK, store.reserve_transaction(fixture.request()).await);
+    assert_eq!(
+        (replay.id, replay.state),
+        (operation.id, OperationState::Completed),
+        "{CHECK}: a transactional reservation of a completed key replays it"
+    );
+    assert_eq!(replay.response, Some(response("committed")), "{CHECK}");
+}
+
+/// Aborting releases the reservation: the key is free and the next transactional
+/// reservation acquires it afresh.
+pub async fn reserve_transaction_abort_releases<S: Store>(store: &S) {
+    const CHECK: &str = "reserve_transaction_abort_releases";
+    let fixture = Fixture::new();
+    let Some((first, _, transaction)) = acquire_transaction(CHECK, store, fixture.request()).await
+    else {
+        return;
+    };
+    must(CHECK, "abort", transaction.abort().await);
+    let kept = must(CHECK, "get", store.get(&fixture.scope, &fixture.key).await);
+    assert!(
+        kept.is_none(),
+        "{CHECK}: an aborted reservation is released: {kept:?}"
+    );
+    let Some((again, _, transaction)) = acquire_transaction(CHECK, store, fixture.request()).await
+    else {
+        panic!("{CHECK}: the store stopped supporting transactions");
+    };
+    assert_ne!(
+        again.id, first.id,
+        "{CHECK}: a fresh execution is a new operation"
+    );
+    must(
+        CHECK,
+        "commit",
+        transaction.complete(response("again")).await,
+    );
+}
+
+/// A transaction whose lease ran out and was taken over cannot commit: its completion
+/// fails with `LeaseLost`, and the take-over's outcome stands.
+pub async fn reserve_transaction_commit_is_fenced<S: Store>(store: &S) {
+    const CHECK: &str = "reserve_transaction_commit_is_fenced";
+    let fixture = Fixture::new();
+    let Some((operation, _, zombie)) =
+        acquire_transaction(CHECK, store, fixture.short_lease()).await
+    else {
+        return;
+    };
+    tokio::time::sleep(PAST_SHORT).await;
+    let takeover = match must(
+        CHECK,
+        "reserve_transaction",
+        store.reserve_transaction(fixture.take_over()).await,
+    ) {
+        TransactionalReservation::Acquired {
+            operation: taken,
+            takeover: true,
+            transaction,
+            ..
+        } => {
+            assert_eq!(taken.id, operation.id, "{CHECK}: a take-over keeps the id");
+            transaction
+        }
+        other => {
+            panic!("{CHECK}: a lapsed transactional reservation must be taken over, got {other:?}")
+        }
+    };
+    must(
+        CHECK,
+        "commit",
+        takeover.complete(response("takeover")).await,
+    );
+    expect_lost(
+        CHECK,
+        "the zombie's commit",
+        operation.id,
+        zombie.complete(response("zombie")).await,
+    );
+    let read = get(CHECK, store, &fixture.scope, &fixture.key).await;
+    assert_eq!(read.state, OperationState::Completed, "{CHECK}");
+    assert_eq!(read.attempts, 2, "{CHECK}");
+    assert_eq!(
+        read.response,
+        Some(response("takeover")),
+        "{CHECK}: the take-over's outcome stands"
+    );
+}
