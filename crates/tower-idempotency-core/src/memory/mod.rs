@@ -148,7 +148,8 @@ pub struct MemoryStoreConfig {
     /// What one scope may hold (default: half of the defaults above, 1 000 000 records and
     /// 1 GiB, so one account can never take the store away from the others).
     pub scope_quota: ScopeQuota,
-    /// Number of independently locked shards (default 16; 0 counts as 1).
+    /// Number of independently locked shards (default 16; 0 counts as 1, more than 4096
+    /// as 4096: an operation id names its shard in 16 bits).
     pub shards: usize,
 }
 
