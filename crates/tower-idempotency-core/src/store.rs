@@ -267,6 +267,14 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation>;
 
+    /// [`complete`](Store::complete) for a caller that does not read the completed record
+    /// (the layer, on every fresh request): the same step, fenced by the lease, without the
+    /// [`Operation`] it would return, which a store may then skip building. The default
+    /// calls `complete` and drops the record.
+    async fn complete_unread(&self, lease: &Lease, response: StoredResponse) -> Result<()> {
+        self.complete(lease, response).await.map(drop)
+    }
+
     /// Deletes the reservation so that a retry executes again, fenced by the lease. Only
     /// for attempts known to have had no effect (a rolled-back transaction, a `5xx` on a
     /// route whose policy says `release`).
@@ -424,6 +432,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
         (**self).complete(lease, response).await
+    }
+    async fn complete_unread(&self, lease: &Lease, response: StoredResponse) -> Result<()> {
+        (**self).complete_unread(lease, response).await
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         (**self).release(lease).await

@@ -31,6 +31,7 @@ use tracing::{Instrument, Span, field};
 use crate::approval;
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
+use crate::command::ParsedCommand;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
@@ -146,10 +147,15 @@ where
         }
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
-    let (request, body) = match admit(&shared, &policy, &parts, body, route, key).await {
+    let (request, body, command) = match admit(&shared, &policy, &parts, body, route, key).await {
         Ok(admitted) => admitted,
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
+    let mut parts = parts;
+    if let Some(command) = command {
+        // What the normalizer validated is what the handler executes, without a second parse.
+        parts.extensions.insert(ParsedCommand(command));
+    }
     let held = Held { inner, parts, body };
     decide(shared, policy, held, request, tally).await
 }
@@ -193,7 +199,8 @@ fn key_of(
 }
 
 /// Everything checked before the store is asked: scope, body, fingerprint. Returns what
-/// to reserve and the buffered body.
+/// to reserve, the buffered body and, on a route with a normalizer, the normalized
+/// command.
 async fn admit<B>(
     shared: &Shared,
     policy: &RoutePolicy,
@@ -201,7 +208,7 @@ async fn admit<B>(
     body: B,
     route: String,
     key: IdempotencyKey,
-) -> Result<(ReserveRequest, Bytes), Rejection>
+) -> Result<(ReserveRequest, Bytes, Option<serde_json::Value>), Rejection>
 where
     B: Body<Data = Bytes>,
 {
@@ -219,6 +226,11 @@ where
     )?;
     let fingerprint = fingerprinted.fingerprint;
     let approval = approval::request_for(shared, policy, parts, fingerprinted.command.as_ref());
+    // The handler gets the normalized command (not a merely parsed body: its extractor would
+    // then skip the command's own normalization).
+    let command = fingerprinted
+        .command
+        .filter(|_| policy.normalizer.is_some());
     let request = ReserveRequest {
         scope,
         key,
@@ -232,7 +244,7 @@ where
         marks_dispatch: policy.marks_dispatch,
         approval,
     };
-    Ok((request, body))
+    Ok((request, body, command))
 }
 
 fn scope_of(shared: &Shared, parts: &Parts) -> Result<Scope, Rejection> {

@@ -72,6 +72,9 @@
 //! - [`RoutePolicy`] and its choices ([`KeyRequirement`], [`ServerErrorPolicy`],
 //!   [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]), [`CommandRejection`] for
 //!   normalizers, [`ConfigError`] for settings refused when they are built.
+//! - [`JsonCommand`], a command type with its normalizer, and the `ValidatedJson`
+//!   extractor (feature `axum`) that hands the handler the command the layer already
+//!   parsed and validated, so a normalized body is parsed once per request.
 //! - approvals: [`ApprovalPolicy`] (with [`RoutePolicy::with_approval`]), the records
 //!   ([`Approval`], [`ApprovalId`], [`ApprovalState`]) and decisions
 //!   ([`ApprovalDecision`], [`DecisionOutcome`]) the store keeps, what a route asks it for
@@ -93,8 +96,8 @@
 //!   conformance suite) is reached through `tower-idempotency-core` itself.
 //!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
-//! [`IdempotencyLayer::status_router`], [`IdempotencyLayer::approvals_router`] and
-//! `IntoResponse` for problems.
+//! [`IdempotencyLayer::status_router`], [`IdempotencyLayer::approvals_router`], the
+//! `ValidatedJson` extractor and `IntoResponse` for problems.
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -104,6 +107,7 @@ mod approval;
 mod approvals;
 pub mod body;
 mod buffer;
+mod command;
 mod config;
 mod detach;
 mod encryption;
@@ -124,6 +128,9 @@ mod status;
 pub mod storage;
 mod telemetry;
 
+pub use command::JsonCommand;
+#[cfg(feature = "axum")]
+pub use command::{JsonCommandError, ValidatedJson, ValidatedJsonRejection};
 pub use config::{
     ANONYMOUS_PRINCIPAL, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY,
     IDEMPOTENT_REPLAYED, OPERATION_ID,

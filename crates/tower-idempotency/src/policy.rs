@@ -373,13 +373,25 @@ impl RoutePolicy {
     /// is stored, and the fingerprint is taken of what it leaves. Use it to apply
     /// defaults, drop server-assigned fields and reject invalid or unknown fields, so that
     /// two requests meaning the same command share a fingerprint. An `Err` answers
-    /// `422 invalid-command`. The handler still receives the original body.
+    /// `422 invalid-command`. The handler still receives the original body, and the
+    /// normalized command in its extensions, which the `ValidatedJson` extractor (feature
+    /// `axum`) reads instead of parsing the body again.
     pub fn with_normalizer<F>(mut self, normalizer: F) -> Self
     where
         F: Fn(&mut serde_json::Value) -> Result<(), CommandRejection> + Send + Sync + 'static,
     {
         self.normalizer = Some(Arc::new(normalizer));
         self
+    }
+
+    /// The normalizer of the command type `T` ([`JsonCommand::normalize`]) as this route's
+    /// normalizer: the layer validates and fingerprints the command as `T` defines it, and
+    /// the `ValidatedJson<T>` extractor (feature `axum`) hands the handler that same
+    /// normalized command without parsing the body again.
+    ///
+    /// [`JsonCommand::normalize`]: crate::JsonCommand::normalize
+    pub fn with_command<T: crate::JsonCommand + 'static>(self) -> Self {
+        self.with_normalizer(T::normalize)
     }
 
     /// What is kept of this route's responses for replay (default: everything). See

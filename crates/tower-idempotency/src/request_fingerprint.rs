@@ -12,7 +12,7 @@ use crate::policy::RoutePolicy;
 use crate::problem::Rejection;
 
 /// Whether a media type is JSON: `application/json` or any `+json` suffix.
-fn is_json(essence: &str) -> bool {
+pub(crate) fn is_json(essence: &str) -> bool {
     essence.eq_ignore_ascii_case("application/json")
         || essence
             .len()
@@ -31,8 +31,10 @@ fn content_type_essence(parts: &Parts) -> &str {
         .map_or("", |v| v.split(';').next().unwrap_or("").trim())
 }
 
-/// A request's fingerprint and, on a route with an approval policy, the validated command
-/// the policy decides on (the normalized JSON body; `null` for a body that is not JSON).
+/// A request's fingerprint and the validated command it was taken of: on a route with a
+/// normalizer, the normalized JSON body (handed to the handler, see
+/// [`command`](crate::command)); on a route with an approval policy, the command the policy
+/// decides on (`null` for a body that is not JSON).
 pub(crate) struct Fingerprinted {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) command: Option<serde_json::Value>,
@@ -53,7 +55,8 @@ pub(crate) fn fingerprint(
     let essence = content_type_essence(parts);
     let canonical;
     let lowercase;
-    // Only a route that decides on the command keeps it.
+    // A route that decides on the command keeps it (and one with a normalizer, below, for
+    // its handler).
     let wants_command = policy.approval.is_some();
     let mut command = wants_command.then_some(serde_json::Value::Null);
     // A route with a normalizer takes JSON commands only: any other body would bypass the
@@ -77,9 +80,7 @@ pub(crate) fn fingerprint(
                 let mut value = parse_json(body).map_err(Rejection::InvalidJson)?;
                 normalize(&mut value).map_err(Rejection::InvalidCommand)?;
                 let canonical = canonicalize_value(&value);
-                if wants_command {
-                    command = Some(value);
-                }
+                command = Some(value);
                 canonical
             }
         };

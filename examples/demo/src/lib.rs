@@ -41,15 +41,13 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
 use axum::routing::{get, post};
-use serde_json::Value;
 use tokio::net::TcpListener;
-use tower_idempotency::{
-    CommandRejection, IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store,
-};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store};
 use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig, StatementMode};
 
 pub use crate::audit::AuditJournal;
 pub use crate::auth::{Account, User};
+use crate::commands::{NewDeploy, NewPayment, NewTicket};
 pub use crate::config::{Config, Records};
 use crate::database::Database;
 pub use crate::ledger::Ledger;
@@ -290,8 +288,9 @@ const PURGE_BATCH: usize = 1000;
 
 /// The idempotency layer of the demo: every write route requires a key, with the
 /// configured lease and wait bound, and runs its command validation as the route's
-/// normalizer, so invalid commands are refused before anything is stored and the
-/// fingerprint describes the command with its defaults applied. Tickets and payments are
+/// normalizer ([`RoutePolicy::with_command`]), so invalid commands are refused before
+/// anything is stored, the fingerprint describes the command with its defaults applied, and
+/// the handler receives that validated command without parsing the body again. Tickets and payments are
 /// transactional routes ([`RoutePolicy::transactional`]: a `5xx` rolls back and releases,
 /// and an attempt whose lease ran out is executed again) when their handlers write in the
 /// operation's transaction. Production deploys and large payments need an approval
@@ -310,11 +309,6 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
     } else {
         policy.clone()
     };
-    let with = |base: &RoutePolicy, normalize: fn(&mut Value) -> Result<(), Problem>| {
-        base.clone().with_normalizer(move |command: &mut Value| {
-            normalize(command).map_err(|problem| CommandRejection::new(problem.detail()))
-        })
-    };
     let approvers: Arc<[String]> = config.approvers.clone().into();
     IdempotencyLayer::new(store)
         .with_body_limit(BODY_LIMIT)
@@ -330,18 +324,20 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
         .with_route_policy(
             Method::POST,
             "/v1/tickets",
-            with(&written, commands::normalize_ticket),
+            written.clone().with_command::<NewTicket>(),
         )
         .with_route_policy(
             Method::POST,
             "/v1/payments",
-            with(&written, commands::normalize_payment)
+            written
+                .with_command::<NewPayment>()
                 .with_approval(approvals::payment_policy(config.approval_ttl)),
         )
         .with_route_policy(
             Method::POST,
             "/v1/deploys",
-            with(&policy, commands::normalize_deploy)
+            policy
+                .with_command::<NewDeploy>()
                 .with_approval(approvals::deploy_policy(config.approval_ttl)),
         )
 }

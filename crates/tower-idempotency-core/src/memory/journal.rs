@@ -12,8 +12,7 @@ use std::time::SystemTime;
 use super::clock::Tick;
 use super::entry::Entry;
 use super::inner::Inner;
-use super::shard::RecordKey;
-use crate::ApprovalState;
+use crate::{ApprovalState, IdempotencyKey, Scope};
 use crate::audit::{AuditEvent, AuditEventKind, Correlation, DecisionEvent};
 
 impl Inner {
@@ -22,22 +21,20 @@ impl Inner {
         self.clock.system_time(now).unwrap_or_else(SystemTime::now)
     }
 
-    /// Journals the event `kind` makes about the record `entry` of `record_key`, when the
-    /// store journals (`kind` is not called otherwise).
+    /// Journals the event `kind` makes about the record `entry`, when the store journals
+    /// (`kind` is not called otherwise).
     pub(super) fn journal(
         &self,
-        record_key: &RecordKey,
         entry: &Entry,
         now: Tick,
         kind: impl FnOnce() -> AuditEventKind,
     ) {
-        self.journal_by(record_key, entry, now, None, kind);
+        self.journal_by(entry, now, None, kind);
     }
 
     /// [`Inner::journal`], naming the principal who acted.
     fn journal_by(
         &self,
-        record_key: &RecordKey,
         entry: &Entry,
         now: Tick,
         principal: Option<&str>,
@@ -46,12 +43,13 @@ impl Inner {
         if let Some(journal) = &self.journal {
             let mut event = AuditEvent::new(
                 self.journal_time(now),
-                record_key.scope.clone(),
+                Scope::clone(&entry.scope),
                 Some(entry.id),
                 kind(),
             );
-            event.key = Some(record_key.key.clone());
-            event.fingerprint = Some(entry.fingerprint.clone());
+            // The record's key was an `IdempotencyKey` when it was stored.
+            event.key = IdempotencyKey::new(entry.key()).ok();
+            event.fingerprint = Some(entry.fingerprint(None));
             event.principal = principal.map(str::to_owned);
             journal.append(event);
         }
@@ -59,17 +57,17 @@ impl Inner {
 
     /// Journals a new attempt of `entry`: accepted, and an approval asked for when the
     /// record now waits for one.
-    pub(super) fn journal_accepted(&self, record_key: &RecordKey, entry: &Entry, now: Tick) {
-        self.journal(record_key, entry, now, || AuditEventKind::Accepted {
+    pub(super) fn journal_accepted(&self, entry: &Entry, now: Tick) {
+        self.journal(entry, now, || AuditEventKind::Accepted {
             correlation: Correlation::Http {
-                method: String::from(&*entry.method),
-                route: String::from(&*entry.route),
+                method: String::from(&*entry.profile.method),
+                route: String::from(&*entry.profile.route),
             },
         });
         if entry.state == crate::OperationState::AwaitingApproval {
             // Who asked is the request's principal; who is asked, the route's business.
-            let asked_by = entry.approval.as_ref().map(|a| a.requested_by.as_str());
-            self.journal_by(record_key, entry, now, asked_by, || {
+            let asked_by = entry.approval().map(|a| a.requested_by.as_str());
+            self.journal_by(entry, now, asked_by, || {
                 AuditEventKind::ApprovalRequested { approver: None }
             });
         }
@@ -77,20 +75,20 @@ impl Inner {
 
     /// Journals the removal of a record whose retention ended (an approval nobody answered
     /// expired first).
-    pub(super) fn journal_purged(&self, record_key: &RecordKey, entry: &Entry, now: Tick) {
-        let unanswered = entry.approval.as_ref().is_some_and(|approval| {
+    pub(super) fn journal_purged(&self, entry: &Entry, now: Tick) {
+        let unanswered = entry.approval().is_some_and(|approval| {
             approval.decided.is_never() && approval.state(now) == ApprovalState::Expired
         });
         if unanswered {
-            self.journal(record_key, entry, now, || AuditEventKind::ApprovalExpired);
+            self.journal(entry, now, || AuditEventKind::ApprovalExpired);
         }
-        self.journal(record_key, entry, now, || AuditEventKind::Purged);
+        self.journal(entry, now, || AuditEventKind::Purged);
     }
 
     /// [`Entry::refresh`], journaling the record's turn to `unknown`.
-    pub(super) fn refresh(&self, entry: &mut Entry, record_key: &RecordKey, now: Tick) {
+    pub(super) fn refresh(&self, entry: &mut Entry, now: Tick) {
         if entry.refresh(now, &self.clock) {
-            self.journal(record_key, entry, now, || AuditEventKind::Unknown);
+            self.journal(entry, now, || AuditEventKind::Unknown);
         }
     }
 
