@@ -18,6 +18,7 @@ mod check;
 mod client;
 mod faults;
 mod instances;
+mod journal;
 mod proxy;
 mod rng;
 mod serve;
@@ -146,6 +147,11 @@ struct Options {
     /// report lost acknowledgements
     #[arg(long)]
     async_commit: bool,
+    /// Run the demo instances without the audit journal (--no-audit) and skip its check.
+    /// By default they share one signing key, each anchors the checkpoints, and after the
+    /// storm the journal is sealed, exported and verified against every anchor
+    #[arg(long)]
+    no_audit: bool,
 }
 
 /// The PostgreSQL servers a soak runs on.
@@ -294,8 +300,26 @@ async fn soak(o: Options) -> Result<bool, String> {
     let network = Arc::new(network);
     let log_dir = std::env::temp_dir().join(format!("chaos-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).map_err(|e| format!("{}: {e}", log_dir.display()))?;
+    let journaled = !o.no_audit && !o.unguarded;
+    let audit_key = if journaled {
+        Some(journal::key(&log_dir)?)
+    } else {
+        None
+    };
     let instance_args = (0..o.instances)
-        .map(|i| demo_args(&o, &servers.url(&dbname, &network.ports(i))))
+        .map(|i| {
+            let mut args = demo_args(&o, &servers.url(&dbname, &network.ports(i)));
+            match &audit_key {
+                Some((_, file)) => args.extend([
+                    "--audit-key".to_owned(),
+                    file.display().to_string(),
+                    "--audit-anchor".to_owned(),
+                    journal::anchor(&log_dir, i).display().to_string(),
+                ]),
+                None => args.push("--no-audit".to_owned()),
+            }
+            args
+        })
         .collect();
     let fleet = Arc::new(Fleet::new(instance_args, log_dir.clone())?);
     fleet.start_all().await?;
@@ -352,13 +376,30 @@ async fn soak(o: Options) -> Result<bool, String> {
     check::drain_outbox(&url, Duration::from_secs(60)).await?;
     let base = fleet.bases()[0].clone();
     let found = check::check(&url, &run, &intents, &base, &accounts).await?;
+    let journal = match &audit_key {
+        Some((key, _)) => {
+            let anchors: Vec<_> = (0..o.instances)
+                .map(|i| journal::anchor(&log_dir, i))
+                .collect();
+            Some(journal::check(&url, key, &anchors).await?)
+        }
+        None => None,
+    };
     let recoveries = servers.crash_recoveries() as u64;
     stats.crash_recoveries.store(recoveries, Ordering::Relaxed);
     let seen = match &bouncer {
         Some(bouncer) => Some(bouncer.seen().await?),
         None => None,
     };
-    let ok = print_table(&o, &intents, &found, &stats, open_before, seen.as_ref());
+    let ok = print_table(
+        &o,
+        &intents,
+        &found,
+        &stats,
+        open_before,
+        seen.as_ref(),
+        journal.as_ref(),
+    );
     fleet.kill_all().await;
     drop(fleet);
     drop(network);
@@ -618,9 +659,11 @@ fn print_table(
     stats: &Stats,
     open_before_settle: usize,
     pgbouncer: Option<&Seen>,
+    journal: Option<&journal::JournalFindings>,
 ) -> bool {
     let mut rows = outcome_rows(intents, found, stats, open_before_settle);
     rows.extend(check_rows(intents, found, stats));
+    rows.extend(journal.map(journal_rows).into_iter().flatten());
     rows.extend(fault_rows(found, stats, o.topology, pgbouncer));
     let notes_match = notifications_match(found);
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
@@ -650,7 +693,8 @@ fn print_table(
         && found.probe_effects == 0
         && notes_match
         && found.api_mismatches == 0
-        && found.status_disagreements == 0;
+        && found.status_disagreements == 0
+        && journal.is_none_or(journal::JournalFindings::holds);
     if ok {
         println!("\nall invariants hold");
     } else {
@@ -780,6 +824,26 @@ fn check_rows(intents: &[Intent], found: &check::Findings, stats: &Stats) -> Vec
             "unknown outcomes left",
             unknown + unanswered,
             format!("{unknown} outcome-unknown, {unanswered} unanswered after settling"),
+        ),
+    ]
+}
+
+/// The audit journal after the storm: it verifies, and it holds every completion.
+fn journal_rows(journal: &journal::JournalFindings) -> Vec<Row> {
+    let verdict = match &journal.violation {
+        None if journal.events > 0 => format!(
+            "ok: verifies ({} checkpoints, the database's and every instance's anchor)",
+            journal.checkpoints
+        ),
+        None => "VIOLATION: the journal is empty".to_owned(),
+        Some(violation) => format!("VIOLATION: {violation}"),
+    };
+    vec![
+        row("audit journal events", journal.events, verdict),
+        row(
+            "completions missing from the journal",
+            journal.missing_completions,
+            must_zero(journal.missing_completions),
         ),
     ]
 }

@@ -9,13 +9,14 @@
 //!
 //! Subcommands (`load-bench --help`, `load-bench SUBCOMMAND --help`; `--version`):
 //!
-//! - `run [--suite memory|postgres|all] [--rounds 3] [--duration 10] [--warmup 2]
+//! - `run [--suite memory|postgres|all|audit] [--rounds 3] [--duration 10] [--warmup 2]
 //!   [--connections 64] [--threads 2] [--fsync on|off] [--log warn]` — the benchmark (also
 //!   without a subcommand); out-of-range values are refused (rounds 1–20, duration 1–120 s,
 //!   warm-up 0–60 s, threads 1–64, connections 1–1024);
 //! - `serve MODE --listen ADDR [--database-url URL]` — one server (used by `run`);
 //! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record.
 
+mod curves;
 mod pgprofile;
 mod record_size;
 mod serve;
@@ -32,7 +33,7 @@ use clap::{Parser, value_parser};
 // The test harness's throwaway cluster, started here with durable settings.
 use test_harness::pg;
 
-use crate::wrk::{Load, Run};
+use crate::wrk::{Load, Run, Workload};
 
 /// The benchmark's command line.
 #[derive(Debug, Parser)]
@@ -57,6 +58,44 @@ enum Subcommand {
     Serve(ServeArgs),
     /// Memory store bytes per completed record
     RecordSize(RecordSizeArgs),
+    /// Cost curves: throughput and latency against body size, live records and connections, charted
+    Curves(CurvesArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct CurvesArgs {
+    /// Sweeps to run (comma-separated): body, concurrency, records
+    #[arg(long, value_delimiter = ',', value_parser = PossibleValuesParser::new(["body", "concurrency", "records"]), default_value = "body,concurrency,records")]
+    sweep: Vec<String>,
+    /// Rounds per point (medians are charted)
+    #[arg(long, value_name = "N", default_value = "3", value_parser = value_parser!(u64).range(1..=20))]
+    rounds: u64,
+    /// Seconds per HTTP case and round
+    #[arg(long, value_name = "SECS", default_value = "3", value_parser = value_parser!(u64).range(1..=60))]
+    duration: u64,
+    /// Where the charts (SVG) and their data (CSV) are written
+    #[arg(long, value_name = "DIR", default_value = "docs/img")]
+    out: PathBuf,
+    /// Live records of the memory store's points (comma-separated, ascending)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "N",
+        default_value = "10000,1000000,5000000"
+    )]
+    memory_records: Vec<u64>,
+    /// Rows of the PostgreSQL table's points (comma-separated, ascending; empty: none)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "N",
+        default_value = "1000000,10000000"
+    )]
+    pg_rows: Vec<u64>,
+    /// The servers' log filter (their RUST_LOG)
+    #[arg(long, value_name = "LEVEL", default_value = "warn")]
+    log: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -97,6 +136,9 @@ enum SuiteChoice {
     Memory,
     Postgres,
     All,
+    /// The audit journal on and off: memory fresh keys, then PostgreSQL transactional
+    /// fresh keys
+    Audit,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -117,6 +159,9 @@ struct ServeArgs {
     /// PostgreSQL URL, for the pg-* modes
     #[arg(long, value_name = "URL")]
     database_url: Option<String>,
+    /// Completed records stored before serving (memory-guarded only)
+    #[arg(long, value_name = "N", default_value = "0")]
+    prefill: usize,
 }
 
 #[derive(Debug, clap::Args)]
@@ -158,6 +203,7 @@ fn main() -> ExitCode {
         Subcommand::Serve(args) => serve_command(args),
         Subcommand::RecordSize(args) => record_size_command(&args),
         Subcommand::Run(args) => run_command(&args),
+        Subcommand::Curves(args) => curves_command(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -168,6 +214,39 @@ fn main() -> ExitCode {
     }
 }
 
+fn curves_command(args: &CurvesArgs) -> Result<(), String> {
+    let ascending = |values: &[u64]| values.windows(2).all(|w| w[0] < w[1]);
+    if !ascending(&args.memory_records) || !ascending(&args.pg_rows) {
+        return Err("--memory-records and --pg-rows must be ascending".to_owned());
+    }
+    let settings = curves::CurveSettings {
+        sweeps: args.sweep.clone(),
+        rounds: args.rounds,
+        duration: Duration::from_secs(args.duration),
+        out: args.out.clone(),
+        log_level: args.log.clone(),
+        pg_rows: args.pg_rows.clone(),
+        memory_records: args.memory_records.clone(),
+    };
+    if settings.sweeps.iter().any(|s| s != "records") {
+        wrk::ensure_installed()?;
+    }
+    let work = std::env::temp_dir().join(format!("load-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+    let script = work.join("requests.lua");
+    std::fs::write(&script, include_str!("requests.lua")).map_err(|e| e.to_string())?;
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    println!(
+        "machine: {cores} cores; {} rounds per point, {} s per HTTP case; load average at the start: {}",
+        settings.rounds,
+        settings.duration.as_secs(),
+        load_average()
+    );
+    let result = curves::run(&settings, &script, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Runtime::new().map_err(|e| e.to_string())
 }
@@ -176,7 +255,12 @@ fn serve_command(args: ServeArgs) -> Result<(), String> {
     demo::init_logging("info");
     let mode = args.mode;
     runtime()?
-        .block_on(serve::serve(&mode, args.listen, args.database_url))
+        .block_on(serve::serve(
+            &mode,
+            args.listen,
+            args.database_url,
+            args.prefill,
+        ))
         .map_err(|e| format!("serve {mode}: {e}"))
 }
 
@@ -207,10 +291,24 @@ impl Server {
         database_url: Option<&str>,
         settings: &Settings,
         logs: &std::path::Path,
+        extra: &[String],
     ) -> Result<Self, String> {
-        let log_level = settings.log_level.as_str();
-        let exe = match &settings.server_exe {
-            Some(exe) => exe.clone(),
+        let exe = settings.server_exe.as_deref();
+        Self::launch(mode, database_url, &settings.log_level, exe, logs, extra)
+    }
+
+    /// One server of `mode`, from `exe` (this program when `None`), logging at `log_level`
+    /// into `logs`, with `extra` arguments.
+    fn launch(
+        mode: &str,
+        database_url: Option<&str>,
+        log_level: &str,
+        exe: Option<&std::path::Path>,
+        logs: &std::path::Path,
+        extra: &[String],
+    ) -> Result<Self, String> {
+        let exe = match exe {
+            Some(exe) => exe.to_path_buf(),
             None => std::env::current_exe().map_err(|e| e.to_string())?,
         };
         let log = std::fs::File::create(logs.join(format!("{mode}.log")))
@@ -224,6 +322,7 @@ impl Server {
         if let Some(url) = database_url {
             command.args(["--database-url", url]);
         }
+        command.args(extra);
         let mut child = command.spawn().map_err(|e| format!("serve {mode}: {e}"))?;
         let mut line = String::new();
         if let Some(stdout) = child.stdout.take() {
@@ -270,6 +369,9 @@ struct Target {
 
 struct Suite {
     name: &'static str,
+    /// Whether every round starts new server processes (memory: each round starts from an
+    /// empty store, as the demo binary does, instead of growing one store over the run).
+    restart_each_round: bool,
     /// `tickets` or `payments`: the route every case of the suite writes to.
     route: &'static str,
     cases: Vec<Case>,
@@ -279,6 +381,7 @@ struct Suite {
 fn memory_suite() -> Suite {
     Suite {
         name: "memory",
+        restart_each_round: true,
         // The in-memory ledger checks invoice references by scanning the account's
         // payments, so a payments run would slow down as it goes; tickets without a
         // source_event_id are a constant-time append.
@@ -290,13 +393,13 @@ fn memory_suite() -> Suite {
                 workload: "fresh",
             },
             Case {
-                label: "guarded, fresh keys",
-                mode: "memory-guarded",
+                label: "guarded (the demo's defaults), fresh keys",
+                mode: "memory-demo",
                 workload: "fresh",
             },
             Case {
-                label: "guarded, replays of one key",
-                mode: "memory-guarded",
+                label: "guarded (the demo's defaults), replays of one key",
+                mode: "memory-demo",
                 workload: "replay",
             },
         ],
@@ -320,6 +423,7 @@ fn memory_suite() -> Suite {
 fn postgres_suite() -> Suite {
     Suite {
         name: "postgres",
+        restart_each_round: false,
         // A payment is one INSERT checked by a unique constraint; a ticket would also
         // enqueue an outbox notification that a dispatcher delivers.
         route: "payments",
@@ -379,6 +483,60 @@ fn postgres_suite() -> Suite {
     }
 }
 
+/// Memory fresh keys with the audit journal off and on (issue 15's target: within 10 %).
+fn audit_memory_suite() -> Suite {
+    Suite {
+        name: "audit-memory",
+        route: "tickets",
+        cases: vec![
+            Case {
+                label: "guarded, fresh keys, no journal",
+                mode: "memory-guarded",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded, fresh keys, journaled",
+                mode: "memory-guarded-audit",
+                workload: "fresh",
+            },
+        ],
+        targets: vec![Target {
+            text: "memory: fresh keys with the journal ≥ 0.9× without",
+            case: 1,
+            against: 0,
+            min: 0.9,
+        }],
+    }
+}
+
+/// PostgreSQL transactional fresh keys with the audit journal off and on.
+fn audit_postgres_suite() -> Suite {
+    Suite {
+        name: "audit-postgres",
+        route: "payments",
+        // The journaled server starts first, so that the server started first (and its
+        // connections opened first) is not always the baseline.
+        cases: vec![
+            Case {
+                label: "guarded, transactional, fresh keys, journaled (default)",
+                mode: "pg-transactional",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded, transactional, fresh keys, no journal (`--no-audit`)",
+                mode: "pg-transactional-no-audit",
+                workload: "fresh",
+            },
+        ],
+        targets: vec![Target {
+            text: "PostgreSQL: transactional fresh keys with the journal ≥ 0.9× without",
+            case: 0,
+            against: 1,
+            min: 0.9,
+        }],
+    }
+}
+
 struct Settings {
     rounds: u64,
     duration: Duration,
@@ -415,6 +573,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         SuiteChoice::Memory => vec![memory_suite()],
         SuiteChoice::Postgres => vec![postgres_suite()],
         SuiteChoice::All => vec![memory_suite(), postgres_suite()],
+        SuiteChoice::Audit => vec![audit_memory_suite(), audit_postgres_suite()],
     };
     wrk::ensure_installed()?;
     let work = std::env::temp_dir().join(format!("load-bench-{}", std::process::id()));
@@ -429,6 +588,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
                 run_suite(suite, &settings, &script, &work, None)?;
                 print_record_sizes()?;
             }
+            "audit-memory" => run_suite(suite, &settings, &script, &work, None)?,
             _ => {
                 let mut options = if settings.durable {
                     pg::ClusterOptions::durable()
@@ -473,6 +633,15 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The load average as `uptime` prints it (1, 5 and 15 minutes): the machine is shared, so
+/// every measurement says how busy it was.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 fn print_machine(settings: &Settings) {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -492,6 +661,58 @@ fn print_machine(settings: &Settings) {
         settings.warmup.as_secs(),
         settings.log_level,
     );
+    println!("load average at the start: {}", load_average());
+}
+
+/// One server per mode the suite's cases use.
+fn start_servers<'a>(
+    suite: &'a Suite,
+    settings: &Settings,
+    work: &std::path::Path,
+    url: Option<&str>,
+) -> Result<Vec<(&'a str, Server)>, String> {
+    let mut servers: Vec<(&str, Server)> = Vec::new();
+    for case in &suite.cases {
+        if !servers.iter().any(|(mode, _)| *mode == case.mode) {
+            let server = Server::start(case.mode, url, settings, work, &[])?;
+            servers.push((case.mode, server));
+        }
+    }
+    Ok(servers)
+}
+
+fn base_of(servers: &[(&str, Server)], mode: &str) -> String {
+    servers
+        .iter()
+        .find(|(m, _)| *m == mode)
+        .map(|(_, s)| s.base.clone())
+        .unwrap_or_default()
+}
+
+fn warm_up(
+    suite: &Suite,
+    settings: &Settings,
+    script: &std::path::Path,
+    servers: &[(&str, Server)],
+) -> Result<(), String> {
+    if settings.warmup.is_zero() {
+        return Ok(());
+    }
+    for case in &suite.cases {
+        wrk::run(
+            &settings.load,
+            script,
+            &base_of(servers, case.mode),
+            settings.warmup,
+            &format!("warmup-{}", case.mode),
+            Workload {
+                mode: case.workload,
+                route: suite.route,
+                body_bytes: 0,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 fn run_suite(
@@ -501,35 +722,23 @@ fn run_suite(
     work: &std::path::Path,
     url: Option<&str>,
 ) -> Result<(), String> {
-    let mut servers: Vec<(&str, Server)> = Vec::new();
-    for case in &suite.cases {
-        if !servers.iter().any(|(mode, _)| *mode == case.mode) {
-            let server = Server::start(case.mode, url, settings, work)?;
-            servers.push((case.mode, server));
-        }
-    }
-    let base = |mode: &str| {
-        servers
-            .iter()
-            .find(|(m, _)| *m == mode)
-            .map(|(_, s)| s.base.clone())
-            .unwrap_or_default()
-    };
-    if !settings.warmup.is_zero() {
-        for case in &suite.cases {
-            wrk::run(
-                &settings.load,
-                script,
-                &base(case.mode),
-                settings.warmup,
-                &format!("warmup-{}", case.mode),
-                (case.workload, suite.route),
-            )?;
-        }
-    }
+    let mut servers = start_servers(suite, settings, work, url)?;
+    warm_up(suite, settings, script, &servers)?;
     let n = suite.cases.len();
     let mut results: Vec<Vec<Run>> = vec![Vec::new(); n];
     for round in 0..settings.rounds as usize {
+        if suite.restart_each_round && round > 0 {
+            // Fresh processes: every round starts from an empty store and ledger.
+            servers.clear();
+            servers = start_servers(suite, settings, work, url)?;
+            warm_up(suite, settings, script, &servers)?;
+        }
+        eprintln!(
+            "load-bench: {} round {}: load {}",
+            suite.name,
+            round + 1,
+            load_average()
+        );
         for step in 0..n {
             let index = (round + step) % n;
             let case = &suite.cases[index];
@@ -537,10 +746,14 @@ fn run_suite(
             let run = wrk::run(
                 &settings.load,
                 script,
-                &base(case.mode),
+                &base_of(&servers, case.mode),
                 settings.duration,
                 &run_id,
-                (case.workload, suite.route),
+                Workload {
+                    mode: case.workload,
+                    route: suite.route,
+                    body_bytes: 0,
+                },
             )?;
             eprintln!(
                 "load-bench: {} round {}: {} — {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, non-2xx {}",
@@ -596,7 +809,11 @@ fn profile_cases(
             &server.base,
             Duration::from_secs(5),
             &format!("{}-{index}-profile", suite.name),
-            (case.workload, suite.route),
+            Workload {
+                mode: case.workload,
+                route: suite.route,
+                body_bytes: 0,
+            },
         )?;
         let server_cpu = pgprofile::process_cpu(pid, false) - server_before;
         std::thread::sleep(pgprofile::flush_wait());
@@ -646,14 +863,29 @@ fn print_table(suite: &Suite, results: &[Vec<Run>]) {
             socket
         );
     }
-    println!("\n| target | measured | met |\n|---|---:|---|");
+    println!(
+        "\n| target | measured (medians) | each round | met in every round |\n|---|---:|---|---|"
+    );
     for target in &suite.targets {
         let ratio = medians[target.case] / medians[target.against];
+        // Rounds alternate the cases, so round r of one case is compared with round r of
+        // the other.
+        let rounds: Vec<f64> = results[target.case]
+            .iter()
+            .zip(&results[target.against])
+            .map(|(case, against)| case.rps / against.rps)
+            .collect();
+        let every = rounds.iter().all(|r| *r >= target.min);
         println!(
-            "| {} | {:.2}× | {} |",
+            "| {} | {:.3}× | {} | {} |",
             target.text,
             ratio,
-            if ratio >= target.min { "yes" } else { "no" }
+            rounds
+                .iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            if every { "yes" } else { "no" }
         );
     }
 }

@@ -1,6 +1,6 @@
 -- wrk script of the load benchmark (crates/load-bench): a write with a fresh Idempotency-Key
 -- per request, or one fixed key for replays.
--- Arguments: <run id> <fresh|replay> <tickets|payments>.
+-- Arguments: <run id> <fresh|replay> <tickets|payments> [body bytes].
 --   tickets:  POST /v1/tickets, the same ticket every time (the demo keeps no uniqueness
 --             rule on tickets without a source_event_id, so every execution creates one);
 --   payments: POST /v1/payments with the key as the invoice reference, so every execution
@@ -14,10 +14,21 @@ function setup(thread)
   table.insert(threads, thread)
 end
 
+local ticket = '{"project": "web", "title": "Login button does nothing", "priority": "high", ' ..
+  '"description": "Clicking the login button on the landing page does nothing in Firefox 131."}'
+
 function init(args)
   run = args[1] or "run"
   mode = args[2] or "fresh"
   route = args[3] or "tickets"
+  -- A body of this many bytes (0: the usual ticket): the description padded to it.
+  local size = tonumber(args[4] or "0") or 0
+  if size > 0 then
+    local frame = '{"project": "web", "title": "Login button does nothing", "priority": "high", ' ..
+      '"description": ""}'
+    ticket = '{"project": "web", "title": "Login button does nothing", "priority": "high", ' ..
+      '"description": "' .. string.rep("x", math.max(0, size - #frame)) .. '"}'
+  end
 end
 
 local headers = {
@@ -40,9 +51,7 @@ function request()
       key)
     return wrk.format("POST", "/v1/payments", headers, body)
   end
-  return wrk.format("POST", "/v1/tickets", headers,
-    '{"project": "web", "title": "Login button does nothing", "priority": "high", ' ..
-    '"description": "Clicking the login button on the landing page does nothing in Firefox 131."}')
+  return wrk.format("POST", "/v1/tickets", headers, ticket)
 end
 
 function done(summary, latency, requests)

@@ -7,16 +7,24 @@
 //! | mode | the demo's flags | idempotency | the record is written |
 //! |---|---|---|---|
 //! | `memory-unguarded` | `--no-idempotency` | none | in memory |
+//! | `memory-demo` | *(none)*: the demo binary's router, store and bounds | memory store | in memory |
 //! | `memory-guarded` | *(none)*, but a store of capacity 20 M, no byte budget or quota | memory store | in memory |
 //! | `pg-unguarded` | `--database-url U --no-idempotency` | none | `INSERT`, autocommit |
 //! | `pg-non-transactional` | `--database-url U --non-transactional` | PostgreSQL store | `INSERT`, autocommit |
 //! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
+//! | `memory-guarded-audit` | *(none)*, as `memory-guarded`, with the demo's audit journal | memory store, journaled | in memory |
+//! | `pg-transactional-no-audit` | `--database-url U --no-audit` | PostgreSQL store, not journaled | `INSERT` in the operation's transaction |
+//!
+//! The demo journals by default, so the `pg-*` guarded modes are journaled; the two modes
+//! at the end of the table make the audit suites' comparison of journal on and off.
 //!
 //! `memory-guarded` differs from the demo binary in one respect: the demo's memory store has
 //! the default bounds (2,000,000 records, 2 GiB, half of each per account: the load's one
 //! account reaches its quota after about a million fresh keys and then gets
 //! `429 scope-quota-exceeded`), so it is built with `demo::router` over an unbounded store
-//! and a long run measures the layer, not a bound.
+//! and a long run measures the layer, not a bound; it can be filled with records before it
+//! serves (`--prefill N`, for the cost curves). `memory-demo` is the demo binary as it
+//! starts without flags, bounds included.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -24,25 +32,36 @@ use std::time::Duration;
 use demo::{Config, Records};
 use tokio::net::TcpListener;
 use tower_idempotency::spawn_purge_task;
-use tower_idempotency::{MemoryStore, MemoryStoreConfig};
+use tower_idempotency::{
+    Fingerprint, IdempotencyKey, MemoryStore, MemoryStoreConfig, Reservation, ReserveRequest,
+    Scope, Store, StoredResponse,
+};
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The serving modes, by name.
-pub const MODES: [&str; 5] = [
+pub const MODES: [&str; 8] = [
     "memory-unguarded",
+    "memory-demo",
     "memory-guarded",
     "pg-unguarded",
     "pg-non-transactional",
     "pg-transactional",
+    "memory-guarded-audit",
+    "pg-transactional-no-audit",
 ];
 
 /// Serves `mode` on `listen` until SIGTERM; prints `listening on http://ADDR` once bound.
+/// `prefill` completed records are stored first (`memory-guarded` only).
 pub async fn serve(
     mode: &str,
     listen: SocketAddr,
     database_url: Option<String>,
+    prefill: usize,
 ) -> Result<(), Failure> {
+    if prefill > 0 && mode != "memory-guarded" {
+        return Err("--prefill is for memory-guarded".into());
+    }
     let memory = Config {
         listen,
         database_url: None,
@@ -67,6 +86,8 @@ pub async fn serve(
             })
             .await?
         }
+        // Exactly the demo binary without flags: its router, its store and the store's bounds.
+        "memory-demo" => demo::app(&memory).await?,
         "memory-guarded" => {
             let store = MemoryStore::new(MemoryStoreConfig {
                 capacity: 20_000_000,
@@ -74,6 +95,7 @@ pub async fn serve(
                 max_bytes: u64::MAX,
                 scope_quota: tower_idempotency::ScopeQuota::UNLIMITED,
             });
+            fill(&store, prefill).await?;
             // The demo's purge schedule.
             spawn_purge_task(store.clone(), Duration::from_secs(60), 1000);
             demo::router(&memory, store)
@@ -93,6 +115,29 @@ pub async fn serve(
             .await?
         }
         "pg-transactional" => demo::app(&postgres()?).await?,
+        "pg-transactional-no-audit" => {
+            demo::app(&Config {
+                audit: false,
+                ..postgres()?
+            })
+            .await?
+        }
+        "memory-guarded-audit" => {
+            // `memory-guarded`'s store, journaled as the demo journals it.
+            let key = demo::audit::signing_key(None)?;
+            let journal = demo::AuditJournal::memory(key, None, None)?;
+            let store = MemoryStore::with_journal(
+                MemoryStoreConfig {
+                    capacity: 20_000_000,
+                    shards: 16,
+                    max_bytes: u64::MAX,
+                    scope_quota: tower_idempotency::ScopeQuota::UNLIMITED,
+                },
+                journal.clone(),
+            );
+            spawn_purge_task(store.clone(), Duration::from_secs(60), 1000);
+            demo::router_with_journal(&memory, store, demo::AuditJournal::Memory(journal))
+        }
         other => return Err(format!("unknown mode {other}; one of {MODES:?}").into()),
     };
     let listener = TcpListener::bind(listen).await?;
@@ -100,5 +145,40 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(demo::shutdown_signal())
         .await?;
+    Ok(())
+}
+
+/// Stores `records` completed operations shaped like the demo's tickets (one account each
+/// of a thousand, a 40-character key, a SHA-256 fingerprint, `content-type`, a 200-byte
+/// body), so that a run measures a store that already holds them.
+async fn fill(store: &MemoryStore, records: usize) -> Result<(), Failure> {
+    let body = bytes::Bytes::from(vec![b'x'; 200]);
+    for i in 0..records {
+        let request = ReserveRequest {
+            scope: Scope::new(format!("prefill-{}", i % 1000)),
+            key: IdempotencyKey::new(&format!("prefill-4e2b7d4d-0e9c-1a6f-{i:012x}"))?,
+            fingerprint: Fingerprint::from_stored(format!("sha256:{i:064x}")),
+            method: "POST".to_owned(),
+            route: "/v1/tickets".to_owned(),
+            lease: Duration::from_secs(60),
+            retention: Duration::from_secs(24 * 3600),
+            unknown_retention: Duration::from_secs(7 * 24 * 3600),
+            take_over_unknown: false,
+            marks_dispatch: false,
+            approval: None,
+        };
+        let Reservation::Acquired { lease, .. } = store.reserve(request).await? else {
+            return Err(format!("prefill record {i} was not acquired").into());
+        };
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![(
+                "content-type".to_owned(),
+                bytes::Bytes::from_static(b"application/json"),
+            )],
+            body: Some(body.clone()),
+        };
+        store.complete(&lease, response).await?;
+    }
     Ok(())
 }

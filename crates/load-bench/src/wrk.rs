@@ -66,16 +66,27 @@ pub struct Load {
     pub connections: u32,
 }
 
+/// What the script sends.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload<'a> {
+    /// `fresh` (a new key per request) or `replay` (one key).
+    pub mode: &'a str,
+    /// `tickets` or `payments`.
+    pub route: &'a str,
+    /// The request body's size in bytes (tickets only; the description is padded to it),
+    /// or 0 for the script's usual body.
+    pub body_bytes: usize,
+}
+
 /// One wrk run of `duration` against `base` (`http://127.0.0.1:PORT`) with the script at
-/// `script`, passing `run_id`, `mode` (`fresh` or `replay`) and `route` (`tickets` or
-/// `payments`) to it.
+/// `script`, passing `run_id` and the workload to it.
 pub fn run(
     load: &Load,
     script: &Path,
     base: &str,
     duration: Duration,
     run_id: &str,
-    (mode, route): (&str, &str),
+    workload: Workload<'_>,
 ) -> Result<Run, String> {
     if !base.starts_with("http://127.0.0.1:") {
         return Err(format!("refusing to load {base}: loopback only"));
@@ -95,8 +106,9 @@ pub fn run(
         .arg(base)
         .arg("--")
         .arg(run_id)
-        .arg(mode)
-        .arg(route)
+        .arg(workload.mode)
+        .arg(workload.route)
+        .arg(workload.body_bytes.to_string())
         .output()
         .map_err(|e| format!("cannot run wrk: {e}"))?;
     // wrk has been waited for: its CPU time is now among this process's children's.

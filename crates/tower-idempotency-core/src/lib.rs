@@ -15,11 +15,13 @@ pub mod canonical;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
+pub mod execution;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;
 pub mod metrics;
 pub mod operation;
+pub mod problem_types;
 pub mod purge;
 pub mod quota;
 pub mod scope;
@@ -31,6 +33,7 @@ pub use approval::{
     DecisionOutcome,
 };
 pub use canonical::{CanonicalizeError, canonicalize_json};
+pub use execution::{DispatchError, Execution};
 pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
 pub use key::{IdempotencyKey, KeyError};
 pub use memory::{MemoryStore, MemoryStoreConfig};

@@ -16,7 +16,10 @@
 /// (`request-in-progress`), `unknown` (`outcome-unknown`), `rejected` (any other
 /// refusal), `store_unavailable` (`store-unavailable`, `store-full`), `released` (a `5xx`
 /// given back), `not_committed` (a transactional commit that failed), `bypassed`
-/// (fail-open while the store is down) and `passthrough` (optional key absent).
+/// (fail-open while the store is down), `passthrough` (optional key absent),
+/// `quota_exceeded` (`scope-quota-exceeded`), and on routes that require approval
+/// `approval_required` (`approval-required`: the request waits for a person),
+/// `approval_denied` (`approval-denied`) and `approval_expired` (`approval-expired`).
 pub const DECISIONS: &str = "idempotency.decisions";
 
 /// Histogram, seconds: how long a guarded request took in the layer, from its arrival
@@ -28,7 +31,8 @@ pub const REQUEST_DURATION: &str = "idempotency.request.duration";
 /// Histogram, seconds: the latency of one store call made by the layer.
 ///
 /// Label: [`OPERATION`] — `reserve`, `wait`, `complete`, `release`, `abandon`, `renew`,
-/// `begin`, `commit`, `rollback`, `get`, `mark_delivered`.
+/// `begin`, `commit`, `rollback`, `get`, `mark_delivered`, and for approvals
+/// `get_approval`, `list_approvals`, `decide_approval`.
 pub const STORE_DURATION: &str = "idempotency.store.duration";
 
 /// Gauge: handlers running under a reservation right now (up when a handler starts,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::audit::DecisionEvent;
 use crate::transaction::OperationTransaction;
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalRequest, ApprovalState, DecisionOutcome,
@@ -266,8 +267,9 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation>;
 
-    /// [`complete`](Store::complete) for a caller that does not read the record back (the
-    /// layer's hot path): returns nothing, so a store need not build the [`Operation`].
+    /// [`complete`](Store::complete) for a caller that does not read the completed record
+    /// back (the layer, on every fresh request): the same step, fenced by the lease,
+    /// without the [`Operation`] it would return, which a store may then skip building.
     /// With `delivered`, the caller is about to hand the whole response over at once (it is
     /// buffered, small, and its client still waits for it), and the store records the
     /// delivery with the completion, as [`mark_delivered`](Store::mark_delivered) would —
@@ -384,6 +386,16 @@ pub trait Store: Send + Sync + Debug + 'static {
         })
     }
 
+    /// Journals a decision that changes no record — a replay, an attachment to a running
+    /// operation, a conflict, a refusal while in progress, a quota refusal — in the store's
+    /// audit journal, when it keeps one (state changes are journaled by the store itself,
+    /// with the change). Called on the request path, so it must neither block nor fail: a
+    /// store queues the event and writes it in the background, and a crash may lose the last
+    /// batch of these (never the event of a state change). The default keeps nothing.
+    fn record_decision(&self, event: DecisionEvent) {
+        let _ = event;
+    }
+
     /// Loads the record of `(scope, key)`.
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>>;
 
@@ -487,6 +499,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         limit: usize,
     ) -> Result<Vec<Approval>> {
         (**self).list_approvals(scope, state, limit).await
+    }
+    fn record_decision(&self, event: DecisionEvent) {
+        (**self).record_decision(event);
     }
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         (**self).get(scope, key).await

@@ -5,6 +5,7 @@ mod audit {
     mod checkpoint;
     mod encoding;
     mod journal;
+    mod memory_store;
     mod merkle;
     mod prove;
     mod sample;

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Map, Value, json};
-use tower_idempotency_core::{Operation, OperationId};
+use tower_idempotency_core::{Approval, Operation, OperationId, OperationState, problem_types};
 
 use crate::McpBody;
 use crate::jsonrpc::{self, META_EXECUTION};
@@ -33,6 +33,17 @@ pub(crate) fn problem_type(slug: &str) -> String {
 
 pub(crate) fn rfc3339(at: SystemTime) -> Value {
     Value::String(humantime::format_rfc3339_millis(at).to_string())
+}
+
+/// The state of an execution as the MCP layer names it, read from its record: `accepted`
+/// (in progress, not dispatched), `dispatched`, `completed`, `unknown`, `cancelled`,
+/// `awaiting_approval`, `authorized`, `denied`.
+pub(crate) fn state_name(operation: &Operation) -> &'static str {
+    match operation.state {
+        OperationState::InProgress if operation.dispatched_at.is_some() => "dispatched",
+        OperationState::InProgress => "accepted",
+        other => other.as_str(),
+    }
 }
 
 /// The `result._meta["dev.tower-idempotency/execution"]` member.
@@ -105,7 +116,7 @@ pub(crate) fn replay(operation: &Operation, id: &Value, attached: bool) -> Optio
 
 /// The fingerprint-mismatch JSON-RPC error: the execution id and state, never the
 /// original arguments.
-pub(crate) fn mismatch(id: &Value, operation: &Operation, state: &str) -> Value {
+pub(crate) fn mismatch(id: &Value, operation: &Operation) -> Value {
     jsonrpc::error(
         id,
         FINGERPRINT_MISMATCH_CODE,
@@ -113,7 +124,7 @@ pub(crate) fn mismatch(id: &Value, operation: &Operation, state: &str) -> Value 
         json!({
             "type": problem_type("fingerprint-mismatch"),
             "execution_id": operation.id.to_string(),
-            "state": state,
+            "state": state_name(operation),
         }),
     )
 }
@@ -140,11 +151,10 @@ pub(crate) fn uncertain(
     id: &Value,
     kind: Uncertain,
     operation: &Operation,
-    state: &str,
-    dispatched_at: Option<SystemTime>,
     status_tool: Option<&str>,
 ) -> Value {
     let execution_id = operation.id.to_string();
+    let state = state_name(operation);
     let check = match status_tool {
         Some(tool) => format!("call `{tool}` with execution_id \"{execution_id}\""),
         None => format!("ask an operator about execution {execution_id}"),
@@ -175,12 +185,113 @@ pub(crate) fn uncertain(
             "type": problem_type(slug),
             "execution_id": execution_id,
             "state": state,
-            "dispatched_at": dispatched_at.map_or(Value::Null, rfc3339),
+            "dispatched_at": operation.dispatched_at.map_or(Value::Null, rfc3339),
         },
     });
     with_execution(
         jsonrpc::result(id, result),
         execution_member(operation.id, state, false, true),
+    )
+}
+
+/// Which approval refusal a call gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ApprovalRefusal {
+    /// Undecided: a person must approve first.
+    Required,
+    /// A person denied it.
+    Denied,
+    /// The request, or an approval not used in time, expired.
+    Expired,
+}
+
+/// A tool result with `isError: true` for a call that needs, was refused, or outlived
+/// its approval: the tool did not run. Never the arguments, only the summary the
+/// approver sees.
+pub(crate) fn approval(
+    id: &Value,
+    kind: ApprovalRefusal,
+    operation: &Operation,
+    approval: &Approval,
+    attached: bool,
+    status_tool: Option<&str>,
+    approvals_url: Option<&str>,
+) -> Value {
+    let execution_id = operation.id.to_string();
+    let approval_id = approval.id.to_string();
+    let state = state_name(operation);
+    let check = match status_tool {
+        Some(tool) => format!(" or call `{tool}` with execution_id \"{execution_id}\""),
+        None => String::new(),
+    };
+    let (slug, text, content) = match kind {
+        ApprovalRefusal::Required => (
+            problem_types::APPROVAL_REQUIRED,
+            format!(
+                "This tool call needs a person's approval before it runs, and it has not run. \
+                 Approval {approval_id} was requested (valid until {expires}) for: {summary}. \
+                 Tell the user, wait until a person has approved it, then call this tool again \
+                 with exactly the same arguments{check} — a call with other arguments needs a \
+                 new approval.",
+                expires = humantime::format_rfc3339_millis(approval.expires_at),
+                summary = approval.summary,
+            ),
+            json!({
+                "approval_id": approval_id,
+                "execution_id": execution_id,
+                "state": state,
+                "expires_at": rfc3339(approval.expires_at),
+                "summary": approval.summary,
+                "fingerprint": approval.fingerprint.as_str(),
+            }),
+        ),
+        ApprovalRefusal::Denied => (
+            problem_types::APPROVAL_DENIED,
+            format!(
+                "A person denied this tool call (approval {approval_id}){reason}. It did not run \
+                 and will not run; do not call it again with the same arguments.",
+                reason = approval
+                    .reason
+                    .as_deref()
+                    .map_or_else(String::new, |reason| format!(": {reason}")),
+            ),
+            json!({
+                "approval_id": approval_id,
+                "execution_id": execution_id,
+                "state": state,
+                "reason": approval.reason,
+                "decided_at": approval.decided_at.map_or(Value::Null, rfc3339),
+            }),
+        ),
+        ApprovalRefusal::Expired => (
+            problem_types::APPROVAL_EXPIRED,
+            format!(
+                "The approval for this tool call (approval {approval_id}) expired at {expires} \
+                 before the call could run, and it did not run. Asking again needs a new \
+                 request: a new idempotency key, or a new intent scope.",
+                expires = humantime::format_rfc3339_millis(approval.expires_at),
+            ),
+            json!({
+                "approval_id": approval_id,
+                "execution_id": execution_id,
+                "state": state,
+                "expires_at": rfc3339(approval.expires_at),
+            }),
+        ),
+    };
+    let mut structured = content;
+    structured["type"] = Value::String(problem_type(slug));
+    if let (ApprovalRefusal::Required, Some(url)) = (kind, approvals_url) {
+        structured["approval_url"] = Value::String(format!("{url}/{approval_id}"));
+    }
+    let result = json!({
+        "content": [{"type": "text", "text": text}],
+        "isError": true,
+        "structuredContent": structured,
+    });
+    with_execution(
+        jsonrpc::result(id, result),
+        execution_member(operation.id, state, false, attached),
     )
 }
 

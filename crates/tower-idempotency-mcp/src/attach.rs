@@ -1,7 +1,7 @@
 //! The calls that attached to an execution: how many, and the JSON-RPC ids of the first
 //! [`MAX_IDS`] of them, for the status tool.
 //!
-//! Built on the `Store` trait like the dispatch mark: a counter record per execution whose
+//! Built on the `Store` trait (the record has no place for it): a counter record per execution whose
 //! replay count (incremented and read in one step by every store, a conformance
 //! requirement) numbers the attached calls, and one write-once record per numbered call
 //! up to [`MAX_IDS`] holding its id. A retry storm grows the count, never the records.

@@ -6,7 +6,7 @@
 //! answer.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -16,19 +16,19 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tower::Service;
 use tower_idempotency_core::{
-    IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest, StoreError,
+    ApprovalPolicy, ApprovalRequest, ApprovalState, Execution, IdempotencyKey, Lease, Operation,
+    OperationState, Reservation, ReserveRequest, StoreError, problem_types,
 };
 
-use crate::answer::{self, Uncertain};
-use crate::attach;
+use crate::answer::{self, ApprovalRefusal, Uncertain};
 use crate::drive::{Run, drive};
-use crate::execution::{DispatchError, Execution, dispatched_at};
 use crate::intent::Intent;
 use crate::jsonrpc::ToolCall;
 use crate::layer::Config;
 use crate::policy::{OnDisconnect, ToolPolicy};
 use crate::service::SESSION_HEADER;
 use crate::{BoxError, McpBody};
+use crate::{attach, attempt};
 
 /// Rounds of the decision loop before a call is answered `request-in-progress`: each
 /// round is one reservation, so this bounds the work one call can cause.
@@ -41,11 +41,39 @@ const MAX_ROUNDS: usize = 64;
 /// is about to start a new execution.
 pub(crate) const PURGE_LOOKAHEAD: u32 = 8;
 
+/// How often a re-call that waits for an approval decision (the tool's approval `wait`)
+/// looks at the record again.
+const APPROVAL_POLL: Duration = Duration::from_millis(200);
+
 /// Where the key of a call came from, or that there is none.
 #[derive(Debug)]
 pub(crate) enum Carrier {
     Explicit(IdempotencyKey),
     Derived,
+}
+
+/// The answer to a store failure on a tool call, and its decision label: `500
+/// approvals-unsupported` (the HTTP layer's problem) for a tool that requires approval on a
+/// store that predates approvals, `500 store-unsupported` for another capability the store
+/// lacks, `503 store-unavailable` otherwise. The tool is not run.
+pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static str) {
+    match error {
+        StoreError::Unsupported { feature } => {
+            tracing::error!(%error, "the idempotency store lacks a capability this tool needs");
+            let slug = if *feature == "approvals" {
+                problem_types::APPROVALS_UNSUPPORTED
+            } else {
+                "store-unsupported"
+            };
+            let response = answer::problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                slug,
+                &format!("the idempotency store does not support {feature}; the tool was not run"),
+            );
+            (response, "store_unavailable")
+        }
+        _ => (store_unavailable(error), "store_unavailable"),
+    }
 }
 
 pub(crate) fn store_unavailable(error: &StoreError) -> Response<McpBody> {
@@ -63,6 +91,9 @@ pub(crate) struct CallContext {
     pub(crate) call: ToolCall,
     pub(crate) intent: Intent,
     pub(crate) carrier: Carrier,
+    /// The approval this call asks for should its key have no record: the tool's approval
+    /// rule holds for its validated arguments.
+    pub(crate) approval: Option<ApprovalRequest>,
 }
 
 pub(crate) enum Decision {
@@ -86,8 +117,8 @@ impl CallContext {
             retention: self.policy.retention,
             unknown_retention: self.policy.unknown_retention,
             take_over_unknown: take_over,
-            marks_dispatch: false,
-            approval: None,
+            marks_dispatch: self.policy.marks_dispatch,
+            approval: self.approval.clone(),
         }
     }
 
@@ -129,21 +160,6 @@ impl CallContext {
         Ok(Decision::Answer(answer::json_response(message), decision))
     }
 
-    async fn state_name(
-        &self,
-        operation: &Operation,
-    ) -> Result<(&'static str, Option<SystemTime>), StoreError> {
-        let dispatched = dispatched_at(&*self.config.store, operation).await?;
-        let name = match operation.state {
-            OperationState::Completed => "completed",
-            OperationState::InProgress if dispatched.is_some() => "dispatched",
-            OperationState::InProgress => "accepted",
-            _ if dispatched.is_some() => "unknown",
-            _ => "accepted",
-        };
-        Ok((name, dispatched))
-    }
-
     /// The first generation after `generation` that is still held, looking
     /// [`PURGE_LOOKAHEAD`] generations ahead.
     async fn later_generation(&self, generation: u32) -> Result<Option<u32>, StoreError> {
@@ -175,29 +191,59 @@ impl CallContext {
 
     pub(crate) async fn decide(&self) -> Result<Decision, StoreError> {
         let store = &*self.config.store;
-        let deadline = Instant::now() + self.policy.wait;
+        let started = Instant::now();
+        let deadline = started + self.policy.wait;
+        let approval_deadline = started
+            + self
+                .policy
+                .approval
+                .as_ref()
+                .map_or(Duration::ZERO, ApprovalPolicy::wait);
         let mut attached = false;
         let mut generation = 0u32;
         let mut last_seen: Option<Operation> = None;
         for _ in 0..MAX_ROUNDS {
             let key = self.key(generation);
+            if self.approval.is_some()
+                && matches!(self.carrier, Carrier::Derived)
+                && store.get(&self.intent.actor, &key).await?.is_none()
+            {
+                // A reservation of a free slot would create an approval request, which
+                // cannot be handed back like a lease: look past purged generations first.
+                if let Some(later) = self.later_generation(generation).await? {
+                    generation = later;
+                    continue;
+                }
+            }
             match store
                 .reserve(self.reserve_request(key.clone(), false))
                 .await?
             {
                 Reservation::Acquired {
-                    operation, lease, ..
+                    operation,
+                    lease,
+                    takeover,
                 } => {
+                    if self.approval.is_some() && !takeover && operation.approval.is_none() {
+                        // A store that predates approvals reserved the key as if no
+                        // approval were asked for: never run the tool unapproved.
+                        let _ = store.release(&lease).await;
+                        return Err(StoreError::Unsupported {
+                            feature: "approvals",
+                        });
+                    }
                     if let Carrier::Derived = self.carrier {
                         // This generation's slot was free. If a later generation exists,
                         // this one was purged after it was closed: the later one is the
                         // current intent. Older generations are purged first, so the
                         // records still held are a run of consecutive generations; up to
                         // PURGE_LOOKAHEAD purged ones are skipped.
-                        if let Some(later) = self.later_generation(generation).await? {
-                            store.release(&lease).await?;
-                            generation = later;
-                            continue;
+                        if operation.attempts <= 1 && !takeover && operation.approval.is_none() {
+                            if let Some(later) = self.later_generation(generation).await? {
+                                store.release(&lease).await?;
+                                generation = later;
+                                continue;
+                            }
                         }
                     }
                     return Ok(Decision::Execute {
@@ -205,20 +251,32 @@ impl CallContext {
                         lease,
                     });
                 }
-                Reservation::Existing(operation) | Reservation::ApprovalRequested(operation) => {
+                Reservation::ApprovalRequested(operation) => {
+                    tracing::info!(
+                        execution_id = %operation.id,
+                        jsonrpc_id = %self.call.id,
+                        tool = %self.intent.tool,
+                        "tool call awaits a person's approval"
+                    );
+                    return self
+                        .approval_refusal(ApprovalRefusal::Required, &operation, false)
+                        .await;
+                }
+                Reservation::Existing(operation) => {
                     if operation.fingerprint != self.intent.fingerprint
                         || operation.method != "tools/call"
                     {
                         if let Carrier::Explicit(_) = self.carrier {
-                            let (state, _) = self.state_name(&operation).await?;
-                            return self.answer(
-                                &answer::mismatch(&self.call.id, &operation, state),
-                                "conflict",
-                            );
+                            return self
+                                .answer(&answer::mismatch(&self.call.id, &operation), "conflict");
                         }
                         generation += 1;
                         continue;
                     }
+                    let approval_expired = operation
+                        .approval
+                        .as_ref()
+                        .is_some_and(|approval| approval.state == ApprovalState::Expired);
                     match operation.state {
                         // A call that waited on this execution gets its result, delivered
                         // to another caller or not.
@@ -252,14 +310,38 @@ impl CallContext {
                             }
                             attached = true;
                             last_seen = Some(operation.clone());
+                            // Returns when the execution settles, or when its lease lapses
+                            // (before dispatch, the next reservation takes it over).
                             store.wait(&self.intent.actor, &key, deadline - now).await?;
                         }
-                        _ => {
-                            let dispatched = dispatched_at(store, &operation).await?;
-                            if dispatched.is_some() && !self.policy.reexecute_safe {
-                                return self.uncertain(Uncertain::OutcomeUnknown, &operation).await;
+                        OperationState::AwaitingApproval if !approval_expired => {
+                            let decided = Instant::now() < approval_deadline
+                                && self.wait_for_decision(&key, approval_deadline).await?;
+                            if !decided {
+                                return self
+                                    .approval_refusal(ApprovalRefusal::Required, &operation, true)
+                                    .await;
                             }
-                            // Lapsed before dispatch (or re-execution is safe): take over.
+                        }
+                        OperationState::AwaitingApproval | OperationState::Authorized
+                            if approval_expired =>
+                        {
+                            return self
+                                .approval_refusal(ApprovalRefusal::Expired, &operation, true)
+                                .await;
+                        }
+                        OperationState::Denied => {
+                            return self
+                                .approval_refusal(ApprovalRefusal::Denied, &operation, true)
+                                .await;
+                        }
+                        OperationState::Unknown
+                            if operation.dispatched_at.is_some() && !self.policy.reexecute_safe =>
+                        {
+                            return self.uncertain(Uncertain::OutcomeUnknown, &operation).await;
+                        }
+                        OperationState::Unknown => {
+                            // Never dispatched, or re-execution is safe: take over.
                             if let Reservation::Acquired {
                                 operation, lease, ..
                             } = store.reserve(self.reserve_request(key, true)).await?
@@ -267,7 +349,7 @@ impl CallContext {
                                 tracing::info!(
                                     execution_id = %operation.id,
                                     attempt = operation.attempts,
-                                    "taking over an execution whose lease lapsed before dispatch"
+                                    "taking over an execution whose outcome is unknown (re-execution is safe)"
                                 );
                                 return Ok(Decision::Execute {
                                     operation: Box::new(operation),
@@ -275,6 +357,9 @@ impl CallContext {
                                 });
                             }
                         }
+                        // `authorized` (another call is taking it right now) or `cancelled`
+                        // (the next reservation takes it over): ask again.
+                        _ => {}
                     }
                 }
             }
@@ -287,13 +372,72 @@ impl CallContext {
         }
     }
 
+    /// Waits until `deadline` for the undecided approval of the record under `key` to be
+    /// decided (or to expire, or the record to change); `true` when it was. The store has
+    /// no signal for a decision, so the record is looked at every [`APPROVAL_POLL`].
+    async fn wait_for_decision(
+        &self,
+        key: &IdempotencyKey,
+        deadline: Instant,
+    ) -> Result<bool, StoreError> {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep((deadline - now).min(APPROVAL_POLL)).await;
+            let current = self.config.store.get(&self.intent.actor, key).await?;
+            let undecided = current.is_some_and(|operation| {
+                operation.state == OperationState::AwaitingApproval
+                    && operation
+                        .approval
+                        .is_some_and(|approval| approval.state == ApprovalState::Pending)
+            });
+            if !undecided {
+                return Ok(true);
+            }
+        }
+    }
+
+    async fn approval_refusal(
+        &self,
+        kind: ApprovalRefusal,
+        operation: &Operation,
+        attached: bool,
+    ) -> Result<Decision, StoreError> {
+        let Some(approval) = operation.approval.as_deref() else {
+            return Err(StoreError::Backend(
+                "an execution in an approval state has no approval".into(),
+            ));
+        };
+        if attached {
+            self.note_attached(operation).await;
+        }
+        let decision = match kind {
+            ApprovalRefusal::Required => "approval_required",
+            ApprovalRefusal::Denied => "approval_denied",
+            ApprovalRefusal::Expired => "approval_expired",
+        };
+        self.answer(
+            &answer::approval(
+                &self.call.id,
+                kind,
+                operation,
+                approval,
+                attached,
+                self.config.status_tool.as_deref(),
+                self.config.approvals_url.as_deref(),
+            ),
+            decision,
+        )
+    }
+
     async fn uncertain(
         &self,
         kind: Uncertain,
         operation: &Operation,
     ) -> Result<Decision, StoreError> {
         self.note_attached(operation).await;
-        let (state, dispatched) = self.state_name(operation).await?;
         let decision = match kind {
             Uncertain::InProgress => "in_progress",
             Uncertain::OutcomeUnknown => "unknown",
@@ -303,8 +447,6 @@ impl CallContext {
                 &self.call.id,
                 kind,
                 operation,
-                state,
-                dispatched,
                 self.config.status_tool.as_deref(),
             ),
             decision,
@@ -327,13 +469,16 @@ impl CallContext {
         ResBody::Error: Into<BoxError>,
     {
         let store = Arc::clone(&self.config.store);
+        let retention = self.policy.retention.max(self.policy.unknown_retention);
+        if let Err(error) = attempt::note(&*store, &operation, &self.call.id, retention).await {
+            tracing::warn!(%error, execution_id = %operation.id, "could not record the attempt's JSON-RPC id");
+        }
         let execution = Execution::new(
             Arc::clone(&store),
             lease,
-            &operation,
-            &self.call.id,
+            operation.attempts,
+            self.policy.marks_dispatch,
             self.policy.lease,
-            self.policy.unknown_retention,
         );
         tracing::info!(
             execution_id = %operation.id,
@@ -342,27 +487,6 @@ impl CallContext {
             attempt = operation.attempts,
             "tool call accepted as a new execution"
         );
-        if !self.policy.marks_dispatch {
-            if let Err(error) = execution.dispatched_at_handoff().await {
-                return Ok(match error {
-                    DispatchError::Superseded(_) => (
-                        answer::json_response(&answer::uncertain(
-                            &self.call.id,
-                            Uncertain::InProgress,
-                            &operation,
-                            "accepted",
-                            None,
-                            self.config.status_tool.as_deref(),
-                        )),
-                        "in_progress",
-                    ),
-                    DispatchError::Store(error) => {
-                        let _ = store.release(execution.lease()).await;
-                        (store_unavailable(&error), "store_unavailable")
-                    }
-                });
-            }
-        }
         let inflight = (self.policy.on_disconnect == OnDisconnect::Complete).then(|| {
             let session = parts
                 .headers

@@ -3,9 +3,9 @@
 //! result; the final JSON-RPC response is stored before the client sees it, rewritten
 //! with the execution member.
 //!
-//! With policy `cancel`, the task stops driving when the client goes away: the execution
-//! is released if it had not dispatched (a retry runs afresh) and becomes `unknown` if it
-//! had.
+//! With policy `cancel`, the task stops driving when the client goes away and cancels the
+//! execution in the store: `cancelled` if it had not dispatched (a retry of the same call
+//! takes it over and runs it), `unknown` if it had.
 
 use std::sync::Arc;
 
@@ -16,11 +16,10 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{Store, StoreError, StoredResponse};
+use tower_idempotency_core::{Execution, Store, StoreError, StoredResponse};
 
 use crate::answer::{self, execution_member, with_execution};
 use crate::body::{ChannelBody, Chunk};
-use crate::execution::Execution;
 use crate::inflight::InflightGuard;
 use crate::jsonrpc::is_response_to;
 use crate::policy::OnDisconnect;
@@ -89,7 +88,7 @@ where
     let (head_tx, head_rx) = oneshot::channel();
     let (chunks_tx, chunks_rx) = mpsc::channel(32);
     let (guard, gone) = oneshot::channel::<()>();
-    let scope = execution.actor().clone();
+    let scope = execution.scope().clone();
     let task = Task {
         id,
         execution,
@@ -157,7 +156,7 @@ impl Task {
             tokio::select! {
                 response = call => response,
                 _ = &mut self.gone => {
-                    self.settle_without_result("the client went away").await;
+                    self.cancel().await;
                     return;
                 }
             }
@@ -179,7 +178,7 @@ impl Task {
         if parts.status != StatusCode::OK {
             // An HTTP error status is the transport refusing the request (unknown
             // session, bad headers) before any tool ran, unless the tool says otherwise.
-            if self.execution.is_dispatched() && !self.execution.dispatched_at_handoff_only() {
+            if self.execution.marks_dispatch() && self.execution.is_dispatched() {
                 self.settle_without_result("the server refused the call")
                     .await;
             } else {
@@ -224,7 +223,7 @@ impl Task {
             tokio::select! {
                 bytes = read_all(body, limit) => bytes,
                 _ = &mut self.gone => {
-                    self.settle_without_result("the client went away").await;
+                    self.cancel().await;
                     return;
                 }
             }
@@ -257,11 +256,15 @@ impl Task {
     async fn event_stream(&mut self, mut body: McpBody) {
         let mut reader = EventReader::default();
         let mut finished = false;
+        let mut gone = false;
         loop {
             let frame = if self.cancel {
                 tokio::select! {
                     frame = body.frame() => frame,
-                    _ = &mut self.gone => None,
+                    _ = &mut self.gone => {
+                        gone = true;
+                        None
+                    }
                 }
             } else {
                 body.frame().await
@@ -297,7 +300,9 @@ impl Task {
         if !rest.is_empty() {
             let _ = self.send(rest, false).await;
         }
-        if !finished {
+        if gone && !finished {
+            self.cancel().await;
+        } else if !finished {
             self.settle_without_result("the stream ended without the call's response")
                 .await;
         }
@@ -354,6 +359,23 @@ impl Task {
         };
         if let Err(error) = result {
             tracing::warn!(%error, execution_id = %self.execution.id(), "could not settle the execution");
+        }
+    }
+
+    /// The client went away and the policy is `cancel`: the store decides from the record,
+    /// `cancelled` before dispatch, `unknown` after.
+    async fn cancel(&self) {
+        match self.store.cancel(self.execution.lease()).await {
+            Ok(operation) => {
+                tracing::info!(execution_id = %self.execution.id(), state = %operation.state, "the client went away: execution cancelled");
+            }
+            Err(StoreError::Unsupported { .. }) => {
+                // A store that predates cancellation: release or abandon instead.
+                self.settle_without_result("the client went away").await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, execution_id = %self.execution.id(), "could not cancel the execution");
+            }
         }
     }
 

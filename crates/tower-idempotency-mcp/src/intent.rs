@@ -89,14 +89,15 @@ impl Intent {
     }
 }
 
-/// The store key of the dispatch mark of attempt `attempt` of operation `id`.
-pub(crate) fn dispatch_key(id: OperationId, attempt: u32) -> IdempotencyKey {
+/// The store key of the record naming the JSON-RPC id of attempt `attempt` of operation
+/// `id`.
+pub(crate) fn attempt_key(id: OperationId, attempt: u32) -> IdempotencyKey {
     let digest = digest(&[
-        b"tower-idempotency/mcp-dispatch/v1",
+        b"tower-idempotency/mcp-attempt/v1",
         id.as_uuid().as_bytes(),
         &attempt.to_be_bytes(),
     ]);
-    key(&format!("mcp-dispatch:{digest}"))
+    key(&format!("mcp-attempt:{digest}"))
 }
 
 /// The store key of the attach counter of operation `id`: its replay count is the number
@@ -184,9 +185,9 @@ mod tests {
     }
 
     #[test]
-    fn dispatch_keys_differ_per_attempt() {
+    fn attempt_keys_differ_per_attempt() {
         let id = OperationId::new();
-        assert_ne!(dispatch_key(id, 1), dispatch_key(id, 2));
-        assert_eq!(dispatch_key(id, 1), dispatch_key(id, 1));
+        assert_ne!(attempt_key(id, 1), attempt_key(id, 2));
+        assert_eq!(attempt_key(id, 1), attempt_key(id, 1));
     }
 }

@@ -17,14 +17,20 @@ use crate::service::McpIdempotency;
 /// Reads the actor (the idempotency scope) from a request.
 pub type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
 
+/// Reads the principal (the person or agent within the actor's account) from a request:
+/// who requested an approval.
+pub type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) scope: ScopeFn,
+    pub(crate) principal: Option<PrincipalFn>,
     pub(crate) fingerprinter: Fingerprinter,
     pub(crate) tools: HashMap<String, ToolPolicy>,
     pub(crate) default_policy: ToolPolicy,
     pub(crate) status_tool: Option<String>,
+    pub(crate) approvals_url: Option<String>,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) key_header: HeaderName,
@@ -79,10 +85,12 @@ impl McpIdempotencyLayer {
             config: Config {
                 store: Arc::new(store),
                 scope: Arc::new(|parts: &Parts| parts.extensions.get::<Scope>().cloned()),
+                principal: None,
                 fingerprinter: Fingerprinter::sha256(),
                 tools: HashMap::new(),
                 default_policy: ToolPolicy::guarded(),
                 status_tool: Some("execution_status".to_owned()),
+                approvals_url: None,
                 body_limit: 4 * 1024 * 1024,
                 response_limit: 16 * 1024 * 1024,
                 key_header: HeaderName::from_static("idempotency-key"),
@@ -97,6 +105,17 @@ impl McpIdempotencyLayer {
         scope: impl Fn(&Parts) -> Option<Scope> + Send + Sync + 'static,
     ) -> Self {
         self.config.scope = Arc::new(scope);
+        self
+    }
+
+    /// How the principal is read from a request: who requests an approval (recorded on
+    /// it, and refused as its own approver unless the policy allows self-approval).
+    /// Default, or when it answers `None`: the actor.
+    pub fn with_principal(
+        mut self,
+        principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.principal = Some(Arc::new(principal));
         self
     }
 
@@ -144,6 +163,14 @@ impl McpIdempotencyLayer {
     /// it off.
     pub fn with_status_tool(mut self, name: Option<String>) -> Self {
         self.config.status_tool = name;
+        self
+    }
+
+    /// Where approvals are decided (for example `/approvals`, the HTTP layer's approvals
+    /// router over the same store): `approval-required` answers then carry an
+    /// `approval_url` of `{url}/{approval_id}` to show the user. Default: none.
+    pub fn with_approvals_url(mut self, url: impl Into<String>) -> Self {
+        self.config.approvals_url = Some(url.into().trim_end_matches('/').to_owned());
         self
     }
 

@@ -11,8 +11,12 @@
 //! - with an explicit key (`Idempotency-Key` header, `params._meta["dev.tower-idempotency/idempotency-key"]`,
 //!   `params.idempotencyKey`, or a per-tool argument), the HTTP contract applies;
 //! - without one, a call attaches to an open execution of the same intent (accepted,
-//!   dispatched, unknown, or completed but not delivered); after delivery an identical
-//!   call is a new intent.
+//!   awaiting approval, authorized, denied, dispatched, unknown, or completed but not
+//!   delivered); after delivery an identical call is a new intent.
+//!
+//! A tool can require a person's approval for some calls
+//! ([`ToolPolicy::with_approval`]): the approval is bound to the call's fingerprint and
+//! checked by the store in the same step as the execution record.
 //!
 //! Every answer carries the retry's own JSON-RPC id and
 //! `result._meta["dev.tower-idempotency/execution"]`. `docs/mcp.md` documents the model,
@@ -45,10 +49,10 @@
 
 mod answer;
 mod attach;
+mod attempt;
 mod body;
 mod decide;
 mod drive;
-mod execution;
 mod inflight;
 mod intent;
 mod jsonrpc;
@@ -60,11 +64,15 @@ mod sse;
 mod status;
 
 pub use answer::{FINGERPRINT_MISMATCH_CODE, INVALID_PARAMS_CODE, PROBLEM_BASE};
-pub use execution::{DispatchError, Execution};
 pub use jsonrpc::{META_EXECUTION, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE};
-pub use layer::{McpIdempotencyLayer, ScopeFn};
+pub use layer::{McpIdempotencyLayer, PrincipalFn, ScopeFn};
 pub use policy::{KeyRequirement, Normalizer, OnDisconnect, ToolPolicy};
 pub use service::McpIdempotency;
+/// A tool's approval rule (core's, shared with the HTTP layer's route policies).
+pub use tower_idempotency_core::ApprovalPolicy;
+/// The execution handle a tool finds in its request extensions (core's, shared with the
+/// HTTP layer): the execution id, derived downstream keys and the dispatch mark.
+pub use tower_idempotency_core::{DispatchError, Execution};
 
 /// Boxed error of response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use tower_idempotency_core::ApprovalPolicy;
 
 /// Whether a call must carry an explicit idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -32,8 +33,8 @@ pub enum OnDisconnect {
     /// undo it).
     #[default]
     Complete,
-    /// The call is cancelled: before dispatch the execution is dropped (a retry executes
-    /// afresh), after dispatch it is `unknown`.
+    /// The call is cancelled: before dispatch the execution is stored `cancelled` (a retry
+    /// of the same call takes it over and executes), after dispatch it is `unknown`.
     Cancel,
 }
 
@@ -59,6 +60,7 @@ pub struct ToolPolicy {
     pub(crate) marks_dispatch: bool,
     pub(crate) reexecute_safe: bool,
     pub(crate) normalizer: Option<Normalizer>,
+    pub(crate) approval: Option<ApprovalPolicy>,
 }
 
 impl fmt::Debug for ToolPolicy {
@@ -77,6 +79,7 @@ impl fmt::Debug for ToolPolicy {
             .field("marks_dispatch", &self.marks_dispatch)
             .field("reexecute_safe", &self.reexecute_safe)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
+            .field("approval", &self.approval)
             .finish()
     }
 }
@@ -106,6 +109,7 @@ impl ToolPolicy {
             marks_dispatch: false,
             reexecute_safe: false,
             normalizer: None,
+            approval: None,
         }
     }
 
@@ -224,6 +228,39 @@ impl ToolPolicy {
     pub fn with_reexecute_safe(mut self, safe: bool) -> Self {
         self.reexecute_safe = safe;
         self
+    }
+
+    /// Calls for which `approval`'s condition holds (over the validated arguments: after
+    /// the normalizer) need a person's approval before the tool runs.
+    ///
+    /// The first such call is answered with a tool error `approval-required` carrying the
+    /// approval id, the execution id, the expiry, the summary the approver sees and the
+    /// fingerprint the approval is bound to; the tool does not run. A re-call of the same
+    /// intent (same key, or a keyless derived match) while undecided gets the same answer;
+    /// after approval it executes, once; after a denial it gets the stored denial; after
+    /// expiry `approval-expired`. The approval is decided through the stores'
+    /// `decide_approval` (for example by the HTTP layer's approval routes over the same
+    /// store).
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_idempotency_core::ApprovalPolicy;
+    /// use tower_idempotency_mcp::ToolPolicy;
+    ///
+    /// let deploys = ToolPolicy::guarded().with_approval(
+    ///     ApprovalPolicy::when(|arguments| arguments["environment"] == "production")
+    ///         .with_summary(|arguments| json!({"deploy": arguments["version"]})),
+    /// );
+    /// assert!(deploys.approval().is_some());
+    /// ```
+    pub fn with_approval(mut self, approval: ApprovalPolicy) -> Self {
+        self.approval = Some(approval);
+        self
+    }
+
+    /// The tool's approval rule, if it has one.
+    pub fn approval(&self) -> Option<&ApprovalPolicy> {
+        self.approval.as_ref()
     }
 
     /// The argument normalizer (see [`Normalizer`]).

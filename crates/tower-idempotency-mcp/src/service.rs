@@ -15,10 +15,10 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use serde_json::Value;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{IdempotencyKey, Scope, canonicalize_json};
+use tower_idempotency_core::{ApprovalRequest, IdempotencyKey, Scope, canonicalize_json};
 
 use crate::answer;
-use crate::decide::{CallContext, Carrier, Decision, store_unavailable};
+use crate::decide::{CallContext, Carrier, Decision, store_failed};
 use crate::intent::intent;
 use crate::jsonrpc::{self, Classified, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE, ToolCall};
 use crate::layer::Config;
@@ -359,12 +359,26 @@ where
             );
         }
     };
+    let approval = policy
+        .approval
+        .as_ref()
+        .filter(|approval| approval.applies_to(&arguments))
+        .map(|approval| ApprovalRequest {
+            requested_by: config
+                .principal
+                .as_ref()
+                .and_then(|principal| principal(&parts))
+                .unwrap_or_else(|| actor.as_str().to_owned()),
+            summary: approval.summary(&arguments),
+            ttl: approval.ttl(),
+        });
     let call_ctx = CallContext {
         config,
         policy,
         call,
         intent,
         carrier,
+        approval,
     };
     match call_ctx.decide().await {
         Ok(Decision::Answer(response, decision)) => Ok((response, decision)),
@@ -373,6 +387,6 @@ where
                 .execute(inner, parts, bytes, *operation, lease)
                 .await
         }
-        Err(error) => Ok((store_unavailable(&error), "store_unavailable")),
+        Err(error) => Ok(store_failed(&error)),
     }
 }

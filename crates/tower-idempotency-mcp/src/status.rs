@@ -5,16 +5,15 @@ use bytes::Bytes;
 use http::{Response, header};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
-use tower_idempotency_core::{IdempotencyKey, Operation, OperationId, OperationState, Scope};
+use tower_idempotency_core::{IdempotencyKey, Operation, OperationId, Scope};
 
 use crate::McpBody;
-use crate::answer::{self, problem_type, rfc3339};
-use crate::attach;
+use crate::answer::{self, problem_type, rfc3339, state_name};
 use crate::drive::STORED_ID_HEADER;
-use crate::execution::{attempt_ids, dispatched_at};
 use crate::jsonrpc::{self, ToolCall};
 use crate::layer::Config;
 use crate::sse::EventReader;
+use crate::{attach, attempt};
 
 /// The definition of the status tool as `tools/list` lists it.
 pub(crate) fn definition(name: &str) -> Value {
@@ -24,8 +23,8 @@ pub(crate) fn definition(name: &str) -> Value {
         "description": "Look up one of your own tool executions by `execution_id` (from \
             result._meta[\"dev.tower-idempotency/execution\"] or from a request-in-progress / \
             outcome-unknown error) or by the `idempotency_key` you sent. Returns its state \
-            (accepted, dispatched, completed, unknown), whether the result was delivered, and \
-            its times. Use it instead of calling a tool again when you are unsure whether it ran.",
+            (accepted, dispatched, completed, unknown, cancelled, awaiting_approval, authorized, \
+            denied), whether the result was delivered, its times and its approval. Use it instead of calling a tool again when you are unsure whether it ran.",
         "inputSchema": {
             "type": "object",
             "properties": {
@@ -115,17 +114,9 @@ pub(crate) async fn record(
     config: &Config,
     operation: &Operation,
 ) -> Result<Value, tower_idempotency_core::StoreError> {
-    let dispatched = dispatched_at(&*config.store, operation).await?;
-    let state = match operation.state {
-        OperationState::Completed => "completed",
-        OperationState::InProgress if dispatched.is_some() => "dispatched",
-        OperationState::InProgress => "accepted",
-        _ if dispatched.is_some() => "unknown",
-        _ => "accepted",
-    };
-    // The ids of the attempts that ran (kept on their dispatch marks), the one the stored
-    // answer was written for, then the first attached calls'.
-    let mut jsonrpc_ids = attempt_ids(&*config.store, operation).await?;
+    // The ids of the attempts that were handed to the tool, the one the stored answer was
+    // written for, then the first attached calls'.
+    let mut jsonrpc_ids = attempt::ids(&*config.store, operation).await?;
     let answered = operation
         .response
         .as_ref()
@@ -141,19 +132,31 @@ pub(crate) async fn record(
     }
     let (attached, attached_ids) = attach::read(&*config.store, operation).await?;
     jsonrpc_ids.extend(attached_ids);
-    Ok(json!({
+    let mut record = json!({
         "execution_id": operation.id.to_string(),
         "tool": operation.route,
-        "state": state,
-        "dispatched": dispatched.is_some(),
+        "state": state_name(operation),
+        "dispatched": operation.dispatched_at.is_some(),
         "delivered": operation.delivered,
         "accepted_at": rfc3339(operation.created_at),
-        "dispatched_at": dispatched.map_or(Value::Null, rfc3339),
+        "dispatched_at": operation.dispatched_at.map_or(Value::Null, rfc3339),
         "completed_at": operation.completed_at.map_or(Value::Null, rfc3339),
+        "delivered_at": operation.delivered_at.map_or(Value::Null, rfc3339),
         "attempts": operation.attempts,
         "attached": attached,
         "jsonrpc_ids": jsonrpc_ids,
-    }))
+    });
+    if let Some(approval) = &operation.approval {
+        record["approval"] = json!({
+            "approval_id": approval.id.to_string(),
+            "state": approval.state.as_str(),
+            "requested_at": rfc3339(approval.requested_at),
+            "expires_at": rfc3339(approval.expires_at),
+            "decided_at": approval.decided_at.map_or(Value::Null, rfc3339),
+            "reason": approval.reason,
+        });
+    }
+    Ok(record)
 }
 
 /// Answers a call of the status tool.

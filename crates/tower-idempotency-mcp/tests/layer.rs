@@ -855,3 +855,64 @@ async fn a_keyless_retry_finds_the_open_execution_past_purged_generations() {
     assert_eq!(retry["result"]["_meta"][EXECUTION]["replayed"], true);
     assert_eq!(runs.load(Ordering::SeqCst), 4, "no second execution");
 }
+
+#[tokio::test]
+async fn a_cancelled_call_is_stored_cancelled_and_its_retry_takes_it_over() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    // The tool marks dispatch itself and never gets there before the client leaves.
+    let policy = ToolPolicy::guarded()
+        .with_on_disconnect(tower_idempotency_mcp::OnDisconnect::Cancel)
+        .with_marks_dispatch(true);
+    let service = McpIdempotencyLayer::new(MemoryStore::default())
+        .with_tool("deploy", policy)
+        .layer(slow_server(Arc::clone(&runs)));
+    let key = || Some(json!({"dev.tower-idempotency/idempotency-key": "cancel-1"}));
+    let request = post(Some("alice"), &call(1, "deploy", json!({"v": "1"}), key()));
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        service.clone().oneshot(request),
+    )
+    .await;
+    assert!(answer.is_err(), "the call answered before the client left");
+    // The status tool answers the cancelled execution (it is not gone).
+    let by_key = |id: u64| {
+        post(
+            Some("alice"),
+            &call(
+                id,
+                "execution_status",
+                json!({"idempotency_key": "cancel-1"}),
+                None,
+            ),
+        )
+    };
+    let mut record = Value::Null;
+    for _ in 0..1000 {
+        let (_, status) = send(&service, by_key(50)).await;
+        record = status["result"]["structuredContent"].clone();
+        if record["state"] == "cancelled" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(record["state"], "cancelled", "{record}");
+    assert_eq!(record["dispatched"], false);
+    assert_eq!(record["attempts"], 1);
+    let execution_id = record["execution_id"].clone();
+    // The retry takes the cancelled execution over: the same execution, attempt 2.
+    let (_, retry) = send(
+        &service,
+        post(Some("alice"), &call(2, "deploy", json!({"v": "1"}), key())),
+    )
+    .await;
+    assert_eq!(retry["result"]["structuredContent"]["run"], 2, "{retry}");
+    assert_eq!(
+        retry["result"]["_meta"][EXECUTION]["execution_id"],
+        execution_id
+    );
+    let (_, status) = send(&service, by_key(51)).await;
+    let record = &status["result"]["structuredContent"];
+    assert_eq!(record["state"], "completed", "{record}");
+    assert_eq!(record["attempts"], 2);
+    assert_eq!(record["jsonrpc_ids"], json!([1, 2]), "{record}");
+}

@@ -158,3 +158,84 @@ fn a_fresh_call_counts_executed_and_its_retries_replayed_and_waited() {
         "every execution task ended"
     );
 }
+
+#[test]
+fn approvals_count_required_denied_and_executed() {
+    use tower_idempotency_core::{ApprovalDecision, ApprovalId, ApprovalPolicy, Store};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = service_fn(|request: Request<Full<Bytes>>| async move {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let message: Value = serde_json::from_slice(&body).unwrap();
+            let reply = json!({"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}});
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(reply.to_string())))
+                    .unwrap(),
+            )
+        });
+        let store = MemoryStore::default();
+        let service = McpIdempotencyLayer::new(store.clone())
+            .with_tool(
+                "deploy",
+                ToolPolicy::guarded().with_approval(ApprovalPolicy::always()),
+            )
+            .layer(server);
+        let answer = |request| {
+            let service = service.clone();
+            async move {
+                let response = service.oneshot(request).await.unwrap();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                serde_json::from_slice::<Value>(&body).unwrap()
+            }
+        };
+        let content = |answer: &Value| answer["result"]["structuredContent"].clone();
+        // Approved, then run.
+        let first = content(&answer(call(1, "deploy", json!({"v": 1}))).await);
+        let id: ApprovalId = first["approval_id"].as_str().unwrap().parse().unwrap();
+        let fingerprint = tower_idempotency_core::Fingerprint::from_stored(
+            first["fingerprint"].as_str().unwrap(),
+        );
+        let _ = store
+            .decide_approval(
+                &Scope::new("alice"),
+                id,
+                ApprovalDecision::Approve { fingerprint },
+                "a",
+            )
+            .await
+            .unwrap();
+        answer(call(2, "deploy", json!({"v": 1}))).await;
+        // Denied, then asked again.
+        let other = content(&answer(call(3, "deploy", json!({"v": 2}))).await);
+        let id: ApprovalId = other["approval_id"].as_str().unwrap().parse().unwrap();
+        let _ = store
+            .decide_approval(
+                &Scope::new("alice"),
+                id,
+                ApprovalDecision::Deny {
+                    reason: "no".into(),
+                },
+                "a",
+            )
+            .await
+            .unwrap();
+        answer(call(4, "deploy", json!({"v": 2}))).await;
+    });
+    assert_eq!(
+        decisions(&snapshotter),
+        [
+            ("deploy".to_owned(), "approval_denied".to_owned(), 1),
+            ("deploy".to_owned(), "approval_required".to_owned(), 2),
+            ("deploy".to_owned(), "executed".to_owned(), 1),
+        ]
+    );
+}

@@ -1,16 +1,21 @@
 //! Operator access: look operations up across scopes, list those whose outcome is unknown,
-//! and record a human decision about them.
+//! and record a human decision about them; list, read and decide approvals across scopes.
 //!
 //! These calls are for the `tower-idempotency` CLI and for admin tooling, never for request
 //! paths: unlike [`Store`](tower_idempotency_core::Store) methods they ignore scopes. A
 //! resolution applies only to an `unknown` operation and is appended to
 //! `idempotency_resolutions` in the same statement that changes the operation, so the
 //! decision, its reason and the operator who made it are kept even after the operation row
-//! is gone.
+//! is gone. An operator's decision on an approval is the same one atomic statement an
+//! approver's is ([`Store::decide_approval`](tower_idempotency_core::Store::decide_approval)),
+//! with the operator recorded as `decided_by`.
 
 use tokio_postgres::types::ToSql;
 use tower_idempotency_core::store::Result;
-use tower_idempotency_core::{Operation, OperationId, OperationState, StoreError};
+use tower_idempotency_core::{
+    Approval, ApprovalId, ApprovalState, DecisionOutcome, Fingerprint, Operation, OperationId,
+    OperationState, StoreError,
+};
 
 use crate::resolution::{Resolution, ResolutionRecord, ResolveOutcome};
 use crate::row;
@@ -73,6 +78,98 @@ impl PostgresStore {
             .collect()
     }
 
+    /// Loads an approval by id in any scope, its state as read now (operator use only).
+    pub async fn find_approval(&self, id: ApprovalId) -> Result<Option<Approval>> {
+        let uuid = id.as_uuid();
+        let row = self
+            .read_one(
+                "find_approval",
+                &self.inner.queries.operations.find_approval,
+                &[&uuid],
+            )
+            .await?;
+        Ok(row.and_then(|row| row.operation.approval.map(|approval| *approval)))
+    }
+
+    /// Lists up to `limit` approvals across scopes in `state` as read (every state when
+    /// `None`), oldest request first (operator use only; one scope's are
+    /// [`Store::list_approvals`](tower_idempotency_core::Store::list_approvals)).
+    pub async fn list_all_approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> Result<Vec<Approval>> {
+        let state = state.map(|state| state.as_str());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        (self.inner.executor)
+            .query(
+                "list_all_approvals",
+                &self.inner.queries.operations.list_all_approvals,
+                &[&state, &limit],
+            )
+            .await?
+            .iter()
+            .map(|found| {
+                row::operation(found)?
+                    .operation
+                    .approval
+                    .map(|approval| *approval)
+                    .ok_or_else(|| {
+                        StoreError::Backend("list_all_approvals read no approval".into())
+                    })
+            })
+            .collect()
+    }
+
+    /// Approves approval `id`, in whatever scope it belongs to, as `operator`: valid only
+    /// with the fingerprint the approval is bound to, like an approver's decision, and in
+    /// the same one statement. `reason`, if given, is kept with the decision. `Ok(None)`
+    /// when there is no such approval. The operator's name is trimmed; a blank one is
+    /// refused with [`StoreError::Backend`] before the database is touched.
+    pub async fn approve_as_operator(
+        &self,
+        id: ApprovalId,
+        fingerprint: &Fingerprint,
+        operator: &str,
+        reason: Option<&str>,
+    ) -> Result<Option<DecisionOutcome>> {
+        let operator = operator_name(operator)?;
+        let Some(approval) = self.find_approval(id).await? else {
+            return Ok(None);
+        };
+        let decided = self
+            .decide(
+                &approval.scope,
+                id,
+                true,
+                Some(fingerprint.as_str()),
+                operator,
+                reason,
+            )
+            .await?;
+        log_operator_decision(decided.as_ref(), operator);
+        Ok(decided)
+    }
+
+    /// Denies approval `id`, in whatever scope it belongs to, as `operator`, with `reason`;
+    /// see [`PostgresStore::approve_as_operator`].
+    pub async fn deny_as_operator(
+        &self,
+        id: ApprovalId,
+        reason: &str,
+        operator: &str,
+    ) -> Result<Option<DecisionOutcome>> {
+        let operator = operator_name(operator)?;
+        let Some(approval) = self.find_approval(id).await? else {
+            return Ok(None);
+        };
+        let decided = self
+            .decide(&approval.scope, id, false, None, operator, Some(reason))
+            .await?;
+        log_operator_decision(decided.as_ref(), operator);
+        Ok(decided)
+    }
+
     /// Records `operator`'s decision about an `unknown` operation (see [`Resolution`]) with
     /// a reason. The lease is revoked in the same statement, so a worker that is somehow
     /// still running gets [`StoreError::LeaseLost`] if it tries to finish.
@@ -88,12 +185,7 @@ impl PostgresStore {
         reason: &str,
         operator: &str,
     ) -> Result<ResolveOutcome> {
-        let operator = operator.trim();
-        if operator.is_empty() {
-            return Err(StoreError::Backend(
-                "a resolution needs the operator's name; it was blank".into(),
-            ));
-        }
+        let operator = operator_name(operator)?;
         let queries = &self.inner.queries.resolutions;
         let sql = match resolution {
             Resolution::Failed => &queries.resolve_failed,
@@ -119,5 +211,29 @@ impl PostgresStore {
             Some(operation) => ResolveOutcome::NotUnknown(Box::new(operation)),
             None => ResolveOutcome::NotFound,
         })
+    }
+}
+
+/// The operator's name, trimmed; the audit trail never records an anonymous decision.
+fn operator_name(operator: &str) -> Result<&str> {
+    let operator = operator.trim();
+    if operator.is_empty() {
+        return Err(StoreError::Backend(
+            "a decision needs the operator's name; it was blank".into(),
+        ));
+    }
+    Ok(operator)
+}
+
+fn log_operator_decision(decided: Option<&DecisionOutcome>, operator: &str) {
+    if let Some(DecisionOutcome::Decided(approval)) = decided {
+        tracing::info!(
+            approval_id = %approval.id,
+            operation_id = %approval.operation_id,
+            scope = %approval.scope,
+            state = approval.state.as_str(),
+            operator,
+            "operator decided an approval"
+        );
     }
 }

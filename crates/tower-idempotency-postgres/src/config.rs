@@ -73,6 +73,16 @@ pub struct PostgresStoreConfig {
     /// their parameter types, which a connection pooler in transaction mode (PgBouncer
     /// before 1.21) requires. See [`StatementMode`].
     pub statement_mode: StatementMode,
+    /// Whether this store's writes are journaled (default `true`): the database's audit
+    /// triggers record every state change with the change (`docs/audit.md`), and the store
+    /// appends the decisions that change no record (replays, conflicts, refusals) in
+    /// background batches. `false` turns both off for this store's connections only: a pool
+    /// built by [`PostgresStore::from_config`](crate::PostgresStore::from_config) opens its
+    /// connections with `tower_idempotency.audit = off`; with
+    /// [`PostgresStore::new`](crate::PostgresStore::new), set that on the pool's
+    /// connections yourself (or on the role: `ALTER ROLE app SET tower_idempotency.audit =
+    /// off`). Every other session — the operator CLI's, an administrator's — is journaled.
+    pub audit: bool,
 }
 
 /// How the store sends its statements to PostgreSQL.
@@ -133,6 +143,7 @@ impl Default for PostgresStoreConfig {
             poll_max: Duration::from_millis(100),
             scope_quota: DEFAULT_SCOPE_QUOTA,
             statement_mode: StatementMode::Prepared,
+            audit: true,
         }
     }
 }
@@ -152,6 +163,7 @@ impl fmt::Debug for PostgresStoreConfig {
             .field("poll_max", &self.poll_max)
             .field("scope_quota", &self.scope_quota)
             .field("statement_mode", &self.statement_mode)
+            .field("audit", &self.audit)
             .finish()
     }
 }

@@ -57,7 +57,8 @@
 // below is inlined into the root's documentation.
 //
 // Module graph (an arrow is a `use crate::…`; no cycles):
-//   store       → budget, completion, config, delivered, executor, migrate, row, sql, transaction
+//   store       → audit::decisions, budget, completion, config, delivered, executor, migrate, row, sql, transaction
+//   audit       → executor, sql, store
 //   transaction → completion, executor, row, sql
 //   outbox      → executor, row, store
 //   admin       → resolution, row, store
@@ -67,6 +68,7 @@
 //   migrate     → executor::classify
 //   executor    → config, executor::classify;   sql → sql::fragments;   budget, config, resolution → (none)
 mod admin;
+mod audit;
 mod budget;
 mod completion;
 mod config;
@@ -84,6 +86,10 @@ mod store;
 mod transaction;
 mod usage;
 
+#[doc(inline)]
+pub use audit::{
+    AuditError, ExportSummary, JournalStatus, PostgresJournal, PostgresJournalConfig, SealReport,
+};
 #[doc(inline)]
 pub use config::{DEFAULT_SCOPE_QUOTA, PostgresConfigError, PostgresStoreConfig, StatementMode};
 #[doc(inline)]

@@ -55,6 +55,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0006_lifecycle.sql",
         sql: include_str!("../migrations/0006_lifecycle.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_audit.sql",
+        sql: include_str!("../migrations/0007_audit.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

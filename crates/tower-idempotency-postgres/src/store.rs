@@ -13,14 +13,17 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tower_idempotency_core::audit::DecisionEvent;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
     Operation, OperationId, OperationState, OperationTransaction, Reservation, ReserveRequest,
     Scope, Store, StoreError, StoredResponse, TransactionalReservation, quota::quota_retry_after,
+    reserve_then_begin,
 };
 
+use crate::audit::decisions::DecisionQueue;
 use crate::budget::{self, TransactionBudget};
 use crate::completion::{Completion, completed};
 use crate::config::{PostgresConfigError, PostgresStoreConfig, StatementMode, is_identifier};
@@ -80,6 +83,8 @@ pub(crate) struct Inner {
     recent: RecentKeys,
     /// The scopes' usage as last read, to skip the quota check far below it (`usage.rs`).
     usage: UsageCache,
+    /// The journal's decisions, when this store journals (`PostgresStoreConfig::audit`).
+    decisions: Option<DecisionQueue>,
     poll_initial: Duration,
     poll_max: Duration,
     /// The quota as bind values: most rows and most bytes per scope.
@@ -157,6 +162,9 @@ impl PostgresStore {
                 ),
                 recent: RecentKeys::new(),
                 usage: UsageCache::new(),
+                decisions: config.audit.then(|| {
+                    DecisionQueue::new(executor.clone(), queries.audit.insert_decisions.clone())
+                }),
                 executor,
                 transactions: TransactionBudget::new(budget, config.wait_timeout),
                 schema: config.schema.clone(),
@@ -192,6 +200,14 @@ impl PostgresStore {
         pg_config.connect_timeout(config.connect_timeout);
         if pg_config.get_application_name().is_none() {
             pg_config.application_name("tower-idempotency");
+        }
+        if !config.audit {
+            // The audit triggers skip sessions that set this (migration 0007).
+            let options = match pg_config.get_options() {
+                Some(options) => format!("{options} -c tower_idempotency.audit=off"),
+                None => "-c tower_idempotency.audit=off".to_owned(),
+            };
+            pg_config.options(options);
         }
         let manager = Manager::from_config(
             pg_config,
@@ -559,29 +575,25 @@ impl Store for PostgresStore {
         if let Some(operation) = self.settled(&request).await? {
             return Ok(TransactionalReservation::Existing(operation));
         }
+        // A command that needs approval: its reservation may create the approval request,
+        // which must be committed whatever the handler later does, so it is reserved on its
+        // own (two steps; rare: once per approval, and once for the approved attempt).
+        if request.approval.is_some() {
+            return reserve_then_begin(self, request).await;
+        }
         let Some(permit) = self.inner.transactions.try_acquire() else {
             return self.reserve_then_wait_for_a_place(request).await;
         };
+        // Reserved by the new-key statement: a key that has a row goes the plain path.
         let mut proposal = ReserveParams::new(&request, self.inner.quota);
-        let operations = &self.inner.queries.operations;
-        let new_key = request.approval.is_none();
-        if new_key {
-            proposal.check_quota = self
-                .inner
-                .usage
-                .must_check(&request.scope, self.inner.quota);
-        }
-        let (sql, params) = if new_key {
-            (
-                &operations.reserve_new_before_transaction,
-                &proposal.new_key_params()[..],
-            )
-        } else {
-            (
-                &operations.reserve_before_transaction,
-                &proposal.params()[..],
-            )
-        };
+        proposal.check_quota = self
+            .inner
+            .usage
+            .must_check(&request.scope, self.inner.quota);
+        let (sql, params) = (
+            &self.inner.queries.operations.reserve_new_before_transaction,
+            &proposal.new_key_params()[..],
+        );
         let reserved = PostgresTransaction::reserve(
             &self.inner.executor,
             &self.inner.queries,
@@ -598,7 +610,7 @@ impl Store for PostgresStore {
         if let Some(usage) = usage {
             self.inner.usage.read(&request.scope, usage);
         }
-        if new_key && !proposal.won(&row) && !settles(&row) {
+        if !proposal.won(&row) && !settles(&row) {
             // Not a new key, and its record needs the reservation statement.
             transaction.not_needed();
             return self.reserve_then_wait_for_a_place(request).await;
@@ -752,32 +764,8 @@ impl Store for PostgresStore {
             ApprovalDecision::Approve { fingerprint } => (true, Some(fingerprint.as_str()), None),
             ApprovalDecision::Deny { reason } => (false, None, Some(reason.as_str())),
         };
-        let uuid = id.as_uuid();
-        let rows = (self.inner.executor)
-            .query(
-                "decide_approval",
-                &self.inner.queries.operations.decide_approval,
-                &[
-                    &scope.as_str(),
-                    &uuid,
-                    &approves,
-                    &fingerprint,
-                    &decided_by,
-                    &reason,
-                ],
-            )
-            .await?;
-        let Some(found) = rows.first() else {
-            return Ok(None);
-        };
-        let changed: bool = row::get(found, "changed")?;
-        let operation = row::operation(found)?.operation;
-        let bound = fingerprint.is_none_or(|fp| fp == operation.fingerprint.as_str());
-        let approval = operation
-            .approval
-            .map(|approval| *approval)
-            .ok_or_else(|| StoreError::Backend("decide_approval read no approval".into()))?;
-        Ok(Some(decision_outcome(changed, bound, approves, approval)))
+        self.decide(scope, id, approves, fingerprint, decided_by, reason)
+            .await
     }
 
     async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
@@ -816,6 +804,14 @@ impl Store for PostgresStore {
                     .ok_or_else(|| StoreError::Backend("list_approvals read no approval".into()))
             })
             .collect()
+    }
+
+    /// Queued for a background batch (see `audit/decisions.rs`); nothing when the store
+    /// does not journal.
+    fn record_decision(&self, event: DecisionEvent) {
+        if let Some(decisions) = &self.inner.decisions {
+            decisions.push(event);
+        }
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
@@ -906,6 +902,48 @@ impl Store for PostgresStore {
             PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease, permit)
                 .await?;
         Ok(Some(Box::new(transaction)))
+    }
+}
+
+impl PostgresStore {
+    /// The decision statement on approval `id` of `scope`: approve (`approves`, with the
+    /// `fingerprint` shown) or deny, by `decided_by`, with `reason` kept with it (a
+    /// denial's, or an operator's note on an approval). One atomic step.
+    pub(crate) async fn decide(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        approves: bool,
+        fingerprint: Option<&str>,
+        decided_by: &str,
+        reason: Option<&str>,
+    ) -> Result<Option<DecisionOutcome>> {
+        let uuid = id.as_uuid();
+        let rows = (self.inner.executor)
+            .query(
+                "decide_approval",
+                &self.inner.queries.operations.decide_approval,
+                &[
+                    &scope.as_str(),
+                    &uuid,
+                    &approves,
+                    &fingerprint,
+                    &decided_by,
+                    &reason,
+                ],
+            )
+            .await?;
+        let Some(found) = rows.first() else {
+            return Ok(None);
+        };
+        let changed: bool = row::get(found, "changed")?;
+        let operation = row::operation(found)?.operation;
+        let bound = fingerprint.is_none_or(|fp| fp == operation.fingerprint.as_str());
+        let approval = operation
+            .approval
+            .map(|approval| *approval)
+            .ok_or_else(|| StoreError::Backend("decide_approval read no approval".into()))?;
+        Ok(Some(decision_outcome(changed, bound, approves, approval)))
     }
 }
 

@@ -30,6 +30,12 @@ pub const OPERATION_ID: HeaderName = HeaderName::from_static("operation-id");
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
+/// Names a principal (the requester, or an approver) from the request.
+pub(crate) type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// The principal recorded as an approval's `requested_by` when the layer has no principal
+/// extractor, or the extractor finds none.
+pub const ANONYMOUS_PRINCIPAL: &str = "anonymous";
 
 /// Everything a service instance shares, behind one `Arc`.
 #[derive(Clone)]
@@ -46,6 +52,12 @@ pub(crate) struct Shared {
     pub(crate) guarded_methods: Vec<Method>,
     pub(crate) problem_base: ProblemBase,
     pub(crate) status_path: String,
+    /// Who makes a request (an approval's `requested_by`).
+    pub(crate) principal: Option<PrincipalFn>,
+    /// Who may decide approvals; `None` (or `None` from it): nobody.
+    pub(crate) approver: Option<PrincipalFn>,
+    /// Where the approvals router is mounted (no trailing slash).
+    pub(crate) approvals_path: String,
     pub(crate) encryption: Option<ResponseEncryption>,
     pub(crate) body_read_timeout: Duration,
     /// Results waiting to be recorded in the background (see `record::record_later`).
@@ -62,6 +74,26 @@ impl Shared {
             .get(route)
             .and_then(|policies| policies.iter().find(|(m, _)| m == method))
             .map_or(&self.default_policy, |(_, policy)| policy)
+    }
+
+    /// The principal making the request, as recorded on an approval it asks for.
+    pub(crate) fn principal_of(&self, parts: &Parts) -> String {
+        self.principal
+            .as_ref()
+            .and_then(|principal| principal(parts))
+            .map(|name| name.trim().to_owned())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| ANONYMOUS_PRINCIPAL.to_owned())
+    }
+
+    /// The approver making the request, if it may decide approvals.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn approver_of(&self, parts: &Parts) -> Option<String> {
+        self.approver
+            .as_ref()
+            .and_then(|approver| approver(parts))
+            .map(|name| name.trim().to_owned())
+            .filter(|name| !name.is_empty())
     }
 
     pub(crate) fn guards(&self, method: &Method) -> bool {

@@ -18,7 +18,9 @@ use futures_util::future::{Either, select};
 use http::{Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{Lease, OperationTransaction, OperationTx, StoreError};
+use tower_idempotency_core::{
+    Execution, Lease, Operation, OperationTransaction, OperationTx, StoreError,
+};
 
 use crate::body::{DeliveryHook, RequestBody, ResponseBody};
 use crate::buffer::{Buffered, buffer_response};
@@ -34,10 +36,29 @@ use crate::telemetry::{self, Decision, InFlight, store_call};
 /// What a guarded request answers: a response, or the inner service's own error.
 pub(crate) type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
 
+/// The execution handle of the attempt that holds `lease`: with the route's
+/// `marks_dispatch` the handler's `dispatched()` stores the mark and renews the lease by
+/// the route's lease; without it the reservation was the mark.
+pub(crate) fn execution_handle(
+    shared: &Shared,
+    policy: &RoutePolicy,
+    lease: Lease,
+    operation: &Operation,
+) -> Execution {
+    Execution::new(
+        Arc::clone(&shared.store),
+        lease,
+        operation.attempts,
+        policy.marks_dispatch,
+        policy.lease,
+    )
+}
+
 /// An operation this request reserved, ready to run.
 pub(crate) struct Run {
-    /// The lease every write of the result is fenced by.
-    pub(crate) lease: Lease,
+    /// The attempt's execution handle, which holds the lease every write of the result is
+    /// fenced by.
+    pub(crate) execution: Execution,
     /// `true` when an `unknown` record was taken over (a re-execution).
     pub(crate) takeover: bool,
     /// On a transactional route: the operation's open transaction, handed to the handler.
@@ -69,14 +90,17 @@ where
     ResB::Error: Send + 'static,
 {
     let Run {
-        lease,
+        execution,
         takeover,
         transaction,
         left,
     } = run;
+    let lease = execution.lease().clone();
     let mut request = Request::from_parts(parts, RequestBody::buffered(body));
-    // Handlers can key their own side effects by the operation (outbound idempotency keys).
+    // Handlers can key their own side effects by the operation (outbound idempotency keys),
+    // and mark their dispatch through the execution handle.
     request.extensions_mut().insert(lease.operation_id);
+    request.extensions_mut().insert(execution.clone());
     let handle = transaction.map(|transaction| {
         let handle = OperationTx::new(lease.operation_id, transaction);
         request.extensions_mut().insert(handle.clone());
@@ -96,30 +120,30 @@ where
         // Waits for the handler to let go of the lock; later uses of its handle find nothing.
         Some(handle) => Sink::Transaction(handle.take().await),
     };
-    settle(shared, policy, (&lease, &left), sink, outcome).await
+    settle(shared, policy, (&execution, &left), sink, outcome).await
 }
 
 /// What the handler's outcome becomes: its answer recorded and sent, or, when it failed
-/// or panicked, the operation abandoned (or rolled back).
+/// or panicked, the operation abandoned (or rolled back, or cancelled).
 async fn settle<ResB, E>(
     shared: &Arc<Shared>,
     policy: &RoutePolicy,
-    (lease, left): (&Lease, &ClientLeft),
+    (execution, left): (&Execution, &ClientLeft),
     sink: Sink,
     outcome: std::thread::Result<Result<Response<ResB>, E>>,
 ) -> Answer<ResB, E>
 where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
+    let lease = execution.lease();
     match outcome {
         Ok(Ok(response)) => Ok(finish(shared, policy, (lease, left), sink, response).await),
         Ok(Err(error)) => {
-            sink.fail(shared, lease, "the service returned an error")
-                .await;
+            fail(shared, execution, sink, "the service returned an error").await;
             Err(error)
         }
         Err(_panic) => {
-            sink.fail(shared, lease, "the handler panicked").await;
+            fail(shared, execution, sink, "the handler panicked").await;
             Ok(refuse(
                 shared,
                 Rejection::HandlerFailed {
@@ -128,6 +152,28 @@ where
             ))
         }
     }
+}
+
+/// The handler failed or panicked. On a route whose handler marks its own dispatch the
+/// store decides from the record: `cancelled` when the mark was never made (the handler did
+/// not cross its boundary, so a retry executes), `unknown` when it was. Otherwise the
+/// outcome is unknown, unless a rollback undoes it.
+async fn fail(shared: &Shared, execution: &Execution, sink: Sink, why: &'static str) {
+    if matches!(sink, Sink::Store) && execution.marks_dispatch() {
+        match store_call("cancel", shared.store.cancel(execution.lease())).await {
+            Ok(operation) => {
+                tracing::error!(operation_id = %execution.id(), why, state = %operation.state, "handler failed; recorded as its dispatch mark says");
+                return;
+            }
+            // A store that predates cancellation: abandon, as on any route.
+            Err(StoreError::Unsupported { .. }) => {}
+            Err(error) => {
+                tracing::error!(error = %error, why, "handler failed and could not be settled; its lease runs out instead");
+                return;
+            }
+        }
+    }
+    sink.fail(shared, execution.lease(), why).await;
 }
 
 /// Runs `work` while extending the lease every third of its length, so a slow but healthy

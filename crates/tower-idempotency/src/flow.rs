@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
+use tower_idempotency_core::audit::AuditEventKind;
 use tower_idempotency_core::store::TRANSACTIONS;
 use tower_idempotency_core::{
     IdempotencyKey, Lease, Operation, OperationState, OperationTransaction, Reservation,
@@ -27,14 +28,18 @@ use tower_idempotency_core::{
 };
 use tracing::{Instrument, Span, field};
 
+use crate::approval;
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
+use crate::command::ParsedCommand;
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{ClientLeft, DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
-use crate::execute::{Answer, Run, execute};
+use crate::execute::{Answer, Run, execute, execution_handle};
+use crate::journal;
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
+use crate::record::Sink;
 use crate::refusal::refuse;
 use crate::request_fingerprint::fingerprint;
 use crate::telemetry::{self, Decision, Tally, store_call};
@@ -142,10 +147,15 @@ where
         }
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
-    let (request, body) = match admit(&shared, &policy, &parts, body, route, key).await {
+    let (request, body, command) = match admit(&shared, &policy, &parts, body, route, key).await {
         Ok(admitted) => admitted,
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
+    let mut parts = parts;
+    if let Some(command) = command {
+        // What the normalizer validated is what the handler executes, without a second parse.
+        parts.extensions.insert(ParsedCommand(command));
+    }
     let held = Held { inner, parts, body };
     decide(shared, policy, held, request, tally).await
 }
@@ -175,7 +185,11 @@ fn key_of(
 ) -> Result<Option<IdempotencyKey>, Rejection> {
     let mut values = parts.headers.get_all(&shared.header_name).iter();
     match (values.next(), values.next()) {
-        (None, _) if policy.key == KeyRequirement::Optional => Ok(None),
+        // An approval is bound to a key: a route that may need one always requires it, or
+        // a keyless request would run a command that needs approval unapproved.
+        (None, _) if policy.key == KeyRequirement::Optional && policy.approval.is_none() => {
+            Ok(None)
+        }
         (None, _) => Err(Rejection::MissingKey),
         (Some(_), Some(_)) => Err(Rejection::RepeatedKey),
         (Some(value), None) => IdempotencyKey::parse_header(value.as_bytes())
@@ -185,7 +199,8 @@ fn key_of(
 }
 
 /// Everything checked before the store is asked: scope, body, fingerprint. Returns what
-/// to reserve and the buffered body.
+/// to reserve, the buffered body and, on a route with a normalizer, the normalized
+/// command.
 async fn admit<B>(
     shared: &Shared,
     policy: &RoutePolicy,
@@ -193,14 +208,14 @@ async fn admit<B>(
     body: B,
     route: String,
     key: IdempotencyKey,
-) -> Result<(ReserveRequest, Bytes), Rejection>
+) -> Result<(ReserveRequest, Bytes, Option<serde_json::Value>), Rejection>
 where
     B: Body<Data = Bytes>,
 {
     Span::current().record("key", key.as_str());
     let scope = scope_of(shared, parts)?;
     let body = read_bounded(shared, parts, body).await?;
-    let fingerprint = fingerprint(
+    let fingerprinted = fingerprint(
         &shared.fingerprinter,
         &shared.header_name,
         policy,
@@ -209,6 +224,13 @@ where
         &scope,
         &body,
     )?;
+    let fingerprint = fingerprinted.fingerprint;
+    let approval = approval::request_for(shared, policy, parts, fingerprinted.command.as_ref());
+    // The handler gets the normalized command (not a merely parsed body: its extractor would
+    // then skip the command's own normalization).
+    let command = fingerprinted
+        .command
+        .filter(|_| policy.normalizer.is_some());
     let request = ReserveRequest {
         scope,
         key,
@@ -219,10 +241,10 @@ where
         retention: policy.retention,
         unknown_retention: policy.unknown_retention,
         take_over_unknown: matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute),
-        marks_dispatch: false,
-        approval: None,
+        marks_dispatch: policy.marks_dispatch,
+        approval,
     };
-    Ok((request, body))
+    Ok((request, body, command))
 }
 
 fn scope_of(shared: &Shared, parts: &Parts) -> Result<Scope, Rejection> {
@@ -287,7 +309,10 @@ where
     ResB::Error: Send + 'static,
 {
     let started = Instant::now();
-    let deadline = started.checked_add(policy.wait).unwrap_or(started);
+    let mut deadline = started.checked_add(policy.wait).unwrap_or(started);
+    let decision_deadline = started
+        .checked_add(approval::decision_wait(&policy))
+        .unwrap_or(started);
     let mut waited = false;
     loop {
         // Checked before every reservation: past the bound nothing is reserved, so a
@@ -330,9 +355,20 @@ where
                 return Ok(refuse(&shared, Rejection::StoreUnavailable));
             }
         };
-        match existing(&shared, &policy, &request, operation, deadline, waited).await {
-            Ok(Some(replayed)) => return Ok(replayed),
-            Ok(None) => waited = true,
+        let deadlines = Deadlines {
+            in_progress: deadline,
+            decision: decision_deadline,
+        };
+        match existing(&shared, &policy, &request, operation, deadlines, waited).await {
+            Ok(Next::Replayed(replayed)) => return Ok(replayed),
+            Ok(Next::Again) => waited = true,
+            Ok(Next::Decided) => {
+                // A decision came while this retry waited for it: an execution it now meets
+                // gets the usual wait, counted from here.
+                let now = Instant::now();
+                deadline = now.checked_add(policy.wait).unwrap_or(now);
+                waited = true;
+            }
             Err(rejection) => return Ok(refuse(&shared, rejection)),
         }
     }
@@ -374,19 +410,47 @@ where
     };
     match reserved {
         Ok(Reserved::Acquired {
+            operation,
             lease,
             takeover,
             transaction,
         }) => {
-            Span::current().record("operation_id", field::display(lease.operation_id));
+            Span::current().record("operation_id", field::display(operation.id));
+            if approval::ignored_by_store(&request, &operation, takeover) {
+                tracing::error!(
+                    "the route requires approval and the store reserved the key without one; handler not run"
+                );
+                match transaction {
+                    Some(transaction) => {
+                        if let Err(error) = transaction.abort().await {
+                            tracing::warn!(%error, "could not roll back the reservation's transaction");
+                        }
+                    }
+                    None => {
+                        Sink::Store
+                            .release(&shared, &lease, "the store does not implement approvals")
+                            .await;
+                    }
+                }
+                return Round::Refused(Rejection::ApprovalsUnsupported);
+            }
             let Held { inner, parts, body } = held;
             let run = Run {
-                lease,
+                execution: execution_handle(&shared, &policy, lease, &operation),
                 takeover,
                 transaction,
                 left,
             };
             Round::Answered(execute(&shared, &policy, inner, parts, body, run).await)
+        }
+        Ok(Reserved::ApprovalRequested(operation)) => {
+            // The first request of a command that needs approval is answered at once: the
+            // requester needs the approval's id to ask a person.
+            Span::current().record("operation_id", field::display(operation.id));
+            if let Some(approval) = &operation.approval {
+                tracing::info!(approval_id = %approval.id, "approval requested");
+            }
+            Round::Refused(approval::refusal(&shared, &operation))
         }
         Ok(Reserved::Existing(operation)) => Round::Existing(operation, held),
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
@@ -398,26 +462,33 @@ where
 enum Reserved {
     /// Won: run the handler (in `transaction` on a transactional route).
     Acquired {
+        operation: Box<Operation>,
         lease: Lease,
         takeover: bool,
         transaction: Option<Box<dyn OperationTransaction>>,
     },
-    /// The key is held by this record (or awaits an approval).
+    /// The key is held by this record.
     Existing(Box<Operation>),
+    /// The key was new and its command needs approval: the record awaits a decision.
+    ApprovalRequested(Box<Operation>),
 }
 
 impl From<Reservation> for Reserved {
     fn from(reservation: Reservation) -> Self {
         match reservation {
             Reservation::Acquired {
-                lease, takeover, ..
+                operation,
+                lease,
+                takeover,
             } => Self::Acquired {
+                operation: Box::new(operation),
                 lease,
                 takeover,
                 transaction: None,
             },
-            Reservation::Existing(operation) | Reservation::ApprovalRequested(operation) => {
-                Self::Existing(Box::new(operation))
+            Reservation::Existing(operation) => Self::Existing(Box::new(operation)),
+            Reservation::ApprovalRequested(operation) => {
+                Self::ApprovalRequested(Box::new(operation))
             }
         }
     }
@@ -436,19 +507,22 @@ async fn reserve_transaction(
     Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
     match reservation {
         Ok(TransactionalReservation::Acquired {
+            operation,
             lease,
             takeover,
             transaction,
-            ..
         }) => Ok(Reserved::Acquired {
+            operation: Box::new(operation),
             lease,
             takeover,
             transaction: Some(transaction),
         }),
-        Ok(
-            TransactionalReservation::Existing(operation)
-            | TransactionalReservation::ApprovalRequested(operation),
-        ) => Ok(Reserved::Existing(Box::new(operation))),
+        Ok(TransactionalReservation::Existing(operation)) => {
+            Ok(Reserved::Existing(Box::new(operation)))
+        }
+        Ok(TransactionalReservation::ApprovalRequested(operation)) => {
+            Ok(Reserved::ApprovalRequested(Box::new(operation)))
+        }
         Err(StoreError::Unsupported {
             feature: TRANSACTIONS,
         }) => {
@@ -457,7 +531,12 @@ async fn reserve_transaction(
             );
             Err(NotReserved::Refused(Rejection::TransactionsUnsupported))
         }
-        Err(error) => Err(not_reserved(error, StoreFailurePolicy::FailClosed)),
+        Err(error) => Err(not_reserved(
+            shared,
+            request,
+            error,
+            StoreFailurePolicy::FailClosed,
+        )),
     }
 }
 
@@ -477,11 +556,22 @@ async fn reserve(
     let asked = Instant::now();
     let reservation = store_call("reserve", shared.store.reserve(request.clone())).await;
     Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
-    reservation.map_err(|error| not_reserved(error, policy.store_failure))
+    // Never fail open for a command that needs approval: unprotected, nothing would check it.
+    let store_failure = if request.approval.is_some() {
+        StoreFailurePolicy::FailClosed
+    } else {
+        policy.store_failure
+    };
+    reservation.map_err(|error| not_reserved(shared, request, error, store_failure))
 }
 
-/// What a store error on reserving means for the request.
-fn not_reserved(error: StoreError, store_failure: StoreFailurePolicy) -> NotReserved {
+/// What a store error on reserving `request` means for it (a quota refusal is journaled).
+fn not_reserved(
+    shared: &Shared,
+    request: &ReserveRequest,
+    error: StoreError,
+    store_failure: StoreFailurePolicy,
+) -> NotReserved {
     match error {
         StoreError::CapacityExhausted { capacity } => {
             tracing::warn!(capacity, "idempotency store full");
@@ -493,6 +583,10 @@ fn not_reserved(error: StoreError, store_failure: StoreFailurePolicy) -> NotRese
         }
         StoreError::ScopeQuotaExceeded { retry_after } => {
             tracing::info!(?retry_after, "scope's idempotency quota exhausted");
+            let quota = AuditEventKind::QuotaRefused {
+                quota: "scope".to_owned(),
+            };
+            journal::decision(shared, request, None, quota);
             NotReserved::Refused(Rejection::ScopeQuotaExceeded {
                 retry_after: retry_after.as_secs().max(1),
             })
@@ -508,28 +602,70 @@ fn not_reserved(error: StoreError, store_failure: StoreFailurePolicy) -> NotRese
     }
 }
 
-/// What to do with a record that already holds the key: `Some` replay, `None` after
-/// waiting for the original (ask the store again), or a refusal.
+/// Until when a request waits: for a running original, and for a person's decision.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    in_progress: Instant,
+    decision: Instant,
+}
+
+/// What [`existing`] found to do.
+enum Next<R> {
+    /// Answer with this replay.
+    Replayed(R),
+    /// The original changed state while this request waited: ask the store again.
+    Again,
+    /// The approval was decided while this request waited: ask the store again.
+    Decided,
+}
+
+/// What to do with a record that already holds the key: replay, ask the store again after
+/// waiting for the original or for a decision, or refuse.
 async fn existing<ResB: Body>(
     shared: &Shared,
     policy: &RoutePolicy,
     request: &ReserveRequest,
     operation: Operation,
-    deadline: Instant,
+    deadlines: Deadlines,
     waited: bool,
-) -> Result<Option<Response<ResponseBody<ResB>>>, Rejection> {
+) -> Result<Next<Response<ResponseBody<ResB>>>, Rejection> {
     Span::current().record("operation_id", field::display(operation.id));
+    let id = operation.id;
     if operation.fingerprint != request.fingerprint {
+        journal::decision(shared, request, Some(id), AuditEventKind::Conflict);
         return Err(Rejection::FingerprintMismatch {
-            operation_id: operation.id,
+            operation_id: id,
             state: operation.state,
         });
     }
     match operation.state {
-        OperationState::Completed => replay(shared, operation, waited).map(Some),
+        OperationState::Completed => {
+            let replayed = replay(shared, operation, waited)?;
+            journal::decision(shared, request, Some(id), AuditEventKind::Replayed);
+            Ok(Next::Replayed(replayed))
+        }
         OperationState::InProgress => {
-            wait_for(shared, policy, request, &operation, deadline).await?;
-            Ok(None)
+            if !waited {
+                journal::decision(shared, request, Some(id), AuditEventKind::Attached);
+            }
+            let waiting =
+                wait_for(shared, policy, request, &operation, deadlines.in_progress).await;
+            if let Err(Rejection::RequestInProgress { .. }) = &waiting {
+                let refused = AuditEventKind::RefusedInProgress;
+                journal::decision(shared, request, Some(id), refused);
+            }
+            waiting?;
+            Ok(Next::Again)
+        }
+        OperationState::AwaitingApproval | OperationState::Authorized | OperationState::Denied => {
+            match approval::refusal(shared, &operation) {
+                Rejection::ApprovalRequired { .. } if Instant::now() < deadlines.decision => {
+                    approval::wait_for_decision(shared, request, operation, deadlines.decision)
+                        .await?;
+                    Ok(Next::Decided)
+                }
+                rejection => Err(rejection),
+            }
         }
         _ => Err(Rejection::OutcomeUnknown {
             operation_id: operation.id,

@@ -84,6 +84,9 @@ impl IdempotencyLayer {
                 guarded_methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
                 problem_base: ProblemBase::default(),
                 status_path: "/operations".to_owned(),
+                principal: None,
+                approver: None,
+                approvals_path: "/approvals".to_owned(),
                 encryption: None,
                 body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
                 pending_records: Arc::new(AtomicUsize::new(0)),
@@ -110,6 +113,41 @@ impl IdempotencyLayer {
         F: Fn(&Parts) -> Option<Scope> + Send + Sync + 'static,
     {
         self.edit(|s| s.scope = Arc::new(scope))
+    }
+
+    /// Names the principal making a request (a user, an agent, a service account) for
+    /// routes that require approval: it is recorded as the approval's `requested_by`, and
+    /// the self-approval rule compares approvers with it. Without an extractor, or when it
+    /// returns `None`, the requester is recorded as
+    /// [`ANONYMOUS_PRINCIPAL`](crate::ANONYMOUS_PRINCIPAL) (`"anonymous"`).
+    ///
+    /// Like the scope, take it from what your authentication established.
+    pub fn with_principal<F>(self, principal: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.edit(|s| s.principal = Some(Arc::new(principal)))
+    }
+
+    /// Names the principal deciding an approval on the
+    /// [approvals router](IdempotencyLayer::approvals_router), when it may decide
+    /// approvals in its scope; `None` answers its approve and deny routes with
+    /// `403 not-an-approver`. Without an extractor nobody may decide (operators still can,
+    /// through the store, e.g. the PostgreSQL CLI). The name is recorded as the approval's
+    /// `decided_by`.
+    pub fn with_approver<F>(self, approver: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.edit(|s| s.approver = Some(Arc::new(approver)))
+    }
+
+    /// Where the approvals routes are mounted (default `/approvals`); used for the
+    /// `approval_url` in `approval-required` problems and by
+    /// [`IdempotencyLayer::approvals_router`].
+    pub fn with_approvals_path(self, path: impl Into<String>) -> Self {
+        let path = normalized_path(&path.into());
+        self.edit(|s| s.approvals_path = path)
     }
 
     /// The policy for guarded routes that have none of their own.
@@ -200,15 +238,7 @@ impl IdempotencyLayer {
     /// Where the status routes are mounted (default `/operations`); used for the
     /// `status_url` in problems and by [`IdempotencyLayer::status_router`].
     pub fn with_status_path(self, path: impl Into<String>) -> Self {
-        // Stored without a trailing slash and with a leading one, so `{path}/{id}` and the
-        // router's templates are always well formed ("" means the root).
-        let path = path.into();
-        let trimmed = path.trim_matches('/');
-        let path = if trimmed.is_empty() {
-            String::new()
-        } else {
-            format!("/{trimmed}")
-        };
+        let path = normalized_path(&path.into());
         self.edit(|s| s.status_path = path)
     }
 
@@ -247,6 +277,17 @@ impl IdempotencyLayer {
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+}
+
+/// A mount path stored without a trailing slash and with a leading one, so `{path}/{id}`
+/// and the routers' templates are always well formed ("" means the root).
+fn normalized_path(path: &str) -> String {
+    let trimmed = path.trim_matches('/');
+    if trimmed.is_empty() {
+        String::new()
+    } else {
+        format!("/{trimmed}")
     }
 }
 

@@ -67,10 +67,20 @@
 //!
 //! - [`IdempotencyLayer`] / [`IdempotencyService`]: the middleware and its builder, and
 //!   the protocol's header names ([`IDEMPOTENCY_KEY`], [`OPERATION_ID`],
-//!   [`IDEMPOTENT_REPLAYED`]).
+//!   [`IDEMPOTENT_REPLAYED`]), and the requester recorded when none is named
+//!   ([`ANONYMOUS_PRINCIPAL`]).
 //! - [`RoutePolicy`] and its choices ([`KeyRequirement`], [`ServerErrorPolicy`],
 //!   [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]), [`CommandRejection`] for
 //!   normalizers, [`ConfigError`] for settings refused when they are built.
+//! - [`JsonCommand`], a command type with its normalizer, and the `ValidatedJson`
+//!   extractor (feature `axum`) that hands the handler the command the layer already
+//!   parsed and validated, so a normalized body is parsed once per request.
+//! - approvals: [`ApprovalPolicy`] (with [`RoutePolicy::with_approval`]), the records
+//!   ([`Approval`], [`ApprovalId`], [`ApprovalState`]) and decisions
+//!   ([`ApprovalDecision`], [`DecisionOutcome`]) the store keeps, what a route asks it for
+//!   ([`ApprovalRequest`]), [`IdempotencyLayer::approvals_router`], and the
+//!   [`problem_types`] slugs of their refusals (shared with the MCP layer). See
+//!   `docs/approvals.md`.
 //! - [`problem`]: the refusals ([`problem::Rejection`]) and the RFC 9457 body they are
 //!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`]).
 //! - [`storage`]: what is kept of responses at rest (redaction, status only) and
@@ -80,18 +90,24 @@
 //! - the core types a user of the layer meets, re-exported from
 //!   `tower-idempotency-core`: the [`Store`] trait and what it exchanges, [`MemoryStore`],
 //!   [`spawn_purge_task`], the records ([`Operation`], …), [`IdempotencyKey`], [`Scope`],
-//!   fingerprints and [`canonicalize_json`], and the transaction handle of transactional
-//!   routes ([`OperationTx`]). The rest of core (its modules, the conformance suite) is
-//!   reached through `tower-idempotency-core` itself.
+//!   fingerprints and [`canonicalize_json`], the execution handle every guarded request
+//!   carries ([`Execution`], [`DispatchError`]), and the transaction handle of
+//!   transactional routes ([`OperationTx`]). The rest of core (its modules, the
+//!   conformance suite) is reached through `tower-idempotency-core` itself.
 //!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
-//! [`IdempotencyLayer::status_router`] and `IntoResponse` for problems.
+//! [`IdempotencyLayer::status_router`], [`IdempotencyLayer::approvals_router`], the
+//! `ValidatedJson` extractor and `IntoResponse` for problems.
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod approval;
+#[cfg(feature = "axum")]
+mod approvals;
 pub mod body;
 mod buffer;
+mod command;
 mod config;
 mod detach;
 mod encryption;
@@ -99,6 +115,7 @@ mod error;
 mod execute;
 mod flow;
 mod headers;
+mod journal;
 mod layer;
 mod policy;
 pub mod problem;
@@ -111,9 +128,12 @@ mod status;
 pub mod storage;
 mod telemetry;
 
+pub use command::JsonCommand;
+#[cfg(feature = "axum")]
+pub use command::{JsonCommandError, ValidatedJson, ValidatedJsonRejection};
 pub use config::{
-    DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
-    OPERATION_ID,
+    ANONYMOUS_PRINCIPAL, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY,
+    IDEMPOTENT_REPLAYED, OPERATION_ID,
 };
 pub use error::ConfigError;
 pub use layer::IdempotencyLayer;
@@ -140,18 +160,34 @@ pub use tower_idempotency_core::{
     CanonicalizeError, Fingerprint, FingerprintKey, Fingerprinter, IdempotencyKey, KeyError, Scope,
     canonical::parse_json, canonicalize_json,
 };
+// Human approvals bound to one exact request (see `RoutePolicy::with_approval`).
+#[doc(inline)]
+pub use tower_idempotency_core::{
+    Approval, ApprovalDecision, ApprovalId, ApprovalPolicy, ApprovalRequest, ApprovalState,
+    DecisionOutcome,
+};
+// The problem type slugs the HTTP and MCP layers share for approvals.
+#[doc(inline)]
+pub use tower_idempotency_core::problem_types;
+// The execution handle every guarded request carries (see `RoutePolicy::with_marks_dispatch`).
+#[doc(inline)]
+pub use tower_idempotency_core::{DispatchError, Execution};
 // The transaction handle of a transactional route (see `RoutePolicy::transactional`).
 #[doc(inline)]
 pub use tower_idempotency_core::{OperationTransaction, OperationTx, TransactionAccessError};
 // The metric names.
 #[doc(inline)]
 pub use tower_idempotency_core::metrics;
+// The audit journal: events, checkpoints, the in-process journal and the verifier.
+#[doc(inline)]
+pub use tower_idempotency_core::audit;
 
 /// The Rust examples in the README and in `docs/`, compiled and run as doctests so they
 /// stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 #[doc = include_str!("../../../docs/policies.md")]
+#[doc = include_str!("../../../docs/approvals.md")]
 #[doc = include_str!("../../../docs/memory-store.md")]
 #[doc = include_str!("../../../docs/security.md")]
 pub struct DocsExamples;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
+use tower_idempotency_core::ApprovalPolicy;
 
 use crate::error::ConfigError;
 use crate::storage::ResponseStorage;
@@ -116,10 +117,12 @@ pub struct RoutePolicy {
     pub(crate) unknown_outcome: UnknownOutcomePolicy,
     pub(crate) store_failure: StoreFailurePolicy,
     pub(crate) heartbeat: bool,
+    pub(crate) marks_dispatch: bool,
     pub(crate) transactional: bool,
     pub(crate) fingerprint_headers: Arc<[HeaderName]>,
     pub(crate) normalizer: Option<Normalizer>,
     pub(crate) response_storage: ResponseStorage,
+    pub(crate) approval: Option<ApprovalPolicy>,
 }
 
 impl fmt::Debug for RoutePolicy {
@@ -134,10 +137,12 @@ impl fmt::Debug for RoutePolicy {
             .field("unknown_outcome", &self.unknown_outcome)
             .field("store_failure", &self.store_failure)
             .field("heartbeat", &self.heartbeat)
+            .field("marks_dispatch", &self.marks_dispatch)
             .field("transactional", &self.transactional)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
             .field("response_storage", &self.response_storage)
+            .field("approval", &self.approval)
             .finish()
     }
 }
@@ -181,10 +186,12 @@ impl RoutePolicy {
             unknown_outcome: UnknownOutcomePolicy::Conflict,
             store_failure: StoreFailurePolicy::FailClosed,
             heartbeat: true,
+            marks_dispatch: false,
             transactional: false,
             fingerprint_headers: Arc::from(Vec::new()),
             normalizer: None,
             response_storage: ResponseStorage::Full,
+            approval: None,
         }
     }
 
@@ -265,6 +272,43 @@ impl RoutePolicy {
         self
     }
 
+    /// Declares that the route's handler marks its own effect boundary (default `false`).
+    ///
+    /// Every guarded request carries an [`Execution`](tower_idempotency_core::Execution)
+    /// in its extensions. With this flag the operation is reserved *accepted, not
+    /// dispatched*, and the handler calls
+    /// [`Execution::dispatched`](tower_idempotency_core::Execution::dispatched) right
+    /// before its irreversible step. A lease that lapses before that mark leaves the
+    /// operation safe to take over: the next retry executes it (attempt 2, same
+    /// operation id), and the lapsed attempt's `dispatched()` fails with
+    /// [`DispatchError::LeaseLost`](tower_idempotency_core::DispatchError::LeaseLost), so
+    /// it never crosses its boundary. A lapse after the mark is `unknown`, as always.
+    ///
+    /// The flag means "my handler marks it": a handler that never calls `dispatched()` is
+    /// treated as never dispatched, and a lapse of its lease is re-executed; a handler that
+    /// panics or fails before its mark leaves the operation `cancelled` (a retry executes
+    /// it), after its mark `unknown`. Without the
+    /// flag the reservation itself is the mark (the handler may act at once), and
+    /// `dispatched()` is a no-op. The heartbeat ([`RoutePolicy::with_heartbeat`]) renews
+    /// the lease of a live handler before and after the mark alike: a take-over before
+    /// dispatch is for a worker that died or stalled, not for a slow one.
+    ///
+    /// ```
+    /// use tower_idempotency::RoutePolicy;
+    ///
+    /// assert!(RoutePolicy::required().with_marks_dispatch(true).marks_dispatch());
+    /// assert!(!RoutePolicy::required().marks_dispatch());
+    /// ```
+    pub fn with_marks_dispatch(mut self, marks: bool) -> Self {
+        self.marks_dispatch = marks;
+        self
+    }
+
+    /// Whether the route's handler marks its own dispatch.
+    pub fn marks_dispatch(&self) -> bool {
+        self.marks_dispatch
+    }
+
     /// How long a duplicate waits for an in-progress original before answering
     /// `409 request-in-progress`. Zero answers at once; values above one hour are capped
     /// at one hour.
@@ -329,7 +373,9 @@ impl RoutePolicy {
     /// is stored, and the fingerprint is taken of what it leaves. Use it to apply
     /// defaults, drop server-assigned fields and reject invalid or unknown fields, so that
     /// two requests meaning the same command share a fingerprint. An `Err` answers
-    /// `422 invalid-command`. The handler still receives the original body.
+    /// `422 invalid-command`. The handler still receives the original body, and the
+    /// normalized command in its extensions, which the `ValidatedJson` extractor (feature
+    /// `axum`) reads instead of parsing the body again.
     pub fn with_normalizer<F>(mut self, normalizer: F) -> Self
     where
         F: Fn(&mut serde_json::Value) -> Result<(), CommandRejection> + Send + Sync + 'static,
@@ -338,11 +384,67 @@ impl RoutePolicy {
         self
     }
 
+    /// The normalizer of the command type `T` ([`JsonCommand::normalize`]) as this route's
+    /// normalizer: the layer validates and fingerprints the command as `T` defines it, and
+    /// the `ValidatedJson<T>` extractor (feature `axum`) hands the handler that same
+    /// normalized command without parsing the body again.
+    ///
+    /// [`JsonCommand::normalize`]: crate::JsonCommand::normalize
+    pub fn with_command<T: crate::JsonCommand + 'static>(self) -> Self {
+        self.with_normalizer(T::normalize)
+    }
+
     /// What is kept of this route's responses for replay (default: everything). See
     /// [`ResponseStorage`] for what each mode does to replays.
     pub fn with_response_storage(mut self, storage: ResponseStorage) -> Self {
         self.response_storage = storage;
         self
+    }
+
+    /// Commands for which `policy` holds need a person's approval before the handler runs
+    /// (default: none do). See `docs/approvals.md`.
+    ///
+    /// The condition and the summary see the validated command: the JSON body after the
+    /// route's normalizer (a body that is not JSON is seen as `null`; give a route whose
+    /// approval depends on the body a normalizer, which takes JSON only). The first request
+    /// of such a command reserves its key in `awaiting_approval` and is answered
+    /// `403 approval-required` with the approval's id, its URL under the
+    /// [approvals router](crate::IdempotencyLayer::approvals_router), its expiry, the summary
+    /// and the fingerprint the approver must confirm; the handler does not run. Once a
+    /// person approved exactly that fingerprint, the next retry of the same command under the
+    /// same key runs the handler (once, however many retries race), and later retries replay.
+    /// A denial is answered `403 approval-denied` to every retry, an approval that expired
+    /// `403 approval-expired`. A retry while the request is undecided waits up to
+    /// [`ApprovalPolicy::wait`] for the decision.
+    ///
+    /// Approvals are bound to keys, so a route with an approval policy requires a key
+    /// whatever [`RoutePolicy::optional`] says, and it never fails open
+    /// ([`StoreFailurePolicy::FailOpen`]) for a command that needs approval: with the
+    /// store down it answers `503 store-unavailable`.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use tower_idempotency::{ApprovalPolicy, RoutePolicy};
+    ///
+    /// let deploys = RoutePolicy::required().with_approval(
+    ///     ApprovalPolicy::when(|command| command["environment"] == "production")
+    ///         .with_summary(|command| json!({
+    ///             "operation": "deploy",
+    ///             "service": command["service"],
+    ///             "environment": command["environment"],
+    ///         })),
+    /// );
+    /// assert!(deploys.approval().is_some());
+    /// assert!(RoutePolicy::required().approval().is_none());
+    /// ```
+    pub fn with_approval(mut self, policy: ApprovalPolicy) -> Self {
+        self.approval = Some(policy);
+        self
+    }
+
+    /// The route's approval rule, if it has one.
+    pub fn approval(&self) -> Option<&ApprovalPolicy> {
+        self.approval.as_ref()
     }
 
     /// What is kept of this route's responses for replay.

@@ -33,7 +33,10 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 use serde_json::{Map, Value};
-use tower_idempotency_core::{CanonicalizeError, KeyError, OperationId, OperationState};
+use tower_idempotency_core::problem_types as approval_types;
+use tower_idempotency_core::{
+    Approval, ApprovalId, ApprovalState, CanonicalizeError, KeyError, OperationId, OperationState,
+};
 
 use crate::policy::CommandRejection;
 
@@ -331,6 +334,77 @@ pub enum Rejection {
         /// The operation, now `unknown`.
         operation_id: OperationId,
     },
+    /// The route requires a person's approval for this command and it has not been given
+    /// (yet); the handler did not run. Retry the same command under the same key once it
+    /// is approved. `403 approval-required` with `approval_id`, `approval_url`,
+    /// `expires_at`, `summary` and the `fingerprint` the approver confirms.
+    #[error(
+        "this request needs a person's approval before it runs; retry it with the same key once it is approved"
+    )]
+    ApprovalRequired {
+        /// The pending approval.
+        approval: Box<Approval>,
+        /// Where the approval is read and decided (under the approvals path).
+        approval_url: String,
+    },
+    /// The approval was denied; every retry of the operation gets this answer.
+    /// `403 approval-denied` with the `reason`.
+    #[error("the approval of this request was denied")]
+    ApprovalDenied {
+        /// The denied approval.
+        approval: Box<Approval>,
+        /// Where the approval is read.
+        approval_url: String,
+    },
+    /// The approval request was not decided in time, or the approval was not used in
+    /// time; nothing ran. A new approval needs a new key. `403 approval-expired`.
+    #[error("the approval of this request expired; a new approval needs a new key")]
+    ApprovalExpired {
+        /// The expired approval.
+        approval: Box<Approval>,
+        /// Where the approval is read.
+        approval_url: String,
+    },
+    /// An approval carried a fingerprint other than the one the approval is bound to
+    /// (stale, or of another command); nothing changed. `409 approval-fingerprint-mismatch`.
+    #[error(
+        "the fingerprint is not the one this approval is bound to; read the approval again before deciding"
+    )]
+    ApprovalFingerprintMismatch {
+        /// The approval.
+        approval_id: ApprovalId,
+    },
+    /// The opposite decision was made first; nothing changed. `409 approval-decided` with
+    /// the `state` that won.
+    #[error("the approval was already decided the other way")]
+    ApprovalDecided {
+        /// The approval.
+        approval_id: ApprovalId,
+        /// Its state: the decision that won.
+        state: ApprovalState,
+    },
+    /// The requester tried to approve their own request on a route whose policy does not
+    /// allow it. `403 self-approval-forbidden`.
+    #[error("the requester of an operation cannot approve it")]
+    SelfApprovalForbidden {
+        /// The approval.
+        approval_id: ApprovalId,
+    },
+    /// No approval with this id exists for this principal's scope (including one of
+    /// another scope). `404 approval-not-found`.
+    #[error("no approval with this id exists for this principal")]
+    ApprovalNotFound,
+    /// The caller may not decide approvals (the layer's approver extractor named nobody).
+    /// `403 not-an-approver`.
+    #[error("this principal may not decide approvals")]
+    NotAnApprover,
+    /// The route requires approval and the store does not implement approvals (a store
+    /// that predates them); nothing ran and nothing is kept. `500 approvals-unsupported`.
+    #[error("this route requires approvals and the idempotency store does not implement them")]
+    ApprovalsUnsupported,
+    /// A query parameter of the approvals routes is invalid. `400 invalid-query`.
+    #[error("{0}")]
+    InvalidQuery(String),
 }
 
 /// What [`Rejection::meta`] says of a case: everything but its `detail`.
@@ -350,6 +424,8 @@ pub(crate) struct RejectionMeta {
     pub(crate) extra: Option<(&'static str, Extra)>,
     /// The `Retry-After` header, in seconds.
     pub(crate) retry_after: Option<u64>,
+    /// The approval named in the body (`approval_id`).
+    pub(crate) approval_id: Option<ApprovalId>,
 }
 
 /// The value of a case's own extension member (the `extra` field of [`RejectionMeta`]).
@@ -379,6 +455,7 @@ const fn meta(status: StatusCode, slug: &'static str, title: &'static str) -> Re
         status_url: false,
         extra: None,
         retry_after: None,
+        approval_id: None,
     }
 }
 
@@ -402,6 +479,16 @@ impl RejectionMeta {
     const fn retry_after(mut self, seconds: u64) -> Self {
         self.retry_after = Some(seconds);
         self
+    }
+
+    const fn approval(mut self, id: ApprovalId) -> Self {
+        self.approval_id = Some(id);
+        self
+    }
+
+    /// An approval's operation, linked, and the approval.
+    fn approval_of(self, approval: &Approval) -> Self {
+        self.linked(approval.operation_id).approval(approval.id)
     }
 }
 
@@ -446,6 +533,54 @@ impl Rejection {
                 .retry_after(1),
             Self::HandlerFailed { operation_id } => meta(S::INTERNAL_SERVER_ERROR, "handler-failed", "Handler failed")
                 .linked(*operation_id),
+            Self::ApprovalRequired { approval, .. } => meta(S::FORBIDDEN, approval_types::APPROVAL_REQUIRED, "Approval required")
+                .approval_of(approval),
+            Self::ApprovalDenied { approval, .. } => meta(S::FORBIDDEN, approval_types::APPROVAL_DENIED, "Approval denied")
+                .approval_of(approval),
+            Self::ApprovalExpired { approval, .. } => meta(S::FORBIDDEN, approval_types::APPROVAL_EXPIRED, "Approval expired")
+                .approval_of(approval),
+            Self::ApprovalFingerprintMismatch { approval_id } => meta(S::CONFLICT, approval_types::APPROVAL_FINGERPRINT_MISMATCH, "Approval for a different request")
+                .approval(*approval_id),
+            Self::ApprovalDecided { approval_id, state } => meta(S::CONFLICT, approval_types::APPROVAL_DECIDED, "Approval already decided")
+                .approval(*approval_id)
+                .extra("state", Extra::Text(state.as_str())),
+            Self::SelfApprovalForbidden { approval_id } => meta(S::FORBIDDEN, approval_types::SELF_APPROVAL_FORBIDDEN, "Self-approval forbidden")
+                .approval(*approval_id),
+            Self::ApprovalNotFound => meta(S::NOT_FOUND, approval_types::APPROVAL_NOT_FOUND, "Approval not found"),
+            Self::NotAnApprover => meta(S::FORBIDDEN, approval_types::NOT_AN_APPROVER, "Not an approver"),
+            Self::ApprovalsUnsupported => meta(S::INTERNAL_SERVER_ERROR, approval_types::APPROVALS_UNSUPPORTED, "Approvals unsupported by the store"),
+            Self::InvalidQuery(_) => meta(S::BAD_REQUEST, "invalid-query", "Invalid query"),
+        }
+    }
+
+    /// The members an approval's refusal adds: where it is, and what the requester needs
+    /// to know of it.
+    fn approval_members(&self, mut problem: Problem) -> Problem {
+        let (approval, url) = match self {
+            Self::ApprovalRequired {
+                approval,
+                approval_url,
+            }
+            | Self::ApprovalDenied {
+                approval,
+                approval_url,
+            }
+            | Self::ApprovalExpired {
+                approval,
+                approval_url,
+            } => (approval, approval_url),
+            _ => return problem,
+        };
+        problem = problem.with_member("approval_url", url.as_str());
+        match self {
+            Self::ApprovalRequired { .. } => problem
+                .with_member("expires_at", rfc3339(approval.expires_at))
+                .with_member("summary", approval.summary.clone())
+                .with_member("fingerprint", approval.fingerprint.as_str()),
+            Self::ApprovalDenied { .. } => problem
+                .with_member("reason", approval.reason.clone())
+                .with_member("decided_at", approval.decided_at.map(rfc3339)),
+            _ => problem.with_member("expires_at", rfc3339(approval.expires_at)),
         }
     }
 
@@ -478,13 +613,16 @@ impl Rejection {
                 problem = problem.with_member("status_url", format!("{status_path}/{id}"));
             }
         }
+        if let Some(id) = meta.approval_id {
+            problem = problem.with_member("approval_id", id.to_string());
+        }
         if let Some((name, value)) = meta.extra {
             problem = problem.with_member(name, value);
         }
         if let Some(seconds) = meta.retry_after {
             problem = problem.with_retry_after(seconds);
         }
-        problem
+        self.approval_members(problem)
     }
 
     /// Renders the problem response (`application/problem+json`) with this rejection in
@@ -494,6 +632,11 @@ impl Rejection {
         response.extensions_mut().insert(self.clone());
         response
     }
+}
+
+/// A time as the problems and the status routes show it: RFC 3339, UTC, milliseconds.
+pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// Renders with the default problem base and status path; the layer renders its own
@@ -590,6 +733,122 @@ mod tests {
         let json = body(&response);
         assert_eq!(json["operation_id"], id.to_string());
         assert_eq!(json["status_url"], format!("/operations/{id}"));
+    }
+
+    fn approval(state: ApprovalState) -> Approval {
+        use std::time::{Duration, SystemTime};
+        use tower_idempotency_core::{Fingerprint, IdempotencyKey, Scope};
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        Approval {
+            id: ApprovalId::new(),
+            operation_id: OperationId::new(),
+            scope: Scope::new("acme"),
+            key: IdempotencyKey::new("k").unwrap(),
+            fingerprint: Fingerprint::from_stored("sha256:ab"),
+            state,
+            summary: serde_json::json!({"operation": "deploy"}),
+            requested_by: "agent".into(),
+            requested_at: now,
+            expires_at: now + Duration::from_secs(3600),
+            decided_by: Some("alice".into()),
+            decided_at: Some(now + Duration::from_secs(60)),
+            reason: Some("freeze".into()),
+            used: false,
+        }
+    }
+
+    #[test]
+    fn approval_refusals_name_the_approval_and_what_the_requester_needs() {
+        let pending = approval(ApprovalState::Pending);
+        let url = format!("/approvals/{}", pending.id);
+        let required = body(
+            &Rejection::ApprovalRequired {
+                approval: Box::new(pending.clone()),
+                approval_url: url.clone(),
+            }
+            .to_response(&ProblemBase::default(), "/operations"),
+        );
+        assert_eq!(required["status"], 403);
+        assert_eq!(
+            required["type"],
+            format!("{DEFAULT_PROBLEM_BASE}approval-required")
+        );
+        assert_eq!(required["approval_id"], pending.id.to_string());
+        assert_eq!(required["operation_id"], pending.operation_id.to_string());
+        assert_eq!(
+            required["status_url"],
+            format!("/operations/{}", pending.operation_id)
+        );
+        assert_eq!(required["approval_url"], url);
+        assert_eq!(required["expires_at"], "2027-01-15T09:00:00.000Z");
+        assert_eq!(required["summary"]["operation"], "deploy");
+        assert_eq!(required["fingerprint"], "sha256:ab");
+        assert!(required.get("reason").is_none());
+
+        let denied = body(
+            &Rejection::ApprovalDenied {
+                approval: Box::new(approval(ApprovalState::Denied)),
+                approval_url: url.clone(),
+            }
+            .to_response(&ProblemBase::default(), "/operations"),
+        );
+        assert_eq!(denied["reason"], "freeze");
+        assert_eq!(denied["decided_at"], "2027-01-15T08:01:00.000Z");
+        assert!(denied.get("summary").is_none() && denied.get("fingerprint").is_none());
+
+        let cases = [
+            (
+                Rejection::ApprovalExpired {
+                    approval: Box::new(approval(ApprovalState::Expired)),
+                    approval_url: url,
+                },
+                403,
+                "approval-expired",
+            ),
+            (
+                Rejection::ApprovalFingerprintMismatch {
+                    approval_id: pending.id,
+                },
+                409,
+                "approval-fingerprint-mismatch",
+            ),
+            (
+                Rejection::ApprovalDecided {
+                    approval_id: pending.id,
+                    state: ApprovalState::Denied,
+                },
+                409,
+                "approval-decided",
+            ),
+            (
+                Rejection::SelfApprovalForbidden {
+                    approval_id: pending.id,
+                },
+                403,
+                "self-approval-forbidden",
+            ),
+            (Rejection::ApprovalNotFound, 404, "approval-not-found"),
+            (Rejection::NotAnApprover, 403, "not-an-approver"),
+            (
+                Rejection::ApprovalsUnsupported,
+                500,
+                "approvals-unsupported",
+            ),
+            (Rejection::InvalidQuery("bad".into()), 400, "invalid-query"),
+        ];
+        for (rejection, status, slug) in cases {
+            let json = body(&rejection.to_response(&ProblemBase::default(), "/operations"));
+            assert_eq!(json["status"], status, "{slug}");
+            assert_eq!(json["type"], format!("{DEFAULT_PROBLEM_BASE}{slug}"));
+            assert_eq!(rejection.slug(), slug);
+        }
+        let decided = Rejection::ApprovalDecided {
+            approval_id: pending.id,
+            state: ApprovalState::Denied,
+        };
+        let json = body(&decided.to_response(&ProblemBase::default(), "/operations"));
+        assert_eq!(json["state"], "denied");
+        assert_eq!(json["approval_id"], pending.id.to_string());
     }
 
     #[test]

@@ -88,6 +88,7 @@ impl Sink {
             Self::Store => {
                 let status = stored.status;
                 let started = Instant::now();
+                // The record is not read back: a store may skip building it.
                 let completing = shared.store.complete_delivered(lease, stored, delivered);
                 let completed = store_call("complete", completing).await;
                 let store_ms = started.elapsed().as_secs_f64() * 1000.0;

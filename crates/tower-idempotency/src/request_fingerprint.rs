@@ -12,7 +12,7 @@ use crate::policy::RoutePolicy;
 use crate::problem::Rejection;
 
 /// Whether a media type is JSON: `application/json` or any `+json` suffix.
-fn is_json(essence: &str) -> bool {
+pub(crate) fn is_json(essence: &str) -> bool {
     essence.eq_ignore_ascii_case("application/json")
         || essence
             .len()
@@ -31,6 +31,15 @@ fn content_type_essence(parts: &Parts) -> &str {
         .map_or("", |v| v.split(';').next().unwrap_or("").trim())
 }
 
+/// A request's fingerprint and the validated command it was taken of: on a route with a
+/// normalizer, the normalized JSON body (handed to the handler, see
+/// [`command`](crate::command)); on a route with an approval policy, the command the policy
+/// decides on (`null` for a body that is not JSON).
+pub(crate) struct Fingerprinted {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) command: Option<serde_json::Value>,
+}
+
 /// The fingerprint of a request. `key_header` is the layer's key header: never part of
 /// the fingerprint, whatever the route allows (a policy refuses the default name and
 /// credentials when it is built, but cannot know a name the layer was given).
@@ -42,10 +51,14 @@ pub(crate) fn fingerprint(
     route: &str,
     scope: &Scope,
     body: &Bytes,
-) -> Result<Fingerprint, Rejection> {
+) -> Result<Fingerprinted, Rejection> {
     let essence = content_type_essence(parts);
     let canonical;
     let lowercase;
+    // A route that decides on the command keeps it (and one with a normalizer, below, for
+    // its handler).
+    let wants_command = policy.approval.is_some();
+    let mut command = wants_command.then_some(serde_json::Value::Null);
     // A route with a normalizer takes JSON commands only: any other body would bypass the
     // validation and be stored under the key as whatever the handler answers to it.
     if policy.normalizer.is_some() && !is_json(essence) {
@@ -55,11 +68,20 @@ pub(crate) fn fingerprint(
         FingerprintBody::Empty
     } else if is_json(essence) {
         canonical = match &policy.normalizer {
-            None => canonicalize_json(body).map_err(Rejection::InvalidJson)?,
+            None => {
+                let canonical = canonicalize_json(body).map_err(Rejection::InvalidJson)?;
+                if wants_command {
+                    // Valid: canonicalizing it just succeeded.
+                    command = Some(parse_json(body).unwrap_or_default());
+                }
+                canonical
+            }
             Some(normalize) => {
                 let mut value = parse_json(body).map_err(Rejection::InvalidJson)?;
                 normalize(&mut value).map_err(Rejection::InvalidCommand)?;
-                canonicalize_value(&value)
+                let canonical = canonicalize_value(&value);
+                command = Some(value);
+                canonical
             }
         };
         FingerprintBody::CanonicalJson(&canonical)
@@ -83,14 +105,18 @@ pub(crate) fn fingerprint(
             ));
         }
     }
-    Ok(fingerprinter.fingerprint(&FingerprintInput {
+    let fingerprint = fingerprinter.fingerprint(&FingerprintInput {
         method: parts.method.as_str(),
         route,
         scope: scope.as_str(),
         query: &query,
         headers: &headers,
         body,
-    }))
+    });
+    Ok(Fingerprinted {
+        fingerprint,
+        command,
+    })
 }
 
 #[cfg(test)]
@@ -118,6 +144,7 @@ mod tests {
             &Scope::new("a"),
             &Bytes::from_static(body),
         )
+        .map(|fingerprinted| fingerprinted.fingerprint)
     }
 
     #[test]
@@ -172,6 +199,55 @@ mod tests {
             fp(&p, "/v1/x", Some("application/json"), br#"{"a":1,"a":2}"#),
             Err(Rejection::InvalidJson(_))
         ));
+    }
+
+    #[test]
+    fn routes_with_an_approval_policy_keep_the_validated_command() {
+        use tower_idempotency_core::ApprovalPolicy;
+
+        let fingerprinted = |policy: &RoutePolicy, ct: &str, body: &'static [u8]| {
+            let (parts, ()) = Request::post("/v1/x")
+                .header("content-type", ct)
+                .body(())
+                .unwrap()
+                .into_parts();
+            fingerprint(
+                &Fingerprinter::sha256(),
+                &crate::IDEMPOTENCY_KEY,
+                policy,
+                &parts,
+                "/v1/x",
+                &Scope::new("a"),
+                &Bytes::from_static(body),
+            )
+            .unwrap()
+        };
+        let plain = RoutePolicy::required();
+        assert_eq!(
+            fingerprinted(&plain, "application/json", br#"{"a":1}"#).command,
+            None,
+            "a route without approvals keeps nothing"
+        );
+        let approved = RoutePolicy::required().with_approval(ApprovalPolicy::always());
+        let json = fingerprinted(&approved, "application/json", br#"{ "a" : 1 }"#);
+        assert_eq!(json.command, Some(serde_json::json!({"a": 1})));
+        assert_eq!(
+            json.fingerprint,
+            fingerprinted(&plain, "application/json", br#"{"a":1}"#).fingerprint,
+            "keeping the command does not change the fingerprint"
+        );
+        let raw = fingerprinted(&approved, "text/plain", b"hello");
+        assert_eq!(raw.command, Some(serde_json::Value::Null));
+        let normalized = approved.clone().with_normalizer(|v| {
+            v["priority"] = "normal".into();
+            Ok(())
+        });
+        let command = fingerprinted(&normalized, "application/json", br#"{"a":1}"#).command;
+        assert_eq!(
+            command,
+            Some(serde_json::json!({"a": 1, "priority": "normal"})),
+            "the policy sees the command after the normalizer"
+        );
     }
 
     #[test]

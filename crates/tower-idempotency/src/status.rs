@@ -120,6 +120,7 @@ fn operation_json(operation: &Operation) -> Value {
         "method": operation.method,
         "route": operation.route,
         "created_at": timestamp(Some(operation.created_at)),
+        "dispatched_at": timestamp(operation.dispatched_at),
         "completed_at": timestamp(operation.completed_at),
         "lease_expires_at": timestamp(operation.lease_expires_at),
         "expires_at": timestamp(operation.expires_at),
@@ -128,6 +129,11 @@ fn operation_json(operation: &Operation) -> Value {
         "attempts": operation.attempts,
         "replays": operation.replays,
         "delivered": operation.delivered,
+        "delivered_at": timestamp(operation.delivered_at),
+        "approval": operation.approval.as_ref().map(|approval| json!({
+            "approval_id": approval.id.to_string(),
+            "state": approval.state.as_str(),
+        })),
     })
 }
 

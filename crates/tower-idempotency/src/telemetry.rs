@@ -7,13 +7,15 @@
 //! decision and duration are emitted once, when the last part of its work ends (the answer,
 //! or the detached recording when the client left), from the last decision recorded.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use http::Method;
-use metrics::SharedString;
+use metrics::{Key, Label, Level, Metadata, SharedString};
 use tower_idempotency_core::metrics as names;
 use tracing::Span;
 
@@ -52,10 +54,17 @@ pub(crate) enum Decision {
     Passthrough,
     /// `429 scope-quota-exceeded`: the scope's quota is spent; the handler did not run.
     QuotaExceeded,
+    /// `403 approval-required`: the command waits for a person's approval; the handler did
+    /// not run.
+    ApprovalRequired,
+    /// `403 approval-denied`: the stored denial.
+    ApprovalDenied,
+    /// `403 approval-expired`: the approval expired before it was decided or used.
+    ApprovalExpired,
 }
 
 impl Decision {
-    const ALL: [Self; 14] = [
+    const ALL: [Self; 17] = [
         Self::Rejected,
         Self::Executed,
         Self::ReExecuted,
@@ -70,6 +79,9 @@ impl Decision {
         Self::Bypassed,
         Self::Passthrough,
         Self::QuotaExceeded,
+        Self::ApprovalRequired,
+        Self::ApprovalDenied,
+        Self::ApprovalExpired,
     ];
 
     /// The value on the span and in the metric label.
@@ -89,6 +101,9 @@ impl Decision {
             Self::Bypassed => "bypassed",
             Self::Passthrough => "passthrough",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::ApprovalRequired => "approval_required",
+            Self::ApprovalDenied => "approval_denied",
+            Self::ApprovalExpired => "approval_expired",
         }
     }
 
@@ -101,6 +116,9 @@ impl Decision {
             Rejection::StoreUnavailable | Rejection::StoreFull => Self::StoreUnavailable,
             Rejection::NotCommitted { .. } => Self::NotCommitted,
             Rejection::ScopeQuotaExceeded { .. } => Self::QuotaExceeded,
+            Rejection::ApprovalRequired { .. } => Self::ApprovalRequired,
+            Rejection::ApprovalDenied { .. } => Self::ApprovalDenied,
+            Rejection::ApprovalExpired { .. } => Self::ApprovalExpired,
             _ => Self::Rejected,
         }
     }
@@ -126,8 +144,7 @@ tokio::task_local! {
 
 /// One guarded request's metrics, emitted when the last reference is dropped.
 pub(crate) struct Tally {
-    method: SharedString,
-    route: SharedString,
+    labels: Arc<RouteLabels>,
     started: Instant,
     decision: AtomicU8,
 }
@@ -135,8 +152,7 @@ pub(crate) struct Tally {
 impl Tally {
     pub(crate) fn new(method: &Method, route: &str) -> Arc<Self> {
         Arc::new(Self {
-            method: method_label(method),
-            route: SharedString::from(route.to_owned()),
+            labels: RouteLabels::of(method, route),
             started: Instant::now(),
             decision: AtomicU8::new(Decision::Rejected as u8),
         })
@@ -151,40 +167,150 @@ impl Tally {
 impl Drop for Tally {
     fn drop(&mut self) {
         let decision = Decision::from_u8(self.decision.load(Ordering::Relaxed));
-        let labels = [
-            (names::METHOD, self.method.clone()),
-            (names::ROUTE, self.route.clone()),
-            (names::DECISION, SharedString::const_str(decision.as_str())),
-        ];
-        metrics::counter!(names::DECISIONS, &labels).increment(1);
-        metrics::histogram!(names::REQUEST_DURATION, &labels)
-            .record(self.started.elapsed().as_secs_f64());
+        let keys = self.labels.keys(decision);
+        let elapsed = self.started.elapsed().as_secs_f64();
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_counter(&keys.decisions, &METADATA)
+                .increment(1);
+            recorder
+                .register_histogram(&keys.duration, &METADATA)
+                .record(elapsed);
+        });
     }
 }
 
-fn method_label(method: &Method) -> SharedString {
-    let known = [
-        Method::POST,
-        Method::PUT,
-        Method::PATCH,
-        Method::DELETE,
-        Method::GET,
-        Method::HEAD,
-        Method::OPTIONS,
-    ];
-    match known.iter().find(|m| *m == method) {
-        Some(_) => SharedString::from(method.as_str().to_owned()),
-        // Extension methods are the client's choice: one label for all of them.
-        None => SharedString::const_str("_OTHER"),
+/// What the metrics emitted here say of where they come from (what the `metrics` macros
+/// would say).
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// The metric keys of one decision of one `(method, route)`: cheap to clone and to hand to
+/// the recorder (their labels are shared, never copied per request).
+struct DecisionKeys {
+    decisions: Key,
+    duration: Key,
+}
+
+/// The labels of one `(method, route)`, made once and shared by its requests, with the keys
+/// of each decision made on first use. Building labels per request cost several
+/// allocations (the route and method copied, then a label list per metric).
+pub(crate) struct RouteLabels {
+    method: SharedString,
+    route: SharedString,
+    keys: [OnceLock<DecisionKeys>; Decision::ALL.len()],
+}
+
+/// Most routes one thread keeps labels for. Routes are templates (a handful per service);
+/// past this many (a service labelled by raw paths) each request makes its own.
+const CACHED_ROUTES: usize = 256;
+
+/// Route → the labels of each of its methods.
+type LabelCache = HashMap<Box<str>, Vec<(&'static str, Arc<RouteLabels>)>>;
+
+thread_local! {
+    /// Per thread, so that looking labels up never contends.
+    static ROUTE_LABELS: RefCell<LabelCache> = RefCell::new(HashMap::new());
+}
+
+impl RouteLabels {
+    /// The shared labels of `(method, route)`.
+    fn of(method: &Method, route: &str) -> Arc<Self> {
+        let method = method_label(method);
+        let cached = ROUTE_LABELS.try_with(|cache| {
+            let mut cache = cache.borrow_mut();
+            if let Some(methods) = cache.get_mut(route) {
+                if let Some((_, labels)) = methods.iter().find(|(m, _)| *m == method) {
+                    return Arc::clone(labels);
+                }
+                let labels = Self::new(method, route);
+                methods.push((method, Arc::clone(&labels)));
+                return labels;
+            }
+            let labels = Self::new(method, route);
+            if cache.len() < CACHED_ROUTES {
+                cache.insert(Box::from(route), vec![(method, Arc::clone(&labels))]);
+            }
+            labels
+        });
+        // Only while the thread is being torn down.
+        cached.unwrap_or_else(|_| Self::new(method, route))
     }
+
+    fn new(method: &'static str, route: &str) -> Arc<Self> {
+        Arc::new(Self {
+            method: SharedString::const_str(method),
+            route: SharedString::from(Arc::<str>::from(route)),
+            keys: std::array::from_fn(|_| OnceLock::new()),
+        })
+    }
+
+    fn keys(&self, decision: Decision) -> &DecisionKeys {
+        self.keys[decision as usize].get_or_init(|| {
+            let labels = [
+                Label::new(names::METHOD, self.method.clone()),
+                Label::new(names::ROUTE, self.route.clone()),
+                Label::new(names::DECISION, SharedString::const_str(decision.as_str())),
+            ];
+            DecisionKeys {
+                decisions: Key::from_parts(names::DECISIONS, labels.to_vec()).to_retained(),
+                duration: Key::from_parts(names::REQUEST_DURATION, labels.to_vec()).to_retained(),
+            }
+        })
+    }
+}
+
+/// The method label: the method for the standard ones, `_OTHER` for extension methods
+/// (which are the client's choice: one label for all of them).
+fn method_label(method: &Method) -> &'static str {
+    match method.as_str() {
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "_OTHER",
+    }
+}
+
+/// The store-latency key of `operation`: static for the layer's operations, so that timing
+/// a store call allocates nothing.
+fn store_key(operation: &'static str) -> Key {
+    macro_rules! static_keys {
+        ($($name:literal),* $(,)?) => {
+            match operation {
+                $($name => {
+                    static LABELS: [Label; 1] = [Label::from_static_parts(names::OPERATION, $name)];
+                    Key::from_static_parts(names::STORE_DURATION, &LABELS)
+                })*
+                other => Key::from_parts(names::STORE_DURATION, [Label::new(names::OPERATION, other)].to_vec()),
+            }
+        };
+    }
+    static_keys!(
+        "reserve",
+        "complete",
+        "release",
+        "abandon",
+        "renew",
+        "wait",
+        "get",
+        "mark_delivered",
+        "begin",
+        "commit",
+        "rollback",
+    )
 }
 
 /// Awaits one store call, recording its latency under `operation`.
 pub(crate) async fn store_call<F: Future>(operation: &'static str, call: F) -> F::Output {
     let started = Instant::now();
     let output = call.await;
-    metrics::histogram!(names::STORE_DURATION, names::OPERATION => operation)
-        .record(started.elapsed().as_secs_f64());
+    let elapsed = started.elapsed().as_secs_f64();
+    let key = store_key(operation);
+    metrics::with_recorder(|recorder| recorder.register_histogram(&key, &METADATA).record(elapsed));
     output
 }
 
@@ -231,6 +357,60 @@ mod tests {
         let refusal = crate::problem::Rejection::ScopeQuotaExceeded { retry_after: 5 };
         assert_eq!(Decision::of(&refusal), Decision::QuotaExceeded);
         assert_eq!(Decision::QuotaExceeded.as_str(), "quota_exceeded");
+    }
+
+    #[test]
+    fn route_labels_are_made_once_per_route_and_method() {
+        use http::Method;
+
+        use super::RouteLabels;
+
+        let first = RouteLabels::of(&Method::POST, "/v1/tickets/{id}");
+        let again = RouteLabels::of(&Method::POST, "/v1/tickets/{id}");
+        assert!(std::sync::Arc::ptr_eq(&first, &again));
+        let other_method = RouteLabels::of(&Method::PUT, "/v1/tickets/{id}");
+        let other_route = RouteLabels::of(&Method::POST, "/v1/payments");
+        assert!(!std::sync::Arc::ptr_eq(&first, &other_method));
+        assert!(!std::sync::Arc::ptr_eq(&first, &other_route));
+        let keys = first.keys(Decision::Replayed);
+        assert_eq!(keys.decisions.name(), names::DECISIONS);
+        assert_eq!(keys.duration.name(), names::REQUEST_DURATION);
+        let labels: Vec<_> = keys
+            .decisions
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                (names::METHOD.to_owned(), "POST".to_owned()),
+                (names::ROUTE.to_owned(), "/v1/tickets/{id}".to_owned()),
+                (names::DECISION.to_owned(), "replayed".to_owned()),
+            ]
+        );
+        // Extension methods are the client's choice: one label for all of them.
+        let custom = Method::from_bytes(b"PURGE").unwrap();
+        let labels = RouteLabels::of(&custom, "/v1/x");
+        let method = labels
+            .keys(Decision::Executed)
+            .decisions
+            .labels()
+            .find(|l| l.key() == names::METHOD)
+            .map(|l| l.value().to_owned());
+        assert_eq!(method.as_deref(), Some("_OTHER"));
+    }
+
+    #[test]
+    fn approval_refusals_are_decisions_of_their_own() {
+        use crate::problem::Rejection;
+        assert_eq!(Decision::ApprovalRequired.as_str(), "approval_required");
+        assert_eq!(Decision::ApprovalDenied.as_str(), "approval_denied");
+        assert_eq!(Decision::ApprovalExpired.as_str(), "approval_expired");
+        assert_eq!(Decision::of(&Rejection::NotAnApprover), Decision::Rejected);
+        assert_eq!(
+            Decision::of(&Rejection::ApprovalsUnsupported),
+            Decision::Rejected
+        );
     }
 
     #[test]

@@ -1,16 +1,21 @@
 //! The demo's write commands and their validation, as plain functions over JSON.
 //!
-//! The same `normalize_*` functions run twice on purpose: inside the idempotency layer as
-//! the route's normalizer (so the fingerprint describes the command the handler will
-//! execute, defaults applied, and invalid commands are refused with `422` before anything
-//! is stored) and inside the handlers (so `--no-idempotency` refuses exactly the same
-//! requests). Normalizing is idempotent: a normalized command normalizes to itself.
+//! The same `normalize_*` functions serve two places, through each command type's
+//! [`JsonCommand`] implementation: inside the idempotency layer as the route's normalizer
+//! (so the fingerprint describes the command the handler will execute, defaults applied,
+//! and invalid commands are refused with `422` before anything is stored), and in the
+//! handlers' [`ValidatedJson`](tower_idempotency::ValidatedJson) extractor when no layer
+//! parsed the body (so `--no-idempotency` refuses exactly the same requests). Behind the
+//! layer the handler deserializes the command the layer already normalized: the body is
+//! parsed once per request. Normalizing is idempotent: a normalized command normalizes to
+//! itself.
 //! Unknown fields are refused, never ignored, so that a typo cannot pass as a different
 //! command with the same fingerprint.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
+use tower_idempotency::{CommandRejection, JsonCommand};
 
 use crate::problem::Problem;
 
@@ -58,6 +63,33 @@ pub struct NewDeploy {
     pub environment: String,
     /// Immutable artifact digest, `sha256:<64 lowercase hex>`.
     pub artifact: String,
+}
+
+/// The layer's form of a demo normalizer: every refusal is a `422 invalid-command`, whose
+/// detail is the problem's.
+fn layer_normalizer(
+    normalize: fn(&mut Value) -> Result<(), Problem>,
+    command: &mut Value,
+) -> Result<(), CommandRejection> {
+    normalize(command).map_err(|problem| CommandRejection::new(problem.detail()))
+}
+
+impl JsonCommand for NewTicket {
+    fn normalize(command: &mut Value) -> Result<(), CommandRejection> {
+        layer_normalizer(normalize_ticket, command)
+    }
+}
+
+impl JsonCommand for NewPayment {
+    fn normalize(command: &mut Value) -> Result<(), CommandRejection> {
+        layer_normalizer(normalize_payment, command)
+    }
+}
+
+impl JsonCommand for NewDeploy {
+    fn normalize(command: &mut Value) -> Result<(), CommandRejection> {
+        layer_normalizer(normalize_deploy, command)
+    }
 }
 
 /// Validates a ticket command and applies its defaults (`priority: "normal"`; `null`

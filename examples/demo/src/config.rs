@@ -4,8 +4,10 @@
 //! parse is an error, so a typo never silently runs the server with a default.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::ArgAction;
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -76,6 +78,56 @@ struct Cli {
     /// parameter types, for a pooler in transaction mode (PgBouncer before 1.21)
     #[arg(long = "pg-statements", value_name = "MODE", default_value = "prepared", value_parser = statements)]
     pg_statements: StatementMode,
+    /// The audit journal's signing key: a file made by `tower-idempotency audit keygen
+    /// --out FILE`. Without it a key is made at start (and lost at exit); its public key is
+    /// printed either way, after the `listening on` line
+    #[arg(long = "audit-key", value_name = "FILE")]
+    audit_key: Option<PathBuf>,
+    /// A directory where every signed checkpoint of the audit journal is also appended
+    /// (checkpoints.jsonl), for shipping elsewhere
+    #[arg(long = "audit-anchor", value_name = "DIR")]
+    audit_anchor: Option<PathBuf>,
+    /// Records in memory: the audit journal's append-only file (fsynced per batch), which
+    /// keeps its history across restarts; without it the journal lives in memory only
+    #[arg(long = "audit-journal", value_name = "FILE")]
+    audit_journal: Option<PathBuf>,
+    /// No audit journal: nothing journaled, no GET /audit (for comparison)
+    #[arg(long, conflicts_with_all = ["audit_key", "audit_anchor", "audit_journal"])]
+    no_audit: bool,
+    /// A user who may approve in their own account (`Authorization: Bearer
+    /// <account>:<user>`); repeat the flag for several
+    #[arg(
+        long = "approver",
+        value_name = "NAME",
+        action = ArgAction::Append,
+        default_value = DEFAULT_APPROVER,
+        value_parser = approver
+    )]
+    approvers: Vec<String>,
+    /// How long an approval request, and an approval not yet used, stays valid, in ms
+    #[arg(long = "approval-ttl-ms", value_name = "N", default_value = "3600000", value_parser = positive_millis)]
+    approval_ttl: Duration,
+}
+
+/// The user who may approve when no `--approver` is given.
+pub const DEFAULT_APPROVER: &str = "approver";
+
+fn approver(raw: &str) -> Result<String, String> {
+    if crate::auth::is_name(raw, crate::auth::MAX_USER_LEN) {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
+            "`{raw}` is not a user name (1–{} characters of A–Z a–z 0–9 - . _ ~ + / =)",
+            crate::auth::MAX_USER_LEN
+        ))
+    }
+}
+
+fn positive_millis(raw: &str) -> Result<Duration, String> {
+    match millis(raw)? {
+        ttl if ttl.is_zero() => Err("must be at least 1 ms".to_owned()),
+        ttl => Ok(ttl),
+    }
 }
 
 fn address(raw: &str) -> Result<SocketAddr, String> {
@@ -161,6 +213,22 @@ pub struct Config {
     /// (`--pg-statements`): prepared once per connection (the default), or unnamed, which a
     /// pooler in transaction mode needs (see `docs/postgres.md`, *PgBouncer*).
     pub pg_statements: StatementMode,
+    /// Whether the audit journal is kept (`--no-audit` turns it off); it needs the
+    /// idempotency layer.
+    pub audit: bool,
+    /// The journal's signing key file (`--audit-key`); `None` makes an ephemeral key.
+    pub audit_key: Option<PathBuf>,
+    /// Where checkpoints are anchored (`--audit-anchor`).
+    pub audit_anchor: Option<PathBuf>,
+    /// The memory journal's file (`--audit-journal`), with the records in memory.
+    pub audit_journal: Option<PathBuf>,
+    /// The users who may approve in their own account (`--approver`, default
+    /// [`DEFAULT_APPROVER`]): `Bearer <account>:<user>` with one of these users decides the
+    /// account's approvals.
+    pub approvers: Vec<String>,
+    /// How long an approval request, and an approval not yet used, stays valid
+    /// (`--approval-ttl-ms`, default one hour).
+    pub approval_ttl: Duration,
 }
 
 impl Config {
@@ -190,6 +258,12 @@ impl Default for Config {
             scope_quota_records: None,
             scope_quota_bytes: None,
             pg_statements: StatementMode::Prepared,
+            audit: true,
+            audit_key: None,
+            audit_anchor: None,
+            audit_journal: None,
+            approvers: vec![DEFAULT_APPROVER.to_owned()],
+            approval_ttl: Duration::from_secs(3600),
         }
     }
 }
@@ -276,6 +350,12 @@ fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::
         scope_quota_records: cli.scope_quota_records,
         scope_quota_bytes: cli.scope_quota_bytes,
         pg_statements: cli.pg_statements,
+        audit: !cli.no_audit,
+        audit_key: cli.audit_key,
+        audit_anchor: cli.audit_anchor,
+        audit_journal: cli.audit_journal,
+        approvers: cli.approvers,
+        approval_ttl: cli.approval_ttl,
     })
 }
 
@@ -368,6 +448,38 @@ mod tests {
     }
 
     #[test]
+    fn audit_flags() {
+        let config = parse(&[]).unwrap();
+        assert!(config.audit);
+        assert_eq!(config.audit_key, None);
+        let config = parse(&[
+            "--audit-key",
+            "/etc/demo/audit.key",
+            "--audit-anchor=/var/lib/demo/anchor",
+            "--audit-journal",
+            "/var/lib/demo/journal.jsonl",
+        ])
+        .unwrap();
+        assert_eq!(config.audit_key, Some(PathBuf::from("/etc/demo/audit.key")));
+        assert_eq!(
+            config.audit_anchor,
+            Some(PathBuf::from("/var/lib/demo/anchor"))
+        );
+        assert_eq!(
+            config.audit_journal,
+            Some(PathBuf::from("/var/lib/demo/journal.jsonl"))
+        );
+        assert!(!parse(&["--no-audit"]).unwrap().audit);
+        for args in [
+            &["--no-audit", "--audit-key", "k"][..],
+            &["--audit-anchor"],
+            &["--no-audit=yes"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} should be rejected");
+        }
+    }
+
+    #[test]
     fn mistakes_are_errors() {
         for args in [
             &["--listen"][..],
@@ -407,6 +519,10 @@ mod tests {
             "--memory-records",
             "--pg-statements <MODE>",
             "[default: prepared]",
+            "--audit-key <FILE>",
+            "--audit-anchor <DIR>",
+            "--audit-journal <FILE>",
+            "--no-audit",
             "--version",
             "DATABASE_URL",
             "RUST_LOG",
@@ -467,6 +583,40 @@ mod tests {
             for word in words {
                 assert!(text.contains(word), "{args:?}: {word} not in {text}");
             }
+        }
+    }
+
+    #[test]
+    fn approvers_accumulate_and_the_approval_ttl_is_positive() {
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.approvers, ["approver"]);
+        assert_eq!(defaults.approval_ttl, Duration::from_secs(3600));
+        let config = parse(&[
+            "--approver",
+            "alice",
+            "--approver=bob",
+            "--approval-ttl-ms",
+            "250",
+        ])
+        .unwrap();
+        assert_eq!(config.approvers, ["alice", "bob"]);
+        assert_eq!(config.approval_ttl, Duration::from_millis(250));
+        for bad in [
+            &["--approver"][..],
+            &["--approver", "a b"],
+            &["--approver", "acme:alice"],
+            &["--approval-ttl-ms", "0"],
+            &["--approval-ttl-ms", "soon"],
+        ] {
+            assert_eq!(parse(bad).unwrap_err().exit_code(), 2, "{bad:?}");
+        }
+        let help = parse(&["--help"]).unwrap_err().to_string();
+        for flag in [
+            "--approver <NAME>",
+            "--approval-ttl-ms <N>",
+            "[default: approver]",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from the help:\n{help}");
         }
     }
 

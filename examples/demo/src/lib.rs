@@ -22,6 +22,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod approvals;
+pub mod audit;
 pub mod auth;
 pub mod commands;
 pub mod config;
@@ -32,20 +34,20 @@ pub mod problem;
 pub mod routes;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
 use axum::routing::{get, post};
-use serde_json::Value;
 use tokio::net::TcpListener;
-use tower_idempotency::{
-    CommandRejection, IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store,
-};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store};
 use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig, StatementMode};
 
-pub use crate::auth::Account;
+pub use crate::audit::AuditJournal;
+pub use crate::auth::{Account, User};
+use crate::commands::{NewDeploy, NewPayment, NewTicket};
 pub use crate::config::{Config, Records};
 use crate::database::Database;
 pub use crate::ledger::Ledger;
@@ -69,13 +71,28 @@ pub enum DemoError {
     /// `--pg-statements unnamed` without a database).
     #[error("{0}")]
     Config(&'static str),
+    /// The audit journal's key, file or anchor could not be used.
+    #[error("{0}")]
+    Audit(String),
     /// Binding or serving failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 
+/// The demo's router, and the public key of its audit journal when it keeps one.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct App {
+    /// The router [`app`] returns.
+    pub router: Router,
+    /// The key the journal's checkpoints verify with (`None` without the journal:
+    /// `--no-audit` or `--no-idempotency`).
+    pub audit_key: Option<tower_idempotency::audit::NoteVerifyingKey>,
+}
+
 /// Builds the demo's router for `config`: `/healthz` and `/metrics` (no authentication),
-/// the write and list routes and, unless idempotency is off, the status routes under `/operations`.
+/// the write and list routes and, unless idempotency is off, the status routes under
+/// `/operations` and the approvals routes under `/approvals`.
 ///
 /// This is the one place that picks where the records live and how they are written:
 ///
@@ -93,7 +110,18 @@ pub enum DemoError {
 /// schema is migrated at start, safe when several demos start at once; with records in
 /// PostgreSQL an outbox dispatcher delivers ticket notifications. Spawns background tasks
 /// (purge, dispatcher), so this must run inside a Tokio runtime.
+///
+/// Unless [`Config::audit`] or [`Config::idempotency`] is off, the demo keeps an audit journal
+/// ([`app_with_audit`] returns its public key): the memory store's, or the database's (the
+/// store's triggers, and a sealer in this process), signed with the key of
+/// [`Config::audit_key`] or one made at start, and `GET /audit?operation_id=…` shows an
+/// account its own events.
 pub async fn app(config: &Config) -> Result<Router, DemoError> {
+    Ok(app_with_audit(config).await?.router)
+}
+
+/// [`app`], with the audit journal's public key.
+pub async fn app_with_audit(config: &Config) -> Result<App, DemoError> {
     let Some(url) = &config.database_url else {
         if config.pg_statements != StatementMode::Prepared {
             return Err(DemoError::Config(
@@ -101,7 +129,7 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
             ));
         }
         return match config.records {
-            Records::Transactional => Ok(in_memory(config)),
+            Records::Transactional => in_memory(config),
             Records::NonTransactional => Err(DemoError::Config(
                 "--non-transactional keeps the records in PostgreSQL: it needs a database URL (--database-url or DATABASE_URL)",
             )),
@@ -112,11 +140,13 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
     };
     if config.records == Records::Memory && !config.idempotency {
         // Neither a store nor records would use the database.
-        return Ok(in_memory(config));
+        return in_memory(config);
     }
+    let journaled = config.audit && config.idempotency;
     let store = PostgresStore::from_config(&PostgresStoreConfig {
         scope_quota: config.scope_quota(tower_idempotency_postgres::DEFAULT_SCOPE_QUOTA),
         statement_mode: config.pg_statements,
+        audit: journaled,
         ..PostgresStoreConfig::new(url.as_str())
     })
     .map_err(ConnectError::from)?;
@@ -137,19 +167,47 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
             }
         }
     };
-    Ok(build(config, store, records))
+    let (journal, audit_key) = if journaled {
+        let key = audit::signing_key(config.audit_key.as_deref())?;
+        let public = key.verifying_key();
+        let journal = AuditJournal::postgres(&store, key, config.audit_anchor.as_deref())?;
+        (Some(Arc::new(journal)), Some(public))
+    } else {
+        (None, None)
+    };
+    Ok(App {
+        router: build(config, store, records, journal),
+        audit_key,
+    })
 }
 
-fn in_memory(config: &Config) -> Router {
+fn in_memory(config: &Config) -> Result<App, DemoError> {
     let defaults = MemoryStoreConfig::default();
-    let store = MemoryStore::new(MemoryStoreConfig {
+    let store_config = MemoryStoreConfig {
         scope_quota: config.scope_quota(defaults.scope_quota),
         ..defaults
-    });
+    };
+    let (store, journal, audit_key) = if config.audit && config.idempotency {
+        let key = audit::signing_key(config.audit_key.as_deref())?;
+        let public = key.verifying_key();
+        let journal = AuditJournal::memory(
+            key,
+            config.audit_journal.as_deref(),
+            config.audit_anchor.as_deref(),
+        )?;
+        let store = MemoryStore::with_journal(store_config, journal.clone());
+        let journal = Arc::new(AuditJournal::Memory(journal));
+        (store, Some(journal), Some(public))
+    } else {
+        (MemoryStore::new(store_config), None, None)
+    };
     if config.idempotency {
         tower_idempotency::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
     }
-    router(config, store)
+    Ok(App {
+        router: build(config, store, Backend::Memory(Ledger::new()), journal),
+        audit_key,
+    })
 }
 
 /// Builds the demo's router over a given idempotency store (ignored when
@@ -157,10 +215,21 @@ fn in_memory(config: &Config) -> Router {
 /// store from the configuration; this is for callers that bring their own (a PostgreSQL
 /// store, a store that is down on purpose).
 pub fn router(config: &Config, store: impl Store) -> Router {
-    build(config, store, Backend::Memory(Ledger::new()))
+    build(config, store, Backend::Memory(Ledger::new()), None)
 }
 
-fn build(config: &Config, store: impl Store, records: Backend) -> Router {
+/// [`router`] with `GET /audit` over `journal` (the journal `store` appends to).
+pub fn router_with_journal(config: &Config, store: impl Store, journal: AuditJournal) -> Router {
+    let journal = Some(Arc::new(journal));
+    build(config, store, Backend::Memory(Ledger::new()), journal)
+}
+
+fn build(
+    config: &Config,
+    store: impl Store,
+    records: Backend,
+    journal: Option<Arc<AuditJournal>>,
+) -> Router {
     // Installed before the layer exists, so that its first request is already counted.
     metrics::handle();
     let transactional = matches!(records, Backend::Transactional(_));
@@ -189,8 +258,16 @@ fn build(config: &Config, store: impl Store, records: Backend) -> Router {
         // or method (`405`) stay outside it and reserve nothing.
         api.route_layer(idempotency.clone())
             .merge(idempotency.status_router())
+            .merge(idempotency.approvals_router())
     } else {
         api
+    };
+    // After the layer, which it need not pass (a read).
+    let api = match journal {
+        Some(journal) if config.idempotency => {
+            api.route("/audit", get(audit::audit_events).with_state(journal))
+        }
+        _ => api,
     };
     let api = api
         // Without the layer this is what enforces the body limit; with it, the layer
@@ -211,11 +288,14 @@ const PURGE_BATCH: usize = 1000;
 
 /// The idempotency layer of the demo: every write route requires a key, with the
 /// configured lease and wait bound, and runs its command validation as the route's
-/// normalizer, so invalid commands are refused before anything is stored and the
-/// fingerprint describes the command with its defaults applied. Tickets and payments are
+/// normalizer ([`RoutePolicy::with_command`]), so invalid commands are refused before
+/// anything is stored, the fingerprint describes the command with its defaults applied, and
+/// the handler receives that validated command without parsing the body again. Tickets and payments are
 /// transactional routes ([`RoutePolicy::transactional`]: a `5xx` rolls back and releases,
 /// and an attempt whose lease ran out is executed again) when their handlers write in the
-/// operation's transaction.
+/// operation's transaction. Production deploys and large payments need an approval
+/// ([`approvals`]); the requester is the credential's user, and the approvers are the users
+/// named by [`Config::approvers`], each in their own account.
 fn layer(config: &Config, store: impl Store, transactional: bool) -> IdempotencyLayer {
     let tune = |policy: RoutePolicy| {
         policy
@@ -229,28 +309,36 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
     } else {
         policy.clone()
     };
-    let with = |base: &RoutePolicy, normalize: fn(&mut Value) -> Result<(), Problem>| {
-        base.clone().with_normalizer(move |command: &mut Value| {
-            normalize(command).map_err(|problem| CommandRejection::new(problem.detail()))
-        })
-    };
+    let approvers: Arc<[String]> = config.approvers.clone().into();
     IdempotencyLayer::new(store)
         .with_body_limit(BODY_LIMIT)
+        .with_principal(|parts| Some(parts.extensions.get::<User>()?.as_str().to_owned()))
+        .with_approver(move |parts| {
+            let user = parts.extensions.get::<User>()?.as_str();
+            approvers
+                .iter()
+                .any(|approver| approver == user)
+                .then(|| user.to_owned())
+        })
         .with_default_policy(policy.clone())
         .with_route_policy(
             Method::POST,
             "/v1/tickets",
-            with(&written, commands::normalize_ticket),
+            written.clone().with_command::<NewTicket>(),
         )
         .with_route_policy(
             Method::POST,
             "/v1/payments",
-            with(&written, commands::normalize_payment),
+            written
+                .with_command::<NewPayment>()
+                .with_approval(approvals::payment_policy(config.approval_ttl)),
         )
         .with_route_policy(
             Method::POST,
             "/v1/deploys",
-            with(&policy, commands::normalize_deploy),
+            policy
+                .with_command::<NewDeploy>()
+                .with_approval(approvals::deploy_policy(config.approval_ttl)),
         )
 }
 

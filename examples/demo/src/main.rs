@@ -25,11 +25,16 @@ async fn main() -> ExitCode {
 }
 
 async fn run(config: &demo::Config) -> Result<(), demo::DemoError> {
-    let router = demo::app(config).await?;
+    let app = demo::app_with_audit(config).await?;
     let listener = TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     // Tests and scripts wait for this exact line: print it only once the socket accepts.
     println!("listening on http://{addr}");
+    if let Some(key) = &app.audit_key {
+        // Second, so that tools reading the first line still find the address there.
+        println!("audit public key: {}", key.to_text());
+    }
+    let router = app.router;
     tracing::info!(
         %addr,
         idempotency = config.idempotency,

@@ -165,3 +165,78 @@ async fn database_flags_without_a_database_are_a_startup_error() {
         );
     }
 }
+
+/// `--approver` and `--approval-ttl-ms` reach the running binary: a production deploy
+/// waits for the named approver of the account, and nobody else decides it.
+#[cfg(unix)]
+#[tokio::test]
+async fn the_approval_flags_name_who_approves_and_for_how_long() {
+    use serde_json::{Value, json};
+
+    let mut child = demo()
+        .args(["--listen", "127.0.0.1:0", "--approver", "alice"])
+        .args(["--approver", "bob", "--approval-ttl-ms", "600000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(DEADLINE, lines.next_line())
+        .await
+        .expect("the demo printed nothing in time")
+        .unwrap()
+        .unwrap();
+    let base = line.strip_prefix("listening on ").unwrap().to_owned();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(DEADLINE)
+        .build()
+        .unwrap();
+    let artifact = format!("sha256:{}", "ab".repeat(32));
+    let deploy = json!({"service": "api", "environment": "production", "artifact": artifact});
+    let send = |credential: &str, url: String, key: Option<&str>, body: &Value| {
+        let mut request = http
+            .post(url)
+            .bearer_auth(credential)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        request.send()
+    };
+    let url = format!("{base}/v1/deploys");
+    let required = send("acme", url.clone(), Some("k-1"), &deploy)
+        .await
+        .unwrap();
+    assert_eq!(required.status(), 403);
+    let problem: Value = required.json().await.unwrap();
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/approval-required")
+    );
+    let expires = problem["expires_at"].as_str().unwrap();
+    assert!(expires.ends_with('Z'), "{expires}");
+
+    let approve = format!(
+        "{base}{}/approve",
+        problem["approval_url"].as_str().unwrap()
+    );
+    let body = json!({"fingerprint": problem["fingerprint"]});
+    let refused = send("acme:approver", approve.clone(), None, &body)
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.status(),
+        403,
+        "`approver` is not named by --approver"
+    );
+    let approved = send("acme:bob", approve, None, &body).await.unwrap();
+    assert_eq!(approved.status(), 200);
+    let executed = send("acme", url, Some("k-1"), &deploy).await.unwrap();
+    assert_eq!(executed.status(), 201);
+    child.kill().await.unwrap();
+}

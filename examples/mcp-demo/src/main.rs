@@ -28,6 +28,14 @@ struct Args {
     /// How long a retry waits for a running execution, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     wait_ms: u64,
+    /// How long an approval request, and an approval not yet used, stays valid, in
+    /// milliseconds.
+    #[arg(long, default_value_t = 3_600_000)]
+    approval_ttl_ms: u64,
+    /// A user who may decide approvals in their own account (`Authorization: Bearer
+    /// <actor>:<user>`) on `/approvals`; repeat the flag for several.
+    #[arg(long = "approver", value_name = "NAME", action = clap::ArgAction::Append, default_value = mcp_demo::DEFAULT_APPROVER)]
+    approvers: Vec<String>,
 }
 
 #[tokio::main]
@@ -45,6 +53,8 @@ async fn main() {
         pre_dispatch_delay: Duration::from_millis(args.pre_dispatch_delay_ms),
         lease: Duration::from_millis(args.lease_ms),
         wait: Duration::from_millis(args.wait_ms),
+        approval_ttl: Duration::from_millis(args.approval_ttl_ms),
+        approvers: args.approvers,
     };
     let router = match app(&config).await {
         Ok(router) => router,

@@ -1,6 +1,8 @@
 //! An agent on the official MCP Python SDK (PyPI `mcp`, installed by `scripts/mcp-python`)
 //! retries a call whose stream was cut: one effect, the original result with its own id,
-//! the status tool listed and scoped to the caller. On the memory store and on PostgreSQL.
+//! the status tool listed and scoped to the caller. The same agent walks an approval: its
+//! production deploy is refused with `approval-required`, a person approves, the agent's
+//! re-call runs it once. On the memory store and on PostgreSQL.
 
 mod support;
 
@@ -10,7 +12,7 @@ use std::time::Duration;
 use integration_tests::pg;
 use mcp_demo::DemoConfig;
 use serde_json::Value;
-use support::{DEADLINE, Demo, RawSession, deploy, effects};
+use support::{DEADLINE, Demo, RawSession, approvals, deploy, effects};
 
 fn python() -> PathBuf {
     if let Some(path) = std::env::var_os("MCP_PYTHON") {
@@ -84,12 +86,52 @@ async fn python_retry_attaches(demo: &Demo) {
     );
 }
 
+async fn python_approval_walk(demo: &Demo) {
+    let url = format!("{}/mcp", demo.base());
+    let first = agent(&["production", &url, "acme:py", "py-7"]).await;
+    let result = &first["result"];
+    let required = approvals::refusal(result, "approval-required").clone();
+    assert_eq!(required["summary"]["version"], "py-7");
+    assert!(required["fingerprint"].is_string() && required["expires_at"].is_string());
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("approv")
+    );
+    assert_eq!(effects(&demo.base(), "acme").await["deploy_release"], 0);
+    approvals::approve(&demo.base(), &required).await;
+    // A new process, a new session, the same intent: the authorized execution runs.
+    let second = agent(&["production", &url, "acme:py", "py-7"]).await;
+    let result = &second["result"];
+    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(result["structuredContent"]["version"], "py-7");
+    assert_eq!(
+        result["_meta"][support::EXECUTION]["execution_id"],
+        required["execution_id"]
+    );
+    assert_eq!(effects(&demo.base(), "acme").await["deploy_release"], 1);
+}
+
 fn config(database_url: Option<String>) -> DemoConfig {
     DemoConfig {
         database_url,
         tool_delay: Duration::from_millis(800),
         ..DemoConfig::default()
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_sdk_agent_walks_an_approval_on_the_memory_store() {
+    let demo = Demo::start(config(None)).await;
+    python_approval_walk(&demo).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_sdk_agent_walks_an_approval_on_postgres() {
+    let database = pg::test_database().await;
+    let demo = Demo::start(config(Some(database.url().to_owned()))).await;
+    python_approval_walk(&demo).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -128,8 +128,22 @@ async fn the_http_status_route_serves_mcp_execution_records() {
         .unwrap()
         .to_owned();
     assert_ne!(keyed, id);
-    let (status, by_key) = get("/operations?idempotency_key=charge-7".to_owned(), "alice").await;
-    assert_eq!(status, 200, "{by_key}");
+    // Delivery is recorded just after the answer's last frame: read the record once it is,
+    // so that the two reads below see the same record.
+    let mut by_key = Value::Null;
+    for _ in 0..1000 {
+        let (status, record) =
+            get("/operations?idempotency_key=charge-7".to_owned(), "alice").await;
+        assert_eq!(status, 200, "{record}");
+        by_key = record;
+        if by_key["delivered"] == true {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(by_key["delivered"], true, "{by_key}");
+    assert!(by_key["delivered_at"].is_string(), "{by_key}");
+    assert!(by_key["dispatched_at"].is_string(), "{by_key}");
     assert_eq!(by_key["operation_id"], keyed);
     assert_eq!(by_key["idempotency_key"], "charge-7");
     let (status, by_id) = get(format!("/operations/{keyed}"), "alice").await;

@@ -74,6 +74,8 @@ struct WireEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    resolution: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     quota: Option<String>,
 }
 
@@ -100,7 +102,52 @@ pub fn truncate_to_micros(time: SystemTime) -> SystemTime {
 }
 
 /// The canonical bytes of `event` at position `seq` after the event hashing to `prev`.
+///
+/// Written member by member in JCS order (every member name is ASCII, so sorting by UTF-16
+/// code units is a fixed order) with JCS string escaping, without a parse; a test checks it
+/// byte for byte against serializing and then canonicalizing with [`canonicalize_json`].
 pub fn encode_event(
+    seq: u64,
+    prev: &Sha256Hash,
+    event: &AuditEvent,
+) -> Result<Vec<u8>, EncodeError> {
+    if seq > MAX_EXACT_INTEGER {
+        // Beyond what a double holds exactly: the canonicalizer's refusal says why.
+        return encode_by_canonicalizing(seq, prev, event);
+    }
+    let mut out = Vec::with_capacity(384);
+    super::direct::write_event(&mut out, seq, prev, event);
+    Ok(out)
+}
+
+/// [`seal_event`] with the canonical bytes written into `scratch` (cleared first), which a
+/// sealer reuses from event to event instead of allocating.
+pub(crate) fn seal_event_into(
+    scratch: &mut Vec<u8>,
+    seq: u64,
+    prev: Sha256Hash,
+    mut event: AuditEvent,
+) -> Result<SealedEvent, EncodeError> {
+    event.time = truncate_to_micros(event.time);
+    scratch.clear();
+    if seq > MAX_EXACT_INTEGER {
+        *scratch = encode_by_canonicalizing(seq, &prev, &event)?;
+    } else {
+        super::direct::write_event(scratch, seq, &prev, &event);
+    }
+    Ok(SealedEvent {
+        seq,
+        prev,
+        event,
+        hash: leaf_hash(scratch),
+    })
+}
+
+/// The largest integer every integer up to which a double holds exactly (2^53).
+const MAX_EXACT_INTEGER: u64 = 1 << 53;
+
+/// The reference encoding: serialize, then canonicalize (RFC 8785).
+pub(crate) fn encode_by_canonicalizing(
     seq: u64,
     prev: &Sha256Hash,
     event: &AuditEvent,
@@ -158,6 +205,7 @@ fn to_wire(seq: u64, prev: &Sha256Hash, event: &AuditEvent) -> WireEvent {
         status: None,
         operator: None,
         reason: None,
+        resolution: None,
         quota: None,
     };
     match &event.kind {
@@ -182,9 +230,14 @@ fn to_wire(seq: u64, prev: &Sha256Hash, event: &AuditEvent) -> WireEvent {
         AuditEventKind::ApprovalApproved { approver }
         | AuditEventKind::ApprovalDenied { approver } => wire.approver = Some(approver.clone()),
         AuditEventKind::Completed { status } => wire.status = Some(*status),
-        AuditEventKind::Resolved { operator, reason } => {
+        AuditEventKind::Resolved {
+            operator,
+            reason,
+            resolution,
+        } => {
             wire.operator = Some(operator.clone());
             wire.reason = Some(reason.clone());
+            wire.resolution = resolution.clone();
         }
         AuditEventKind::QuotaRefused { quota } => wire.quota = Some(quota.clone()),
         _ => {}
@@ -203,6 +256,7 @@ fn from_wire(mut wire: WireEvent, hash: Sha256Hash) -> Result<SealedEvent, Decod
         || wire.status.is_some()
         || wire.operator.is_some()
         || wire.reason.is_some()
+        || wire.resolution.is_some()
         || wire.quota.is_some()
     {
         return Err(shape(format!(
@@ -288,6 +342,7 @@ fn take_kind(wire: &mut WireEvent) -> Result<AuditEventKind, DecodeError> {
         "resolved" => AuditEventKind::Resolved {
             operator: wire.operator.take().ok_or_else(|| missing("operator"))?,
             reason: wire.reason.take().ok_or_else(|| missing("reason"))?,
+            resolution: wire.resolution.take(),
         },
         "purged" => AuditEventKind::Purged,
         "quota_refused" => AuditEventKind::QuotaRefused {
@@ -295,4 +350,131 @@ fn take_kind(wire: &mut WireEvent) -> Result<AuditEventKind, DecodeError> {
         },
         other => return Err(shape(format!("unknown event type `{other}`"))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn kinds(text: &str) -> Vec<AuditEventKind> {
+        let s = || text.to_owned();
+        vec![
+            AuditEventKind::Accepted {
+                correlation: Correlation::Http {
+                    method: s(),
+                    route: s(),
+                },
+            },
+            AuditEventKind::Accepted {
+                correlation: Correlation::Mcp {
+                    tool: s(),
+                    jsonrpc_id: s(),
+                    session: Some(s()),
+                },
+            },
+            AuditEventKind::Accepted {
+                correlation: Correlation::Mcp {
+                    tool: s(),
+                    jsonrpc_id: s(),
+                    session: None,
+                },
+            },
+            AuditEventKind::Replayed,
+            AuditEventKind::Attached,
+            AuditEventKind::Conflict,
+            AuditEventKind::RefusedInProgress,
+            AuditEventKind::ApprovalRequested { approver: None },
+            AuditEventKind::ApprovalRequested {
+                approver: Some(s()),
+            },
+            AuditEventKind::ApprovalApproved { approver: s() },
+            AuditEventKind::ApprovalDenied { approver: s() },
+            AuditEventKind::ApprovalExpired,
+            AuditEventKind::Dispatched,
+            AuditEventKind::Completed { status: 599 },
+            AuditEventKind::Delivered,
+            AuditEventKind::Unknown,
+            AuditEventKind::Released,
+            AuditEventKind::Abandoned,
+            AuditEventKind::Resolved {
+                operator: s(),
+                reason: s(),
+                resolution: None,
+            },
+            AuditEventKind::Resolved {
+                operator: s(),
+                reason: s(),
+                resolution: Some(s()),
+            },
+            AuditEventKind::Purged,
+            AuditEventKind::QuotaRefused { quota: s() },
+        ]
+    }
+
+    fn event(text: &str, kind: AuditEventKind, optional: bool, micros: u64) -> AuditEvent {
+        let time = UNIX_EPOCH + Duration::from_nanos(micros * 1_000 + 999);
+        let mut event = AuditEvent::new(time, Scope::new(text), None, kind);
+        if optional {
+            event.operation_id = Some(OperationId::new());
+            event.fingerprint = Some(Fingerprint::from_stored(text));
+            event.principal = Some(text.to_owned());
+            if let Ok(key) = IdempotencyKey::new("key-1") {
+                event.key = Some(key);
+            }
+        }
+        event
+    }
+
+    /// The direct writer and the reference (serialize, then canonicalize) agree on
+    /// `event`.
+    fn agree(seq: u64, event: &AuditEvent) {
+        let prev = leaf_hash(format!("{seq}").as_bytes());
+        let direct = encode_event(seq, &prev, event).unwrap();
+        let reference = encode_by_canonicalizing(seq, &prev, event).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&direct),
+            String::from_utf8_lossy(&reference)
+        );
+    }
+
+    #[test]
+    fn the_direct_encoding_is_the_canonical_one_for_every_kind_and_escape() {
+        let texts = [
+            "plain",
+            "",
+            "quote \" backslash \\ slash / del \u{7f}",
+            "\u{0}\u{1}\u{8}\t\n\u{b}\u{c}\r\u{1f} controls",
+            "é ü 日本 🦀 \u{2028}\u{2029}",
+        ];
+        for text in texts {
+            for (i, kind) in kinds(text).into_iter().enumerate() {
+                agree(i as u64, &event(text, kind.clone(), false, 0));
+                agree(
+                    MAX_EXACT_INTEGER,
+                    &event(text, kind, true, 1_796_158_800_123_456),
+                );
+            }
+        }
+        // Past 2^53 both refuse.
+        let beyond = event("x", AuditEventKind::Replayed, true, 0);
+        assert!(encode_event(MAX_EXACT_INTEGER + 1, &Sha256Hash::ZERO, &beyond).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn the_direct_encoding_is_canonical_for_any_text(
+            text in "\\PC*|[\\x00-\\x7f]*",
+            kind in 0usize..22,
+            optional: bool,
+            micros in 0u64..4_000_000_000_000_000,
+            seq in 0u64..=MAX_EXACT_INTEGER,
+        ) {
+            let kind = kinds(&text).swap_remove(kind);
+            agree(seq, &event(&text, kind, optional, micros));
+        }
+    }
 }

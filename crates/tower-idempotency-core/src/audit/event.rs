@@ -73,6 +73,68 @@ impl AuditEvent {
     }
 }
 
+/// A decision that changes no record — a replay, an attachment, a conflict, a refusal —
+/// as a layer reports it to its store
+/// ([`Store::record_decision`](crate::Store::record_decision)): an event without its time,
+/// which the store stamps with its own clock when it journals it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecisionEvent {
+    /// The scope (account, tenant) the key lives in.
+    pub scope: Scope,
+    /// The operation the decision is about; `None` when none exists (a quota refusal).
+    pub operation_id: Option<OperationId>,
+    /// The idempotency key, when the request had one.
+    pub key: Option<IdempotencyKey>,
+    /// The fingerprint the server computed for this request.
+    pub fingerprint: Option<Fingerprint>,
+    /// The authenticated principal, when known.
+    pub principal: Option<String>,
+    /// What was decided.
+    pub kind: AuditEventKind,
+}
+
+impl DecisionEvent {
+    /// A decision of `kind` about `operation_id` in `scope`, with no key, fingerprint or
+    /// principal yet.
+    pub fn new(scope: Scope, operation_id: Option<OperationId>, kind: AuditEventKind) -> Self {
+        Self {
+            scope,
+            operation_id,
+            key: None,
+            fingerprint: None,
+            principal: None,
+            kind,
+        }
+    }
+
+    /// Sets the idempotency key.
+    #[must_use]
+    pub fn with_key(mut self, key: IdempotencyKey) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// Sets the fingerprint.
+    #[must_use]
+    pub fn with_fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// The journal event of this decision, stamped `time`.
+    pub fn at(self, time: SystemTime) -> AuditEvent {
+        AuditEvent {
+            time,
+            scope: self.scope,
+            operation_id: self.operation_id,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            principal: self.principal,
+            kind: self.kind,
+        }
+    }
+}
+
 /// The kinds of event, in the order an investigation reads them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -128,6 +190,9 @@ pub enum AuditEventKind {
         operator: String,
         /// Why, in the operator's words.
         reason: String,
+        /// How it was settled, when the store says: `failed` (the record was removed, so a
+        /// retry executes again) or `completed` (kept as completed, without a response).
+        resolution: Option<String>,
     },
     /// The record was deleted by retention; the journal keeps its history.
     Purged,

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
-use super::encoding::{EncodeError, seal_event};
+use super::encoding::{EncodeError, seal_event_into};
 use super::event::{AuditEvent, SealedEvent};
 use super::export::{JournalLine, NumberedLine, checkpoint_line, event_line, event_line_from};
 use super::merkle::Sha256Hash;
@@ -100,13 +100,42 @@ struct State {
     retain: bool,
     head: Sha256Hash,
     tree: MerkleTree,
-    events: Vec<SealedEvent>,
+    events: EventLog,
     checkpoints: Vec<SignedCheckpoint>,
     last_checkpoint: Instant,
     sink: Option<AppendFile>,
     anchor: Option<AppendFile>,
     unwritten: String,
     unanchored: String,
+    /// The canonical bytes of the event being sealed, reused from event to event.
+    scratch: Vec<u8>,
+}
+
+/// The retained events, in chunks of a fixed capacity: appending never moves the events
+/// already kept (a single growing `Vec` would copy them all at every doubling).
+#[derive(Debug, Default)]
+struct EventLog {
+    chunks: Vec<Vec<SealedEvent>>,
+}
+
+/// Events per chunk of an [`EventLog`].
+const CHUNK: usize = 4096;
+
+impl EventLog {
+    fn push(&mut self, event: SealedEvent) {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(event),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK);
+                chunk.push(event);
+                self.chunks.push(chunk);
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &SealedEvent> {
+        self.chunks.iter().flatten()
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,13 +150,14 @@ impl Journal {
             retain: config.retain_events,
             head: Sha256Hash::ZERO,
             tree: MerkleTree::new(),
-            events: Vec::new(),
+            events: EventLog::default(),
             checkpoints: Vec::new(),
             last_checkpoint: Instant::now(),
             sink: None,
             anchor: None,
             unwritten: String::new(),
             unanchored: String::new(),
+            scratch: Vec::with_capacity(512),
         };
         if let Some(path) = &config.file_sink {
             if path.exists() {
@@ -175,7 +205,12 @@ impl Journal {
     pub fn seal(&self) -> Result<u64, JournalError> {
         let mut state = lock(&self.inner.state);
         // Taken under the sealer's lock: batches are sealed in the order they were appended.
-        let batch = std::mem::take(&mut *lock(&self.inner.pending));
+        // The list left behind keeps the batch's capacity, so appends do not grow it again.
+        let batch = {
+            let mut pending = lock(&self.inner.pending);
+            let capacity = pending.capacity();
+            std::mem::replace(&mut *pending, Vec::with_capacity(capacity))
+        };
         let every = self.inner.config.checkpoint_every.max(1);
         for event in batch {
             state.seal_one(event)?;
@@ -222,7 +257,7 @@ impl Journal {
 
     /// The sealed events.
     pub fn events(&self) -> Vec<SealedEvent> {
-        lock(&self.inner.state).events.clone()
+        lock(&self.inner.state).events.iter().cloned().collect()
     }
 
     /// The sealed events of one operation, in journal order.
@@ -293,7 +328,7 @@ impl Journal {
             return Ok(());
         }
         let mut checkpoints = state.checkpoints.iter().peekable();
-        for event in &state.events {
+        for event in state.events.iter() {
             writeln!(out, "{}", event_line(event)?)?;
             while let Some(c) = checkpoints.next_if(|c| c.checkpoint.size == event.seq + 1) {
                 writeln!(out, "{}", checkpoint_line(&c.note))?;
@@ -335,10 +370,21 @@ impl State {
     }
 
     fn seal_one(&mut self, event: AuditEvent) -> Result<(), JournalError> {
-        let (sealed, canonical) = seal_event(self.tree.size(), self.head(), event)?;
-        self.unwritten
-            .push_str(&event_line_from(&canonical, &sealed.hash));
-        self.unwritten.push('\n');
+        let mut canonical = std::mem::take(&mut self.scratch);
+        let sealed = seal_event_into(&mut canonical, self.tree.size(), self.head(), event);
+        let sealed = match sealed {
+            Ok(sealed) => sealed,
+            Err(err) => {
+                self.scratch = canonical;
+                return Err(err.into());
+            }
+        };
+        if self.sink.is_some() {
+            self.unwritten
+                .push_str(&event_line_from(&canonical, &sealed.hash));
+            self.unwritten.push('\n');
+        }
+        self.scratch = canonical;
         self.push(sealed);
         Ok(())
     }

@@ -38,6 +38,14 @@ impl Sha256Hash {
         STANDARD.encode(self.0)
     }
 
+    /// [`Sha256Hash::to_base64`] into a buffer, without allocating.
+    pub(crate) fn write_base64(&self, out: &mut [u8; 44]) {
+        let written = STANDARD
+            .encode_slice(self.0, out)
+            .expect("32 bytes take 44 base64 characters");
+        debug_assert_eq!(written, 44);
+    }
+
     /// Parses the form [`Sha256Hash::to_base64`] writes; `None` unless the text is canonical
     /// padded base64 of exactly 32 bytes.
     pub fn from_base64(text: &str) -> Option<Self> {
@@ -129,6 +137,19 @@ impl Frontier {
     /// The frontier of the empty tree.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The frontier of a tree of `size` leaves from its perfect subtrees' roots, largest
+    /// first (what [`Frontier::subtrees`] returns): `None` unless there is exactly one per
+    /// set bit of `size`. For a sealer that keeps its state outside the process.
+    pub fn from_subtrees(size: u64, subtrees: Vec<Sha256Hash>) -> Option<Self> {
+        (subtrees.len() == size.count_ones() as usize).then_some(Self { size, subtrees })
+    }
+
+    /// The roots of the perfect subtrees, largest (leftmost) first: one per set bit of the
+    /// size.
+    pub fn subtrees(&self) -> &[Sha256Hash] {
+        &self.subtrees
     }
 
     /// How many leaves have been pushed.

@@ -50,6 +50,7 @@
 //! ```
 
 mod checkpoint;
+mod direct;
 mod encoding;
 mod event;
 mod export;
@@ -66,7 +67,7 @@ pub use checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
 pub use encoding::{
     DecodeError, EncodeError, decode_event, encode_event, seal_event, truncate_to_micros,
 };
-pub use event::{AuditEvent, AuditEventKind, Correlation, SealedEvent};
+pub use event::{AuditEvent, AuditEventKind, Correlation, DecisionEvent, SealedEvent};
 pub use export::{
     JournalLine, JournalReader, LineError, NumberedLine, checkpoint_line, event_line, parse_line,
 };

@@ -8,6 +8,7 @@
 use super::entry::Entry;
 use super::inner::Inner;
 use super::shard::{ApprovalKey, RecordKey, lock};
+use crate::audit::AuditEventKind;
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, OperationState, Scope,
 };
@@ -33,8 +34,8 @@ impl Inner {
         let now = self.clock.now_tick();
         let mut records = self.records_for(&record_key);
         let entry = records.get_mut(&record_key)?;
-        entry.refresh(now, &self.clock);
-        let holds = entry.approval.as_ref().is_some_and(|a| a.id == id);
+        self.refresh(entry, now);
+        let holds = entry.approval().is_some_and(|a| a.id == id);
         (holds && !entry.is_expired(now)).then(|| act(entry, &record_key))
     }
 
@@ -42,8 +43,9 @@ impl Inner {
     pub(super) fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Option<Approval> {
         let now = self.clock.now_tick();
         self.with_approval(scope, id, |entry, record_key| {
-            let stored = entry.approval.as_ref()?;
-            Some(stored.approval(entry, record_key, &self.clock, now))
+            let stored = entry.approval()?;
+            let fingerprint = entry.fingerprint(None);
+            Some(stored.approval(entry, record_key, &fingerprint, &self.clock, now))
         })
         .flatten()
     }
@@ -60,9 +62,9 @@ impl Inner {
     ) -> Option<DecisionOutcome> {
         let now = self.clock.now_tick();
         self.with_approval(scope, id, |entry, record_key| {
-            let bound = decision_fingerprint(&decision).is_none_or(|fp| *fp == entry.fingerprint);
-            let retention = entry.retention;
-            let stored = entry.approval.as_mut()?;
+            let bound = decision_fingerprint(&decision).is_none_or(|fp| entry.fingerprint_is(fp));
+            let retention = entry.retention();
+            let stored = entry.approval_mut()?;
             let changes = stored.state(now) == ApprovalState::Pending && bound;
             if changes {
                 let added =
@@ -83,12 +85,19 @@ impl Inner {
                         entry.expires = self.clock.later(now, retention);
                     }
                 }
-                entry.charge = entry.charge.saturating_add(added);
                 self.charge(&record_key.scope, added, entry.expires);
+                let approver = decided_by.to_owned();
+                self.journal(entry, now, || match decision {
+                    ApprovalDecision::Approve { .. } => {
+                        AuditEventKind::ApprovalApproved { approver }
+                    }
+                    ApprovalDecision::Deny { .. } => AuditEventKind::ApprovalDenied { approver },
+                });
                 entry.wake();
             }
-            let stored = entry.approval.as_ref()?;
-            let approval = stored.approval(entry, record_key, &self.clock, now);
+            let stored = entry.approval()?;
+            let fingerprint = entry.fingerprint(None);
+            let approval = stored.approval(entry, record_key, &fingerprint, &self.clock, now);
             Some(outcome(changes, bound, &decision, approval))
         })
         .flatten()

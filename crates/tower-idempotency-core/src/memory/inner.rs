@@ -8,14 +8,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryStoreConfig;
 use super::clock::{Clock, Tick};
-use super::entry::{Entry, StoredApproval};
-use super::shard::{ApprovalKey, IdKey, PassThrough, RecordKey, Shard, lock, shard_of};
+use super::entry::{Entry, Headers, NewEntry, Profile, StoredApproval};
+use super::shard::{
+    ApprovalKey, MAX_SHARDS, PassThrough, RecordKey, Shard, Table, id_in_shard, lock, shard_of,
+    shard_of_id,
+};
+use crate::audit::AuditEventKind;
 use crate::store::Result;
 use crate::{
-    ApprovalId, ApprovalRequest, ApprovalState, IdempotencyKey, Lease, LeaseId, Operation,
-    OperationId, OperationState, Reservation, ReserveRequest, Scope, ScopeQuota, StoreError,
-    StoredResponse,
+    ApprovalId, ApprovalRequest, ApprovalState, IdempotencyKey, Lease, Operation, OperationId,
+    OperationState, Reservation, ReserveRequest, Scope, ScopeQuota, StoreError, StoredResponse,
 };
+
+/// What the records of one shard share: their profiles (method, route, retention) and
+/// their stored header lists.
+#[derive(Default)]
+pub(super) struct Shared {
+    profiles: Vec<Arc<Profile>>,
+    headers: Vec<Arc<Headers>>,
+}
 
 pub(super) struct Inner {
     pub(super) capacity: usize,
@@ -26,23 +37,24 @@ pub(super) struct Inner {
     /// Per scope, what its records hold. Lock order: a records shard, then a scopes shard;
     /// never the other way round, and never two scopes shards at once.
     pub(super) scopes: Box<[Mutex<HashMap<Scope, ScopeUsage>>]>,
-    pub(super) records: Box<[Shard<RecordKey, Box<Entry>>]>,
-    /// Operation id → its `(scope, key)`, for [`Store::get_by_id`]. Lock order: a records
-    /// shard, then an ids shard; never the other way round.
-    pub(super) ids: Box<[Shard<IdKey, RecordKey>]>,
+    /// The records, with their `(scope, key)` and operation-id indexes (an operation id
+    /// names the shard of its record).
+    pub(super) records: Box<[Mutex<Table>]>,
     /// Approval id → its operation's `(scope, key)`, for the records that have an approval
     /// (see `approval.rs`). Lock order: a records shard, then an approvals shard; never the
     /// other way round.
     pub(super) approvals: Box<[Shard<ApprovalKey, RecordKey>]>,
-    /// Per records shard, the methods and route templates its records share (see
-    /// [`Inner::intern`]). Locked only while a records shard is held, after it.
-    pub(super) names: Box<[Mutex<Vec<Arc<str>>>]>,
+    /// Per records shard, the profiles and header lists its records share (see
+    /// [`Inner::profile`]). Locked only while a records shard is held, after it.
+    pub(super) shared: Box<[Mutex<Shared>]>,
     pub(super) len: AtomicUsize,
     /// Set while a reservation purges a full store, so that a burst of reservations
     /// against a full store does not scan it once per request.
     pub(super) purging: AtomicBool,
     pub(super) hasher: RandomState,
     pub(super) clock: Clock,
+    /// Where state changes and decisions are journaled, when the store journals.
+    pub(super) journal: Option<crate::audit::Journal>,
 }
 
 impl Default for Inner {
@@ -52,8 +64,10 @@ impl Default for Inner {
 }
 
 /// What one scope's records hold, and when the first of them is due to expire.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct ScopeUsage {
+    /// The scope's name, shared by its records (one pointer each).
+    pub(super) name: Arc<Scope>,
     pub(super) records: u64,
     pub(super) bytes: u64,
     /// The earliest retention end of the scope's completed and abandoned records (a lower
@@ -73,14 +87,16 @@ pub(super) enum Refusal {
     Quota(Tick),
 }
 
-/// What every record counts beyond its strings and response: the map slot and the record
-/// itself, the operation-id index entry, and the allocator's rounding of the request's
-/// allocations. Measured: about 720 bytes per record with a 40-character key, a SHA-256
-/// fingerprint and one stored header, of which these strings are about 150 (see
-/// `docs/memory-store.md`).
-pub(super) const RECORD_OVERHEAD: u64 = 560;
+/// What every record counts beyond its strings and response: its slot (the record itself,
+/// 200 bytes, with a key of up to 40 characters inline and the fingerprint as its 32-byte
+/// digest) and its two index slots (20–30 bytes, with the tables' fill), less what the
+/// counted fingerprint text (71 characters for SHA-256) stands for. A demo-sized record
+/// counts about 290 bytes for the 245–256 it takes (see `docs/memory-store.md`): the count
+/// errs high.
+pub(super) const RECORD_OVERHEAD: u64 = 176;
 
 /// What every stored header counts beyond its name and value (its `String`, its `Bytes`).
+/// Header lists repeat from response to response and are shared, so this errs high.
 pub(super) const HEADER_OVERHEAD: u64 = 64;
 
 /// What an approval counts beyond its summary and names: the boxed record, the
@@ -100,28 +116,35 @@ pub(super) fn record_bytes(request: &ReserveRequest) -> u64 {
 /// The bytes an approval request adds to its record: its summary (as JSON text) and the
 /// requester's name. A decision adds the approver's name and the reason when it is made.
 fn approval_bytes(request: &ApprovalRequest) -> u64 {
-    let summary = serde_json::to_vec(&request.summary).map_or(0, |text| text.len());
-    APPROVAL_OVERHEAD + (summary + request.requested_by.len()) as u64
+    APPROVAL_OVERHEAD + (summary_len(&request.summary) + request.requested_by.len()) as u64
+}
+
+/// The length of an approval summary's JSON text.
+fn summary_len(summary: &serde_json::Value) -> usize {
+    serde_json::to_vec(summary).map_or(0, |text| text.len())
+}
+
+/// The bytes stored headers add to their record.
+pub(super) fn headers_bytes(headers: &[(String, bytes::Bytes)]) -> u64 {
+    headers
+        .iter()
+        .map(|(name, value)| HEADER_OVERHEAD + (name.len() + value.len()) as u64)
+        .sum()
 }
 
 /// The bytes a stored response adds to its record.
 pub(super) fn response_bytes(response: &StoredResponse) -> u64 {
-    let headers: u64 = response
-        .headers
-        .iter()
-        .map(|(name, value)| HEADER_OVERHEAD + (name.len() + value.len()) as u64)
-        .sum();
-    headers + response.body.as_ref().map_or(0, |body| body.len() as u64)
+    headers_bytes(&response.headers) + response.body.as_ref().map_or(0, |body| body.len() as u64)
 }
 
-/// Most distinct method and route names one shard shares between its records. Routes are
-/// templates, a handful per service; a service that passes raw paths gets a copy per
+/// Most distinct profiles (and header lists) one shard shares between its records. Routes
+/// are templates, a handful per service; a service that passes raw paths gets a copy per
 /// record past this many instead of an ever-growing table.
 pub(super) const SHARED_NAMES: usize = 32;
 
 impl Inner {
     pub(super) fn new(config: MemoryStoreConfig) -> Self {
-        let shards = config.shards.max(1);
+        let shards = config.shards.clamp(1, MAX_SHARDS);
         Self {
             capacity: config.capacity,
             max_bytes: config.max_bytes,
@@ -129,60 +152,105 @@ impl Inner {
             bytes: AtomicU64::new(0),
             scopes: (0..shards).map(|_| Mutex::default()).collect(),
             records: (0..shards).map(|_| Mutex::default()).collect(),
-            ids: (0..shards).map(|_| Mutex::default()).collect(),
             approvals: (0..shards).map(|_| Mutex::default()).collect(),
-            names: (0..shards).map(|_| Mutex::default()).collect(),
+            shared: (0..shards).map(|_| Mutex::default()).collect(),
             len: AtomicUsize::new(0),
             purging: AtomicBool::new(false),
             hasher: RandomState::new(),
             clock: Clock::now(),
+            journal: None,
         }
     }
 
     pub(super) fn record_key(&self, scope: &Scope, key: &IdempotencyKey) -> RecordKey {
         RecordKey {
-            hash: self.hasher.hash_one((scope, key)),
+            hash: self.record_hash(scope, key.as_str()),
             scope: scope.clone(),
             key: key.clone(),
         }
     }
 
-    pub(super) fn records_for(
-        &self,
-        record_key: &RecordKey,
-    ) -> MutexGuard<'_, HashMap<RecordKey, Box<Entry>, BuildHasherDefault<PassThrough>>> {
+    /// The hash of `(scope, key)`, as [`Inner::record_key`] computes it.
+    pub(super) fn record_hash(&self, scope: &Scope, key: &str) -> u64 {
+        self.hasher.hash_one((scope, key))
+    }
+
+    pub(super) fn records_for(&self, record_key: &RecordKey) -> MutexGuard<'_, Table> {
         lock(&self.records[shard_of(record_key.hash, self.records.len())])
     }
 
-    pub(super) fn ids_for(
+    /// The shard that holds operation `id` (ids name their shard).
+    pub(super) fn records_of_id(&self, id: OperationId) -> MutexGuard<'_, Table> {
+        lock(&self.records[shard_of_id(id, self.records.len())])
+    }
+
+    /// Runs `act` on operation `id` if it belongs to `scope` and is live: other scopes never
+    /// see it. `act` gets the record's `(scope, key)`.
+    pub(super) fn with_id<T>(
         &self,
+        scope: &Scope,
         id: OperationId,
-    ) -> MutexGuard<'_, HashMap<IdKey, RecordKey, BuildHasherDefault<PassThrough>>> {
-        lock(&self.ids[shard_of(IdKey(id).bits(), self.ids.len())])
+        act: impl FnOnce(&mut Entry, &RecordKey, Tick) -> T,
+    ) -> Option<T> {
+        let now = self.clock.now_tick();
+        let mut records = self.records_of_id(id);
+        let entry = records.get_by_id_mut(id)?;
+        if *entry.scope != *scope {
+            return None;
+        }
+        entry.refresh(now, &self.clock);
+        if entry.is_expired(now) {
+            return None;
+        }
+        let key = IdempotencyKey::new(entry.key()).ok()?;
+        let record_key = RecordKey {
+            hash: self.record_hash(&entry.scope, key.as_str()),
+            scope: Scope::clone(&entry.scope),
+            key,
+        };
+        Some(act(entry, &record_key, now))
     }
 
-    /// The `(scope, key)` of operation `id`, if it belongs to `scope`: other scopes never
-    /// see it.
-    pub(super) fn record_key_of(&self, scope: &Scope, id: OperationId) -> Option<RecordKey> {
-        self.ids_for(id)
-            .get(&IdKey(id))
-            .filter(|record_key| record_key.scope == *scope)
-            .cloned()
+    /// The profile of `request` (method, route, retention), shared with the other records
+    /// of `record_key`'s shard, or one of its own once the shard shares [`SHARED_NAMES`].
+    pub(super) fn profile(&self, record_key: &RecordKey, request: &ReserveRequest) -> Arc<Profile> {
+        let mut shared = lock(&self.shared[shard_of(record_key.hash, self.shared.len())]);
+        let found = shared.profiles.iter().find(|p| {
+            *p.method == *request.method
+                && *p.route == *request.route
+                && p.retention == request.retention
+                && p.unknown_retention == request.unknown_retention
+        });
+        if let Some(found) = found {
+            return Arc::clone(found);
+        }
+        let profile = Arc::new(Profile {
+            method: Box::from(request.method.as_str()),
+            route: Box::from(request.route.as_str()),
+            retention: request.retention,
+            unknown_retention: request.unknown_retention,
+        });
+        if shared.profiles.len() < SHARED_NAMES {
+            shared.profiles.push(Arc::clone(&profile));
+        }
+        profile
     }
 
-    /// `name` shared with the other records of `record_key`'s shard (methods and route
-    /// templates repeat from record to record), or a copy of its own once the shard
-    /// shares [`SHARED_NAMES`] names.
-    pub(super) fn intern(&self, record_key: &RecordKey, name: &str) -> Arc<str> {
-        let mut names = lock(&self.names[shard_of(record_key.hash, self.names.len())]);
-        if let Some(shared) = names.iter().find(|shared| ***shared == *name) {
-            return Arc::clone(shared);
+    /// `headers` shared with the responses of `record_key`'s shard that carry the same
+    /// ones (`None` for none).
+    pub(super) fn headers(&self, record_key: &RecordKey, headers: Headers) -> Option<Arc<Headers>> {
+        if headers.is_empty() {
+            return None;
         }
-        let name: Arc<str> = Arc::from(name);
-        if names.len() < SHARED_NAMES {
-            names.push(Arc::clone(&name));
+        let mut shared = lock(&self.shared[shard_of(record_key.hash, self.shared.len())]);
+        if let Some(found) = shared.headers.iter().find(|h| ***h == headers) {
+            return Some(Arc::clone(found));
         }
-        name
+        let headers = Arc::new(headers);
+        if shared.headers.len() < SHARED_NAMES {
+            shared.headers.push(Arc::clone(&headers));
+        }
+        Some(headers)
     }
 
     pub(super) fn approvals_for(
@@ -205,9 +273,9 @@ impl Inner {
 
     /// Takes room for one new record of `charge` bytes in `scope`: under its quota, then in
     /// the store's capacity and byte budget; on a refusal nothing stays taken.
-    pub(super) fn admit(&self, scope: &Scope, charge: u64) -> Result<(), Refusal> {
+    pub(super) fn admit(&self, scope: &Scope, charge: u64) -> Result<Arc<Scope>, Refusal> {
         let mut scopes = self.scopes_for(scope);
-        let usage = scopes.get(scope).copied();
+        let usage = scopes.get(scope);
         let (records, bytes) = usage.map_or((0, 0), |u| (u.records, u.bytes));
         if !self.quota.admits(records, bytes, charge) {
             return Err(Refusal::Quota(
@@ -231,14 +299,16 @@ impl Inner {
             self.len.fetch_sub(1, Ordering::AcqRel);
             return Err(Refusal::Bytes);
         }
-        let usage = scopes.entry(scope.clone()).or_insert(ScopeUsage {
+        let usage = scopes.entry(scope.clone()).or_insert_with(|| ScopeUsage {
+            name: Arc::new(scope.clone()),
             records: 0,
             bytes: 0,
             earliest_expiry: Tick::NEVER,
         });
         usage.records += 1;
         usage.bytes = usage.bytes.saturating_add(charge);
-        Ok(())
+        let shared = Arc::clone(&usage.name);
+        Ok(shared)
     }
 
     /// Adds `bytes` to a record of `scope` that stays (a stored response): never refused,
@@ -278,88 +348,73 @@ impl Inner {
         }
     }
 
-    /// A new operation for `request`, registered in the id index (and the approval index):
-    /// the record to store under `record_key` and the reservation that acquired it, or that
-    /// requested its approval.
+    /// A new operation for `request` in `scope` (the scope's shared name), registered in
+    /// the approval index when it has an approval: the record to store under `record_key`
+    /// and the reservation that acquired it, or that requested its approval.
     pub(super) fn new_entry(
         &self,
         record_key: &RecordKey,
+        scope: Arc<Scope>,
         request: &ReserveRequest,
         now: Tick,
-    ) -> (Box<Entry>, Reservation) {
-        let id = OperationId::new();
-        let approval = request.approval.as_ref().map(|asked| {
-            Box::new(StoredApproval {
+    ) -> (Entry, Reservation) {
+        let shards = self.records.len();
+        let id = id_in_shard(
+            OperationId::new(),
+            shard_of(record_key.hash, shards),
+            shards,
+        );
+        let mut entry = Entry::new(NewEntry {
+            id,
+            scope,
+            key: request.key.as_str(),
+            fingerprint: &request.fingerprint,
+            profile: self.profile(record_key, request),
+            created: now,
+        });
+        entry.attempts = 1;
+        entry.set_dispatched(dispatch_tick(request, now));
+        entry.lease_expires = self.clock.later(now, request.lease);
+        if let Some(asked) = &request.approval {
+            // Nothing runs until a person decides: no lease, no attempt, no dispatch; the
+            // record is kept for its retention past the request's expiry.
+            let approval = StoredApproval {
                 id: ApprovalId::new(),
                 state: ApprovalState::Pending,
                 used: false,
                 summary: asked.summary.clone(),
+                summary_len: summary_len(&asked.summary),
                 requested_by: asked.requested_by.clone(),
                 requested: now,
                 expires: self.clock.later(now, asked.ttl),
                 decided_by: None,
                 decided: Tick::NEVER,
                 reason: None,
-            })
-        });
-        let lease_id = approval.is_none().then(LeaseId::new);
-        let mut entry = Entry {
-            id,
-            fingerprint: request.fingerprint.clone(),
-            method: self.intern(record_key, &request.method),
-            route: self.intern(record_key, &request.route),
-            state: OperationState::InProgress,
-            delivered: false,
-            attempts: 1,
-            replays: 0,
-            created: now,
-            dispatched: dispatch_tick(request, now),
-            completed: Tick::NEVER,
-            delivered_at: Tick::NEVER,
-            lease_expires: self.clock.later(now, request.lease),
-            expires: Tick::NEVER,
-            retention: request.retention,
-            unknown_retention: request.unknown_retention,
-            lease_id,
-            response: None,
-            approval: None,
-            charge: record_bytes(request),
-            notify: None,
-        };
-        if let Some(approval) = approval {
-            // Nothing runs until a person decides: no lease, no attempt, no dispatch; the
-            // record is kept for its retention past the request's expiry.
+            };
             entry.state = OperationState::AwaitingApproval;
             entry.attempts = 0;
-            entry.dispatched = Tick::NEVER;
+            entry.set_dispatched(Tick::NEVER);
             entry.lease_expires = Tick::NEVER;
             entry.expires = self.clock.later(approval.expires, request.retention);
             self.approvals_for(approval.id)
                 .insert(ApprovalKey(approval.id), record_key.clone());
-            entry.approval = Some(approval);
+            entry.set_approval(approval);
+            let operation = entry.operation(record_key, &self.clock, Some(&request.fingerprint));
+            return (entry, Reservation::ApprovalRequested(operation));
         }
-        let operation = entry.operation(record_key, &self.clock);
-        self.ids_for(id).insert(IdKey(id), record_key.clone());
-        let reservation = match lease_id {
-            Some(lease_id) => Reservation::Acquired {
-                operation,
-                lease: Lease {
-                    scope: request.scope.clone(),
-                    key: request.key.clone(),
-                    operation_id: id,
-                    lease_id,
-                },
-                takeover: false,
-            },
-            None => Reservation::ApprovalRequested(operation),
+        let lease = entry.grant_lease(request.scope.clone(), request.key.clone());
+        let operation = entry.operation(record_key, &self.clock, Some(&request.fingerprint));
+        let reservation = Reservation::Acquired {
+            operation,
+            lease,
+            takeover: false,
         };
-        (Box::new(entry), reservation)
+        (entry, reservation)
     }
 
-    /// Removes a record that leaves the store from the id and approval indexes.
+    /// Removes a record that leaves the store from the approval index.
     pub(super) fn unindex(&self, entry: &Entry) {
-        self.ids_for(entry.id).remove(&IdKey(entry.id));
-        if let Some(approval) = &entry.approval {
+        if let Some(approval) = entry.approval() {
             self.approvals_for(approval.id)
                 .remove(&ApprovalKey(approval.id));
         }
@@ -371,21 +426,31 @@ impl Inner {
         let now = self.clock.now_tick();
         let record_key = self.record_key(&request.scope, &request.key);
         let mut records = self.records_for(&record_key);
-        if let Some(entry) = records.get_mut(&record_key) {
-            entry.refresh(now, &self.clock);
+        if let Some(slot) = records.find(&record_key) {
+            let Some(entry) = records.at_mut(slot) else {
+                return Err(Refusal::Full);
+            };
+            self.refresh(entry, now);
             if entry.is_expired(now) {
                 // Retention ended: the key is forgotten and this is a new operation. The
                 // slot is reused, so neither capacity nor quota is consulted (the scope's
                 // record count stays; its bytes go down to the new record's).
-                let (fresh, reservation) = self.new_entry(&record_key, request, now);
-                self.recharge(&request.scope, entry.charge, fresh.charge);
-                self.charge(&request.scope, 0, fresh.expires);
-                let old = std::mem::replace(entry, fresh);
-                old.wake();
-                self.unindex(&old);
+                let scope = entry.scope.clone();
+                let (fresh, reservation) = self.new_entry(&record_key, scope, request, now);
+                let (new_charge, new_expires) = (fresh.charge(), fresh.expires);
+                if let Some(old) = records.replace(slot, fresh) {
+                    self.recharge(&request.scope, old.charge(), new_charge);
+                    self.journal_purged(&old, now);
+                    old.wake();
+                    self.unindex(&old);
+                }
+                if let Some(entry) = records.at_mut(slot) {
+                    self.journal_accepted(entry, now);
+                }
+                self.charge(&request.scope, 0, new_expires);
                 return Ok(reservation);
             }
-            if entry.fingerprint == request.fingerprint {
+            if entry.fingerprint_is(&request.fingerprint) {
                 match entry.state {
                     OperationState::Completed => {
                         entry.replays = entry.replays.saturating_add(1);
@@ -402,7 +467,7 @@ impl Inner {
                         return Ok(self.take_over(entry, &record_key, request, now));
                     }
                     OperationState::Authorized
-                        if entry.approval.as_ref().is_some_and(|approval| {
+                        if entry.approval().is_some_and(|approval| {
                             approval.state(now) == ApprovalState::Approved
                         }) =>
                     {
@@ -411,16 +476,19 @@ impl Inner {
                     _ => {}
                 }
             }
-            return Ok(Reservation::Existing(
-                entry.operation(&record_key, &self.clock),
-            ));
+            return Ok(Reservation::Existing(entry.operation(
+                &record_key,
+                &self.clock,
+                Some(&request.fingerprint),
+            )));
         }
-        self.admit(&request.scope, record_bytes(request))?;
-        let (entry, reservation) = self.new_entry(&record_key, request, now);
-        if entry.approval.is_some() {
+        let scope = self.admit(&request.scope, record_bytes(request))?;
+        let (entry, reservation) = self.new_entry(&record_key, scope, request, now);
+        if entry.approval().is_some() {
             self.charge(&request.scope, 0, entry.expires);
         }
-        records.insert(record_key, entry);
+        self.journal_accepted(&entry, now);
+        records.insert(record_key.hash, entry);
         Ok(reservation)
     }
 
@@ -464,7 +532,7 @@ impl Inner {
         request: &ReserveRequest,
         now: Tick,
     ) -> Reservation {
-        if let Some(approval) = &mut entry.approval {
+        if let Some(approval) = entry.approval_mut() {
             approval.used = true;
         }
         self.start_attempt(entry, record_key, request, now, false)
@@ -480,23 +548,17 @@ impl Inner {
         now: Tick,
         takeover: bool,
     ) -> Reservation {
-        let lease_id = LeaseId::new();
-        entry.lease_id = Some(lease_id);
-        entry.unknown_retention = request.unknown_retention;
+        entry.profile = self.profile(record_key, request);
         entry.state = OperationState::InProgress;
         entry.attempts = entry.attempts.saturating_add(1);
-        entry.retention = request.retention;
         entry.lease_expires = self.clock.later(now, request.lease);
-        entry.dispatched = dispatch_tick(request, now);
+        entry.set_dispatched(dispatch_tick(request, now));
         entry.expires = Tick::NEVER;
+        self.journal_accepted(entry, now);
+        let lease = entry.grant_lease(request.scope.clone(), request.key.clone());
         Reservation::Acquired {
-            operation: entry.operation(record_key, &self.clock),
-            lease: Lease {
-                scope: request.scope.clone(),
-                key: request.key.clone(),
-                operation_id: entry.id,
-                lease_id,
-            },
+            operation: entry.operation(record_key, &self.clock, Some(&request.fingerprint)),
+            lease,
             takeover,
         }
     }
@@ -514,10 +576,13 @@ impl Inner {
         };
         let record_key = self.record_key(&lease.scope, &lease.key);
         let mut records = self.records_for(&record_key);
-        let Some(entry) = records.get_mut(&record_key) else {
+        let Some(slot) = records.find(&record_key) else {
             return Err(lost);
         };
-        entry.refresh(now, &self.clock);
+        let Some(entry) = records.at_mut(slot) else {
+            return Err(lost);
+        };
+        self.refresh(entry, now);
         if !entry.is_held_by(lease) || entry.is_expired(now) {
             return Err(lost);
         }
@@ -528,8 +593,9 @@ impl Inner {
             entry.wake();
         }
         if delete {
-            if let Some(entry) = records.remove(&record_key) {
-                self.discharge(&record_key.scope, entry.charge);
+            if let Some(entry) = records.remove(slot, record_key.hash) {
+                self.journal(&entry, now, || AuditEventKind::Released);
+                self.discharge(&record_key.scope, entry.charge());
                 self.unindex(&entry);
             }
         }
@@ -541,8 +607,8 @@ impl Inner {
         let now = self.clock.now_tick();
         let mut records = self.records_for(record_key);
         let entry = records.get_mut(record_key)?;
-        entry.refresh(now, &self.clock);
-        (!entry.is_expired(now)).then(|| entry.operation(record_key, &self.clock))
+        self.refresh(entry, now);
+        (!entry.is_expired(now)).then(|| entry.operation(record_key, &self.clock, None))
     }
 
     /// Deletes up to `batch` records whose retention ended. A purge that visits every
@@ -558,24 +624,27 @@ impl Inner {
             }
             let mut records = lock(shard);
             let mut doomed = Vec::new();
-            for (record_key, entry) in records.iter_mut() {
+            for (slot, entry) in records.iter_mut() {
                 if purged + doomed.len() >= batch {
                     break;
                 }
-                entry.refresh(now, &self.clock);
+                if entry.refresh(now, &self.clock) {
+                    self.journal(entry, now, || AuditEventKind::Unknown);
+                }
                 if entry.is_expired(now) {
-                    doomed.push(record_key.clone());
+                    doomed.push((slot, self.record_hash(&entry.scope, entry.key())));
                 } else if full && !entry.expires.is_never() {
                     let first = earliest
-                        .entry(record_key.scope.clone())
+                        .entry(Scope::clone(&entry.scope))
                         .or_insert(Tick::NEVER);
                     *first = (*first).min(entry.expires);
                 }
             }
-            for record_key in doomed {
-                if let Some(entry) = records.remove(&record_key) {
+            for (slot, hash) in doomed {
+                if let Some(entry) = records.remove(slot, hash) {
+                    self.journal_purged(&entry, now);
                     self.unindex(&entry);
-                    self.discharge(&record_key.scope, entry.charge);
+                    self.discharge(&entry.scope, entry.charge());
                     entry.wake();
                     purged += 1;
                 }

@@ -109,6 +109,7 @@ mod approval;
 mod clock;
 mod entry;
 mod inner;
+mod journal;
 mod shard;
 mod store;
 #[cfg(test)]
@@ -137,18 +138,19 @@ use crate::ScopeQuota;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryStoreConfig {
     /// Most records held at once, expired ones not yet purged included (default
-    /// 2 000 000). The byte budget, [`max_bytes`](Self::max_bytes), is normally the bound
-    /// reached first.
+    /// 2 000 000). With responses of a few hundred bytes this is the bound reached first;
+    /// with larger ones, the byte budget, [`max_bytes`](Self::max_bytes).
     pub capacity: usize,
     /// Most bytes the records may hold, by the store's own count of each record (a fixed
     /// overhead, the scope, key and fingerprint, the stored headers and body; see
-    /// `docs/memory-store.md`). Default 2 GiB, about two million records of a 300-byte
-    /// response.
+    /// `docs/memory-store.md`). Default 2 GiB, about three million records of a 300-byte
+    /// response by that count (which errs high: they take about 2 GB).
     pub max_bytes: u64,
     /// What one scope may hold (default: half of the defaults above, 1 000 000 records and
     /// 1 GiB, so one account can never take the store away from the others).
     pub scope_quota: ScopeQuota,
-    /// Number of independently locked shards (default 16; 0 counts as 1).
+    /// Number of independently locked shards (default 16; 0 counts as 1, more than 4096
+    /// as 4096: an operation id names its shard in 16 bits).
     pub shards: usize,
 }
 
@@ -182,6 +184,20 @@ impl MemoryStore {
     pub fn new(config: MemoryStoreConfig) -> Self {
         Self {
             inner: Arc::new(Inner::new(config)),
+        }
+    }
+
+    /// Creates an empty store that journals every state change and every decision the
+    /// layer reports ([`Store::record_decision`](crate::Store::record_decision)) in
+    /// `journal`: each change appends its event inside the critical section that makes it
+    /// (one push onto the journal's pending list), so the journal's order is the order the
+    /// records changed in. Seal the journal in the background
+    /// ([`Journal::spawn_sealer`](crate::audit::Journal::spawn_sealer)).
+    pub fn with_journal(config: MemoryStoreConfig, journal: crate::audit::Journal) -> Self {
+        let mut inner = Inner::new(config);
+        inner.journal = Some(journal);
+        Self {
+            inner: Arc::new(inner),
         }
     }
 

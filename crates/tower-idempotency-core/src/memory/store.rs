@@ -5,12 +5,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::MemoryStore;
 use super::clock::{Tick, later};
-use super::inner::{Refusal, response_bytes};
+use super::entry::Entry;
+use super::inner::{Inner, Refusal, response_bytes};
+use super::shard::RecordKey;
+use crate::audit::{AuditEventKind, DecisionEvent};
 use crate::store::Result;
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
@@ -55,18 +57,27 @@ impl Store for MemoryStore {
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, clock| {
-            // Counted, never refused: the effect happened and its result must be kept. A
-            // response that takes the scope past its quota refuses its next new key.
-            let added = response_bytes(&response);
-            entry.charge = entry.charge.saturating_add(added);
-            entry.lease_id = None;
-            entry.state = OperationState::Completed;
-            entry.response = Some(response);
-            entry.completed = now;
-            entry.lease_expires = Tick::NEVER;
-            entry.expires = clock.later(now, entry.retention);
-            inner.charge(&record_key.scope, added, entry.expires);
-            (entry.operation(record_key, clock), false)
+            complete(inner, entry, record_key, now, response);
+            (entry.operation(record_key, clock, None), false)
+        })
+    }
+
+    /// The completion without the record read back (nothing is copied for the caller),
+    /// and the delivery recorded with it under the same lock.
+    async fn complete_delivered(
+        &self,
+        lease: &Lease,
+        response: StoredResponse,
+        delivered: bool,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        inner.with_lease(lease, |entry, record_key, now, _| {
+            complete(inner, entry, record_key, now, response);
+            if delivered && !entry.delivered() {
+                entry.mark_delivered(now);
+                inner.journal(entry, now, || AuditEventKind::Delivered);
+            }
+            ((), false)
         })
     }
 
@@ -77,11 +88,15 @@ impl Store for MemoryStore {
     async fn abandon(&self, lease: &Lease) -> Result<()> {
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, clock| {
-            entry.lease_id = None;
+            entry.end_lease();
+            let was = entry.state;
             entry.state = OperationState::Unknown;
             entry.lease_expires = Tick::NEVER;
-            entry.expires = clock.later(now, entry.unknown_retention);
+            entry.expires = clock.later(now, entry.unknown_retention());
             inner.charge(&record_key.scope, 0, entry.expires);
+            if was != OperationState::Unknown {
+                inner.journal(entry, now, || AuditEventKind::Unknown);
+            }
             ((), false)
         })
     }
@@ -98,15 +113,15 @@ impl Store for MemoryStore {
     }
 
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
-        let Some(record_key) = self.inner.record_key_of(scope, id) else {
-            return Ok(());
-        };
         let now = self.inner.clock.now_tick();
-        let mut records = self.inner.records_for(&record_key);
-        if let Some(entry) = records.get_mut(&record_key) {
-            if entry.id == id && entry.state == OperationState::Completed && !entry.delivered {
-                entry.delivered = true;
-                entry.delivered_at = now;
+        let mut records = self.inner.records_of_id(id);
+        if let Some(entry) = records.get_by_id_mut(id) {
+            if *entry.scope == *scope
+                && entry.state == OperationState::Completed
+                && !entry.delivered()
+            {
+                entry.mark_delivered(now);
+                self.inner.journal(entry, now, || AuditEventKind::Delivered);
             }
         }
         Ok(())
@@ -115,34 +130,40 @@ impl Store for MemoryStore {
     /// Also puts an operation whose lease ran out back `in_progress`, as a late heartbeat
     /// does, when nobody took it over: its worker is evidently alive.
     async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
-        self.inner
-            .with_lease(lease, |entry, record_key, now, clock| {
-                if entry.dispatched.is_never() {
-                    entry.dispatched = now;
-                }
-                entry.state = OperationState::InProgress;
-                entry.lease_expires = clock.later(now, renew);
-                entry.expires = Tick::NEVER;
-                (entry.operation(record_key, clock), false)
-            })
+        let inner = &self.inner;
+        inner.with_lease(lease, |entry, record_key, now, clock| {
+            if entry.dispatched().is_never() {
+                entry.set_dispatched(now);
+                inner.journal(entry, now, || AuditEventKind::Dispatched);
+            }
+            entry.state = OperationState::InProgress;
+            entry.lease_expires = clock.later(now, renew);
+            entry.expires = Tick::NEVER;
+            (entry.operation(record_key, clock, None), false)
+        })
     }
 
     async fn cancel(&self, lease: &Lease) -> Result<Operation> {
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, clock| {
-            entry.lease_id = None;
+            entry.end_lease();
             entry.lease_expires = Tick::NEVER;
-            if entry.dispatched.is_never() {
+            let was = entry.state;
+            if entry.dispatched().is_never() {
                 // No effect can have happened: kept for the retention, for the retry that
                 // takes it over.
                 entry.state = OperationState::Cancelled;
-                entry.expires = clock.later(now, entry.retention);
+                entry.expires = clock.later(now, entry.retention());
+                inner.journal(entry, now, || AuditEventKind::Abandoned);
             } else {
                 entry.state = OperationState::Unknown;
-                entry.expires = clock.later(now, entry.unknown_retention);
+                entry.expires = clock.later(now, entry.unknown_retention());
+                if was != OperationState::Unknown {
+                    inner.journal(entry, now, || AuditEventKind::Unknown);
+                }
             }
             inner.charge(&record_key.scope, 0, entry.expires);
-            (entry.operation(record_key, clock), false)
+            (entry.operation(record_key, clock, None), false)
         })
     }
 
@@ -169,18 +190,19 @@ impl Store for MemoryStore {
         Ok(self.inner.list_approvals(scope, state, limit))
     }
 
+    fn record_decision(&self, event: DecisionEvent) {
+        self.inner.record_decision(event);
+    }
+
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         Ok(self.inner.read(&self.inner.record_key(scope, key)))
     }
 
     async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
-        let Some(record_key) = self.inner.record_key_of(scope, id) else {
-            return Ok(None);
-        };
-        Ok(self
-            .inner
-            .read(&record_key)
-            .filter(|operation| operation.id == id))
+        let clock = &self.inner.clock;
+        Ok(self.inner.with_id(scope, id, |entry, record_key, _| {
+            entry.operation(record_key, clock, None)
+        }))
     }
 
     /// Returns the record as it stands once the one seen first leaves `in_progress`: it
@@ -205,7 +227,7 @@ impl Store for MemoryStore {
                     return Ok(None);
                 };
                 let tick = clock.tick(now);
-                entry.refresh(tick, clock);
+                self.inner.refresh(entry, &record_key, tick);
                 if entry.is_expired(tick) {
                     return Ok(None);
                 }
@@ -215,14 +237,11 @@ impl Store for MemoryStore {
                     || entry.id != id
                     || now >= deadline
                 {
-                    return Ok(Some(entry.operation(&record_key, clock)));
+                    return Ok(Some(entry.operation(&record_key, clock, None)));
                 }
+                let lease_expires = clock.instant(entry.lease_expires);
                 // Created under the lock: every later `notify_waiters` reaches it.
-                let notify = entry.notify.get_or_insert_with(|| Arc::new(Notify::new()));
-                (
-                    Arc::clone(notify).notified_owned(),
-                    clock.instant(entry.lease_expires),
-                )
+                (Arc::clone(entry.notify()).notified_owned(), lease_expires)
             };
             let wake_at = lease_expires.map_or(deadline, |at| at.min(deadline));
             // Whether woken by a change, the lease running out or the deadline, the next
@@ -237,4 +256,27 @@ impl Store for MemoryStore {
             .increment(deleted as u64);
         Ok(deleted)
     }
+}
+
+/// Stores `response` as the operation's result. Counted, never refused: the effect happened
+/// and its result must be kept; a response that takes the scope past its quota refuses its
+/// next new key.
+fn complete(
+    inner: &Inner,
+    entry: &mut Entry,
+    record_key: &RecordKey,
+    now: Tick,
+    mut response: StoredResponse,
+) {
+    let added = response_bytes(&response);
+    let status = response.status;
+    let headers = inner.headers(record_key, std::mem::take(&mut response.headers));
+    entry.end_lease();
+    entry.state = OperationState::Completed;
+    entry.set_response(response, headers);
+    entry.set_completed(now);
+    entry.lease_expires = Tick::NEVER;
+    entry.expires = inner.clock.later(now, entry.retention());
+    inner.charge(&record_key.scope, added, entry.expires);
+    inner.journal(entry, now, || AuditEventKind::Completed { status });
 }

@@ -52,10 +52,16 @@ pub fn every_kind() -> Vec<AuditEventKind> {
         AuditEventKind::Resolved {
             operator: "carol".into(),
             reason: "charge confirmed with the processor".into(),
+            resolution: None,
         },
         AuditEventKind::Purged,
         AuditEventKind::QuotaRefused {
             quota: "pending-operations".into(),
+        },
+        AuditEventKind::Resolved {
+            operator: "dave".into(),
+            reason: "no charge at the processor".into(),
+            resolution: Some("failed".into()),
         },
     ]
 }

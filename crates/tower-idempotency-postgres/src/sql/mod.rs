@@ -6,11 +6,13 @@
 //! it reads the database's `now()` — never a time sent by an app server. Row predicates used
 //! in several statements are spelled once ([`fragments`]) and substituted.
 
+mod audit;
 mod fragments;
 mod operations;
 mod outbox;
 mod resolutions;
 
+use audit::AuditQueries;
 use operations::OperationQueries;
 use outbox::OutboxQueries;
 use resolutions::ResolutionQueries;
@@ -24,6 +26,8 @@ pub(crate) struct Queries {
     pub(crate) resolutions: ResolutionQueries,
     /// On `idempotency_outbox`.
     pub(crate) outbox: OutboxQueries,
+    /// On the audit journal's tables.
+    pub(crate) audit: AuditQueries,
 }
 
 impl Queries {
@@ -36,6 +40,7 @@ impl Queries {
             operations: OperationQueries::new(&operations, &usage),
             resolutions: ResolutionQueries::new(&operations, &resolutions, &usage),
             outbox: OutboxQueries::new(&outbox),
+            audit: AuditQueries::new(schema),
         }
     }
 }

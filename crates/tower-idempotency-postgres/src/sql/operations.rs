@@ -65,6 +65,11 @@ pub(crate) struct OperationQueries {
     pub(crate) list_completed: String,
     /// Operations in state `$2`, oldest first (the approval and cancellation states).
     pub(crate) list_state: String,
+    /// Approval `$1`, in any scope (operators).
+    pub(crate) find_approval: String,
+    /// Every scope's approvals in state `$1` as read (all when `NULL`), oldest first, at
+    /// most `$2` (operators).
+    pub(crate) list_all_approvals: String,
 }
 
 /// Makes the statement's implicit transaction commit without waiting for its WAL flush
@@ -195,6 +200,15 @@ impl OperationQueries {
             ),
             list_state: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = $2 ORDER BY o.created_at LIMIT $1"
+            ),
+            find_approval: format!(
+                "SELECT {COLUMNS} FROM {t} AS o WHERE o.approval_id = $1 AND NOT {EXPIRED}"
+            ),
+            list_all_approvals: format!(
+                "SELECT {COLUMNS} FROM {t} AS o \
+                 WHERE o.approval_id IS NOT NULL AND NOT {EXPIRED} \
+                     AND ($1::text IS NULL OR {APPROVAL_STATE} = $1::text) \
+                 ORDER BY o.approval_requested_at, o.approval_id LIMIT $2"
             ),
         }
     }

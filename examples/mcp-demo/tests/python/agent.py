@@ -3,6 +3,9 @@
     agent.py retry URL ACTOR VERSION   list the tools, call deploy_release, then
                                        execution_status for the execution it got
     agent.py status URL ACTOR EXEC_ID  call execution_status for an execution id
+    agent.py production URL ACTOR VERSION
+                                       call deploy_release to production (it needs a
+                                       person's approval) and print the result
 
 Prints one JSON object on stdout.
 """
@@ -43,6 +46,13 @@ async def main(mode, url, actor, argument):
                     execution_id = result["_meta"][EXECUTION]["execution_id"]
                     out["status"] = dump(
                         await session.call_tool("execution_status", {"execution_id": execution_id})
+                    )
+                elif mode == "production":
+                    out["result"] = dump(
+                        await session.call_tool(
+                            "deploy_release",
+                            {"service": "api", "version": argument, "environment": "production"},
+                        )
                     )
                 else:
                     out["status"] = dump(

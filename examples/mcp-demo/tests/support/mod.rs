@@ -38,18 +38,26 @@ impl Drop for Demo {
 
 impl Demo {
     pub async fn start(config: DemoConfig) -> Self {
+        Self::start_with_store(config).await.0
+    }
+
+    /// The demo and the store it keeps its execution records in (approvals are decided
+    /// through it).
+    pub async fn start_with_store(
+        config: DemoConfig,
+    ) -> (Self, std::sync::Arc<dyn tower_idempotency_core::Store>) {
         // RUST_LOG=tower_idempotency_mcp=info shows the layer's decisions.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
-        let router = mcp_demo::app(&config).await.unwrap();
+        let (router, store) = mcp_demo::app_with_store(&config).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             axum::serve(listener, router).await.unwrap();
         });
-        Self { addr, task }
+        (Self { addr, task }, store)
     }
 
     pub fn base(&self) -> String {
@@ -395,4 +403,5 @@ pub fn config(tool_delay_ms: u64) -> DemoConfig {
         ..DemoConfig::default()
     }
 }
+pub mod approvals;
 pub mod scenarios;

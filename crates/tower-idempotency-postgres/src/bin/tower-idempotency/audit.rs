@@ -1,5 +1,7 @@
-//! `tower-idempotency audit …`: the offline verbs on an exported audit journal. None of them
-//! touches a database.
+//! `tower-idempotency audit …`: the journal's verbs. `keygen`, `verify FILE`,
+//! `verify-proof` and `show FILE` work on files and never touch a database; `export`,
+//! `verify` and `show` without a file, `prove`, `seal` and `status` read (or, for `seal`,
+//! extend) the journal in the database named by `DATABASE_URL` or `--database-url-file`.
 
 use std::fs::File;
 use std::io::{BufReader, Write};
@@ -13,14 +15,20 @@ use tower_idempotency_core::audit::{
     VerifyError, Violation,
 };
 
+use tower_idempotency_postgres::{
+    AuditError, PostgresJournal, PostgresJournalConfig, PostgresStore,
+};
+
 use super::Failure;
 
 /// Shown under every audit command's help.
 pub(crate) const AUDIT_EXIT_CODES: &str = "\
 EXIT CODES:
     0 ok (the journal or proof verifies), 1 not found (no event of the operation),
-    2 usage error (including a key that does not parse),
-    6 violation (the journal or a proof does not verify; the verdict names the first problem),
+    2 usage error (including a key that does not parse), 3 database unreachable,
+    5 other database failure,
+    6 violation (the journal or a proof does not verify; the verdict names the first problem;
+      for seal: the journal in the database is not the one its sealer left),
     7 a file cannot be read or written
 
 KEY is the public verifier key text (`name+id+base64`, as `audit keygen` prints it) or
@@ -48,10 +56,11 @@ pub(crate) enum AuditCommand {
     ///
     /// Prints `ok: …` or `violation: KIND: …` naming the first violation (modified, deleted,
     /// inserted, reordered, truncated, forged, rolled back, malformed) and where it is.
+    /// Without FILE, the journal in the database is exported (one snapshot) and verified.
     #[command(after_help = AUDIT_EXIT_CODES)]
     Verify {
-        /// The export file
-        file: PathBuf,
+        /// The export file; without it, the database's journal
+        file: Option<PathBuf>,
         /// The public verifier key: the text, or @FILE
         #[arg(long, value_name = "KEY", value_parser = public_key)]
         public_key: NoteVerifyingKey,
@@ -71,15 +80,63 @@ pub(crate) enum AuditCommand {
     },
     /// Print one operation's events from an export, in journal order, one line each.
     ///
-    /// This reads the export without verifying it: run `audit verify` first.
+    /// This reads the export without verifying it: run `audit verify` first. Without
+    /// FILE, the operation's sealed events are read from the database.
     #[command(after_help = AUDIT_EXIT_CODES)]
     Show {
-        /// The export file
-        file: PathBuf,
+        /// The export file; without it, the database's journal
+        file: Option<PathBuf>,
         /// The operation id (a UUID)
         #[arg(long, value_name = "ID", value_parser = super::operation_id)]
         operation: OperationId,
     },
+    /// Write the database's journal as JSON lines (events and checkpoints), the format
+    /// `audit verify` reads, from one snapshot.
+    ///
+    /// With --since N only what follows the first N events is written (the checkpoints
+    /// larger than N with it): appended to an export of those N events it makes a whole
+    /// one, for shipping the journal off the machine a piece at a time.
+    #[command(after_help = AUDIT_EXIT_CODES)]
+    Export {
+        /// The first event written
+        #[arg(long, value_name = "SEQ", default_value = "0")]
+        since: u64,
+        /// Where the export is written (created, or truncated)
+        #[arg(long, value_name = "FILE")]
+        to: PathBuf,
+    },
+    /// Print an operation's events in the database's journal with their inclusion proofs
+    /// against its newest checkpoint, one `{"kind":"proof",…}` line each, for
+    /// `audit verify-proof` (which needs only the public key). Events sealed after the
+    /// newest checkpoint are not proved yet.
+    #[command(after_help = AUDIT_EXIT_CODES)]
+    Prove {
+        /// The operation id (a UUID)
+        #[arg(long, value_name = "ID", value_parser = super::operation_id)]
+        operation: OperationId,
+        /// Write the proofs to FILE instead of stdout
+        #[arg(long, value_name = "FILE")]
+        to: Option<PathBuf>,
+    },
+    /// Seal the database's pending events into the journal and sign the checkpoints that
+    /// are due, as an app's sealer would (for a database no app instance seals, or from
+    /// cron). Refuses to extend a journal whose newest checkpoint another key signed.
+    #[command(after_help = AUDIT_EXIT_CODES)]
+    Seal {
+        /// The private key file (`audit keygen --out`)
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// A directory where every checkpoint is also appended
+        #[arg(long, value_name = "DIR")]
+        anchor: Option<PathBuf>,
+        /// A checkpoint at every multiple of this many events
+        #[arg(long, value_name = "N", default_value = "1000", value_parser = super::positive)]
+        checkpoint_every: std::num::NonZeroUsize,
+    },
+    /// Print how many events the database's journal holds, how many its newest
+    /// checkpoint covers, and how many wait to be sealed
+    #[command(after_help = AUDIT_EXIT_CODES)]
+    Status,
 }
 
 /// Parses `KEY`: the verifier key text, or `@FILE` holding it on its first line.
@@ -96,17 +153,61 @@ fn public_key(text: &str) -> Result<NoteVerifyingKey, String> {
         .map_err(|err| format!("not a public verifier key: {err}"))
 }
 
-/// Runs one audit verb.
-pub(crate) fn run(command: AuditCommand) -> Result<(), Failure> {
+/// Runs one audit verb; the database is connected to only by the verbs that need it.
+pub(crate) async fn run(command: AuditCommand, target: super::Target) -> Result<(), Failure> {
     match command {
         AuditCommand::Keygen { name, out } => keygen(&name, out.as_deref()),
         AuditCommand::Verify {
-            file,
+            file: Some(file),
             public_key,
             anchor,
         } => verify(&file, public_key, anchor.as_deref()),
+        AuditCommand::Verify {
+            file: None,
+            public_key,
+            anchor,
+        } => verify_database(&database(target)?, public_key, anchor.as_deref()).await,
         AuditCommand::VerifyProof { file, public_key } => verify_proof(&file, &public_key),
-        AuditCommand::Show { file, operation } => show(&file, operation),
+        AuditCommand::Show {
+            file: Some(file),
+            operation,
+        } => show(&file, operation),
+        AuditCommand::Show {
+            file: None,
+            operation,
+        } => show_database(&database(target)?, operation).await,
+        AuditCommand::Export { since, to } => export(&database(target)?, since, &to).await,
+        AuditCommand::Prove { operation, to } => {
+            prove(&database(target)?, operation, to.as_deref()).await
+        }
+        AuditCommand::Seal {
+            key,
+            anchor,
+            checkpoint_every,
+        } => {
+            let key = signing_key(&key)?;
+            let every = checkpoint_every.get() as u64;
+            seal(&database(target)?, key, anchor, every).await
+        }
+        AuditCommand::Status => status(&database(target)?).await,
+    }
+}
+
+/// The store for a verb that reads the database's journal; without a database, the usage
+/// error says that a FILE would do for the verbs that take one.
+fn database(target: super::Target) -> Result<PostgresStore, Failure> {
+    super::connect(target)
+}
+
+fn audit_failure(error: AuditError) -> Failure {
+    match error {
+        AuditError::Store(error) => Failure::from(error),
+        AuditError::Io(error) => Failure::File(error.to_string()),
+        AuditError::Inconsistent(_) => {
+            println!("violation: {error}");
+            Failure::Violation("the database's journal is not intact".to_owned())
+        }
+        other => Failure::Database(other.to_string()),
     }
 }
 
@@ -157,30 +258,166 @@ fn write_private(path: &Path, text: &str) -> Result<(), Failure> {
         .map_err(|err| file_error("write", path, &err))
 }
 
-fn verify(file: &Path, key: NoteVerifyingKey, anchor: Option<&Path>) -> Result<(), Failure> {
+fn verifier(key: NoteVerifyingKey, anchor: Option<&Path>) -> Result<Verifier, Failure> {
     let mut verifier = Verifier::new(key);
     if let Some(dir) = anchor {
         verifier = verifier
             .with_anchor(dir)
             .map_err(|err| file_error("read the anchor", dir, &err))?;
     }
+    Ok(verifier)
+}
+
+fn verify(file: &Path, key: NoteVerifyingKey, anchor: Option<&Path>) -> Result<(), Failure> {
+    let verifier = verifier(key, anchor)?;
     if let Err(err) = File::open(file) {
         return Err(file_error("open", file, &err));
     }
-    match verifier.verify_path(file) {
+    report(verifier.verify_path(file), &file.display().to_string())
+}
+
+/// Prints the verdict of a verification of `what` and maps it onto the exit code.
+fn report(verified: Result<VerifiedJournal, VerifyError>, what: &str) -> Result<(), Failure> {
+    match verified {
         Ok(verified) => {
             println!("{}", verdict(&verified));
             Ok(())
         }
         Err(VerifyError::Violation(violation)) => {
             println!("violation: {}", describe(&violation));
-            Err(Failure::Violation(format!(
-                "{} does not verify",
-                file.display()
-            )))
+            Err(Failure::Violation(format!("{what} does not verify")))
         }
-        Err(err) => Err(Failure::File(format!("{}: {err}", file.display()))),
+        Err(err) => Err(Failure::File(format!("{what}: {err}"))),
     }
+}
+
+async fn verify_database(
+    store: &PostgresStore,
+    key: NoteVerifyingKey,
+    anchor: Option<&Path>,
+) -> Result<(), Failure> {
+    let verifier = verifier(key, anchor)?;
+    let verified = store
+        .verify_journal(&verifier)
+        .await
+        .map_err(audit_failure)?;
+    report(verified, "the database's journal")
+}
+
+async fn export(store: &PostgresStore, since: u64, to: &Path) -> Result<(), Failure> {
+    let file = File::create(to).map_err(|err| file_error("create", to, &err))?;
+    let mut out = std::io::BufWriter::new(file);
+    let summary = store
+        .export_journal(since, &mut out)
+        .await
+        .map_err(audit_failure)?;
+    let file = out
+        .into_inner()
+        .map_err(|err| file_error("write", to, err.error()))?;
+    file.sync_all()
+        .map_err(|err| file_error("write", to, &err))?;
+    println!(
+        "exported {} event(s) and {} checkpoint(s) to {}",
+        summary.events,
+        summary.checkpoints,
+        to.display()
+    );
+    Ok(())
+}
+
+async fn prove(
+    store: &PostgresStore,
+    operation: OperationId,
+    to: Option<&Path>,
+) -> Result<(), Failure> {
+    let proofs = store
+        .prove_journal(operation)
+        .await
+        .map_err(audit_failure)?;
+    if proofs.is_empty() {
+        return Err(Failure::NotFound(format!(
+            "no event of operation {operation} is covered by a checkpoint yet"
+        )));
+    }
+    let mut text = String::new();
+    for proof in &proofs {
+        text.push_str(&proof.to_line());
+        text.push('\n');
+    }
+    match to {
+        Some(path) => {
+            std::fs::write(path, text).map_err(|err| file_error("write", path, &err))?;
+            eprintln!("{} proof(s) written to {}", proofs.len(), path.display());
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+/// Reads the private key written by `audit keygen --out`.
+fn signing_key(path: &Path) -> Result<NoteSigningKey, Failure> {
+    let text = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path).map_err(|err| file_error("read", path, &err))?,
+    );
+    NoteSigningKey::from_text(text.trim()).map_err(|err| {
+        Failure::Usage(format!(
+            "--key {}: not a signing key: {err}",
+            path.display()
+        ))
+    })
+}
+
+async fn seal(
+    store: &PostgresStore,
+    key: NoteSigningKey,
+    anchor: Option<PathBuf>,
+    checkpoint_every: u64,
+) -> Result<(), Failure> {
+    let config = PostgresJournalConfig {
+        checkpoint_every,
+        anchor_dir: anchor,
+        ..PostgresJournalConfig::default()
+    };
+    let journal = PostgresJournal::new(store, key, config).map_err(audit_failure)?;
+    let report = journal.seal().await.map_err(audit_failure)?;
+    if report.busy {
+        println!(
+            "sealed {} event(s); another sealer holds the journal, it seals the rest",
+            report.sealed
+        );
+    } else {
+        println!(
+            "sealed {} event(s), signed {} checkpoint(s); the journal holds {} event(s)",
+            report.sealed, report.checkpoints, report.size
+        );
+    }
+    Ok(())
+}
+
+async fn status(store: &PostgresStore) -> Result<(), Failure> {
+    let status = store.journal_status().await.map_err(audit_failure)?;
+    println!(
+        "{} event(s) sealed, {} covered by the newest checkpoint, {} waiting to be sealed",
+        status.sealed, status.signed, status.pending
+    );
+    Ok(())
+}
+
+async fn show_database(store: &PostgresStore, operation: OperationId) -> Result<(), Failure> {
+    let events = store
+        .journal_events(operation)
+        .await
+        .map_err(audit_failure)?;
+    if events.is_empty() {
+        return Err(Failure::NotFound(format!(
+            "no sealed event of operation {operation} in the database's journal"
+        )));
+    }
+    let mut out = std::io::stdout().lock();
+    for event in &events {
+        let _ = writeln!(out, "{}", event_summary(event));
+    }
+    Ok(())
 }
 
 fn verdict(verified: &VerifiedJournal) -> String {
@@ -388,9 +625,16 @@ fn kind_details(kind: &AuditEventKind) -> String {
         | AuditEventKind::ApprovalApproved { approver }
         | AuditEventKind::ApprovalDenied { approver } => format!("approver={approver}"),
         AuditEventKind::Completed { status } => format!("status={status}"),
-        AuditEventKind::Resolved { operator, reason } => {
-            format!("operator={operator} reason={reason:?}")
-        }
+        AuditEventKind::Resolved {
+            operator,
+            reason,
+            resolution,
+        } => match resolution {
+            Some(resolution) => {
+                format!("operator={operator} reason={reason:?} resolution={resolution}")
+            }
+            None => format!("operator={operator} reason={reason:?}"),
+        },
         AuditEventKind::QuotaRefused { quota } => format!("quota={quota}"),
         _ => String::new(),
     }

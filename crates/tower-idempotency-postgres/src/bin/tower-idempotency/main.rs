@@ -1,16 +1,19 @@
 //! `tower-idempotency`: the operator's tool for the PostgreSQL idempotency store.
 //!
 //! Applies migrations, looks operations up across scopes, lists the ones whose outcome is
-//! unknown, records an operator's resolution, and purges expired records; `audit …` makes
-//! journal keys and verifies exported audit journals and event proofs offline. The command line
-//! is parsed by clap (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA`
-//! as fallbacks); every value is validated before the database is touched. The connection
-//! string comes from `DATABASE_URL` or `--database-url-file` so that its password is not on
-//! the command line, and every resolution records its operator (`--operator`, or `$USER`). Exit codes are
-//! stable for scripts: 0 ok, 1 not found, 2 usage, 3 database unreachable, 4 refused,
-//! 5 other database failure, 6 an audit journal or proof does not verify, 7 a file cannot be
-//! read or written.
+//! unknown, records an operator's resolution, lists and decides approvals across scopes
+//! (`approvals …`), and purges expired records; `audit …` makes journal keys, verifies
+//! exported audit journals and event proofs offline, and exports, verifies, proves and seals
+//! the database's journal. The command line is parsed by clap
+//! (`--help`, `--version`, `DATABASE_URL` and `TOWER_IDEMPOTENCY_SCHEMA` as fallbacks);
+//! every value is validated before the database is touched. The connection string comes
+//! from `DATABASE_URL` or `--database-url-file` so that its password is not on the command
+//! line, and every resolution and approval decision records its operator (`--operator`, or
+//! `$USER`). Exit codes are stable for scripts: 0 ok, 1 not found, 2 usage, 3 database
+//! unreachable, 4 refused, 5 other database failure, 6 an audit journal or proof does not
+//! verify, 7 a file cannot be read or written.
 
+mod approvals;
 mod audit;
 
 use std::io::Write;
@@ -33,7 +36,8 @@ use tower_idempotency_postgres::{
 const EXIT_CODES: &str = "\
 EXIT CODES:
     0 ok, 1 not found, 2 usage error, 3 database unreachable,
-    4 refused (the operation is not in a state that allows it), 5 other database failure,
+    4 refused (the operation or approval is not in a state that allows it),
+    5 other database failure,
     6 an audit journal or proof does not verify, 7 a file cannot be read or written";
 
 /// Operator tool for the tower-idempotency PostgreSQL store.
@@ -120,6 +124,13 @@ enum Command {
         #[arg(long, value_name = "NAME", value_parser = reason)]
         operator: Option<String>,
     },
+    /// Approvals across scopes: list, show, approve (with the fingerprint shown) or deny,
+    /// with the operator recorded as the decider
+    #[command(after_help = EXIT_CODES)]
+    Approvals {
+        #[command(subcommand)]
+        command: approvals::ApprovalsCommand,
+    },
     /// Delete every record whose retention ended, N at a time
     #[command(after_help = EXIT_CODES)]
     Purge {
@@ -127,8 +138,9 @@ enum Command {
         #[arg(long, value_name = "N", default_value = "1000", value_parser = positive)]
         batch: NonZeroUsize,
     },
-    /// The audit journal, offline: make a key, verify an export or an event proof, show an
-    /// operation's events. Needs no database
+    /// The audit journal: make a key, verify an export or an event proof, show an
+    /// operation's events (offline, no database); export, verify, prove, seal the database's
+    /// journal
     #[command(after_help = audit::AUDIT_EXIT_CODES)]
     Audit {
         #[command(subcommand)]
@@ -192,7 +204,7 @@ fn operator(flag: Option<String>) -> Result<String, Failure> {
     match std::env::var("USER") {
         Ok(name) if !name.trim().is_empty() => Ok(name.trim().to_owned()),
         _ => Err(Failure::Usage(
-            "resolve records who decided: pass --operator NAME (USER is not set)".to_owned(),
+            "this command records who decided: pass --operator NAME (USER is not set)".to_owned(),
         )),
     }
 }
@@ -378,8 +390,11 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
             reason,
             operator: Some(operator(flag)?),
         },
-        // The audit verbs work on files only: no database, no DATABASE_URL.
-        Command::Audit { command } => return audit::run(*command),
+        Command::Approvals { command } => Command::Approvals {
+            command: command.with_operator()?,
+        },
+        // The audit verbs connect only when they read the database's journal.
+        Command::Audit { command } => return audit::run(*command, target).await,
         other => other,
     };
     let store = connect(target)?;
@@ -397,6 +412,7 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
             let operator = operator.unwrap_or_default();
             resolve(&store, operation_id, resolution, &reason, &operator).await
         }
+        Command::Approvals { command } => approvals::run(&store, command).await,
         Command::Purge { batch } => purge(&store, batch.get()).await,
         Command::Audit { .. } => unreachable!("handled before connecting"),
     }

@@ -1,0 +1,40 @@
+//! The slugs of the problem types the layers share for approvals: the last path segment of
+//! an RFC 9457 problem `type` URI (`…/problems/approval-required`).
+//!
+//! The HTTP layer renders them as `application/problem+json` under its problem base; the
+//! MCP layer puts the same URIs in its tool results. Both read the slugs from here, so an
+//! agent that understands one understands the other. See `docs/approvals.md`.
+
+/// `403`: the command needs a person's approval; the handler did not run. The problem names
+/// the approval (`approval_id`, `approval_url`), when it expires, the summary the approver
+/// sees and the fingerprint they must confirm.
+pub const APPROVAL_REQUIRED: &str = "approval-required";
+
+/// `403`: the approval was denied; the stored denial (with its reason) is the operation's
+/// answer for every retry.
+pub const APPROVAL_DENIED: &str = "approval-denied";
+
+/// `403`: the approval request was not decided before it expired, or the approval was not
+/// used before it expired. A new approval needs a new key.
+pub const APPROVAL_EXPIRED: &str = "approval-expired";
+
+/// `409`: an approval carried a fingerprint other than the one the approval is bound to
+/// (stale, or of another command); nothing changed.
+pub const APPROVAL_FINGERPRINT_MISMATCH: &str = "approval-fingerprint-mismatch";
+
+/// `409`: the opposite decision was made first; nothing changed.
+pub const APPROVAL_DECIDED: &str = "approval-decided";
+
+/// `403`: the requester may not approve their own request on this route.
+pub const SELF_APPROVAL_FORBIDDEN: &str = "self-approval-forbidden";
+
+/// `404`: no approval with this id exists for the caller's scope (one of another scope is
+/// indistinguishable from none).
+pub const APPROVAL_NOT_FOUND: &str = "approval-not-found";
+
+/// `403`: the caller is not a principal that may decide approvals.
+pub const NOT_AN_APPROVER: &str = "not-an-approver";
+
+/// `500`: the route requires approval and the store does not implement approvals; nothing
+/// ran and nothing is kept.
+pub const APPROVALS_UNSUPPORTED: &str = "approvals-unsupported";

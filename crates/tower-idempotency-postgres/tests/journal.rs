@@ -1,0 +1,499 @@
+//! The audit journal on a real PostgreSQL: the triggers journal every state change in the
+//! statement that makes it, decisions arrive from the store's background batches, the
+//! sealer chains and signs them (alone or racing another sealer), and the export verifies
+//! and proves offline; a journal switched off writes nothing.
+
+use std::time::Duration;
+
+use test_harness::pg;
+use tower_idempotency_core::audit::{
+    AuditEventKind, Correlation, DecisionEvent, NoteSigningKey, SealedEvent, Verifier,
+};
+use tower_idempotency_core::conformance::reserve_request;
+use tower_idempotency_core::{
+    Fingerprint, IdempotencyKey, Lease, OperationId, Reservation, ReserveRequest, Scope, Store,
+    StoredResponse,
+};
+use tower_idempotency_postgres::{
+    PostgresJournal, PostgresJournalConfig, PostgresStore, PostgresStoreConfig, Resolution,
+    ResolveOutcome,
+};
+
+fn request(scope: &Scope, key: &str) -> ReserveRequest {
+    reserve_request(
+        scope,
+        &IdempotencyKey::new(key).unwrap(),
+        &Fingerprint::from_stored("sha256:journal"),
+    )
+}
+
+fn response(status: u16) -> StoredResponse {
+    StoredResponse {
+        status,
+        headers: Vec::new(),
+        body: Some(bytes::Bytes::from_static(b"{}")),
+    }
+}
+
+async fn store(database: &pg::TestDatabase, audit: bool) -> PostgresStore {
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        audit,
+        ..PostgresStoreConfig::new(database.url())
+    })
+    .unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+fn journal(store: &PostgresStore, key: &NoteSigningKey) -> PostgresJournal {
+    let config = PostgresJournalConfig {
+        checkpoint_every: 4,
+        ..PostgresJournalConfig::default()
+    };
+    PostgresJournal::new(store, key.clone(), config).unwrap()
+}
+
+async fn acquire(store: &PostgresStore, scope: &Scope, key: &str) -> Lease {
+    match store.reserve(request(scope, key)).await.unwrap() {
+        Reservation::Acquired { lease, .. } => lease,
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+fn kinds(events: &[SealedEvent]) -> Vec<&'static str> {
+    events.iter().map(|e| e.event.kind.name()).collect()
+}
+
+/// Seals until `operation` has `n` sealed events (decisions arrive in the background).
+async fn sealed_events(
+    store: &PostgresStore,
+    journal: &PostgresJournal,
+    operation: OperationId,
+    n: usize,
+) -> Vec<SealedEvent> {
+    for _ in 0..100 {
+        journal.seal().await.unwrap();
+        let events = store.journal_events(operation).await.unwrap();
+        if events.len() >= n {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events = store.journal_events(operation).await.unwrap();
+    panic!("{n} events expected, sealed: {:?}", kinds(&events));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifecycle_is_journaled_in_order_and_verifies_offline() {
+    let database = pg::test_database().await;
+    let store = store(&database, true).await;
+    let key = NoteSigningKey::generate("journal.test/lifecycle").unwrap();
+    let journal = journal(&store, &key);
+    let scope = Scope::new("acme");
+
+    let lease = acquire(&store, &scope, "k-1").await;
+    let operation = lease.operation_id;
+    store.complete(&lease, response(201)).await.unwrap();
+    store.mark_delivered(&scope, operation).await.unwrap();
+    // A second mark changes nothing and journals nothing.
+    store.mark_delivered(&scope, operation).await.unwrap();
+    let Reservation::Existing(replayed) = store.reserve(request(&scope, "k-1")).await.unwrap()
+    else {
+        panic!("a replay");
+    };
+    assert_eq!(replayed.id, operation);
+    store.record_decision(
+        DecisionEvent::new(scope.clone(), Some(operation), AuditEventKind::Replayed)
+            .with_key(IdempotencyKey::new("k-1").unwrap()),
+    );
+
+    let events = sealed_events(&store, &journal, operation, 4).await;
+    assert_eq!(
+        kinds(&events),
+        ["accepted", "completed", "delivered", "replayed"]
+    );
+    let accepted = &events[0].event;
+    assert_eq!(accepted.scope, scope);
+    assert_eq!(accepted.key.as_ref().unwrap().as_str(), "k-1");
+    assert_eq!(
+        accepted.fingerprint.as_ref().unwrap().as_str(),
+        "sha256:journal"
+    );
+    let AuditEventKind::Accepted {
+        correlation: Correlation::Http { method, route },
+    } = &accepted.kind
+    else {
+        panic!("{:?}", accepted.kind);
+    };
+    assert_eq!(
+        (method.as_str(), route.as_str()),
+        ("POST", "/conformance/{id}")
+    );
+    assert_eq!(
+        events[1].event.kind,
+        AuditEventKind::Completed { status: 201 }
+    );
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [0, 1, 2, 3]);
+    for pair in events.windows(2) {
+        assert_eq!(pair[1].prev, pair[0].hash);
+    }
+
+    let verified = store
+        .verify_journal(&Verifier::new(key.verifying_key()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(verified.events, 4);
+    assert_eq!(verified.latest.as_ref().map(|c| c.size), Some(4));
+
+    let proofs = store.prove_journal(operation).await.unwrap();
+    assert_eq!(proofs.len(), 4);
+    for (proof, event) in proofs.iter().zip(&events) {
+        let (proved, checkpoint) = proof.verify(&key.verifying_key()).unwrap();
+        assert_eq!(proved.hash, event.hash);
+        assert_eq!(checkpoint.size, 4);
+    }
+    let other = NoteSigningKey::generate("journal.test/lifecycle").unwrap();
+    assert!(proofs[0].verify(&other.verifying_key()).is_err());
+
+    let status = store.journal_status().await.unwrap();
+    assert_eq!((status.sealed, status.signed, status.pending), (4, 4, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_state_change_has_its_event() {
+    let database = pg::test_database().await;
+    let store = store(&database, true).await;
+    let key = NoteSigningKey::generate("journal.test/changes").unwrap();
+    let journal = journal(&store, &key);
+    let scope = Scope::new("acme");
+
+    // Released: the key is free again, and its next reservation is a new operation.
+    let released = acquire(&store, &scope, "released").await;
+    store.release(&released).await.unwrap();
+    let again = acquire(&store, &scope, "released").await;
+    assert_ne!(again.operation_id, released.operation_id);
+
+    // Abandoned (unknown), then taken over on a route that allows it, then completed.
+    let abandoned = acquire(&store, &scope, "unknown").await;
+    store.abandon(&abandoned).await.unwrap();
+    let mut takeover = request(&scope, "unknown");
+    takeover.take_over_unknown = true;
+    let Reservation::Acquired {
+        lease,
+        takeover: true,
+        ..
+    } = store.reserve(takeover).await.unwrap()
+    else {
+        panic!("a take-over");
+    };
+    store.complete(&lease, response(200)).await.unwrap();
+
+    // Resolved by an operator, both ways.
+    let failed = acquire(&store, &scope, "resolved-failed").await;
+    store.abandon(&failed).await.unwrap();
+    let outcome = store
+        .resolve(
+            failed.operation_id,
+            Resolution::Failed,
+            "no charge",
+            "carol",
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, ResolveOutcome::Resolved(_)));
+    let completed = acquire(&store, &scope, "resolved-completed").await;
+    store.abandon(&completed).await.unwrap();
+    let outcome_completed = store
+        .resolve(
+            completed.operation_id,
+            Resolution::Completed,
+            "charged",
+            "dave",
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome_completed, ResolveOutcome::Resolved(_)));
+
+    // Purged: retention ended.
+    let mut short = request(&scope, "purged");
+    short.retention = Duration::from_millis(1);
+    let Reservation::Acquired { lease: purged, .. } = store.reserve(short).await.unwrap() else {
+        panic!("fresh");
+    };
+    store.complete(&purged, response(201)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(store.purge_expired(100).await.unwrap() >= 1);
+
+    let of = |lease: &Lease| lease.operation_id;
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, of(&released), 2).await),
+        ["accepted", "released"]
+    );
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, of(&again), 1).await),
+        ["accepted"]
+    );
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, of(&abandoned), 4).await),
+        ["accepted", "unknown", "accepted", "completed"]
+    );
+    let failed_events = sealed_events(&store, &journal, of(&failed), 3).await;
+    assert_eq!(kinds(&failed_events), ["accepted", "unknown", "resolved"]);
+    assert_eq!(
+        failed_events[2].event.kind,
+        AuditEventKind::Resolved {
+            operator: "carol".into(),
+            reason: "no charge".into(),
+            resolution: Some("failed".into()),
+        }
+    );
+    let completed_events = sealed_events(&store, &journal, of(&completed), 3).await;
+    assert_eq!(
+        kinds(&completed_events),
+        ["accepted", "unknown", "resolved"]
+    );
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, of(&purged), 3).await),
+        ["accepted", "completed", "purged"]
+    );
+    let verified = store
+        .verify_journal(&Verifier::new(key.verifying_key()))
+        .await
+        .unwrap()
+        .unwrap();
+    // 2 + 1 (the new operation under the released key) + 4 + 3 + 3 + 3.
+    assert_eq!(verified.events, 16);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_transaction_leaves_no_event() {
+    let database = pg::test_database().await;
+    let store = store(&database, true).await;
+    let key = NoteSigningKey::generate("journal.test/rollback").unwrap();
+    let journal = journal(&store, &key);
+    let scope = Scope::new("acme");
+    let lease = acquire(&store, &scope, "tx").await;
+    let transaction = store.begin_transaction(&lease).await.unwrap().unwrap();
+    // Dropped without completing: PostgreSQL rolls it back; the reservation stays.
+    drop(transaction);
+    store.release(&lease).await.unwrap();
+    let lease = acquire(&store, &scope, "tx-2").await;
+    let transaction = store.begin_transaction(&lease).await.unwrap().unwrap();
+    transaction.complete(response(201)).await.unwrap();
+    let events = sealed_events(&store, &journal, lease.operation_id, 2).await;
+    assert_eq!(kinds(&events), ["accepted", "completed"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_sealers_never_interleave() {
+    let database = pg::test_database().await;
+    let store = store(&database, true).await;
+    let key = NoteSigningKey::generate("journal.test/race").unwrap();
+    let scope = Scope::new("acme");
+    let sealers: Vec<PostgresJournal> = (0..3)
+        .map(|_| {
+            let config = PostgresJournalConfig {
+                checkpoint_every: 7,
+                batch: 5,
+                ..PostgresJournalConfig::default()
+            };
+            PostgresJournal::new(&store, key.clone(), config).unwrap()
+        })
+        .collect();
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..4 {
+        let (store, scope) = (store.clone(), scope.clone());
+        writers.spawn(async move {
+            for i in 0..25 {
+                let lease = acquire(&store, &scope, &format!("w{w}-{i}")).await;
+                store.complete(&lease, response(201)).await.unwrap();
+            }
+        });
+    }
+    let mut seals = tokio::task::JoinSet::new();
+    for sealer in sealers.clone() {
+        seals.spawn(async move {
+            for _ in 0..40 {
+                sealer.seal().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+    }
+    while let Some(done) = writers.join_next().await {
+        done.unwrap();
+    }
+    while let Some(done) = seals.join_next().await {
+        done.unwrap();
+    }
+    sealers[0].seal().await.unwrap();
+    let verified = store
+        .verify_journal(&Verifier::new(key.verifying_key()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(verified.events, 200);
+    assert_eq!(store.journal_status().await.unwrap().pending, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_the_journal_writes_no_event() {
+    let database = pg::test_database().await;
+    let off = store(&database, false).await;
+    let scope = Scope::new("acme");
+    let lease = acquire(&off, &scope, "quiet").await;
+    off.complete(&lease, response(201)).await.unwrap();
+    off.record_decision(DecisionEvent::new(
+        scope.clone(),
+        Some(lease.operation_id),
+        AuditEventKind::Replayed,
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(off.journal_status().await.unwrap().pending, 0);
+    // Another session of the same database journals as usual.
+    let on = store(&database, true).await;
+    let lease = acquire(&on, &scope, "loud").await;
+    on.complete(&lease, response(201)).await.unwrap();
+    assert_eq!(on.journal_status().await.unwrap().pending, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealer_with_another_key_refuses_to_extend_the_journal() {
+    let database = pg::test_database().await;
+    let store = store(&database, true).await;
+    let key = NoteSigningKey::generate("journal.test/keys").unwrap();
+    let scope = Scope::new("acme");
+    let lease = acquire(&store, &scope, "one").await;
+    store.complete(&lease, response(201)).await.unwrap();
+    journal(&store, &key).seal().await.unwrap();
+    let other = NoteSigningKey::generate("journal.test/keys").unwrap();
+    let error = journal(&store, &other).seal().await.unwrap_err();
+    assert!(error.to_string().contains("does not verify"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_marks_cancellations_and_approvals_are_journaled() {
+    let database = pg::test_database().await;
+    let store = store(&database, true).await;
+    let key = NoteSigningKey::generate("journal.test/lifecycle-states").unwrap();
+    let journal = journal(&store, &key);
+    let scope = Scope::new("acme");
+
+    // Accepted, dispatched by the handler, cancelled too late (unknown); and one cancelled
+    // before its dispatch (abandoned), then taken over by its retry.
+    let marks = ReserveRequest {
+        marks_dispatch: true,
+        ..request(&scope, "dispatched")
+    };
+    let Reservation::Acquired { lease, .. } = store.reserve(marks).await.unwrap() else {
+        panic!("fresh");
+    };
+    store
+        .mark_dispatched(&lease, Duration::from_secs(30))
+        .await
+        .unwrap();
+    store.cancel(&lease).await.unwrap();
+    let dispatched = lease.operation_id;
+    let early = ReserveRequest {
+        marks_dispatch: true,
+        ..request(&scope, "cancelled")
+    };
+    let Reservation::Acquired { lease, .. } = store.reserve(early.clone()).await.unwrap() else {
+        panic!("fresh");
+    };
+    store.cancel(&lease).await.unwrap();
+    let Reservation::Acquired { lease: retry, .. } = store.reserve(early).await.unwrap() else {
+        panic!("a cancelled attempt is taken over");
+    };
+    assert_eq!(retry.operation_id, lease.operation_id);
+
+    // An approval asked for, given, and used by the next reservation; another denied.
+    let approval = tower_idempotency_core::ApprovalRequest {
+        requested_by: "agent-7".into(),
+        summary: serde_json::json!({"refund": 100}),
+        ttl: Duration::from_secs(60),
+    };
+    let asking = ReserveRequest {
+        approval: Some(approval.clone()),
+        ..request(&scope, "approved")
+    };
+    let Reservation::ApprovalRequested(waiting) = store.reserve(asking.clone()).await.unwrap()
+    else {
+        panic!("an approval request");
+    };
+    let id = waiting.approval.as_ref().unwrap().id;
+    let decision = tower_idempotency_core::ApprovalDecision::Approve {
+        fingerprint: waiting.fingerprint.clone(),
+    };
+    let decided = store
+        .decide_approval(&scope, id, decision, "ops-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        decided,
+        tower_idempotency_core::DecisionOutcome::Decided(_)
+    ));
+    let Reservation::Acquired { .. } = store.reserve(asking).await.unwrap() else {
+        panic!("the approved command runs");
+    };
+    let denying = ReserveRequest {
+        approval: Some(approval),
+        ..request(&scope, "denied")
+    };
+    let Reservation::ApprovalRequested(denied) = store.reserve(denying).await.unwrap() else {
+        panic!("an approval request");
+    };
+    let decision = tower_idempotency_core::ApprovalDecision::Deny {
+        reason: "no".into(),
+    };
+    let denied_id = denied.approval.as_ref().unwrap().id;
+    let decided = store
+        .decide_approval(&scope, denied_id, decision, "ops-2")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        decided,
+        tower_idempotency_core::DecisionOutcome::Decided(_)
+    ));
+
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, dispatched, 3).await),
+        ["accepted", "dispatched", "unknown"]
+    );
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, lease.operation_id, 3).await),
+        ["accepted", "abandoned", "accepted"]
+    );
+    let approved = sealed_events(&store, &journal, waiting.id, 4).await;
+    assert_eq!(
+        kinds(&approved),
+        [
+            "accepted",
+            "approval_requested",
+            "approval_approved",
+            "accepted"
+        ]
+    );
+    assert_eq!(approved[1].event.principal.as_deref(), Some("agent-7"));
+    assert_eq!(
+        approved[2].event.kind,
+        AuditEventKind::ApprovalApproved {
+            approver: "ops-1".into()
+        }
+    );
+    let denied_events = sealed_events(&store, &journal, denied.id, 3).await;
+    assert_eq!(
+        denied_events[2].event.kind,
+        AuditEventKind::ApprovalDenied {
+            approver: "ops-2".into()
+        }
+    );
+    store
+        .verify_journal(&Verifier::new(key.verifying_key()))
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,25 @@
+//! The decisions of a guarded request that change no record — a replay, an attachment to a
+//! running original, a conflict, a refusal while the original runs, a quota refusal — handed
+//! to the store's audit journal ([`Store::record_decision`]), which writes them in the
+//! background. State changes (accepted, completed, delivered, …) are journaled by the store
+//! itself, with the change.
+//!
+//! [`Store::record_decision`]: tower_idempotency_core::Store::record_decision
+
+use tower_idempotency_core::audit::{AuditEventKind, DecisionEvent};
+use tower_idempotency_core::{OperationId, ReserveRequest};
+
+use crate::config::Shared;
+
+/// Journals `kind` for `request` (its scope, key and fingerprint) about `operation`.
+pub(crate) fn decision(
+    shared: &Shared,
+    request: &ReserveRequest,
+    operation: Option<OperationId>,
+    kind: AuditEventKind,
+) {
+    let event = DecisionEvent::new(request.scope.clone(), operation, kind)
+        .with_key(request.key.clone())
+        .with_fingerprint(request.fingerprint.clone());
+    shared.store.record_decision(event);
+}

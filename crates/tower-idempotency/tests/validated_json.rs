@@ -1,0 +1,282 @@
+//! The `ValidatedJson` extractor: behind the layer it hands the handler the command the
+//! route's normalizer validated (the body is not parsed again); elsewhere it parses and
+//! validates the body itself, refusing bad bodies with the layer's problem shapes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use tower_idempotency::{
+    CommandRejection, IdempotencyLayer, JsonCommand, MemoryStore, RoutePolicy, Scope, ValidatedJson,
+};
+
+/// A command whose own normalizer marks what it normalized, so that a test can tell the
+/// layer's normalized value (marked `layer` by the route's normalizer) from the
+/// extractor's own parse (marked `extractor`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewThing {
+    name: String,
+    count: u32,
+    normalized_by: String,
+}
+
+impl JsonCommand for NewThing {
+    fn normalize(command: &mut Value) -> Result<(), CommandRejection> {
+        mark(command, "extractor")
+    }
+}
+
+fn mark(command: &mut Value, by: &str) -> Result<(), CommandRejection> {
+    let object = command
+        .as_object_mut()
+        .ok_or_else(|| CommandRejection::new("the command must be a JSON object"))?;
+    if object.get("name").and_then(Value::as_str) == Some("") {
+        return Err(CommandRejection::new("name must not be blank"));
+    }
+    object.insert("normalized_by".to_owned(), Value::from(by));
+    Ok(())
+}
+
+/// A handler that echoes its command, counting its calls.
+fn things(calls: &Arc<AtomicUsize>) -> Router {
+    let calls = calls.clone();
+    Router::new().route(
+        "/v1/things",
+        post(move |ValidatedJson(thing): ValidatedJson<NewThing>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let body = json!({
+                    "name": thing.name,
+                    "count": thing.count,
+                    "normalized_by": thing.normalized_by,
+                });
+                (StatusCode::CREATED, axum::Json(body))
+            }
+        }),
+    )
+}
+
+fn guarded(policy: RoutePolicy, calls: &Arc<AtomicUsize>) -> Router {
+    let layer = IdempotencyLayer::new(MemoryStore::default())
+        .with_scope(|_| Some(Scope::new("acct_1")))
+        .with_problem_base("https://example.com/problems/")
+        .with_default_policy(policy);
+    things(calls).route_layer(layer)
+}
+
+fn request(key: Option<&str>, content_type: &str, body: &str) -> Request<Body> {
+    let mut builder = Request::post("/v1/things").header("content-type", content_type);
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body.to_owned())).unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Value) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if !status.is_success() {
+        assert_eq!(content_type.as_deref(), Some("application/problem+json"));
+    }
+    (status, body)
+}
+
+#[tokio::test]
+async fn behind_a_normalizer_the_handler_gets_the_layers_command() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let policy = RoutePolicy::required().with_normalizer(|command| mark(command, "layer"));
+    let app = guarded(policy, &calls);
+    let body = r#"{"count": 2, "name": "bolt"}"#;
+    let (status, answer) = send(&app, request(Some("k-1"), "application/json", body)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    // The extractor did not normalize (or parse) again: the command is the layer's.
+    assert_eq!(
+        answer,
+        json!({"name": "bolt", "count": 2, "normalized_by": "layer"})
+    );
+    // The same command in another spelling replays the stored answer.
+    let respelled = "{ \"name\" : \"bolt\" , \"count\" : 2.0 }";
+    let (status, replayed) = send(&app, request(Some("k-1"), "application/json", respelled)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, answer));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn with_the_commands_own_normalizer_the_layer_and_the_extractor_agree() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = guarded(RoutePolicy::required().with_command::<NewThing>(), &calls);
+    let (status, answer) = send(
+        &app,
+        request(Some("k-1"), "application/json", r#"{"name":"a","count":1}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(answer["normalized_by"], "extractor");
+    // The layer ran the command's normalizer: a blank name never reaches the handler.
+    let (status, problem) = send(
+        &app,
+        request(Some("k-2"), "application/json", r#"{"name":"","count":1}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        problem["type"],
+        "https://example.com/problems/invalid-command"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn without_a_normalizer_the_extractor_parses_the_body() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    // No normalizer on the route: the layer only canonicalizes, the extractor parses.
+    let app = guarded(RoutePolicy::required(), &calls);
+    let (status, answer) = send(
+        &app,
+        request(Some("k-1"), "application/json", r#"{"name":"a","count":1}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(answer["normalized_by"], "extractor");
+    // An optional route without a key: the layer passes the request through untouched.
+    let app = guarded(RoutePolicy::optional(), &calls);
+    let (status, answer) = send(
+        &app,
+        request(None, "application/json", r#"{"name":"b","count":3}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(answer["normalized_by"], "extractor");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_command_the_type_refuses_is_a_stored_invalid_command() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    // The route's normalizer accepts what `NewThing` cannot hold (a count that is text).
+    let policy = RoutePolicy::required().with_normalizer(|command| mark(command, "layer"));
+    let app = guarded(policy, &calls);
+    let body = r#"{"name":"a","count":"many"}"#;
+    let (status, problem) = send(&app, request(Some("k-1"), "application/json", body)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        problem["type"],
+        "https://example.com/problems/invalid-command"
+    );
+    assert_eq!(problem["title"], "Invalid command");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("expected u32"),
+        "{problem}"
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "the extractor refused first"
+    );
+    // The handler's answer is the operation's outcome: a retry replays it.
+    let (status, replayed) = send(&app, request(Some("k-1"), "application/json", body)).await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::UNPROCESSABLE_ENTITY, problem)
+    );
+}
+
+/// Without a layer: every bad body is refused by the extractor with the problem the layer
+/// itself answers for it (same type, title, status, detail and members), under the default
+/// problem base.
+#[tokio::test]
+async fn bad_bodies_get_the_layers_problems() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let bare = things(&calls);
+    let layered = {
+        let layer = IdempotencyLayer::new(MemoryStore::default())
+            .with_scope(|_| Some(Scope::new("acct_1")))
+            .with_default_policy(RoutePolicy::required().with_command::<NewThing>());
+        things(&calls).route_layer(layer)
+    };
+    let cases = [
+        (
+            "text/plain",
+            r#"{"name":"a","count":1}"#,
+            415,
+            "unsupported-media-type",
+        ),
+        ("application/json", r#"{"name":"a","#, 422, "invalid-json"),
+        (
+            "application/json",
+            r#"{"name":"a","name":"b","count":1}"#,
+            422,
+            "invalid-json",
+        ),
+        (
+            "application/json",
+            r#"{"count": 9007199254740993, "name":"a"}"#,
+            422,
+            "invalid-json",
+        ),
+        ("application/json", "[1, 2]", 422, "invalid-command"),
+        (
+            "application/json",
+            r#"{"name":"","count":1}"#,
+            422,
+            "invalid-command",
+        ),
+    ];
+    for (content_type, body, status, slug) in cases {
+        let (got, problem) = send(&bare, request(None, content_type, body)).await;
+        assert_eq!(got.as_u16(), status, "{body}: {problem}");
+        assert_eq!(
+            problem["type"],
+            format!("https://tower-idempotency.dev/problems/{slug}"),
+            "{body}"
+        );
+        assert_eq!(problem["status"], status);
+        let (_, from_layer) = send(&layered, request(Some("k"), content_type, body)).await;
+        assert_eq!(problem, from_layer, "{body}");
+    }
+    // Fields the type does not have (`deny_unknown_fields`) or of the wrong type.
+    for body in [
+        r#"{"name":"a","count":1,"colour":"red"}"#,
+        r#"{"name":"a","count":-1}"#,
+        r#"{"name":"a"}"#,
+    ] {
+        let (status, problem) = send(&bare, request(None, "application/json", body)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(
+            problem["type"],
+            "https://tower-idempotency.dev/problems/invalid-command"
+        );
+        assert!(problem["detail"].is_string());
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_body_past_the_limit_is_too_large() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = things(&calls).layer(DefaultBodyLimit::max(16));
+    let body = r#"{"name":"a long enough name","count":1}"#;
+    let (status, problem) = send(&app, request(None, "application/json", body)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        problem["type"],
+        "https://tower-idempotency.dev/problems/body-too-large"
+    );
+    assert_eq!(problem["title"], "Request body too large");
+    assert!(problem["detail"].is_string());
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}

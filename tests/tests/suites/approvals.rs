@@ -1,0 +1,591 @@
+//! Human approvals over real HTTP against the demo: production deploys and large payments
+//! wait for an approver of the account, who approves exactly the fingerprint they were
+//! shown; the approved retry executes once, denials and expiry are answered from the
+//! record, decisions are atomic, and another account sees nothing.
+//!
+//! Shared by the memory and PostgreSQL targets: the including target's `demo_server`
+//! decides where the demo keeps its idempotency records and its business records. Effects
+//! are counted from the demo's own listings (`GET /v1/deploys`, `GET /v1/payments`).
+
+use std::time::Duration;
+
+use integration_tests::app::{Client, Reply, TestServer, demo_config, new_account, new_key};
+use serde_json::{Value, json};
+
+const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const OTHER_DIGEST: &str =
+    "sha256:fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+
+fn deploy(environment: &str, artifact: &str) -> String {
+    json!({"service": "api", "environment": environment, "artifact": artifact}).to_string()
+}
+
+fn production() -> String {
+    deploy("production", DIGEST)
+}
+
+fn payment(amount_minor: u64, invoice: &str) -> String {
+    json!({"amount_minor": amount_minor, "currency": "EUR", "invoice_ref": invoice, "payee": "ACME GmbH"})
+        .to_string()
+}
+
+/// An account with its agent (`Bearer <account>`) and its approver
+/// (`Bearer <account>:approver`).
+struct Account {
+    name: String,
+    agent: Client,
+    approver: Client,
+}
+
+impl Account {
+    fn new(server: &TestServer) -> Self {
+        let name = new_account();
+        Self {
+            agent: server.client(&name),
+            approver: server.client(&format!("{name}:approver")),
+            name,
+        }
+    }
+
+    fn as_user(&self, server: &TestServer, user: &str) -> Client {
+        server.client(&format!("{}:{user}", self.name))
+    }
+}
+
+async fn server() -> TestServer {
+    super::demo_server(demo_config()).await
+}
+
+/// Asserts `403 approval-required` and returns the problem.
+#[track_caller]
+fn required(reply: &Reply) -> Value {
+    let problem = reply.assert_problem(403, "approval-required");
+    assert!(problem["approval_id"].is_string(), "{problem}");
+    problem
+}
+
+async fn post_json(client: &Client, path: &str, body: Value) -> Reply {
+    client.post(path, None, body.to_string()).await
+}
+
+async fn approve(client: &Client, problem: &Value) -> Reply {
+    let path = format!("{}/approve", problem["approval_url"].as_str().unwrap());
+    post_json(
+        client,
+        &path,
+        json!({"fingerprint": problem["fingerprint"]}),
+    )
+    .await
+}
+
+async fn deny(client: &Client, problem: &Value, reason: &str) -> Reply {
+    let path = format!("{}/deny", problem["approval_url"].as_str().unwrap());
+    post_json(client, &path, json!({"reason": reason})).await
+}
+
+async fn pending(client: &Client) -> Vec<Value> {
+    let listing = client.get_json("/approvals?state=pending").await;
+    listing["approvals"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_walk_required_approved_executed_once_then_replayed() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let key = new_key();
+
+    let first = acme
+        .agent
+        .post("/v1/deploys", Some(&key), production())
+        .await;
+    let problem = required(&first);
+    assert_eq!(acme.agent.list("deploys").await.len(), 0, "nothing ran");
+    let approval_id = problem["approval_id"].as_str().unwrap().to_owned();
+    let operation_id = problem["operation_id"].as_str().unwrap().to_owned();
+    assert_eq!(problem["approval_url"], format!("/approvals/{approval_id}"));
+    assert!(
+        problem["fingerprint"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    assert!(problem["expires_at"].is_string());
+    let summary = &problem["summary"];
+    assert_eq!(summary["operation"], "deploy");
+    assert_eq!(summary["service"], "api");
+    assert_eq!(summary["environment"], "production");
+    assert_eq!(summary["artifact"], DIGEST);
+    assert_eq!(summary["reversible"], true);
+
+    // Undecided: the same answer, the same approval.
+    let again = acme
+        .agent
+        .post("/v1/deploys", Some(&key), production())
+        .await;
+    assert_eq!(required(&again)["approval_id"], approval_id.as_str());
+    let record = acme.agent.operation(&key).await.json();
+    assert_eq!(record["state"], "awaiting_approval");
+    assert_eq!(record["approval"]["approval_id"], approval_id.as_str());
+    assert_eq!(record["approval"]["state"], "pending");
+
+    // The approver sees what was asked, by whom, and approves the fingerprint shown.
+    let listed = pending(&acme.approver).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["approval_id"], approval_id.as_str());
+    assert_eq!(listed[0]["operation_id"], operation_id.as_str());
+    assert_eq!(listed[0]["requested_by"], "agent");
+    assert_eq!(listed[0]["summary"], *summary);
+    assert_eq!(listed[0]["fingerprint"], problem["fingerprint"]);
+    let shown = acme
+        .approver
+        .get_json(&format!("/approvals/{approval_id}"))
+        .await;
+    assert_eq!(shown, listed[0]);
+    let approved = approve(&acme.approver, &problem).await;
+    assert_eq!(approved.status, 200, "{}", approved.text());
+    let approved = approved.json();
+    assert_eq!(approved["state"], "approved");
+    assert_eq!(approved["decided_by"], "approver");
+    assert_eq!(
+        acme.agent.list("deploys").await.len(),
+        0,
+        "approving runs nothing"
+    );
+
+    // The retry executes, once; replays need nothing.
+    let executed = acme
+        .agent
+        .post("/v1/deploys", Some(&key), production())
+        .await;
+    assert_eq!(executed.status, 201, "{}", executed.text());
+    assert!(!executed.is_replay());
+    assert_eq!(executed.operation_id(), Some(operation_id.as_str()));
+    for _ in 0..2 {
+        let replay = acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await;
+        assert_eq!(replay.status, 201);
+        assert!(replay.is_replay());
+        assert_eq!(replay.body, executed.body);
+    }
+    assert_eq!(acme.agent.list("deploys").await.len(), 1);
+    assert!(pending(&acme.approver).await.is_empty());
+    let record = acme.agent.operation(&key).await.json();
+    assert_eq!(record["state"], "completed");
+    assert_eq!(record["approval"]["state"], "approved");
+
+    // What needs no approval runs at once.
+    let staging = acme
+        .agent
+        .post("/v1/deploys", Some(&new_key()), deploy("staging", DIGEST))
+        .await;
+    assert_eq!(staging.status, 201, "{}", staging.text());
+    assert_eq!(acme.agent.list("deploys").await.len(), 2);
+
+    let metrics = server.anonymous().get("/metrics").await.text();
+    assert!(
+        metrics.contains(r#"idempotency_decision="approval_required""#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_payments_need_approval_and_small_ones_do_not() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let small = acme
+        .agent
+        .post("/v1/payments", Some(&new_key()), payment(99_999, "INV-1"))
+        .await;
+    assert_eq!(small.status, 201, "{}", small.text());
+
+    let key = new_key();
+    let large = payment(100_000, "INV-2");
+    let problem = required(
+        &acme
+            .agent
+            .post("/v1/payments", Some(&key), large.clone())
+            .await,
+    );
+    let summary = &problem["summary"];
+    assert_eq!(summary["operation"], "payment");
+    assert_eq!(summary["payee"], "ACME GmbH");
+    assert_eq!(summary["amount_minor"], 100_000);
+    assert_eq!(summary["currency"], "EUR");
+    assert_eq!(summary["invoice_ref"], "INV-2");
+    assert_eq!(summary["reversible"], false);
+    assert_eq!(acme.agent.list("payments").await.len(), 1);
+
+    assert_eq!(approve(&acme.approver, &problem).await.status, 200);
+    let paid = acme
+        .agent
+        .post("/v1/payments", Some(&key), large.clone())
+        .await;
+    assert_eq!(paid.status, 201, "{}", paid.text());
+    let replay = acme.agent.post("/v1/payments", Some(&key), large).await;
+    assert!(replay.is_replay());
+    assert_eq!(acme.agent.list("payments").await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_command_cannot_use_the_approval() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let key = new_key();
+    let problem = required(
+        &acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await,
+    );
+    assert_eq!(approve(&acme.approver, &problem).await.status, 200);
+
+    // The artifact swapped after the person said yes: not under the approved key...
+    let swapped = deploy("production", OTHER_DIGEST);
+    let conflict = acme
+        .agent
+        .post("/v1/deploys", Some(&key), swapped.clone())
+        .await;
+    let mismatch = conflict.assert_problem(409, "fingerprint-mismatch");
+    assert_eq!(mismatch["operation_id"], problem["operation_id"]);
+    assert!(
+        mismatch.get("summary").is_none(),
+        "the original is not disclosed"
+    );
+    // ...and under a new key it is a new request that needs its own approval.
+    let fresh = required(
+        &acme
+            .agent
+            .post("/v1/deploys", Some(&new_key()), swapped)
+            .await,
+    );
+    assert_ne!(fresh["approval_id"], problem["approval_id"]);
+    assert_ne!(fresh["fingerprint"], problem["fingerprint"]);
+    assert_eq!(fresh["summary"]["artifact"], OTHER_DIGEST);
+    // Approving the new request with the old fingerprint is refused.
+    let path = format!("{}/approve", fresh["approval_url"].as_str().unwrap());
+    let stale = post_json(
+        &acme.approver,
+        &path,
+        json!({"fingerprint": problem["fingerprint"]}),
+    )
+    .await;
+    stale.assert_problem(409, "approval-fingerprint-mismatch");
+    assert_eq!(acme.agent.list("deploys").await.len(), 0);
+
+    // The approved command itself still runs.
+    let executed = acme
+        .agent
+        .post("/v1/deploys", Some(&key), production())
+        .await;
+    assert_eq!(executed.status, 201, "{}", executed.text());
+    let deploys = acme.agent.list("deploys").await;
+    assert_eq!(deploys.len(), 1);
+    assert_eq!(deploys[0]["artifact"], DIGEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_is_replayed_to_every_retry() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let key = new_key();
+    let problem = required(
+        &acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await,
+    );
+    let denied = deny(&acme.approver, &problem, "change freeze until Monday").await;
+    assert_eq!(denied.status, 200, "{}", denied.text());
+    assert_eq!(denied.json()["state"], "denied");
+    assert_eq!(denied.json()["reason"], "change freeze until Monday");
+
+    for _ in 0..3 {
+        let retry = acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await;
+        let refusal = retry.assert_problem(403, "approval-denied");
+        assert_eq!(refusal["reason"], "change freeze until Monday");
+        assert_eq!(refusal["approval_id"], problem["approval_id"]);
+    }
+    // Repeating the denial answers it again; approving now is refused.
+    assert_eq!(deny(&acme.approver, &problem, "again").await.status, 200);
+    let late = approve(&acme.approver, &problem).await;
+    assert_eq!(
+        late.assert_problem(409, "approval-decided")["state"],
+        "denied"
+    );
+    assert_eq!(acme.agent.operation(&key).await.json()["state"], "denied");
+    assert_eq!(acme.agent.list("deploys").await.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_unused_approvals_expire() {
+    let ttl = Duration::from_millis(400);
+    let server = super::demo_server(demo::Config {
+        approval_ttl: ttl,
+        ..demo_config()
+    })
+    .await;
+    let acme = Account::new(&server);
+
+    // Not decided in time.
+    let key = new_key();
+    let undecided = required(
+        &acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await,
+    );
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let retry = acme
+        .agent
+        .post("/v1/deploys", Some(&key), production())
+        .await;
+    let expired = retry.assert_problem(403, "approval-expired");
+    assert_eq!(expired["approval_id"], undecided["approval_id"]);
+    approve(&acme.approver, &undecided)
+        .await
+        .assert_problem(403, "approval-expired");
+    let listing = acme.approver.get_json("/approvals?state=expired").await;
+    assert_eq!(listing["approvals"].as_array().unwrap().len(), 1);
+
+    // Approved in time, not used in time.
+    let key = new_key();
+    let unused = required(
+        &acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await,
+    );
+    assert_eq!(approve(&acme.approver, &unused).await.status, 200);
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let retry = acme
+        .agent
+        .post("/v1/deploys", Some(&key), production())
+        .await;
+    retry.assert_problem(403, "approval-expired");
+    assert_eq!(acme.agent.list("deploys").await.len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_approvers_decide_and_never_their_own_request() {
+    let server = super::demo_server(demo::Config {
+        approvers: vec!["alice".to_owned(), "bob".to_owned()],
+        ..demo_config()
+    })
+    .await;
+    let acme = Account::new(&server);
+    let alice = acme.as_user(&server, "alice");
+    let bob = acme.as_user(&server, "bob");
+
+    // Alice (an approver) asks for a production deploy herself.
+    let key = new_key();
+    let problem = required(&alice.post("/v1/deploys", Some(&key), production()).await);
+    assert_eq!(pending(&bob).await[0]["requested_by"], "alice");
+    approve(&alice, &problem)
+        .await
+        .assert_problem(403, "self-approval-forbidden");
+    // Neither the agent nor `approver` (not named by --approver here) may decide.
+    approve(&acme.agent, &problem)
+        .await
+        .assert_problem(403, "not-an-approver");
+    approve(&acme.approver, &problem)
+        .await
+        .assert_problem(403, "not-an-approver");
+    assert_eq!(pending(&bob).await.len(), 1, "still undecided");
+    let approved = approve(&bob, &problem).await;
+    assert_eq!(approved.status, 200, "{}", approved.text());
+    assert_eq!(approved.json()["decided_by"], "bob");
+    let executed = alice.post("/v1/deploys", Some(&key), production()).await;
+    assert_eq!(executed.status, 201, "{}", executed.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_concurrent_approve_and_deny_exactly_one_wins() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    for round in 0..8 {
+        let key = new_key();
+        let problem = required(
+            &acme
+                .agent
+                .post("/v1/deploys", Some(&key), production())
+                .await,
+        );
+        let (approving, denying) = {
+            let (approver, problem) = (acme.approver.clone(), problem.clone());
+            let other = (acme.as_user(&server, "approver"), problem.clone());
+            (
+                tokio::spawn(async move { approve(&approver, &problem).await }),
+                tokio::spawn(async move { deny(&other.0, &other.1, "no").await }),
+            )
+        };
+        let (approved, denied) = (approving.await.unwrap(), denying.await.unwrap());
+        let winner = match (approved.status, denied.status) {
+            (200, 409) => {
+                let lost = denied.assert_problem(409, "approval-decided");
+                assert_eq!(lost["state"], "approved");
+                "approved"
+            }
+            (409, 200) => {
+                let lost = approved.assert_problem(409, "approval-decided");
+                assert_eq!(lost["state"], "denied");
+                "denied"
+            }
+            other => panic!(
+                "round {round}: {other:?}: {} / {}",
+                approved.text(),
+                denied.text()
+            ),
+        };
+        let shown = acme
+            .approver
+            .get_json(problem["approval_url"].as_str().unwrap())
+            .await;
+        assert_eq!(shown["state"], winner, "round {round}");
+        let retry = acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await;
+        match winner {
+            "approved" => assert_eq!(retry.status, 201, "{}", retry.text()),
+            _ => {
+                retry.assert_problem(403, "approval-denied");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_retries_after_approval_execute_once() {
+    let server = super::demo_server(demo::Config {
+        handler_delay: Duration::from_millis(300),
+        ..demo_config()
+    })
+    .await;
+    let acme = Account::new(&server);
+    let key = new_key();
+    let problem = required(
+        &acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await,
+    );
+    assert_eq!(approve(&acme.approver, &problem).await.status, 200);
+
+    let retries: Vec<_> = (0..8)
+        .map(|_| {
+            acme.agent
+                .spawn_post("/v1/deploys", Some(&key), production())
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for retry in retries {
+        let reply = retry.await.unwrap();
+        assert_eq!(reply.status, 201, "{}", reply.text());
+        assert_eq!(reply.operation_id(), problem["operation_id"].as_str());
+        bodies.push(reply.body);
+    }
+    assert!(
+        bodies.windows(2).all(|w| w[0] == w[1]),
+        "one answer for all"
+    );
+    assert_eq!(acme.agent.list("deploys").await.len(), 1, "executed once");
+    let record = acme.agent.operation(&key).await.json();
+    assert_eq!(record["attempts"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_account_sees_nothing() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let globex = Account::new(&server);
+    let problem = required(
+        &acme
+            .agent
+            .post("/v1/deploys", Some(&new_key()), production())
+            .await,
+    );
+    let url = problem["approval_url"].as_str().unwrap();
+
+    assert!(pending(&globex.approver).await.is_empty());
+    let all = globex.approver.get_json("/approvals").await;
+    assert_eq!(all["approvals"], json!([]));
+    globex
+        .approver
+        .get(url)
+        .await
+        .assert_problem(404, "approval-not-found");
+    approve(&globex.approver, &problem)
+        .await
+        .assert_problem(404, "approval-not-found");
+    deny(&globex.approver, &problem, "not mine")
+        .await
+        .assert_problem(404, "approval-not-found");
+    globex
+        .approver
+        .get(&format!(
+            "/operations/{}",
+            problem["operation_id"].as_str().unwrap()
+        ))
+        .await
+        .assert_problem(404, "operation-not-found");
+    // Still pending for its own account.
+    assert_eq!(acme.approver.get_json(url).await["state"], "pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approvals_routes_refuse_bad_requests_precisely() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let problem = required(
+        &acme
+            .agent
+            .post("/v1/deploys", Some(&new_key()), production())
+            .await,
+    );
+    let approve_path = format!("{}/approve", problem["approval_url"].as_str().unwrap());
+    server
+        .anonymous()
+        .get("/approvals")
+        .await
+        .assert_problem(401, "unauthorized");
+    acme.approver
+        .get("/approvals?state=later")
+        .await
+        .assert_problem(400, "invalid-query");
+    acme.approver
+        .get("/approvals/12345")
+        .await
+        .assert_problem(404, "approval-not-found");
+    acme.approver
+        .post(&approve_path, None, "{not json")
+        .await
+        .assert_problem(422, "invalid-json");
+    acme.approver
+        .post(&approve_path, None, r#"{"fingerprnt": "sha256:00"}"#)
+        .await
+        .assert_problem(422, "invalid-command");
+    let deny_path = approve_path.replace("/approve", "/deny");
+    acme.approver
+        .post(&deny_path, None, r#"{"reason": ""}"#)
+        .await
+        .assert_problem(422, "invalid-command");
+    // No key is needed, and none is used: a decision with one is the same decision.
+    let decided = acme
+        .approver
+        .post(
+            &approve_path,
+            Some("ignored"),
+            json!({"fingerprint": problem["fingerprint"]}).to_string(),
+        )
+        .await;
+    assert_eq!(decided.status, 200, "{}", decided.text());
+    assert!(
+        decided.operation_id().is_none(),
+        "not an idempotent operation"
+    );
+}
