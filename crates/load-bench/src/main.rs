@@ -488,6 +488,8 @@ fn audit_memory_suite() -> Suite {
     Suite {
         name: "audit-memory",
         route: "tickets",
+        // New servers (and empty stores) every round, as in the memory suite.
+        restart_each_round: true,
         cases: vec![
             Case {
                 label: "guarded, fresh keys, no journal",
@@ -514,6 +516,7 @@ fn audit_postgres_suite() -> Suite {
     Suite {
         name: "audit-postgres",
         route: "payments",
+        restart_each_round: false,
         // The journaled server starts first, so that the server started first (and its
         // connections opened first) is not always the baseline.
         cases: vec![

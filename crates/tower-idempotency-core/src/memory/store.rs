@@ -227,7 +227,7 @@ impl Store for MemoryStore {
                     return Ok(None);
                 };
                 let tick = clock.tick(now);
-                self.inner.refresh(entry, &record_key, tick);
+                self.inner.refresh(entry, tick);
                 if entry.is_expired(tick) {
                     return Ok(None);
                 }
