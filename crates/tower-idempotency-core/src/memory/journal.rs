@@ -12,8 +12,8 @@ use std::time::SystemTime;
 use super::clock::Tick;
 use super::entry::Entry;
 use super::inner::Inner;
-use crate::{ApprovalState, IdempotencyKey, Scope};
 use crate::audit::{AuditEvent, AuditEventKind, Correlation, DecisionEvent};
+use crate::{ApprovalState, IdempotencyKey, Scope};
 
 impl Inner {
     /// The store's time of `now`.
@@ -23,12 +23,7 @@ impl Inner {
 
     /// Journals the event `kind` makes about the record `entry`, when the store journals
     /// (`kind` is not called otherwise).
-    pub(super) fn journal(
-        &self,
-        entry: &Entry,
-        now: Tick,
-        kind: impl FnOnce() -> AuditEventKind,
-    ) {
+    pub(super) fn journal(&self, entry: &Entry, now: Tick, kind: impl FnOnce() -> AuditEventKind) {
         self.journal_by(entry, now, None, kind);
     }
 
@@ -67,8 +62,8 @@ impl Inner {
         if entry.state == crate::OperationState::AwaitingApproval {
             // Who asked is the request's principal; who is asked, the route's business.
             let asked_by = entry.approval().map(|a| a.requested_by.as_str());
-            self.journal_by(entry, now, asked_by, || {
-                AuditEventKind::ApprovalRequested { approver: None }
+            self.journal_by(entry, now, asked_by, || AuditEventKind::ApprovalRequested {
+                approver: None,
             });
         }
     }
