@@ -55,6 +55,7 @@ mod decide;
 mod drive;
 mod inflight;
 mod intent;
+mod journal;
 mod jsonrpc;
 mod layer;
 pub mod metrics;
