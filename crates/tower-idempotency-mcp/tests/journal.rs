@@ -138,7 +138,10 @@ async fn events_delivered(journal: &Journal, operation: OperationId) -> Vec<Seal
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("no delivery journaled: {:?}", timeline(&events(journal, operation)));
+    panic!(
+        "no delivery journaled: {:?}",
+        timeline(&events(journal, operation))
+    );
 }
 
 /// `(type, JSON-RPC id)` of each event: the id of an MCP correlation, `-` for none.
@@ -191,7 +194,12 @@ async fn a_call_an_attached_retry_a_replay_and_a_conflict_leave_their_events_in_
     let retry = send(
         &service,
         post(
-            &call(json!("retry-2"), "deploy", arguments.clone(), "deploy-key-1"),
+            &call(
+                json!("retry-2"),
+                "deploy",
+                arguments.clone(),
+                "deploy-key-1",
+            ),
             None,
         ),
     )
@@ -388,6 +396,10 @@ async fn a_keyless_retry_is_journaled_under_the_derived_key() {
     );
     let derived = events[0].event.key.clone().unwrap();
     assert!(derived.as_str().starts_with("mcp-intent:"), "{derived:?}");
-    assert!(events.iter().all(|e| e.event.key.as_ref() == Some(&derived)));
+    assert!(
+        events
+            .iter()
+            .all(|e| e.event.key.as_ref() == Some(&derived))
+    );
     verify(&journal, &key);
 }
