@@ -63,6 +63,42 @@ pub fn every_kind() -> Vec<AuditEventKind> {
             reason: "no charge at the processor".into(),
             resolution: Some("failed".into()),
         },
+        // The MCP layer's: the correlation of an accepted attempt, and decisions with the
+        // retry's own correlation.
+        AuditEventKind::Correlated {
+            correlation: Correlation::Mcp {
+                tool: "charge".into(),
+                jsonrpc_id: "\"call-2\"".into(),
+                session: Some("session-9".into()),
+            },
+        },
+        AuditEventKind::Attached {
+            correlation: Some(Correlation::Mcp {
+                tool: "charge".into(),
+                jsonrpc_id: "3".into(),
+                session: None,
+            }),
+        },
+        AuditEventKind::Replayed {
+            correlation: Some(Correlation::Mcp {
+                tool: "charge".into(),
+                jsonrpc_id: "3".into(),
+                session: None,
+            }),
+        },
+        AuditEventKind::Conflict {
+            correlation: Some(Correlation::Mcp {
+                tool: "charge".into(),
+                jsonrpc_id: "\"7\"".into(),
+                session: Some("session-9".into()),
+            }),
+        },
+        AuditEventKind::RefusedInProgress {
+            correlation: Some(Correlation::Http {
+                method: "POST".into(),
+                route: "/orders".into(),
+            }),
+        },
     ]
 }
 
