@@ -23,6 +23,7 @@ use tower_idempotency_core::{
 use crate::answer::{self, ApprovalRefusal, Uncertain};
 use crate::drive::{Run, drive};
 use crate::intent::Intent;
+use crate::journal::Decided;
 use crate::jsonrpc::ToolCall;
 use crate::layer::Config;
 use crate::policy::{OnDisconnect, ToolPolicy};
@@ -94,6 +95,10 @@ pub(crate) struct CallContext {
     /// The approval this call asks for should its key have no record: the tool's approval
     /// rule holds for its validated arguments.
     pub(crate) approval: Option<ApprovalRequest>,
+    /// The Streamable HTTP session the call came in, when there is one (correlation only).
+    pub(crate) session: Option<String>,
+    /// The principal, when the layer is told how to read it (journaled, never the key).
+    pub(crate) principal: Option<String>,
 }
 
 pub(crate) enum Decision {
@@ -267,6 +272,7 @@ impl CallContext {
                         || operation.method != "tools/call"
                     {
                         if let Carrier::Explicit(_) = self.carrier {
+                            self.journal(Decided::Conflict, &operation);
                             return self
                                 .answer(&answer::mismatch(&self.call.id, &operation), "conflict");
                         }
@@ -296,17 +302,26 @@ impl CallContext {
                             );
                             self.note_attached(&operation).await;
                             return match answer::replay(&operation, &self.call.id, attached) {
-                                Some(message) => Ok(Decision::Answer(
-                                    self.delivering(&message, &operation),
-                                    if attached { "waited" } else { "replayed" },
-                                )),
+                                Some(message) => {
+                                    self.journal(Decided::Replayed, &operation);
+                                    Ok(Decision::Answer(
+                                        self.delivering(&message, &operation),
+                                        if attached { "waited" } else { "replayed" },
+                                    ))
+                                }
                                 None => self.uncertain(Uncertain::OutcomeUnknown, &operation).await,
                             };
                         }
                         OperationState::InProgress => {
                             let now = Instant::now();
                             if now >= deadline {
+                                if !attached {
+                                    self.journal(Decided::Attached, &operation);
+                                }
                                 return self.uncertain(Uncertain::InProgress, &operation).await;
+                            }
+                            if !attached {
+                                self.journal(Decided::Attached, &operation);
                             }
                             attached = true;
                             last_seen = Some(operation.clone());
@@ -411,6 +426,7 @@ impl CallContext {
             ));
         };
         if attached {
+            self.journal(Decided::Attached, operation);
             self.note_attached(operation).await;
         }
         let decision = match kind {
@@ -437,6 +453,10 @@ impl CallContext {
         kind: Uncertain,
         operation: &Operation,
     ) -> Result<Decision, StoreError> {
+        if let Uncertain::InProgress = kind {
+            // An outcome-unknown refusal is not an event: the store's `unknown` is.
+            self.journal(Decided::RefusedInProgress, operation);
+        }
         self.note_attached(operation).await;
         let decision = match kind {
             Uncertain::InProgress => "in_progress",
@@ -468,6 +488,9 @@ impl CallContext {
         ResBody: Body<Data = Bytes> + Send + 'static,
         ResBody::Error: Into<BoxError>,
     {
+        // The store journaled the attempt as `accepted` with the record's method and route;
+        // the call's MCP correlation follows it.
+        self.journal(Decided::Correlated, &operation);
         let store = Arc::clone(&self.config.store);
         let retention = self.policy.retention.max(self.policy.unknown_retention);
         if let Err(error) = attempt::note(&*store, &operation, &self.call.id, retention).await {

@@ -18,7 +18,7 @@ use crate::service::McpIdempotency;
 pub type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
 
 /// Reads the principal (the person or agent within the actor's account) from a request:
-/// who requested an approval.
+/// who requested an approval, and the principal of the layer's audit events.
 pub type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 #[derive(Clone)]
@@ -110,7 +110,8 @@ impl McpIdempotencyLayer {
 
     /// How the principal is read from a request: who requests an approval (recorded on
     /// it, and refused as its own approver unless the policy allows self-approval).
-    /// Default, or when it answers `None`: the actor.
+    /// Default, or when it answers `None`: the actor. It is also the `principal` of the
+    /// decisions the layer journals (none without it).
     pub fn with_principal(
         mut self,
         principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,

@@ -19,7 +19,10 @@
 //! checked by the store in the same step as the execution record.
 //!
 //! Every answer carries the retry's own JSON-RPC id and
-//! `result._meta["dev.tower-idempotency/execution"]`. `docs/mcp.md` documents the model,
+//! `result._meta["dev.tower-idempotency/execution"]`. On a store with an audit journal,
+//! the layer's decisions (replayed, attached, conflict, refused in progress) and the MCP
+//! correlation of every accepted attempt (`correlated`) are journaled with the tool, the
+//! JSON-RPC id and the session, beside the store's own events. `docs/mcp.md` documents the model,
 //! the states, the refusals and the disconnect policies.
 //!
 //! ```
@@ -55,6 +58,7 @@ mod decide;
 mod drive;
 mod inflight;
 mod intent;
+mod journal;
 mod jsonrpc;
 mod layer;
 pub mod metrics;

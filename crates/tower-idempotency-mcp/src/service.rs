@@ -359,15 +359,17 @@ where
             );
         }
     };
+    let principal = config
+        .principal
+        .as_ref()
+        .and_then(|principal| principal(&parts));
     let approval = policy
         .approval
         .as_ref()
         .filter(|approval| approval.applies_to(&arguments))
         .map(|approval| ApprovalRequest {
-            requested_by: config
-                .principal
-                .as_ref()
-                .and_then(|principal| principal(&parts))
+            requested_by: principal
+                .clone()
                 .unwrap_or_else(|| actor.as_str().to_owned()),
             summary: approval.summary(&arguments),
             ttl: approval.ttl(),
@@ -379,6 +381,12 @@ where
         intent,
         carrier,
         approval,
+        session: parts
+            .headers
+            .get(SESSION_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned),
+        principal,
     };
     match call_ctx.decide().await {
         Ok(Decision::Answer(response, decision)) => Ok((response, decision)),

@@ -103,8 +103,12 @@ async fn a_lifecycle_is_journaled_in_order_and_verifies_offline() {
     };
     assert_eq!(replayed.id, operation);
     store.record_decision(
-        DecisionEvent::new(scope.clone(), Some(operation), AuditEventKind::Replayed)
-            .with_key(IdempotencyKey::new("k-1").unwrap()),
+        DecisionEvent::new(
+            scope.clone(),
+            Some(operation),
+            AuditEventKind::Replayed { correlation: None },
+        )
+        .with_key(IdempotencyKey::new("k-1").unwrap()),
     );
 
     let events = sealed_events(&store, &journal, operation, 4).await;
@@ -347,7 +351,7 @@ async fn a_store_without_the_journal_writes_no_event() {
     off.record_decision(DecisionEvent::new(
         scope.clone(),
         Some(lease.operation_id),
-        AuditEventKind::Replayed,
+        AuditEventKind::Replayed { correlation: None },
     ));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(off.journal_status().await.unwrap().pending, 0);

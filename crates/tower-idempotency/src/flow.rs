@@ -632,7 +632,12 @@ async fn existing<ResB: Body>(
     Span::current().record("operation_id", field::display(operation.id));
     let id = operation.id;
     if operation.fingerprint != request.fingerprint {
-        journal::decision(shared, request, Some(id), AuditEventKind::Conflict);
+        journal::decision(
+            shared,
+            request,
+            Some(id),
+            AuditEventKind::Conflict { correlation: None },
+        );
         return Err(Rejection::FingerprintMismatch {
             operation_id: id,
             state: operation.state,
@@ -641,17 +646,27 @@ async fn existing<ResB: Body>(
     match operation.state {
         OperationState::Completed => {
             let replayed = replay(shared, operation, waited)?;
-            journal::decision(shared, request, Some(id), AuditEventKind::Replayed);
+            journal::decision(
+                shared,
+                request,
+                Some(id),
+                AuditEventKind::Replayed { correlation: None },
+            );
             Ok(Next::Replayed(replayed))
         }
         OperationState::InProgress => {
             if !waited {
-                journal::decision(shared, request, Some(id), AuditEventKind::Attached);
+                journal::decision(
+                    shared,
+                    request,
+                    Some(id),
+                    AuditEventKind::Attached { correlation: None },
+                );
             }
             let waiting =
                 wait_for(shared, policy, request, &operation, deadlines.in_progress).await;
             if let Err(Rejection::RequestInProgress { .. }) = &waiting {
-                let refused = AuditEventKind::RefusedInProgress;
+                let refused = AuditEventKind::RefusedInProgress { correlation: None };
                 journal::decision(shared, request, Some(id), refused);
             }
             waiting?;

@@ -26,7 +26,8 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 use tower::Layer;
 use tower_idempotency::IdempotencyLayer;
-use tower_idempotency_core::{MemoryStore, Scope, Store};
+use tower_idempotency_core::audit::Journal;
+use tower_idempotency_core::{MemoryStore, MemoryStoreConfig, Scope, Store};
 use tower_idempotency_mcp::{ApprovalPolicy, McpIdempotencyLayer, ToolPolicy};
 use tower_idempotency_postgres::PostgresStore;
 
@@ -50,6 +51,11 @@ pub struct DemoConfig {
     pub approval_ttl: Duration,
     /// The users who may decide approvals in their own account (`--approver`).
     pub approvers: Vec<String>,
+    /// In memory, an audit journal for the memory store to write (`MemoryStore::with_journal`:
+    /// its state changes and the MCP layer's decisions); `None`, the default: no journal.
+    /// No flag sets it yet; with `database_url` the database's journal applies instead
+    /// (`docs/audit.md`).
+    pub journal: Option<Journal>,
 }
 
 /// The user who may approve when no `--approver` is given.
@@ -65,6 +71,7 @@ impl Default for DemoConfig {
             wait: Duration::from_secs(10),
             approval_ttl: ApprovalPolicy::DEFAULT_TTL,
             approvers: vec![DEFAULT_APPROVER.to_owned()],
+            journal: None,
         }
     }
 }
@@ -147,7 +154,15 @@ fn text(value: &serde_json::Value) -> String {
 /// approvals through it).
 pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Store>), StartError> {
     let (store, effects): (Arc<dyn Store>, Effects) = match &config.database_url {
-        None => (Arc::new(MemoryStore::default()), Effects::memory()),
+        None => {
+            let store = match &config.journal {
+                Some(journal) => {
+                    MemoryStore::with_journal(MemoryStoreConfig::default(), journal.clone())
+                }
+                None => MemoryStore::default(),
+            };
+            (Arc::new(store), Effects::memory())
+        }
         Some(url) => {
             let store = PostgresStore::connect(url)
                 .await

@@ -55,6 +55,7 @@ async fn main() {
         wait: Duration::from_millis(args.wait_ms),
         approval_ttl: Duration::from_millis(args.approval_ttl_ms),
         approvers: args.approvers,
+        journal: None,
     };
     let router = match app(&config).await {
         Ok(router) => router,

@@ -21,7 +21,12 @@ pub(super) fn write_event(out: &mut Vec<u8>, seq: u64, prev: &Sha256Hash, event:
         (None, None, None, None, None);
     let (mut resolution, mut status) = (None, None);
     match &event.kind {
-        AuditEventKind::Accepted { correlation: c } => correlation = Some(c),
+        AuditEventKind::Accepted { correlation: c }
+        | AuditEventKind::Correlated { correlation: c } => correlation = Some(c),
+        AuditEventKind::Replayed { correlation: c }
+        | AuditEventKind::Attached { correlation: c }
+        | AuditEventKind::Conflict { correlation: c }
+        | AuditEventKind::RefusedInProgress { correlation: c } => correlation = c.as_ref(),
         AuditEventKind::ApprovalRequested { approver: a } => approver = a.as_deref(),
         AuditEventKind::ApprovalApproved { approver: a }
         | AuditEventKind::ApprovalDenied { approver: a } => approver = Some(a.as_str()),

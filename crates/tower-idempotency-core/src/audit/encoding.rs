@@ -208,24 +208,25 @@ fn to_wire(seq: u64, prev: &Sha256Hash, event: &AuditEvent) -> WireEvent {
         resolution: None,
         quota: None,
     };
+    wire.correlation = event
+        .kind
+        .correlation()
+        .map(|correlation| match correlation {
+            Correlation::Http { method, route } => WireCorrelation::Http {
+                method: method.clone(),
+                route: route.clone(),
+            },
+            Correlation::Mcp {
+                tool,
+                jsonrpc_id,
+                session,
+            } => WireCorrelation::Mcp {
+                tool: tool.clone(),
+                jsonrpc_id: jsonrpc_id.clone(),
+                session: session.clone(),
+            },
+        });
     match &event.kind {
-        AuditEventKind::Accepted { correlation } => {
-            wire.correlation = Some(match correlation {
-                Correlation::Http { method, route } => WireCorrelation::Http {
-                    method: method.clone(),
-                    route: route.clone(),
-                },
-                Correlation::Mcp {
-                    tool,
-                    jsonrpc_id,
-                    session,
-                } => WireCorrelation::Mcp {
-                    tool: tool.clone(),
-                    jsonrpc_id: jsonrpc_id.clone(),
-                    session: session.clone(),
-                },
-            });
-        }
         AuditEventKind::ApprovalRequested { approver } => wire.approver = approver.clone(),
         AuditEventKind::ApprovalApproved { approver }
         | AuditEventKind::ApprovalDenied { approver } => wire.approver = Some(approver.clone()),
@@ -298,13 +299,10 @@ fn from_wire(mut wire: WireEvent, hash: Sha256Hash) -> Result<SealedEvent, Decod
 fn take_kind(wire: &mut WireEvent) -> Result<AuditEventKind, DecodeError> {
     let name = wire.kind.clone();
     let missing = |member: &str| shape(format!("`{name}` needs `{member}`"));
-    Ok(match wire.kind.as_str() {
-        "accepted" => AuditEventKind::Accepted {
-            correlation: match wire
-                .correlation
-                .take()
-                .ok_or_else(|| missing("correlation"))?
-            {
+    let correlation = |wire: &mut WireEvent| {
+        wire.correlation
+            .take()
+            .map(|correlation| match correlation {
                 WireCorrelation::Http { method, route } => Correlation::Http { method, route },
                 WireCorrelation::Mcp {
                     tool,
@@ -315,12 +313,27 @@ fn take_kind(wire: &mut WireEvent) -> Result<AuditEventKind, DecodeError> {
                     jsonrpc_id,
                     session,
                 },
-            },
+            })
+    };
+    Ok(match wire.kind.as_str() {
+        "accepted" => AuditEventKind::Accepted {
+            correlation: correlation(wire).ok_or_else(|| missing("correlation"))?,
         },
-        "replayed" => AuditEventKind::Replayed,
-        "attached" => AuditEventKind::Attached,
-        "conflict" => AuditEventKind::Conflict,
-        "refused_in_progress" => AuditEventKind::RefusedInProgress,
+        "correlated" => AuditEventKind::Correlated {
+            correlation: correlation(wire).ok_or_else(|| missing("correlation"))?,
+        },
+        "replayed" => AuditEventKind::Replayed {
+            correlation: correlation(wire),
+        },
+        "attached" => AuditEventKind::Attached {
+            correlation: correlation(wire),
+        },
+        "conflict" => AuditEventKind::Conflict {
+            correlation: correlation(wire),
+        },
+        "refused_in_progress" => AuditEventKind::RefusedInProgress {
+            correlation: correlation(wire),
+        },
         "approval_requested" => AuditEventKind::ApprovalRequested {
             approver: wire.approver.take(),
         },
@@ -383,10 +396,44 @@ mod tests {
                     session: None,
                 },
             },
-            AuditEventKind::Replayed,
-            AuditEventKind::Attached,
-            AuditEventKind::Conflict,
-            AuditEventKind::RefusedInProgress,
+            AuditEventKind::Correlated {
+                correlation: Correlation::Mcp {
+                    tool: s(),
+                    jsonrpc_id: s(),
+                    session: Some(s()),
+                },
+            },
+            AuditEventKind::Replayed { correlation: None },
+            AuditEventKind::Replayed {
+                correlation: Some(Correlation::Mcp {
+                    tool: s(),
+                    jsonrpc_id: s(),
+                    session: None,
+                }),
+            },
+            AuditEventKind::Attached { correlation: None },
+            AuditEventKind::Attached {
+                correlation: Some(Correlation::Mcp {
+                    tool: s(),
+                    jsonrpc_id: s(),
+                    session: Some(s()),
+                }),
+            },
+            AuditEventKind::Conflict { correlation: None },
+            AuditEventKind::Conflict {
+                correlation: Some(Correlation::Http {
+                    method: s(),
+                    route: s(),
+                }),
+            },
+            AuditEventKind::RefusedInProgress { correlation: None },
+            AuditEventKind::RefusedInProgress {
+                correlation: Some(Correlation::Mcp {
+                    tool: s(),
+                    jsonrpc_id: s(),
+                    session: None,
+                }),
+            },
             AuditEventKind::ApprovalRequested { approver: None },
             AuditEventKind::ApprovalRequested {
                 approver: Some(s()),
@@ -460,7 +507,7 @@ mod tests {
             }
         }
         // Past 2^53 both refuse.
-        let beyond = event("x", AuditEventKind::Replayed, true, 0);
+        let beyond = event("x", AuditEventKind::Replayed { correlation: None }, true, 0);
         assert!(encode_event(MAX_EXACT_INTEGER + 1, &Sha256Hash::ZERO, &beyond).is_err());
     }
 
@@ -468,7 +515,7 @@ mod tests {
         #[test]
         fn the_direct_encoding_is_canonical_for_any_text(
             text in "\\PC*|[\\x00-\\x7f]*",
-            kind in 0usize..22,
+            kind in 0usize..27,
             optional: bool,
             micros in 0u64..4_000_000_000_000_000,
             seq in 0u64..=MAX_EXACT_INTEGER,

@@ -121,6 +121,13 @@ impl DecisionEvent {
         self
     }
 
+    /// Sets the principal.
+    #[must_use]
+    pub fn with_principal(mut self, principal: impl Into<String>) -> Self {
+        self.principal = Some(principal.into());
+        self
+    }
+
     /// The journal event of this decision, stamped `time`.
     pub fn at(self, time: SystemTime) -> AuditEvent {
         AuditEvent {
@@ -144,14 +151,34 @@ pub enum AuditEventKind {
         /// The protocol-level identity of the call.
         correlation: Correlation,
     },
+    /// The protocol correlation of the attempt the store has just accepted, reported by
+    /// the layer that accepted it: the store's `accepted` event carries the record's method
+    /// and route, and the layer adds what the record has no column for (an MCP call's
+    /// JSON-RPC id and session).
+    Correlated {
+        /// The protocol-level identity of the accepted call.
+        correlation: Correlation,
+    },
     /// A retry received the stored result of a completed operation.
-    Replayed,
+    Replayed {
+        /// The protocol-level identity of the retry, when the layer reports it.
+        correlation: Option<Correlation>,
+    },
     /// A retry was attached to a prior execution that is still open.
-    Attached,
+    Attached {
+        /// The protocol-level identity of the retry, when the layer reports it.
+        correlation: Option<Correlation>,
+    },
     /// The key was reused with a different fingerprint (409).
-    Conflict,
+    Conflict {
+        /// The protocol-level identity of the refused call, when the layer reports it.
+        correlation: Option<Correlation>,
+    },
     /// The key's operation was still in progress and the caller was refused.
-    RefusedInProgress,
+    RefusedInProgress {
+        /// The protocol-level identity of the refused call, when the layer reports it.
+        correlation: Option<Correlation>,
+    },
     /// An approval was asked for.
     ApprovalRequested {
         /// Who was asked, when the request names someone.
@@ -208,10 +235,11 @@ impl AuditEventKind {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Accepted { .. } => "accepted",
-            Self::Replayed => "replayed",
-            Self::Attached => "attached",
-            Self::Conflict => "conflict",
-            Self::RefusedInProgress => "refused_in_progress",
+            Self::Correlated { .. } => "correlated",
+            Self::Replayed { .. } => "replayed",
+            Self::Attached { .. } => "attached",
+            Self::Conflict { .. } => "conflict",
+            Self::RefusedInProgress { .. } => "refused_in_progress",
             Self::ApprovalRequested { .. } => "approval_requested",
             Self::ApprovalApproved { .. } => "approval_approved",
             Self::ApprovalDenied { .. } => "approval_denied",
@@ -225,6 +253,20 @@ impl AuditEventKind {
             Self::Resolved { .. } => "resolved",
             Self::Purged => "purged",
             Self::QuotaRefused { .. } => "quota_refused",
+        }
+    }
+
+    /// The protocol correlation the event carries: always for `accepted` and `correlated`,
+    /// when reported for the layer's decisions (`replayed`, `attached`, `conflict`,
+    /// `refused_in_progress`), never for the other kinds.
+    pub fn correlation(&self) -> Option<&Correlation> {
+        match self {
+            Self::Accepted { correlation } | Self::Correlated { correlation } => Some(correlation),
+            Self::Replayed { correlation }
+            | Self::Attached { correlation }
+            | Self::Conflict { correlation }
+            | Self::RefusedInProgress { correlation } => correlation.as_ref(),
+            _ => None,
         }
     }
 }

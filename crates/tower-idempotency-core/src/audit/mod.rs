@@ -29,7 +29,7 @@
 //!     AuditEventKind::Accepted { correlation },
 //!     AuditEventKind::Dispatched,
 //!     AuditEventKind::Completed { status: 201 },
-//!     AuditEventKind::Replayed,
+//!     AuditEventKind::Replayed { correlation: None },
 //! ] {
 //!     journal.append(AuditEvent::new(SystemTime::now(), Scope::new("acct_42"), operation, kind));
 //! }

@@ -90,6 +90,22 @@ fn anything_but_exactly_an_event_is_refused() {
     assert!(shape(edited(0, |m| {
         m.insert("time".into(), "yesterday".into());
     })));
+    // A `correlated` event needs its correlation; a kind that carries none refuses one.
+    let correlated = sample::every_kind()
+        .iter()
+        .position(|kind| kind.name() == "correlated")
+        .unwrap() as u64;
+    assert!(shape(edited(correlated, |m| {
+        m.remove("correlation");
+    })));
+    let completed = sample::every_kind()
+        .iter()
+        .position(|kind| kind.name() == "completed")
+        .unwrap() as u64;
+    assert!(shape(edited(completed, |m| {
+        let correlation = serde_json::json!({"protocol": "mcp", "tool": "t", "jsonrpc_id": "1"});
+        m.insert("correlation".into(), correlation);
+    })));
     let duplicate = br#"{"seq":0,"seq":1}"#;
     assert!(matches!(
         decode_event(duplicate),

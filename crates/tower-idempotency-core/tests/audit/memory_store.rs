@@ -78,7 +78,7 @@ async fn every_state_change_of_the_memory_store_is_journaled() {
     store.record_decision(DecisionEvent::new(
         scope.clone(),
         Some(done),
-        AuditEventKind::Replayed,
+        AuditEventKind::Replayed { correlation: None },
     ));
     assert_eq!(
         kinds(&journal, done),
@@ -207,7 +207,7 @@ async fn a_decision_never_precedes_the_change_it_saw() {
                         store.record_decision(DecisionEvent::new(
                             Scope::new("acme"),
                             Some(operation.id),
-                            AuditEventKind::Attached,
+                            AuditEventKind::Attached { correlation: None },
                         ));
                         operation.id
                     }

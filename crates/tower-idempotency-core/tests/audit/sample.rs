@@ -28,10 +28,10 @@ pub fn every_kind() -> Vec<AuditEventKind> {
                 session: None,
             },
         },
-        AuditEventKind::Replayed,
-        AuditEventKind::Attached,
-        AuditEventKind::Conflict,
-        AuditEventKind::RefusedInProgress,
+        AuditEventKind::Replayed { correlation: None },
+        AuditEventKind::Attached { correlation: None },
+        AuditEventKind::Conflict { correlation: None },
+        AuditEventKind::RefusedInProgress { correlation: None },
         AuditEventKind::ApprovalRequested { approver: None },
         AuditEventKind::ApprovalRequested {
             approver: Some("ops-oncall".into()),
@@ -62,6 +62,42 @@ pub fn every_kind() -> Vec<AuditEventKind> {
             operator: "dave".into(),
             reason: "no charge at the processor".into(),
             resolution: Some("failed".into()),
+        },
+        // The MCP layer's: the correlation of an accepted attempt, and decisions with the
+        // retry's own correlation.
+        AuditEventKind::Correlated {
+            correlation: Correlation::Mcp {
+                tool: "charge".into(),
+                jsonrpc_id: "\"call-2\"".into(),
+                session: Some("session-9".into()),
+            },
+        },
+        AuditEventKind::Attached {
+            correlation: Some(Correlation::Mcp {
+                tool: "charge".into(),
+                jsonrpc_id: "3".into(),
+                session: None,
+            }),
+        },
+        AuditEventKind::Replayed {
+            correlation: Some(Correlation::Mcp {
+                tool: "charge".into(),
+                jsonrpc_id: "3".into(),
+                session: None,
+            }),
+        },
+        AuditEventKind::Conflict {
+            correlation: Some(Correlation::Mcp {
+                tool: "charge".into(),
+                jsonrpc_id: "\"7\"".into(),
+                session: Some("session-9".into()),
+            }),
+        },
+        AuditEventKind::RefusedInProgress {
+            correlation: Some(Correlation::Http {
+                method: "POST".into(),
+                route: "/orders".into(),
+            }),
         },
     ]
 }

@@ -50,25 +50,46 @@ fn event(row: &Row) -> Result<AuditEvent, String> {
     Ok(event)
 }
 
+/// The correlation in the row's columns: an MCP one when `tool` is set, an HTTP one when
+/// `method` is, none otherwise.
+fn correlation(row: &Row) -> Result<Option<Correlation>, String> {
+    if let Some(tool) = text(row, "tool")? {
+        return Ok(Some(Correlation::Mcp {
+            tool,
+            jsonrpc_id: required(row, "jsonrpc_id")?,
+            session: text(row, "session")?,
+        }));
+    }
+    match text(row, "method")? {
+        Some(method) => Ok(Some(Correlation::Http {
+            method,
+            route: required(row, "route")?,
+        })),
+        None => Ok(None),
+    }
+}
+
 fn kind(row: &Row, name: &str) -> Result<AuditEventKind, String> {
+    let needed = |row: &Row| correlation(row)?.ok_or_else(|| "no correlation".to_owned());
     Ok(match name {
         "accepted" => AuditEventKind::Accepted {
-            correlation: match text(row, "tool")? {
-                Some(tool) => Correlation::Mcp {
-                    tool,
-                    jsonrpc_id: required(row, "jsonrpc_id")?,
-                    session: text(row, "session")?,
-                },
-                None => Correlation::Http {
-                    method: required(row, "method")?,
-                    route: required(row, "route")?,
-                },
-            },
+            correlation: needed(row)?,
         },
-        "replayed" => AuditEventKind::Replayed,
-        "attached" => AuditEventKind::Attached,
-        "conflict" => AuditEventKind::Conflict,
-        "refused_in_progress" => AuditEventKind::RefusedInProgress,
+        "correlated" => AuditEventKind::Correlated {
+            correlation: needed(row)?,
+        },
+        "replayed" => AuditEventKind::Replayed {
+            correlation: correlation(row)?,
+        },
+        "attached" => AuditEventKind::Attached {
+            correlation: correlation(row)?,
+        },
+        "conflict" => AuditEventKind::Conflict {
+            correlation: correlation(row)?,
+        },
+        "refused_in_progress" => AuditEventKind::RefusedInProgress {
+            correlation: correlation(row)?,
+        },
         "approval_requested" => AuditEventKind::ApprovalRequested {
             approver: text(row, "actor")?,
         },
@@ -143,8 +164,8 @@ impl DecisionColumns {
             (None, None, None, None, None);
         let (mut status, mut actor, mut reason, mut resolution, mut quota) =
             (None, None, None, None, None);
-        match &event.kind {
-            AuditEventKind::Accepted { correlation } => match correlation {
+        if let Some(correlation) = event.kind.correlation() {
+            match correlation {
                 Correlation::Http {
                     method: m,
                     route: r,
@@ -162,7 +183,9 @@ impl DecisionColumns {
                     session = s.clone();
                 }
                 _ => {}
-            },
+            }
+        }
+        match &event.kind {
             AuditEventKind::ApprovalRequested { approver } => actor = approver.clone(),
             AuditEventKind::ApprovalApproved { approver }
             | AuditEventKind::ApprovalDenied { approver } => actor = Some(approver.clone()),

@@ -280,6 +280,11 @@ impl RawSession {
         raw
     }
 
+    /// The session id the server gave this session.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
     pub async fn post(&self, message: Value, headers: &[(&str, &str)]) -> reqwest::Response {
         let mut request = self
             .http

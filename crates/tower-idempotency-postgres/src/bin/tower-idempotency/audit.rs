@@ -603,8 +603,8 @@ fn event_summary(sealed: &SealedEvent) -> String {
 }
 
 fn kind_details(kind: &AuditEventKind) -> String {
-    match kind {
-        AuditEventKind::Accepted { correlation } => match correlation {
+    if let Some(correlation) = kind.correlation() {
+        return match correlation {
             Correlation::Http { method, route } => format!("http {method} {route}"),
             Correlation::Mcp {
                 tool,
@@ -618,7 +618,9 @@ fn kind_details(kind: &AuditEventKind) -> String {
                 )
             }
             other => format!("{other:?}"),
-        },
+        };
+    }
+    match kind {
         AuditEventKind::ApprovalRequested {
             approver: Some(approver),
         }

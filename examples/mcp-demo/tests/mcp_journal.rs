@@ -1,0 +1,130 @@
+//! The demo's MCP server (rmcp, over loopback) on a journaled memory store: a call, a
+//! retry with a new JSON-RPC id and the key reused with another amount leave their events
+//! in the journal, in order, with the tool, the exact JSON-RPC ids, the session and the
+//! principal; the sealed journal verifies and holds no argument.
+
+mod support;
+
+use std::io::Cursor;
+use std::time::Duration;
+
+use mcp_demo::DemoConfig;
+use serde_json::json;
+use support::{Demo, EXECUTION, RawSession, charge};
+use tower_idempotency_core::OperationId;
+use tower_idempotency_core::audit::{
+    Correlation, Journal, JournalConfig, NoteSigningKey, SealedEvent, Verifier,
+};
+
+fn timeline(events: &[SealedEvent]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .map(|sealed| {
+            let id = match sealed.event.kind.correlation() {
+                Some(Correlation::Mcp { jsonrpc_id, .. }) => jsonrpc_id.clone(),
+                Some(Correlation::Http { method, route }) => format!("http {method} {route}"),
+                _ => "-".to_owned(),
+            };
+            (sealed.event.kind.name().to_owned(), id)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_calls_history_is_journaled_with_its_jsonrpc_ids() {
+    let key = NoteSigningKey::generate("mcp-demo.test/journal").unwrap();
+    let journal = Journal::open(
+        key.clone(),
+        JournalConfig {
+            checkpoint_every: 4,
+            ..JournalConfig::default()
+        },
+    )
+    .unwrap();
+    let demo = Demo::start(DemoConfig {
+        journal: Some(journal.clone()),
+        ..DemoConfig::default()
+    })
+    .await;
+    let base = demo.base();
+    let raw = RawSession::open(&base, "alice").await;
+    let meta = json!({"dev.tower-idempotency/idempotency-key": "journal-key-1"});
+
+    let first = raw
+        .call(11, "charge", charge("inv-j", 500), Some(meta.clone()), &[])
+        .await;
+    assert_eq!(first["result"]["isError"], false, "{first}");
+    let operation: OperationId = first["result"]["_meta"][EXECUTION]["execution_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let retry = raw
+        .call(12, "charge", charge("inv-j", 500), Some(meta.clone()), &[])
+        .await;
+    assert_eq!(retry["id"], 12);
+    assert_eq!(retry["result"]["_meta"][EXECUTION]["replayed"], true);
+    let changed = raw
+        .call(13, "charge", charge("inv-j", 98_765), Some(meta), &[])
+        .await;
+    assert_eq!(
+        changed["error"]["code"],
+        tower_idempotency_mcp::FINGERPRINT_MISMATCH_CODE
+    );
+    assert_eq!(support::effects(&base, "alice").await["charge"], 1);
+
+    // The delivery mark follows the answer's last byte, and may come after the retry.
+    let mut events = Vec::new();
+    for _ in 0..100 {
+        journal.seal().unwrap();
+        events = journal.events_of(operation);
+        if events.iter().any(|e| e.event.kind.name() == "delivered") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut timeline = timeline(&events);
+    let delivered = timeline
+        .iter()
+        .position(|(kind, _)| kind == "delivered")
+        .unwrap_or_else(|| panic!("no delivery: {timeline:?}"));
+    let completed = timeline
+        .iter()
+        .position(|(kind, _)| kind == "completed")
+        .unwrap();
+    assert!(delivered > completed, "{timeline:?}");
+    timeline.remove(delivered);
+    let expected: Vec<(String, String)> = [
+        ("accepted", "http tools/call charge"),
+        ("correlated", "11"),
+        ("dispatched", "-"),
+        ("completed", "-"),
+        ("replayed", "12"),
+        ("conflict", "13"),
+    ]
+    .iter()
+    .map(|(kind, id)| ((*kind).to_owned(), (*id).to_owned()))
+    .collect();
+    assert_eq!(timeline, expected);
+    for sealed in &events {
+        assert_eq!(sealed.event.scope.as_str(), "alice");
+        assert_eq!(sealed.event.key.as_ref().unwrap().as_str(), "journal-key-1");
+        if let Some(Correlation::Mcp { tool, session, .. }) = sealed.event.kind.correlation() {
+            assert_eq!(tool, "charge");
+            assert_eq!(session.as_deref(), Some(raw.session()));
+            // A bare bearer token is the actor with the user `agent`.
+            assert_eq!(sealed.event.principal.as_deref(), Some("agent"));
+        }
+    }
+
+    journal.seal().unwrap();
+    let mut export = Vec::new();
+    journal.export(&mut export).unwrap();
+    let verified = Verifier::new(key.verifying_key())
+        .verify(Cursor::new(&export))
+        .unwrap();
+    assert!(verified.events >= events.len() as u64);
+    let text = String::from_utf8(export).unwrap();
+    // No argument (base64 and hex have no `-`, so this cannot match a hash).
+    assert!(!text.contains("inv-j"), "{text}");
+}
