@@ -19,10 +19,12 @@
 -- lifecycle columns the triggers read); idempotent. Records that exist before this
 -- migration have no history in the journal.
 
--- Unchained events, in the order they were written (`id`). No index: the sealer reads and
--- deletes the committed rows in one pass, and the table stays small.
+-- Unchained events, in the order they were written (`id`). The primary key is what the
+-- sealer's batch walks (the oldest committed rows first, a batch at a time): without it,
+-- every batch would scan and sort the whole table, dead rows included, and a sealer that
+-- falls behind would fall further behind.
 CREATE TABLE IF NOT EXISTS idempotency_audit_pending (
-    id              bigint      GENERATED ALWAYS AS IDENTITY,
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     -- The database's clock when the event was written (for a state change: in the
     -- statement that made it).
     at              timestamptz NOT NULL DEFAULT clock_timestamp(),

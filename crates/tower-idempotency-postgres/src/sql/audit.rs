@@ -54,9 +54,12 @@ impl AuditQueries {
                      (extract(epoch FROM now() - checkpoint_at) * 1000000)::bigint AS since_checkpoint_us \
                  FROM {head} WHERE journal = 1 FOR UPDATE SKIP LOCKED"
             ),
+            // `max(seq)` is one step down the primary key whatever the plan; an
+            // `EXISTS (… WHERE seq >= $1)` under a generic plan may be a sequential scan of
+            // the whole journal, which finds nothing when the head is right.
             last_event: format!(
                 "SELECT (SELECT hash FROM {events} WHERE seq = $1::bigint - 1) AS last_hash, \
-                     EXISTS (SELECT 1 FROM {events} WHERE seq >= $1::bigint) AS beyond"
+                     coalesce((SELECT max(seq) FROM {events}) >= $1::bigint, false) AS beyond"
             ),
             // Only committed rows are visible, so a batch never waits for a request in
             // flight; a row committed later with a smaller id is taken by a later batch.
