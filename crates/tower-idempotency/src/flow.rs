@@ -377,6 +377,9 @@ where
 }
 
 /// How one round of [`decide`] ended.
+// Made once per round and moved once, out of the round's box: boxing the large variant
+// would cost an allocation on every duplicate to save a copy.
+#[allow(clippy::large_enum_variant)]
 enum Round<S, A> {
     /// This request won the reservation and ran the handler: its answer.
     Answered(A),
