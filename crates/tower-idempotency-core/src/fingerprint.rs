@@ -18,6 +18,29 @@ use sha2::{Digest, Sha256};
 pub struct Fingerprint(Arc<str>);
 
 impl Fingerprint {
+    /// `prefix` then the lowercase hex of `digest` (a SHA-256 digest: 32 bytes), written
+    /// into its shared string with one allocation.
+    pub(crate) fn of_digest(prefix: &str, digest: &[u8]) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        // The longest prefix is `hmac-sha256:` (12 bytes); the digest takes 64.
+        let mut text = [0u8; 96];
+        let hex_len = digest.len() * 2;
+        let len = prefix.len() + hex_len;
+        if len > text.len() {
+            return Self(format!("{prefix}{}", hex(digest)).into());
+        }
+        text[..prefix.len()].copy_from_slice(prefix.as_bytes());
+        for (i, b) in digest.iter().enumerate() {
+            text[prefix.len() + 2 * i] = DIGITS[usize::from(b >> 4)];
+            text[prefix.len() + 2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+        }
+        match std::str::from_utf8(&text[..len]) {
+            Ok(text) => Self(Arc::from(text)),
+            // ASCII prefix and digits only.
+            Err(_) => Self(format!("{prefix}{}", hex(digest)).into()),
+        }
+    }
+
     /// Wraps a stored fingerprint string (for stores reading records back).
     pub fn from_stored(value: impl Into<Arc<str>>) -> Self {
         Self(value.into())
@@ -135,7 +158,7 @@ impl Fingerprinter {
             None => {
                 let mut hasher = Sha256::new();
                 feed(&mut |bytes| hasher.update(bytes), input);
-                Fingerprint(format!("sha256:{}", hex(&hasher.finalize())).into())
+                Fingerprint::of_digest("sha256:", &hasher.finalize())
             }
             Some(key) => {
                 // HMAC accepts keys of any length; new_from_slice cannot fail for it.
@@ -144,7 +167,7 @@ impl Fingerprinter {
                     Err(_) => unreachable!("HMAC takes keys of any length"),
                 };
                 feed(&mut |bytes| mac.update(bytes), input);
-                Fingerprint(format!("hmac-sha256:{}", hex(&mac.finalize().into_bytes())).into())
+                Fingerprint::of_digest("hmac-sha256:", &mac.finalize().into_bytes())
             }
         }
     }
@@ -212,6 +235,19 @@ pub fn canonical_query(query: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digest_text_is_the_prefix_then_lowercase_hex() {
+        let digest: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37)).collect();
+        for prefix in ["sha256:", "hmac-sha256:"] {
+            let text = Fingerprint::of_digest(prefix, &digest);
+            assert_eq!(text.as_str(), format!("{prefix}{}", hex(&digest)));
+        }
+        // Longer than the buffer: still right.
+        let long = [0xabu8; 64];
+        let text = Fingerprint::of_digest("sha512:", &long);
+        assert_eq!(text.as_str(), format!("sha512:{}", "ab".repeat(64)));
+    }
 
     fn input<'a>(body: FingerprintBody<'a>) -> FingerprintInput<'a> {
         FingerprintInput {

@@ -396,6 +396,14 @@ pub trait Store: Send + Sync + Debug + 'static {
         let _ = event;
     }
 
+    /// Whether [`record_decision`](Store::record_decision) keeps anything: `false` tells the
+    /// caller it need not build the events (a replay then pays nothing for the journal). The
+    /// default is `true`, which is always correct; a store that journals only when
+    /// configured to answers whether it is.
+    fn journals(&self) -> bool {
+        true
+    }
+
     /// Loads the record of `(scope, key)`.
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>>;
 
@@ -502,6 +510,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn record_decision(&self, event: DecisionEvent) {
         (**self).record_decision(event);
+    }
+    fn journals(&self) -> bool {
+        (**self).journals()
     }
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         (**self).get(scope, key).await

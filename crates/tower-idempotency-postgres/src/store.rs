@@ -814,6 +814,10 @@ impl Store for PostgresStore {
         }
     }
 
+    fn journals(&self) -> bool {
+        self.inner.decisions.is_some()
+    }
+
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         Ok(self.get_row(scope, key).await?.map(|row| row.operation))
     }

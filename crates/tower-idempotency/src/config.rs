@@ -42,8 +42,10 @@ pub const ANONYMOUS_PRINCIPAL: &str = "anonymous";
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) scope: ScopeFn,
-    pub(crate) default_policy: RoutePolicy,
-    pub(crate) routes: HashMap<String, Vec<(Method, RoutePolicy)>>,
+    /// Behind an `Arc` each, so that a request takes its route's policy with one reference
+    /// count.
+    pub(crate) default_policy: Arc<RoutePolicy>,
+    pub(crate) routes: HashMap<String, Vec<(Method, Arc<RoutePolicy>)>>,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) header_name: HeaderName,
@@ -69,7 +71,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn policy_for(&self, method: &Method, route: &str) -> &RoutePolicy {
+    pub(crate) fn policy_for(&self, method: &Method, route: &str) -> &Arc<RoutePolicy> {
         self.routes
             .get(route)
             .and_then(|policies| policies.iter().find(|(m, _)| m == method))

@@ -295,9 +295,9 @@ struct Held<S> {
 /// run in place and are dropped with the client's request.
 async fn decide<S, B, ResB>(
     shared: Arc<Shared>,
-    policy: RoutePolicy,
+    policy: Arc<RoutePolicy>,
     mut held: Held<S>,
-    request: ReserveRequest,
+    mut request: ReserveRequest,
     tally: Arc<Tally>,
 ) -> Answer<ResB, S::Error>
 where
@@ -330,18 +330,20 @@ where
             ));
         }
         let left = ClientLeft::default();
-        let round = reserve_and_execute(
+        // Boxed as it is made, and wrapped in the box: the (large) round is moved once.
+        let round = Box::pin(reserve_and_execute(
             shared.clone(),
             policy.clone(),
-            held,
-            (request.clone(), left.clone()),
-        );
+            (held, request),
+            left.clone(),
+        ));
         let round = tally.clone().scope(round).instrument(Span::current());
         let round = DetachOnDrop::new(round, &shared.detached).watched_by(&left);
         let operation = match round.await {
             Ok(Round::Answered(answer)) => return answer,
-            Ok(Round::Existing(operation, returned)) => {
+            Ok(Round::Existing(operation, returned, asked)) => {
                 held = returned;
+                request = asked;
                 *operation
             }
             Ok(Round::FailOpen(held)) => {
@@ -375,11 +377,15 @@ where
 }
 
 /// How one round of [`decide`] ended.
+// Made once per round and moved once, out of the round's box: boxing the large variant
+// would cost an allocation on every duplicate to save a copy.
+#[allow(clippy::large_enum_variant)]
 enum Round<S, A> {
     /// This request won the reservation and ran the handler: its answer.
     Answered(A),
-    /// The key is held by this record; what the request held is handed back.
-    Existing(Box<Operation>, Held<S>),
+    /// The key is held by this record; what the request held, and what it asked the store,
+    /// are handed back.
+    Existing(Box<Operation>, Held<S>, ReserveRequest),
     /// The store is down and the route fails open.
     FailOpen(Held<S>),
     /// The store refused the reservation.
@@ -389,9 +395,9 @@ enum Round<S, A> {
 /// One reservation and, when it is won, the handler and the storing of its result.
 async fn reserve_and_execute<S, B, ResB>(
     shared: Arc<Shared>,
-    policy: RoutePolicy,
-    held: Held<S>,
-    (request, left): (ReserveRequest, ClientLeft),
+    policy: Arc<RoutePolicy>,
+    (held, request): (Held<S>, ReserveRequest),
+    left: ClientLeft,
 ) -> Round<S, Answer<ResB, S::Error>>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<ResB>> + Send + 'static,
@@ -452,7 +458,7 @@ where
             }
             Round::Refused(approval::refusal(&shared, &operation))
         }
-        Ok(Reserved::Existing(operation)) => Round::Existing(operation, held),
+        Ok(Reserved::Existing(operation)) => Round::Existing(operation, held, request),
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
         Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
     }

@@ -11,13 +11,19 @@ use tower_idempotency_core::{OperationId, ReserveRequest};
 
 use crate::config::Shared;
 
-/// Journals `kind` for `request` (its scope, key and fingerprint) about `operation`.
+/// Journals `kind` for `request` (its scope, key and fingerprint) about `operation`;
+/// nothing is built when the store keeps no journal ([`Store::journals`]).
+///
+/// [`Store::journals`]: tower_idempotency_core::Store::journals
 pub(crate) fn decision(
     shared: &Shared,
     request: &ReserveRequest,
     operation: Option<OperationId>,
     kind: AuditEventKind,
 ) {
+    if !shared.store.journals() {
+        return;
+    }
     let event = DecisionEvent::new(request.scope.clone(), operation, kind)
         .with_key(request.key.clone())
         .with_fingerprint(request.fingerprint.clone());

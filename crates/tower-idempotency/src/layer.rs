@@ -71,7 +71,7 @@ impl IdempotencyLayer {
             shared: Arc::new(Shared {
                 store,
                 scope: Arc::new(|parts: &Parts| parts.extensions.get::<Scope>().cloned()),
-                default_policy: RoutePolicy::required(),
+                default_policy: Arc::new(RoutePolicy::required()),
                 routes: HashMap::new(),
                 body_limit: 1024 * 1024,
                 response_limit: 1024 * 1024,
@@ -152,7 +152,7 @@ impl IdempotencyLayer {
 
     /// The policy for guarded routes that have none of their own.
     pub fn with_default_policy(self, policy: RoutePolicy) -> Self {
-        self.edit(|s| s.default_policy = policy)
+        self.edit(|s| s.default_policy = Arc::new(policy))
     }
 
     /// The policy for one method on one route. `route` is the route template as
@@ -161,7 +161,7 @@ impl IdempotencyLayer {
         self.edit(|s| {
             let entry = s.routes.entry(route.to_owned()).or_default();
             entry.retain(|(m, _)| *m != method);
-            entry.push((method, policy));
+            entry.push((method, Arc::new(policy)));
         })
     }
 

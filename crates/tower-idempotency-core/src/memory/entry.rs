@@ -208,10 +208,8 @@ impl Entry {
             return known.clone();
         }
         match self.fp_kind {
-            FP_SHA256 => Fingerprint::from_stored(format!("sha256:{}", hex(&self.digest))),
-            FP_HMAC_SHA256 => {
-                Fingerprint::from_stored(format!("hmac-sha256:{}", hex(&self.digest)))
-            }
+            FP_SHA256 => Fingerprint::of_digest("sha256:", &self.digest),
+            FP_HMAC_SHA256 => Fingerprint::of_digest("hmac-sha256:", &self.digest),
             _ => self
                 .rare
                 .as_ref()
@@ -462,6 +460,7 @@ fn parse_digest(text: &str) -> Option<(u8, [u8; 32])> {
     Some((kind, digest))
 }
 
+#[cfg(test)]
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);

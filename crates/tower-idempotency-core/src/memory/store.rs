@@ -194,6 +194,10 @@ impl Store for MemoryStore {
         self.inner.record_decision(event);
     }
 
+    fn journals(&self) -> bool {
+        self.inner.journal.is_some()
+    }
+
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         Ok(self.inner.read(&self.inner.record_key(scope, key)))
     }
