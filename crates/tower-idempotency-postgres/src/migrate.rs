@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_audit.sql",
         sql: include_str!("../migrations/0007_audit.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_scope_expiry_index.sql",
+        sql: include_str!("../migrations/0008_scope_expiry_index.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

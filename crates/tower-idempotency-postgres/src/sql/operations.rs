@@ -528,8 +528,9 @@ fn purge(t: &str, u: &str) -> String {
 /// The refusal of a scope at its quota (`$1`), run only then: deletes up to `$2` of the
 /// scope's expired rows (they free the quota at once, without waiting for the purge task)
 /// and reads how long until its oldest remaining completed or unknown row expires, in
-/// microseconds (`NULL` when it has none), for the `Retry-After`. Both are range scans of
-/// the `(scope, expires_at)` index.
+/// microseconds (`NULL` when it has none), for the `Retry-After`. Both are range scans of the
+/// partial `(scope, expires_at)` index of migration 0008 (both compare `expires_at` with a
+/// strict operator, which implies its predicate).
 fn quota_refusal(t: &str, u: &str) -> String {
     format!(
         "WITH gone AS ( \
