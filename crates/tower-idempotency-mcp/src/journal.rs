@@ -37,7 +37,13 @@ impl CallContext {
 
     /// Journals `decided` about `operation`: its scope and key, this call's fingerprint,
     /// principal and correlation.
+    /// Nothing is built when the store keeps no journal ([`Store::journals`]).
+    ///
+    /// [`Store::journals`]: tower_idempotency_core::Store::journals
     pub(crate) fn journal(&self, decided: Decided, operation: &Operation) {
+        if !self.config.store.journals() {
+            return;
+        }
         let correlation = self.correlation();
         let kind = match decided {
             Decided::Correlated => AuditEventKind::Correlated { correlation },
