@@ -5,17 +5,20 @@
 //! exact JSON-RPC id and the session, never the arguments or `_meta`; and the sealed
 //! journal verifies.
 
+mod support;
+
 use std::convert::Infallible;
 use std::io::Cursor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use support::server;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::{Layer, Service, ServiceExt};
 use tower_idempotency_core::audit::{
     AuditEventKind, Correlation, Journal, JournalConfig, NoteSigningKey, SealedEvent, Verifier,
 };
@@ -24,37 +27,6 @@ use tower_idempotency_mcp::{McpBody, McpIdempotencyLayer, ToolPolicy};
 
 const EXECUTION: &str = "dev.tower-idempotency/execution";
 const KEY: &str = "dev.tower-idempotency/idempotency-key";
-
-/// A server that counts tool runs and answers each call after `delay`.
-fn server(
-    runs: Arc<AtomicUsize>,
-    delay: Duration,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static {
-    service_fn(move |request: Request<Full<Bytes>>| {
-        let runs = Arc::clone(&runs);
-        async move {
-            let body = request.into_body().collect().await.unwrap().to_bytes();
-            let message: Value = serde_json::from_slice(&body).unwrap();
-            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            tokio::time::sleep(delay).await;
-            let reply = json!({"jsonrpc": "2.0", "id": message["id"],
-                               "result": {"content": [], "structuredContent": {"run": run}}});
-            Ok::<_, Infallible>(
-                Response::builder()
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(reply.to_string())))
-                    .unwrap(),
-            )
-        }
-    })
-}
 
 fn journaled() -> (MemoryStore, Journal, NoteSigningKey) {
     let key = NoteSigningKey::generate("mcp.test/journal").unwrap();

@@ -3,6 +3,8 @@
 //! journal (exported as the operator CLI exports it), the store's events of the execution
 //! and the layer's decisions with their MCP correlation, in order; the export verifies.
 
+mod support;
+
 use std::convert::Infallible;
 use std::io::Cursor;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use test_harness::pg;
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::{Layer, Service, ServiceExt};
 use tower_idempotency_core::audit::{
     Correlation, JournalLine, JournalReader, NoteSigningKey, SealedEvent, Verifier,
 };
@@ -25,35 +27,6 @@ use tower_idempotency_postgres::{
 };
 
 const EXECUTION: &str = "dev.tower-idempotency/execution";
-
-fn server(
-    runs: Arc<AtomicUsize>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static {
-    service_fn(move |request: Request<Full<Bytes>>| {
-        let runs = Arc::clone(&runs);
-        async move {
-            let body = request.into_body().collect().await.unwrap().to_bytes();
-            let message: Value = serde_json::from_slice(&body).unwrap();
-            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            tokio::time::sleep(Duration::from_millis(400)).await;
-            let reply = json!({"jsonrpc": "2.0", "id": message["id"],
-                               "result": {"content": [], "structuredContent": {"run": run}}});
-            Ok::<_, Infallible>(
-                Response::builder()
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(reply.to_string())))
-                    .unwrap(),
-            )
-        }
-    })
-}
 
 fn post(id: Value, arguments: Value, session: Option<&str>) -> Request<Full<Bytes>> {
     let message = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
@@ -139,7 +112,10 @@ async fn the_layers_decisions_come_out_of_the_database_journal_in_order() {
             "deploy",
             ToolPolicy::guarded().with_wait(Duration::from_secs(10)),
         )
-        .layer(server(Arc::clone(&runs)));
+        .layer(support::server(
+            Arc::clone(&runs),
+            Duration::from_millis(400),
+        ));
     let arguments = json!({"service": "api", "version": "v-pg-secret-7"});
 
     let first = tokio::spawn({

@@ -2,6 +2,8 @@
 //! `tower::ServiceExt::oneshot`: what is guarded, what passes through, the answers the layer
 //! writes itself.
 
+mod support;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -541,35 +543,6 @@ async fn hmac_fingerprints_still_match_identical_commands() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-/// A server whose tool runs for 300 ms (counted when it starts).
-fn slow_server(
-    runs: Arc<AtomicUsize>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static {
-    service_fn(move |request: Request<Full<Bytes>>| {
-        let runs = Arc::clone(&runs);
-        async move {
-            let body = request.into_body().collect().await.unwrap().to_bytes();
-            let message: Value = serde_json::from_slice(&body).unwrap();
-            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-            let reply = json!({"jsonrpc": "2.0", "id": message["id"], "result": {"content": [], "structuredContent": {"run": run}}});
-            Ok::<_, Infallible>(
-                Response::builder()
-                    .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(reply.to_string())))
-                    .unwrap(),
-            )
-        }
-    })
-}
-
 /// Sends a call and goes away after 50 ms, before the answer.
 async fn call_and_leave<S>(service: &S, id: u64)
 where
@@ -591,8 +564,10 @@ where
 #[tokio::test]
 async fn on_disconnect_complete_runs_to_the_end_and_the_retry_gets_the_result() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let service =
-        McpIdempotencyLayer::new(MemoryStore::default()).layer(slow_server(Arc::clone(&runs)));
+    let service = McpIdempotencyLayer::new(MemoryStore::default()).layer(support::server(
+        Arc::clone(&runs),
+        std::time::Duration::from_millis(300),
+    ));
     call_and_leave(&service, 1).await;
     let (_, retry) = send(
         &service,
@@ -613,7 +588,10 @@ async fn on_disconnect_cancel_after_dispatch_leaves_the_outcome_unknown() {
     // The layer marks dispatch when it hands the call over.
     let service = McpIdempotencyLayer::new(MemoryStore::default())
         .with_tool("deploy", policy)
-        .layer(slow_server(Arc::clone(&runs)));
+        .layer(support::server(
+            Arc::clone(&runs),
+            std::time::Duration::from_millis(300),
+        ));
     call_and_leave(&service, 1).await;
     let (_, retry) = send(
         &service,
@@ -639,7 +617,10 @@ async fn on_disconnect_cancel_before_dispatch_lets_the_retry_run_afresh() {
         .with_marks_dispatch(true);
     let service = McpIdempotencyLayer::new(MemoryStore::default())
         .with_tool("deploy", policy)
-        .layer(slow_server(Arc::clone(&runs)));
+        .layer(support::server(
+            Arc::clone(&runs),
+            std::time::Duration::from_millis(300),
+        ));
     call_and_leave(&service, 1).await;
     let (_, retry) = send(
         &service,
@@ -865,7 +846,10 @@ async fn a_cancelled_call_is_stored_cancelled_and_its_retry_takes_it_over() {
         .with_marks_dispatch(true);
     let service = McpIdempotencyLayer::new(MemoryStore::default())
         .with_tool("deploy", policy)
-        .layer(slow_server(Arc::clone(&runs)));
+        .layer(support::server(
+            Arc::clone(&runs),
+            std::time::Duration::from_millis(300),
+        ));
     let key = || Some(json!({"dev.tower-idempotency/idempotency-key": "cancel-1"}));
     let request = post(Some("alice"), &call(1, "deploy", json!({"v": "1"}), key()));
     let answer = tokio::time::timeout(
