@@ -33,6 +33,7 @@ fn request(scope: &Scope, key: &str) -> ReserveRequest {
         take_over_unknown: false,
         marks_dispatch: false,
         approval: None,
+        replace_delivered: None,
     }
 }
 

@@ -313,6 +313,7 @@ fn request(scope: &Scope, key: &str, i: u64) -> Result<ReserveRequest, String> {
         take_over_unknown: false,
         marks_dispatch: false,
         approval: None,
+        replace_delivered: None,
     })
 }
 

@@ -609,6 +609,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
                 // round it falls in.
                 options.server_options.push_str(
                     " -c shared_preload_libraries=pg_stat_statements \
+                     -c pg_stat_statements.track_planning=on \
                      -c max_wal_size=8GB -c checkpoint_timeout=30min",
                 );
                 let runtime = tokio::runtime::Builder::new_current_thread()

@@ -29,8 +29,8 @@ pub struct Snapshot {
     wal_bytes: f64,
     wal_syncs: f64,
     /// Per `queryid`: the query text (shortened), calls, total execution time in ms, shared
-    /// buffers hit or read.
-    statements: HashMap<i64, (String, f64, f64, f64)>,
+    /// buffers hit or read, total planning time in ms.
+    statements: HashMap<i64, (String, f64, f64, f64, f64)>,
     /// CPU seconds of PostgreSQL's processes.
     postgres_cpu: f64,
 }
@@ -50,8 +50,9 @@ pub struct Profile {
     wal_syncs: f64,
     /// Statements per request (all kinds).
     statements: f64,
-    /// `(query, calls, execution µs, buffers)` per request, most expensive first.
-    top: Vec<(String, f64, f64, f64)>,
+    /// `(query, calls, execution µs, buffers, planning µs)` per request, most expensive
+    /// first.
+    top: Vec<(String, f64, f64, f64, f64)>,
     postgres_cpu_us: f64,
     server_cpu_us: f64,
     wrk_cpu_us: f64,
@@ -82,7 +83,8 @@ pub async fn snapshot(client: &tokio_postgres::Client) -> Result<Snapshot, Strin
     for row in client
         .query(
             "SELECT queryid, left(regexp_replace(query, '\\s+', ' ', 'g'), 70), calls::float8, \
-                 total_exec_time, (shared_blks_hit + shared_blks_read)::float8 \
+                 total_exec_time, (shared_blks_hit + shared_blks_read)::float8, \
+                 total_plan_time \
              FROM pg_stat_statements \
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                  AND queryid IS NOT NULL",
@@ -91,7 +93,10 @@ pub async fn snapshot(client: &tokio_postgres::Client) -> Result<Snapshot, Strin
         .await
         .map_err(fail)?
     {
-        statements.insert(row.get(0), (row.get(1), row.get(2), row.get(3), row.get(4)));
+        statements.insert(
+            row.get(0),
+            (row.get(1), row.get(2), row.get(3), row.get(4), row.get(5)),
+        );
     }
     Ok(Snapshot {
         commits: row.get(0),
@@ -113,11 +118,11 @@ pub fn profile(
     (server_cpu, wrk_cpu): (f64, f64),
 ) -> Profile {
     let per = |a: f64, b: f64| (b - a) / requests.max(1.0);
-    let mut top: Vec<(String, f64, f64, f64)> = after
+    let mut top: Vec<(String, f64, f64, f64, f64)> = after
         .statements
         .iter()
-        .filter_map(|(id, (query, calls, ms, buffers))| {
-            let (_, calls_before, ms_before, buffers_before) =
+        .filter_map(|(id, (query, calls, ms, buffers, plan_ms))| {
+            let (_, calls_before, ms_before, buffers_before, plan_before) =
                 before.statements.get(id).cloned().unwrap_or_default();
             (calls - calls_before > 0.0).then(|| {
                 (
@@ -125,12 +130,13 @@ pub fn profile(
                     per(calls_before, *calls),
                     per(ms_before, *ms) * 1000.0,
                     per(buffers_before, *buffers),
+                    per(plan_before, *plan_ms) * 1000.0,
                 )
             })
         })
         .collect();
-    let statements = top.iter().map(|(_, calls, _, _)| calls).sum();
-    top.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let statements = top.iter().map(|(_, calls, _, _, _)| calls).sum();
+    top.sort_by(|a, b| (b.2 + b.4).total_cmp(&(a.2 + a.4)));
     top.truncate(TOP);
     Profile {
         label: label.to_owned(),
@@ -177,13 +183,17 @@ pub fn print(profiles: &[Profile]) {
             p.wrk_cpu_us
         );
     }
-    println!("\n### PostgreSQL: statements per request, by execution time (pg_stat_statements)\n");
-    println!("| case | statement | calls / request | execution µs / request | buffers / request |");
-    println!("|---|---|---:|---:|---:|");
+    println!(
+        "\n### PostgreSQL: statements per request, by planning + execution time (pg_stat_statements)\n"
+    );
+    println!(
+        "| case | statement | calls / request | planning µs / request | execution µs / request | buffers / request |"
+    );
+    println!("|---|---|---:|---:|---:|---:|");
     for p in profiles {
-        for (query, calls, us, buffers) in &p.top {
+        for (query, calls, us, buffers, plan_us) in &p.top {
             println!(
-                "| {} | `{}` | {calls:.2} | {us:.1} | {buffers:.1} |",
+                "| {} | `{}` | {calls:.2} | {plan_us:.1} | {us:.1} | {buffers:.1} |",
                 p.label,
                 query.replace('|', "\\|")
             );

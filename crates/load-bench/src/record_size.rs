@@ -58,6 +58,7 @@ pub async fn measure(records: usize, body_bytes: usize) -> Result<RecordSize, St
             take_over_unknown: false,
             marks_dispatch: false,
             approval: None,
+            replace_delivered: None,
         };
         let Ok(Reservation::Acquired { lease, .. }) = store.reserve(request).await else {
             return Err(format!("record {i} was not acquired"));

@@ -166,6 +166,7 @@ async fn fill(store: &MemoryStore, records: usize) -> Result<(), Failure> {
             take_over_unknown: false,
             marks_dispatch: false,
             approval: None,
+            replace_delivered: None,
         };
         let Reservation::Acquired { lease, .. } = store.reserve(request).await? else {
             return Err(format!("prefill record {i} was not acquired").into());

@@ -221,6 +221,7 @@ mod tests {
             take_over_unknown: false,
             marks_dispatch,
             approval: None,
+            replace_delivered: None,
         }
     }
 

@@ -110,6 +110,14 @@ pub struct ReserveRequest {
     /// and answers [`Reservation::ApprovalRequested`]. A record that exists is decided by
     /// its own state, whatever this field says.
     pub approval: Option<ApprovalRequest>,
+    /// Derived matching (the MCP layer's calls without a key, whose key is derived from the
+    /// intent): a record `completed` with this request's fingerprint and delivered at least
+    /// this long ago is closed, and the reservation replaces it with a new operation in the
+    /// same step, as it replaces a record whose retention ended (the old one is journaled
+    /// `superseded`). A record not yet delivered, or delivered more recently, answers as
+    /// usual (a replay). `None`, every HTTP route: a completed record answers every retry
+    /// until its retention ends.
+    pub replace_delivered: Option<Duration>,
 }
 
 /// The answer to [`Store::reserve`].

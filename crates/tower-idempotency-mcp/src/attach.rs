@@ -40,6 +40,7 @@ fn request(
         take_over_unknown: true,
         marks_dispatch: false,
         approval: None,
+        replace_delivered: None,
     }
 }
 

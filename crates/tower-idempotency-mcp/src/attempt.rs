@@ -42,6 +42,7 @@ pub(crate) async fn note(
         take_over_unknown: true,
         marks_dispatch: false,
         approval: None,
+        replace_delivered: None,
     };
     match store.reserve(request).await? {
         Reservation::Acquired { lease, .. } => {

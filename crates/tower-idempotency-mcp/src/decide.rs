@@ -6,7 +6,7 @@
 //! answer.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -34,13 +34,6 @@ use crate::{attach, attempt};
 /// Rounds of the decision loop before a call is answered `request-in-progress`: each
 /// round is one reservation, so this bounds the work one call can cause.
 const MAX_ROUNDS: usize = 64;
-
-/// How many generations past a free one are looked at for a later execution of the same
-/// intent (the free one and those before it were purged at the end of their retention):
-/// a keyless call attaches to an open execution whose intent was repeated and purged up
-/// to this many times in a row before it. Each look is one `get`, made only when a call
-/// is about to start a new execution.
-pub(crate) const PURGE_LOOKAHEAD: u32 = 8;
 
 /// How often a re-call that waits for an approval decision (the tool's approval `wait`)
 /// looks at the record again.
@@ -111,7 +104,16 @@ pub(crate) enum Decision {
 }
 
 impl CallContext {
-    fn reserve_request(&self, key: IdempotencyKey, take_over: bool) -> ReserveRequest {
+    /// The reservation of this call under `key`. `replace`: a derived key's execution that
+    /// was delivered (and is past the tool's attach window) is closed, and the reservation
+    /// starts a new one in its place; a call that has already waited on an execution asks
+    /// without it, so that it receives the result it waited for.
+    fn reserve_request(
+        &self,
+        key: IdempotencyKey,
+        take_over: bool,
+        replace: bool,
+    ) -> ReserveRequest {
         ReserveRequest {
             scope: self.intent.actor.clone(),
             key,
@@ -124,25 +126,16 @@ impl CallContext {
             take_over_unknown: take_over,
             marks_dispatch: self.policy.marks_dispatch,
             approval: self.approval.clone(),
+            replace_delivered: (replace && matches!(self.carrier, Carrier::Derived))
+                .then_some(self.policy.attach_window),
         }
     }
 
-    fn key(&self, generation: u32) -> IdempotencyKey {
+    fn key(&self) -> IdempotencyKey {
         match &self.carrier {
             Carrier::Explicit(key) => key.clone(),
-            Carrier::Derived => self.intent.derived_key(generation),
+            Carrier::Derived => self.intent.derived_key(),
         }
-    }
-
-    /// A delivered execution still attaches identical calls inside the attach window.
-    fn closed(&self, operation: &Operation) -> bool {
-        if matches!(self.carrier, Carrier::Explicit(_)) || !operation.delivered {
-            return false;
-        }
-        let window_end = operation
-            .completed_at
-            .map(|at| at + self.policy.attach_window);
-        window_end.is_none_or(|end| SystemTime::now() >= end)
     }
 
     fn delivering(&self, message: &Value, operation: &Operation) -> Response<McpBody> {
@@ -163,24 +156,6 @@ impl CallContext {
 
     fn answer(&self, message: &Value, decision: &'static str) -> Result<Decision, StoreError> {
         Ok(Decision::Answer(answer::json_response(message), decision))
-    }
-
-    /// The first generation after `generation` that is still held, looking
-    /// [`PURGE_LOOKAHEAD`] generations ahead.
-    async fn later_generation(&self, generation: u32) -> Result<Option<u32>, StoreError> {
-        for later in generation + 1..=generation + PURGE_LOOKAHEAD {
-            let key = self.intent.derived_key(later);
-            if self
-                .config
-                .store
-                .get(&self.intent.actor, &key)
-                .await?
-                .is_some()
-            {
-                return Ok(Some(later));
-            }
-        }
-        Ok(None)
     }
 
     /// Records this call among the ones attached to `operation`, for the status tool. A
@@ -205,23 +180,12 @@ impl CallContext {
                 .as_ref()
                 .map_or(Duration::ZERO, ApprovalPolicy::wait);
         let mut attached = false;
-        let mut generation = 0u32;
         let mut last_seen: Option<Operation> = None;
+        let key = self.key();
         for _ in 0..MAX_ROUNDS {
-            let key = self.key(generation);
-            if self.approval.is_some()
-                && matches!(self.carrier, Carrier::Derived)
-                && store.get(&self.intent.actor, &key).await?.is_none()
-            {
-                // A reservation of a free slot would create an approval request, which
-                // cannot be handed back like a lease: look past purged generations first.
-                if let Some(later) = self.later_generation(generation).await? {
-                    generation = later;
-                    continue;
-                }
-            }
+            let replace = last_seen.is_none();
             match store
-                .reserve(self.reserve_request(key.clone(), false))
+                .reserve(self.reserve_request(key.clone(), false, replace))
                 .await?
             {
                 Reservation::Acquired {
@@ -236,20 +200,6 @@ impl CallContext {
                         return Err(StoreError::Unsupported {
                             feature: "approvals",
                         });
-                    }
-                    if let Carrier::Derived = self.carrier {
-                        // This generation's slot was free. If a later generation exists,
-                        // this one was purged after it was closed: the later one is the
-                        // current intent. Older generations are purged first, so the
-                        // records still held are a run of consecutive generations; up to
-                        // PURGE_LOOKAHEAD purged ones are skipped.
-                        if operation.attempts <= 1 && !takeover && operation.approval.is_none() {
-                            if let Some(later) = self.later_generation(generation).await? {
-                                store.release(&lease).await?;
-                                generation = later;
-                                continue;
-                            }
-                        }
                     }
                     return Ok(Decision::Execute {
                         operation: Box::new(operation),
@@ -268,30 +218,23 @@ impl CallContext {
                         .await;
                 }
                 Reservation::Existing(operation) => {
+                    // A derived key names the intent, fingerprint included, so only an
+                    // explicit key can meet another command; refused either way.
                     if operation.fingerprint != self.intent.fingerprint
                         || operation.method != "tools/call"
                     {
-                        if let Carrier::Explicit(_) = self.carrier {
-                            self.journal(Decided::Conflict, &operation);
-                            return self
-                                .answer(&answer::mismatch(&self.call.id, &operation), "conflict");
-                        }
-                        generation += 1;
-                        continue;
+                        self.journal(Decided::Conflict, &operation);
+                        return self
+                            .answer(&answer::mismatch(&self.call.id, &operation), "conflict");
                     }
                     let approval_expired = operation
                         .approval
                         .as_ref()
                         .is_some_and(|approval| approval.state == ApprovalState::Expired);
                     match operation.state {
-                        // A call that waited on this execution gets its result, delivered
-                        // to another caller or not.
-                        OperationState::Completed
-                            if self.closed(&operation)
-                                && last_seen.as_ref().map(|seen| seen.id) != Some(operation.id) =>
-                        {
-                            generation += 1;
-                        }
+                        // Not delivered, inside the attach window, or the execution this
+                        // call waited on (delivered to another caller or not): its result.
+                        // (A delivered one past the window was replaced by the store.)
                         OperationState::Completed => {
                             tracing::info!(
                                 execution_id = %operation.id,
@@ -359,7 +302,9 @@ impl CallContext {
                             // Never dispatched, or re-execution is safe: take over.
                             if let Reservation::Acquired {
                                 operation, lease, ..
-                            } = store.reserve(self.reserve_request(key, true)).await?
+                            } = store
+                                .reserve(self.reserve_request(key.clone(), true, false))
+                                .await?
                             {
                                 tracing::info!(
                                     execution_id = %operation.id,

@@ -75,9 +75,11 @@ fn digest(parts: &[&[u8]]) -> String {
 }
 
 impl Intent {
-    /// The store key of generation `generation` of this intent (derived matching without
-    /// an explicit key). A new generation starts when the previous one was delivered.
-    pub(crate) fn derived_key(&self, generation: u32) -> IdempotencyKey {
+    /// The store key of this intent (derived matching without an explicit key): one key
+    /// for every execution of the intent, the one held being the latest. A new execution
+    /// replaces a delivered one in the same reservation
+    /// ([`ReserveRequest::replace_delivered`](tower_idempotency_core::ReserveRequest::replace_delivered)).
+    pub(crate) fn derived_key(&self) -> IdempotencyKey {
         let base = digest(&[
             b"tower-idempotency/mcp-intent/v1",
             self.actor.as_str().as_bytes(),
@@ -85,7 +87,7 @@ impl Intent {
             self.fingerprint.as_str().as_bytes(),
             self.intent_scope.as_bytes(),
         ]);
-        key(&format!("mcp-intent:{base}.{generation}"))
+        key(&format!("mcp-intent:{base}"))
     }
 }
 
@@ -152,8 +154,7 @@ mod tests {
         let base = fp("a", "charge", json!({"x": 1, "y": [1, 2]}), None, false);
         let reordered = fp("a", "charge", json!({"y": [1, 2], "x": 1.0}), None, false);
         assert_eq!(base.fingerprint, reordered.fingerprint);
-        assert_eq!(base.derived_key(0), reordered.derived_key(0));
-        assert_ne!(base.derived_key(0), base.derived_key(1));
+        assert_eq!(base.derived_key(), reordered.derived_key());
         for other in [
             fp("b", "charge", json!({"x": 1, "y": [1, 2]}), None, false),
             fp("a", "deploy", json!({"x": 1, "y": [1, 2]}), None, false),
@@ -168,7 +169,7 @@ mod tests {
             fp("a", "charge", json!({"x": 1, "y": [1, 2]}), None, true),
         ] {
             assert_ne!(base.fingerprint, other.fingerprint);
-            assert_ne!(base.derived_key(0), other.derived_key(0));
+            assert_ne!(base.derived_key(), other.derived_key());
         }
         // Absent, the intent scope is the actor.
         assert_eq!(

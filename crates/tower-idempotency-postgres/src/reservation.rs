@@ -33,6 +33,8 @@ pub(crate) struct ReserveParams<'a> {
     requested_by: Option<&'a str>,
     summary: Option<&'a serde_json::Value>,
     approval_ttl: Option<i64>,
+    /// `ReserveRequest::replace_delivered` in microseconds (`$19` of the reservation).
+    replace_delivered: Option<i64>,
     /// Whether `reserve_new` checks the quota (see `usage.rs`).
     pub(crate) check_quota: bool,
 }
@@ -60,11 +62,12 @@ impl<'a> ReserveParams<'a> {
             requested_by: asked.map(|approval| approval.requested_by.as_str()),
             summary: asked.map(|approval| &approval.summary),
             approval_ttl: asked.map(|approval| micros(approval.ttl)),
+            replace_delivered: request.replace_delivered.map(micros),
             check_quota: true,
         }
     }
 
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 18] {
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 19] {
         [
             &self.scope,
             &self.key,
@@ -84,6 +87,7 @@ impl<'a> ReserveParams<'a> {
             &self.requested_by,
             &self.summary,
             &self.approval_ttl,
+            &self.replace_delivered,
         ]
     }
 
@@ -165,13 +169,31 @@ impl<'a> ReserveParams<'a> {
 /// replay, or a conflict), or in progress under a live lease (a duplicate, which waits).
 /// Anything else — expired, unknown, lapsed, cancelled, awaiting or holding an approval —
 /// is for the reservation statement to decide.
-pub(crate) fn settles(row: &OperationRow) -> bool {
+pub(crate) fn settles(request: &ReserveRequest, row: &OperationRow) -> bool {
     match row.operation.state {
-        OperationState::Completed => true,
+        OperationState::Completed => !closed(request, row),
         OperationState::InProgress => row
             .operation
             .lease_expires_at
             .is_some_and(|expires| expires > row.db_now),
         _ => false,
     }
+}
+
+/// Whether `request` replaces the completed `row` (see
+/// [`ReserveRequest::replace_delivered`]), by the database's clock: then only the
+/// reservation statement, which decides it again in the same step as the replacement,
+/// answers the request.
+fn closed(request: &ReserveRequest, row: &OperationRow) -> bool {
+    let operation = &row.operation;
+    let Some(window) = request.replace_delivered else {
+        return false;
+    };
+    operation.delivered
+        && operation.fingerprint == request.fingerprint
+        && operation
+            .delivered_at
+            .or(operation.completed_at)
+            .and_then(|at| at.checked_add(window))
+            .is_some_and(|end| end <= row.db_now)
 }

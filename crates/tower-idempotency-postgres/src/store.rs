@@ -343,7 +343,7 @@ impl PostgresStore {
         let Some(row) = self.get_row(&request.scope, &request.key).await? else {
             return Ok(None);
         };
-        if !settles(&row) {
+        if !settles(request, &row) {
             return Ok(None);
         }
         self.count_if_replay(request, &row.operation);
@@ -359,7 +359,7 @@ impl PostgresStore {
         proposal: &ReserveParams<'_>,
         row: OperationRow,
     ) -> Option<Reservation> {
-        if !proposal.won(&row) && !settles(&row) {
+        if !proposal.won(&row) && !settles(request, &row) {
             return None;
         }
         self.inner.recent.remember(&request.scope, &request.key);
@@ -610,7 +610,7 @@ impl Store for PostgresStore {
         if let Some(usage) = usage {
             self.inner.usage.read(&request.scope, usage);
         }
-        if !proposal.won(&row) && !settles(&row) {
+        if !proposal.won(&row) && !settles(&request, &row) {
             // Not a new key, and its record needs the reservation statement.
             transaction.not_needed();
             return self.reserve_then_wait_for_a_place(request).await;

@@ -243,6 +243,7 @@ where
         take_over_unknown: matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute),
         marks_dispatch: policy.marks_dispatch,
         approval,
+        replace_delivered: None,
     };
     Ok((request, body, command))
 }

@@ -358,6 +358,7 @@ fn take_kind(wire: &mut WireEvent) -> Result<AuditEventKind, DecodeError> {
             resolution: wire.resolution.take(),
         },
         "purged" => AuditEventKind::Purged,
+        "superseded" => AuditEventKind::Superseded,
         "quota_refused" => AuditEventKind::QuotaRefused {
             quota: wire.quota.take().ok_or_else(|| missing("quota"))?,
         },
@@ -458,6 +459,7 @@ mod tests {
                 resolution: Some(s()),
             },
             AuditEventKind::Purged,
+            AuditEventKind::Superseded,
             AuditEventKind::QuotaRefused { quota: s() },
         ]
     }

@@ -223,6 +223,10 @@ pub enum AuditEventKind {
     },
     /// The record was deleted by retention; the journal keeps its history.
     Purged,
+    /// A completed and delivered record was replaced by a new execution of the same intent
+    /// under the same derived key (the MCP layer's calls without a key); the journal keeps
+    /// its history.
+    Superseded,
     /// A request was refused by a quota before any operation was created.
     QuotaRefused {
         /// Which quota (for example `pending-operations`).
@@ -252,6 +256,7 @@ impl AuditEventKind {
             Self::Abandoned => "abandoned",
             Self::Resolved { .. } => "resolved",
             Self::Purged => "purged",
+            Self::Superseded => "superseded",
             Self::QuotaRefused { .. } => "quota_refused",
         }
     }

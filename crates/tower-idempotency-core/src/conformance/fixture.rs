@@ -144,6 +144,7 @@ pub fn reserve_request(
         take_over_unknown: false,
         marks_dispatch: false,
         approval: None,
+        replace_delivered: None,
     }
 }
 

@@ -43,6 +43,10 @@
 //!   needs the bound fingerprint; a repeat of the winning decision reports it, the opposite
 //!   is refused); an authorized operation is acquired by exactly one reservation; pending
 //!   requests and unused approvals expire; approvals are seen by their own scope only.
+//! - A reservation with [`ReserveRequest::replace_delivered`](crate::ReserveRequest::replace_delivered)
+//!   replaces a completed record of its fingerprint delivered at least the window ago with a
+//!   new operation, exactly once under concurrency; a running, undelivered, recently
+//!   delivered or other-fingerprint record answers as usual.
 //! - A lease stops being current once its operation is taken over, completed, abandoned or
 //!   released. A lease that merely ran out is still current: its late result is accepted.
 //! - Waiters return when the record leaves `in_progress` (including by its lease running
@@ -63,6 +67,7 @@
 
 mod approval;
 mod completion;
+mod derived;
 mod dispatch;
 mod fixture;
 mod lease;
@@ -85,6 +90,10 @@ pub use approval::{
 };
 pub use completion::{
     complete_delivered_records_the_delivery, transaction_complete_delivered_says_what_it_recorded,
+};
+pub use derived::{
+    replace_delivered_is_atomic_under_concurrency, replace_delivered_keeps_open_records,
+    replace_delivered_starts_a_new_operation,
 };
 pub use dispatch::{
     cancel_after_dispatch_is_unknown, cancel_before_dispatch_is_cancelled,
@@ -163,7 +172,8 @@ pub async fn run_all<S: Store + Clone>(store: &S) {
     run_lifecycle(store).await;
 }
 
-/// Runs the lifecycle checks — dispatch marks, cancellation, delivery times and approvals —
+/// Runs the lifecycle checks — dispatch marks, cancellation, delivery times, approvals and
+/// derived matching's replacement of delivered records —
 /// against `store`, one after the other (part of [`run_all`]).
 pub async fn run_lifecycle<S: Store + Clone>(store: &S) {
     reserve_without_mark_is_dispatched(store).await;
@@ -186,4 +196,7 @@ pub async fn run_lifecycle<S: Store + Clone>(store: &S) {
     approvals_are_scoped(store).await;
     list_approvals_filters_orders_and_limits(store).await;
     purge_keeps_approvals_until_they_expire(store).await;
+    replace_delivered_starts_a_new_operation(store).await;
+    replace_delivered_keeps_open_records(store).await;
+    replace_delivered_is_atomic_under_concurrency(store).await;
 }

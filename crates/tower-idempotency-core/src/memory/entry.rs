@@ -355,6 +355,25 @@ impl Entry {
         self.expires.has_passed(now)
     }
 
+    /// Whether a derived-matching reservation replaces this record
+    /// ([`ReserveRequest::replace_delivered`](crate::ReserveRequest::replace_delivered)):
+    /// completed with `fingerprint` and delivered at least `window` before `now`.
+    /// Delivery times are kept to the millisecond, so the window is too.
+    pub(super) fn is_closed(
+        &self,
+        fingerprint: &Fingerprint,
+        window: Duration,
+        clock: &Clock,
+        now: Tick,
+    ) -> bool {
+        self.state == OperationState::Completed
+            && self.delivered()
+            && self.fingerprint_is(fingerprint)
+            && clock
+                .later(self.delivered_at.tick(self.created), window)
+                .has_passed(now)
+    }
+
     /// The record as the [`Store`](crate::Store) API hands it out; `known` is the
     /// caller's fingerprint, handed back when it is the record's.
     pub(super) fn operation(

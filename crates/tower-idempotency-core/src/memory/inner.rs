@@ -431,16 +431,26 @@ impl Inner {
                 return Err(Refusal::Full);
             };
             self.refresh(entry, now);
-            if entry.is_expired(now) {
-                // Retention ended: the key is forgotten and this is a new operation. The
-                // slot is reused, so neither capacity nor quota is consulted (the scope's
-                // record count stays; its bytes go down to the new record's).
+            let expired = entry.is_expired(now);
+            let closed = !expired
+                && request.replace_delivered.is_some_and(|window| {
+                    entry.is_closed(&request.fingerprint, window, &self.clock, now)
+                });
+            if expired || closed {
+                // Retention ended, or a derived key's execution was delivered: the key is
+                // forgotten and this is a new operation. The slot is reused, so neither
+                // capacity nor quota is consulted (the scope's record count stays; its
+                // bytes go down to the new record's).
                 let scope = entry.scope.clone();
                 let (fresh, reservation) = self.new_entry(&record_key, scope, request, now);
                 let (new_charge, new_expires) = (fresh.charge(), fresh.expires);
                 if let Some(old) = records.replace(slot, fresh) {
                     self.recharge(&request.scope, old.charge(), new_charge);
-                    self.journal_purged(&old, now);
+                    if closed {
+                        self.journal(&old, now, || AuditEventKind::Superseded);
+                    } else {
+                        self.journal_purged(&old, now);
+                    }
                     old.wake();
                     self.unindex(&old);
                 }

@@ -85,6 +85,7 @@
 //!     take_over_unknown: false,
 //!     marks_dispatch: false,
 //!     approval: None,
+//!     replace_delivered: None,
 //! };
 //!
 //! // The first reservation wins and must run the handler.

@@ -120,6 +120,7 @@ fn kind(row: &Row, name: &str) -> Result<AuditEventKind, String> {
             resolution: text(row, "resolution")?,
         },
         "purged" => AuditEventKind::Purged,
+        "superseded" => AuditEventKind::Superseded,
         "quota_refused" => AuditEventKind::QuotaRefused {
             quota: required(row, "quota")?,
         },

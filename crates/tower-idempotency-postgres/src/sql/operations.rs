@@ -260,19 +260,27 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
     let unknown_retention = micros("$10");
     let unknown_expiry = micros("($8::bigint + $10::bigint)");
     let ttl = micros("$18");
+    // Gone: the row's retention ended, or (derived matching, `$19` the window) its
+    // execution was delivered: either way the key takes a new operation.
+    let gone = format!(
+        "({EXPIRED} OR ($19::bigint IS NOT NULL AND o.state = 'completed' AND o.delivered \
+              AND o.fingerprint = $4::text \
+              AND coalesce(o.delivered_at, o.completed_at) + {} <= now()))",
+        micros("$19")
+    );
     let same = "o.fingerprint = excluded.fingerprint";
     let start = format!(
-        "(NOT {EXPIRED} AND {same} AND (($11::boolean AND {UNKNOWN}) OR {STALLED} \
+        "(NOT {gone} AND {same} AND (($11::boolean AND {UNKNOWN}) OR {STALLED} \
               OR o.state = 'cancelled' OR {authorized}))",
         authorized = AUTHORIZED
     );
-    let authorized = format!("(NOT {EXPIRED} AND {same} AND {AUTHORIZED})");
+    let authorized = format!("(NOT {gone} AND {same} AND {AUTHORIZED})");
     let dispatched = "CASE WHEN $14::boolean THEN NULL ELSE now() END";
     // Without an approval request (`$15` NULL) the new row is in progress; with one it
     // awaits the decision.
     let plain = "$15::uuid IS NULL";
     // A replay: the row is completed with the request's fingerprint and still retained.
-    let replay = format!("(NOT {EXPIRED} AND o.state = 'completed' AND o.fingerprint = $4)");
+    let replay = format!("(NOT {gone} AND o.state = 'completed' AND o.fingerprint = $4)");
     let counted = count_usage(
         u,
         &format!(
@@ -294,7 +302,7 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
         "approval_decided_at",
         "approval_reason",
     ]
-    .map(|c| format!("{c} = CASE WHEN {EXPIRED} THEN excluded.{c} ELSE o.{c} END, "))
+    .map(|c| format!("{c} = CASE WHEN {gone} THEN excluded.{c} ELSE o.{c} END, "))
     .concat();
     format!(
         "WITH replay AS ( \
@@ -323,38 +331,38 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
              AND (EXISTS (SELECT 1 FROM prior) \
                   OR (SELECT q.records < $12::bigint AND q.bytes <= $13::bigint FROM quota AS q)) \
          ON CONFLICT (scope, idempotency_key) DO UPDATE SET \
-             operation_id = CASE WHEN {EXPIRED} THEN excluded.operation_id ELSE o.operation_id END, \
-             fingerprint = CASE WHEN {EXPIRED} THEN excluded.fingerprint ELSE o.fingerprint END, \
-             method = CASE WHEN {EXPIRED} THEN excluded.method ELSE o.method END, \
-             route = CASE WHEN {EXPIRED} THEN excluded.route ELSE o.route END, \
-             state = CASE WHEN {EXPIRED} THEN excluded.state WHEN {start} THEN 'in_progress' \
+             operation_id = CASE WHEN {gone} THEN excluded.operation_id ELSE o.operation_id END, \
+             fingerprint = CASE WHEN {gone} THEN excluded.fingerprint ELSE o.fingerprint END, \
+             method = CASE WHEN {gone} THEN excluded.method ELSE o.method END, \
+             route = CASE WHEN {gone} THEN excluded.route ELSE o.route END, \
+             state = CASE WHEN {gone} THEN excluded.state WHEN {start} THEN 'in_progress' \
                           WHEN {LAPSED} THEN 'unknown' ELSE o.state END, \
-             lease_id = CASE WHEN {EXPIRED} THEN excluded.lease_id WHEN {start} THEN $7::uuid \
+             lease_id = CASE WHEN {gone} THEN excluded.lease_id WHEN {start} THEN $7::uuid \
                              ELSE o.lease_id END, \
-             lease_expires_at = CASE WHEN {EXPIRED} THEN excluded.lease_expires_at \
+             lease_expires_at = CASE WHEN {gone} THEN excluded.lease_expires_at \
                                      WHEN {start} THEN now() + {lease} \
                                      ELSE o.lease_expires_at END, \
-             attempts = CASE WHEN {EXPIRED} THEN excluded.attempts WHEN {start} THEN o.attempts + 1 \
+             attempts = CASE WHEN {gone} THEN excluded.attempts WHEN {start} THEN o.attempts + 1 \
                              ELSE o.attempts END, \
-             retention = CASE WHEN {EXPIRED} OR {start} THEN excluded.retention ELSE o.retention END, \
-             unknown_retention = CASE WHEN {EXPIRED} OR {start} THEN excluded.unknown_retention \
+             retention = CASE WHEN {gone} OR {start} THEN excluded.retention ELSE o.retention END, \
+             unknown_retention = CASE WHEN {gone} OR {start} THEN excluded.unknown_retention \
                                       ELSE o.unknown_retention END, \
-             dispatched_at = CASE WHEN {EXPIRED} THEN excluded.dispatched_at \
+             dispatched_at = CASE WHEN {gone} THEN excluded.dispatched_at \
                                   WHEN {start} THEN {dispatched} ELSE o.dispatched_at END, \
-             response_status = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_status END, \
-             response_header_names = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_header_names END, \
-             response_header_values = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_header_values END, \
-             response_body = CASE WHEN {EXPIRED} THEN NULL ELSE o.response_body END, \
-             stored_bytes = CASE WHEN {EXPIRED} THEN 0 ELSE o.stored_bytes END, \
-             delivered = CASE WHEN {EXPIRED} THEN false ELSE o.delivered END, \
-             delivered_at = CASE WHEN {EXPIRED} THEN NULL ELSE o.delivered_at END, \
-             replays = CASE WHEN {EXPIRED} THEN 0 ELSE o.replays END, \
-             created_at = CASE WHEN {EXPIRED} THEN excluded.created_at ELSE o.created_at END, \
-             completed_at = CASE WHEN {EXPIRED} THEN NULL ELSE o.completed_at END, \
+             response_status = CASE WHEN {gone} THEN NULL ELSE o.response_status END, \
+             response_header_names = CASE WHEN {gone} THEN NULL ELSE o.response_header_names END, \
+             response_header_values = CASE WHEN {gone} THEN NULL ELSE o.response_header_values END, \
+             response_body = CASE WHEN {gone} THEN NULL ELSE o.response_body END, \
+             stored_bytes = CASE WHEN {gone} THEN 0 ELSE o.stored_bytes END, \
+             delivered = CASE WHEN {gone} THEN false ELSE o.delivered END, \
+             delivered_at = CASE WHEN {gone} THEN NULL ELSE o.delivered_at END, \
+             replays = CASE WHEN {gone} THEN 0 ELSE o.replays END, \
+             created_at = CASE WHEN {gone} THEN excluded.created_at ELSE o.created_at END, \
+             completed_at = CASE WHEN {gone} THEN NULL ELSE o.completed_at END, \
              {approval}\
-             approval_used = CASE WHEN {EXPIRED} THEN false WHEN {authorized} THEN true \
+             approval_used = CASE WHEN {gone} THEN false WHEN {authorized} THEN true \
                                   ELSE o.approval_used END, \
-             expires_at = CASE WHEN {EXPIRED} THEN excluded.expires_at \
+             expires_at = CASE WHEN {gone} THEN excluded.expires_at \
                                WHEN {start} THEN now() + {unknown_expiry} ELSE o.expires_at END \
          RETURNING {COLUMNS}, {commit_mode} AS commit_mode), \
          counted AS ({counted}) \
