@@ -720,9 +720,8 @@ async fn the_status_record_counts_attached_calls_and_lists_their_jsonrpc_ids() {
     let runs = Arc::new(AtomicUsize::new(0));
     let service = layer().layer(server(Answer::Json, Arc::clone(&runs)));
     // Keyless: the first answer is never read (the stream was cut), the retry attaches
-    // and is delivered, a third identical call is a new intent. Only the retry attached
-    // to the first execution (the store's replay count would also count the third call,
-    // which passed over the closed record).
+    // and is delivered, a third identical call is a new intent, which takes the first
+    // execution's place (its record leaves the store; the journal keeps its history).
     let cut = service
         .clone()
         .oneshot(post(
@@ -740,6 +739,9 @@ async fn the_status_record_counts_attached_calls_and_lists_their_jsonrpc_ids() {
     let first_id = retry["result"]["_meta"][EXECUTION]["execution_id"].clone();
     assert_eq!(retry["result"]["_meta"][EXECUTION]["replayed"], true);
     until_delivered(&service, &first_id).await;
+    let record = status_of(&service, "alice", &first_id).await;
+    assert_eq!(record["attached"], 1, "{record}");
+    assert_eq!(record["jsonrpc_ids"], json!([1, 2]), "{record}");
     let (_, third) = send(
         &service,
         post(Some("alice"), &call(3, "charge", json!({"a": 1}), None)),
@@ -748,9 +750,11 @@ async fn the_status_record_counts_attached_calls_and_lists_their_jsonrpc_ids() {
     let third_id = third["result"]["_meta"][EXECUTION]["execution_id"].clone();
     assert_ne!(third_id, first_id);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let record = status_of(&service, "alice", &first_id).await;
-    assert_eq!(record["attached"], 1, "{record}");
-    assert_eq!(record["jsonrpc_ids"], json!([1, 2]), "{record}");
+    assert_eq!(
+        status_of(&service, "alice", &first_id).await["type"],
+        "https://tower-idempotency.dev/problems/execution-not-found",
+        "the superseded execution left the store"
+    );
     let record = status_of(&service, "alice", &third_id).await;
     assert_eq!(record["attached"], 0, "{record}");
     assert_eq!(record["jsonrpc_ids"], json!([3]), "{record}");
@@ -788,53 +792,49 @@ async fn the_status_record_counts_attached_calls_and_lists_their_jsonrpc_ids() {
 }
 
 #[tokio::test]
-async fn a_keyless_retry_finds_the_open_execution_past_purged_generations() {
+async fn a_keyless_retry_finds_the_open_execution_after_many_deliberate_repeats() {
     use tower_idempotency_core::Store;
     let runs = Arc::new(AtomicUsize::new(0));
     let store = MemoryStore::default();
-    let retention = std::time::Duration::from_millis(1000);
+    let retention = std::time::Duration::from_millis(1500);
     let service = McpIdempotencyLayer::new(store.clone())
         .with_tool("charge", ToolPolicy::guarded().with_retention(retention))
         .layer(server(Answer::Json, Arc::clone(&runs)));
     let charge = |id: u64| post(Some("alice"), &call(id, "charge", json!({"a": 1}), None));
-    // Three deliberate repeats, each delivered: generations 0, 1 and 2.
+    // More deliberate repeats, each delivered, than a call has reservation rounds: each is
+    // a new execution, and none costs more than its own reservation.
+    const REPEATS: u64 = 70;
     let mut closed = Vec::new();
-    for id in 1..=3 {
+    for id in 1..=REPEATS {
         let (_, answer) = send(&service, charge(id)).await;
+        assert_eq!(
+            answer["result"]["_meta"][EXECUTION]["replayed"], false,
+            "{answer}"
+        );
         let execution = answer["result"]["_meta"][EXECUTION]["execution_id"].clone();
         until_delivered(&service, &execution).await;
         closed.push(execution);
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 3);
-    tokio::time::sleep(retention / 2).await;
-    // A fourth (generation 3) whose answer never reached the agent: open.
-    let cut = service.clone().oneshot(charge(4)).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 70);
+    // The replaced executions are gone; purging expired records changes nothing for the
+    // open one below.
+    assert_eq!(
+        status_of(&service, "alice", &closed[0]).await["type"],
+        "https://tower-idempotency.dev/problems/execution-not-found",
+        "a replaced execution"
+    );
+    // One more whose answer never reached the agent: open.
+    let cut = service.clone().oneshot(charge(100)).await.unwrap();
     drop(cut);
-    assert_eq!(runs.load(Ordering::SeqCst), 4);
-    // The three older generations reach the end of their retention and are purged; the
-    // open one is kept half a retention longer.
-    for _ in 0..400 {
-        store.purge_expired(1000).await.unwrap();
-        if status_of(&service, "alice", &closed[2]).await["type"]
-            == "https://tower-idempotency.dev/problems/execution-not-found"
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    for execution in &closed {
-        assert_eq!(
-            status_of(&service, "alice", execution).await["type"],
-            "https://tower-idempotency.dev/problems/execution-not-found",
-            "generation purged"
-        );
-    }
-    // The retry finds generation 0 free, skips the purged 1 and 2, and attaches to 3.
-    let (_, retry) = send(&service, charge(5)).await;
-    assert_eq!(retry["id"], 5);
-    assert_eq!(retry["result"]["structuredContent"]["run"], 4, "{retry}");
+    assert_eq!(runs.load(Ordering::SeqCst), 71);
+    tokio::time::sleep(retention / 2).await;
+    store.purge_expired(1000).await.unwrap();
+    // The retry attaches to it and receives its result under its own id.
+    let (_, retry) = send(&service, charge(101)).await;
+    assert_eq!(retry["id"], 101);
+    assert_eq!(retry["result"]["structuredContent"]["run"], 71, "{retry}");
     assert_eq!(retry["result"]["_meta"][EXECUTION]["replayed"], true);
-    assert_eq!(runs.load(Ordering::SeqCst), 4, "no second execution");
+    assert_eq!(runs.load(Ordering::SeqCst), 71, "no second execution");
 }
 
 #[tokio::test]

@@ -2,7 +2,10 @@
 //! retries a call whose stream was cut: one effect, the original result with its own id,
 //! the status tool listed and scoped to the caller. The same agent walks an approval: its
 //! production deploy is refused with `approval-required`, a person approves, the agent's
-//! re-call runs it once. On the memory store and on PostgreSQL.
+//! re-call runs it once. It calls under a key in `_meta` (a replay, then a changed argument
+//! refused with the mismatch error), makes identical keyless calls at once (one effect),
+//! repeats a delivered call (a second effect), and two actors' identical calls are two
+//! executions. On the memory store and on PostgreSQL.
 
 mod support;
 
@@ -113,6 +116,73 @@ async fn python_approval_walk(demo: &Demo) {
     assert_eq!(effects(&demo.base(), "acme").await["deploy_release"], 1);
 }
 
+async fn python_keys_and_matching(demo: &Demo) {
+    let base = demo.base();
+    let url = format!("{base}/mcp");
+
+    // Under a key in `_meta`: the second call replays, a changed argument is refused.
+    let out = agent(&["keyed", &url, "erin", "py-key-1"]).await;
+    let [first, again] = [&out["results"][0], &out["results"][1]];
+    assert_eq!(
+        first["_meta"][support::EXECUTION]["replayed"],
+        false,
+        "{first}"
+    );
+    assert_eq!(
+        again["_meta"][support::EXECUTION]["replayed"],
+        true,
+        "{again}"
+    );
+    assert_eq!(
+        first["_meta"][support::EXECUTION]["execution_id"],
+        again["_meta"][support::EXECUTION]["execution_id"]
+    );
+    let mismatch = &out["mismatch"];
+    let code = mismatch["code"].as_i64().expect("a JSON-RPC error code");
+    assert!(!(-32768..=-32000).contains(&code), "{mismatch}");
+    assert!(
+        mismatch["data"]["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("fingerprint-mismatch"),
+        "{mismatch}"
+    );
+    assert_eq!(
+        mismatch["data"]["execution_id"],
+        first["_meta"][support::EXECUTION]["execution_id"]
+    );
+    assert_eq!(effects(&base, "erin").await["deploy_release"], 1);
+
+    // Identical keyless calls at once: one execution, every caller gets its result.
+    let out = agent(&["concurrent", &url, "frank", "py-c-1"]).await;
+    let results = out["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4);
+    let id = &results[0]["_meta"][support::EXECUTION]["execution_id"];
+    for result in results {
+        assert_eq!(result["isError"], false, "{result}");
+        assert_eq!(&result["_meta"][support::EXECUTION]["execution_id"], id);
+    }
+    assert_eq!(effects(&base, "frank").await["deploy_release"], 1);
+
+    // Another actor, the same arguments: an execution of its own.
+    let out = agent(&["concurrent", &url, "grace", "py-c-1"]).await;
+    let other = &out["results"][0]["_meta"][support::EXECUTION]["execution_id"];
+    assert_ne!(other, id);
+    assert_eq!(effects(&base, "grace").await["deploy_release"], 1);
+    assert_eq!(effects(&base, "frank").await["deploy_release"], 1);
+
+    // Once the first was delivered, the identical call is a new intent.
+    let out = agent(&["repeat", &url, "heidi", "py-r-1"]).await;
+    assert_eq!(out["delivered"]["delivered"], true, "{out}");
+    let [first, second] = [&out["results"][0], &out["results"][1]];
+    assert_ne!(
+        first["_meta"][support::EXECUTION]["execution_id"],
+        second["_meta"][support::EXECUTION]["execution_id"]
+    );
+    assert_eq!(second["_meta"][support::EXECUTION]["replayed"], false);
+    assert_eq!(effects(&base, "heidi").await["deploy_release"], 2);
+}
+
 fn config(database_url: Option<String>) -> DemoConfig {
     DemoConfig {
         database_url,
@@ -145,4 +215,17 @@ async fn a_python_sdk_retry_gets_the_original_result_on_postgres() {
     let database = pg::test_database().await;
     let demo = Demo::start(config(Some(database.url().to_owned()))).await;
     python_retry_attaches(&demo).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_sdk_agent_keys_attaches_and_repeats_on_the_memory_store() {
+    let demo = Demo::start(config(None)).await;
+    python_keys_and_matching(&demo).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_sdk_agent_keys_attaches_and_repeats_on_postgres() {
+    let database = pg::test_database().await;
+    let demo = Demo::start(config(Some(database.url().to_owned()))).await;
+    python_keys_and_matching(&demo).await;
 }

@@ -93,7 +93,10 @@ pub async fn reserve_transaction_acquires_once_and_commits<S: Store + Clone>(sto
     if unsupported {
         // Every call has answered (a concurrent one may have held the key for a moment,
         // which is why this is read only now): nothing is kept.
-        assert!(won.is_empty(), "{CHECK}: a store without transactions opened one");
+        assert!(
+            won.is_empty(),
+            "{CHECK}: a store without transactions opened one"
+        );
         let kept = must(CHECK, "get", store.get(&fixture.scope, &fixture.key).await);
         assert!(
             kept.is_none(),
