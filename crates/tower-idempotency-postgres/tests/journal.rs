@@ -230,6 +230,23 @@ async fn every_state_change_has_its_event() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(store.purge_expired(100).await.unwrap() >= 1);
 
+    // Superseded: a delivered execution replaced by a new one of the same intent.
+    let Reservation::Acquired { lease: first, .. } =
+        store.reserve(request(&scope, "intent")).await.unwrap()
+    else {
+        panic!("fresh");
+    };
+    store
+        .complete_delivered(&first, response(200), true)
+        .await
+        .unwrap();
+    let mut repeat = request(&scope, "intent");
+    repeat.replace_delivered = Some(Duration::ZERO);
+    let Reservation::Acquired { lease: second, .. } = store.reserve(repeat).await.unwrap() else {
+        panic!("the delivered execution is replaced");
+    };
+    assert_ne!(second.operation_id, first.operation_id);
+
     let of = |lease: &Lease| lease.operation_id;
     assert_eq!(
         kinds(&sealed_events(&store, &journal, of(&released), 2).await),
@@ -262,13 +279,21 @@ async fn every_state_change_has_its_event() {
         kinds(&sealed_events(&store, &journal, of(&purged), 3).await),
         ["accepted", "completed", "purged"]
     );
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, of(&first), 4).await),
+        ["accepted", "completed", "delivered", "superseded"]
+    );
+    assert_eq!(
+        kinds(&sealed_events(&store, &journal, of(&second), 1).await),
+        ["accepted"]
+    );
     let verified = store
         .verify_journal(&Verifier::new(key.verifying_key()))
         .await
         .unwrap()
         .unwrap();
-    // 2 + 1 (the new operation under the released key) + 4 + 3 + 3 + 3.
-    assert_eq!(verified.events, 16);
+    // 2 + 1 (the new operation under the released key) + 4 + 3 + 3 + 3 + 4 + 1.
+    assert_eq!(verified.events, 21);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -183,8 +183,31 @@ async fn every_state_change_of_the_memory_store_is_journaled() {
         kinds(&journal, lease.operation_id),
         ["accepted", "completed", "purged"]
     );
-    // 4 + 2 + 5 + 3 + 3.
-    assert_eq!(verifies(&journal, &key), 17);
+
+    // Superseded: a delivered execution replaced by a new one of the same intent.
+    let Reservation::Acquired { lease: first, .. } =
+        store.reserve(request("intent")).await.unwrap()
+    else {
+        panic!("fresh");
+    };
+    store
+        .complete_delivered(&first, response(), true)
+        .await
+        .unwrap();
+    let repeat = ReserveRequest {
+        replace_delivered: Some(Duration::ZERO),
+        ..request("intent")
+    };
+    let Reservation::Acquired { lease: second, .. } = store.reserve(repeat).await.unwrap() else {
+        panic!("the delivered execution is replaced");
+    };
+    assert_eq!(
+        kinds(&journal, first.operation_id),
+        ["accepted", "completed", "delivered", "superseded"]
+    );
+    assert_eq!(kinds(&journal, second.operation_id), ["accepted"]);
+    // 4 + 2 + 5 + 3 + 3 + 4 + 1.
+    assert_eq!(verifies(&journal, &key), 22);
 }
 
 /// A duplicate sees the original only after its reservation was journaled: whatever the
