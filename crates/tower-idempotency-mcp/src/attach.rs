@@ -2,10 +2,12 @@
 //! [`MAX_IDS`] of them, for the status tool.
 //!
 //! Built on the `Store` trait (the record has no place for it): a counter record per execution whose
-//! replay count (incremented and read in one step by every store, a conformance
-//! requirement) numbers the attached calls, and one write-once record per numbered call
-//! up to [`MAX_IDS`] holding its id. A retry storm grows the count, never the records.
-//! Records are write-once, so the ids kept are the first ones, not the last.
+//! replay count counts the attached calls, and one write-once record per slot up to
+//! [`MAX_IDS`] holding a call's id, each call taking the first free slot from the count it
+//! read. A retry storm grows the count, never the records. Records are write-once, so the
+//! ids kept are the first ones, not the last. A store may count replays in the background
+//! (PostgreSQL batches them), so the count a status read shows may lag the calls of the
+//! last moment.
 
 use std::time::Duration;
 
@@ -89,11 +91,17 @@ pub(crate) async fn note(
     retention: Duration,
 ) -> Result<(), StoreError> {
     let counter = request(operation, attach_counter_key(operation.id), retention);
-    let n = write_once(store, counter, Bytes::new()).await?.unwrap_or(0);
-    if n < MAX_IDS {
+    let mut n = write_once(store, counter, Bytes::new()).await?.unwrap_or(0);
+    // The count may lag behind concurrent calls (a store may count replays in the
+    // background, as PostgreSQL does), so the number is where the search for a free slot
+    // starts, not the slot itself: the first slot this call creates is its own.
+    let id = Bytes::from(serde_json::to_vec(jsonrpc_id).unwrap_or_default());
+    while n < MAX_IDS {
         let slot = request(operation, attach_slot_key(operation.id, n), retention);
-        let id = Bytes::from(serde_json::to_vec(jsonrpc_id).unwrap_or_default());
-        write_once(store, slot, id).await?;
+        if write_once(store, slot, id.clone()).await?.is_none() {
+            break;
+        }
+        n += 1;
     }
     Ok(())
 }
@@ -110,19 +118,23 @@ pub(crate) async fn read(
     else {
         return Ok((0, Vec::new()));
     };
-    let count = counter.replays + 1;
+    // Slots are taken in order, so the first free one ends the list (the count may lag).
     let mut ids = Vec::new();
-    for n in 0..count.min(MAX_IDS) {
-        let slot = store
+    for n in 0..MAX_IDS {
+        let Some(slot) = store
             .get(&operation.scope, &attach_slot_key(operation.id, n))
-            .await?;
+            .await?
+        else {
+            break;
+        };
         if let Some(id) = slot
-            .and_then(|slot| slot.response)
+            .response
             .and_then(|response| response.body)
             .and_then(|body| serde_json::from_slice::<Value>(&body).ok())
         {
             ids.push(id);
         }
     }
+    let count = (counter.replays + 1).max(ids.len() as u64);
     Ok((count, ids))
 }
