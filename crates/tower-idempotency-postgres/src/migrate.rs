@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0008_scope_expiry_index.sql",
         sql: include_str!("../migrations/0008_scope_expiry_index.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_open_index.sql",
+        sql: include_str!("../migrations/0009_open_index.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the
