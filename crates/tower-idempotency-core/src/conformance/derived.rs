@@ -10,13 +10,18 @@ use tokio::task::JoinSet;
 
 use super::fixture::{Fixture, acquire, existing, fresh_fingerprint, get, must, response};
 use super::{KEEP, PAST_SHORT, SHORT};
-use crate::{OperationState, Reservation, ReserveRequest, Store};
+use crate::{Operation, OperationState, Reservation, ReserveRequest, Store};
 
 fn replacing(request: ReserveRequest, window: Duration) -> ReserveRequest {
     ReserveRequest {
         replace_delivered: Some(window),
         ..request
     }
+}
+
+/// A reservation that must find the key taken: the record it answers with.
+async fn taken<S: Store>(check: &str, store: &S, request: ReserveRequest) -> Operation {
+    existing(check, must(check, "reserve", store.reserve(request).await))
 }
 
 /// A delivered execution is replaced by a new operation (new id, first attempt, no response,
@@ -33,10 +38,7 @@ pub async fn replace_delivered_starts_a_new_operation<S: Store>(store: &S) {
             .complete_delivered(&lease, response("first"), true)
             .await,
     );
-    let replay = existing(
-        CHECK,
-        must(CHECK, "reserve", store.reserve(fixture.request()).await),
-    );
+    let replay = taken(CHECK, store, fixture.request()).await;
     assert_eq!(
         (replay.id, replay.state),
         (first.id, OperationState::Completed),
@@ -89,16 +91,7 @@ pub async fn replace_delivered_keeps_open_records<S: Store>(store: &S) {
     const CHECK: &str = "replace_delivered_keeps_open_records";
     let fixture = Fixture::new();
     let (running, lease) = acquire(CHECK, store, fixture.request()).await;
-    let seen = existing(
-        CHECK,
-        must(
-            CHECK,
-            "reserve",
-            store
-                .reserve(replacing(fixture.request(), Duration::ZERO))
-                .await,
-        ),
-    );
+    let seen = taken(CHECK, store, replacing(fixture.request(), Duration::ZERO)).await;
     assert_eq!(
         (seen.id, seen.state),
         (running.id, OperationState::InProgress),
@@ -109,16 +102,7 @@ pub async fn replace_delivered_keeps_open_records<S: Store>(store: &S) {
         "complete",
         store.complete(&lease, response("kept")).await,
     );
-    let undelivered = existing(
-        CHECK,
-        must(
-            CHECK,
-            "reserve",
-            store
-                .reserve(replacing(fixture.request(), Duration::ZERO))
-                .await,
-        ),
-    );
+    let undelivered = taken(CHECK, store, replacing(fixture.request(), Duration::ZERO)).await;
     assert_eq!(
         (undelivered.id, undelivered.state),
         (running.id, OperationState::Completed),
@@ -129,21 +113,14 @@ pub async fn replace_delivered_keeps_open_records<S: Store>(store: &S) {
         "mark_delivered",
         store.mark_delivered(&fixture.scope, running.id).await,
     );
-    let inside = existing(
-        CHECK,
-        must(
-            CHECK,
-            "reserve",
-            store.reserve(replacing(fixture.request(), KEEP)).await,
-        ),
-    );
+    let inside = taken(CHECK, store, replacing(fixture.request(), KEEP)).await;
     assert_eq!(
         inside.id, running.id,
         "{CHECK}: a result delivered inside the window is replayed"
     );
     let mut other = replacing(fixture.request(), Duration::ZERO);
     other.fingerprint = fresh_fingerprint();
-    let mismatch = existing(CHECK, must(CHECK, "reserve", store.reserve(other).await));
+    let mismatch = taken(CHECK, store, other).await;
     assert_eq!(
         (mismatch.id, &mismatch.fingerprint),
         (running.id, &fixture.fingerprint),
