@@ -49,7 +49,8 @@ pub(crate) enum Carrier {
 /// The answer to a store failure on a tool call, and its decision label: `500
 /// approvals-unsupported` (the HTTP layer's problem) for a tool that requires approval on a
 /// store that predates approvals, `500 store-unsupported` for another capability the store
-/// lacks, `503 store-unavailable` otherwise. The tool is not run.
+/// lacks, `429 scope-quota-exceeded` with `Retry-After` for an actor at its quota (as the
+/// HTTP layer answers), `503 store-unavailable` otherwise. The tool is not run.
 pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static str) {
     match error {
         StoreError::Unsupported { feature } => {
@@ -65,6 +66,19 @@ pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static s
                 &format!("the idempotency store does not support {feature}; the tool was not run"),
             );
             (response, "store_unavailable")
+        }
+        StoreError::ScopeQuotaExceeded { retry_after } => {
+            // The HTTP layer's answer to the same refusal: this actor only, nothing stored.
+            let mut response = answer::problem(
+                StatusCode::TOO_MANY_REQUESTS,
+                "scope-quota-exceeded",
+                "this actor's idempotency quota is exhausted; the tool was not run",
+            );
+            response.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from(retry_after.as_secs().max(1)),
+            );
+            (response, "quota_exceeded")
         }
         _ => (store_unavailable(error), "store_unavailable"),
     }

@@ -900,3 +900,68 @@ async fn a_cancelled_call_is_stored_cancelled_and_its_retry_takes_it_over() {
     assert_eq!(record["attempts"], 2);
     assert_eq!(record["jsonrpc_ids"], json!([1, 2]), "{record}");
 }
+
+#[tokio::test]
+async fn an_actor_at_its_quota_gets_429_with_retry_after_and_others_go_on() {
+    use tower_idempotency_core::{MemoryStoreConfig, ScopeQuota};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::new(MemoryStoreConfig {
+        scope_quota: ScopeQuota {
+            max_records: 4,
+            max_bytes: u64::MAX,
+        },
+        ..MemoryStoreConfig::default()
+    });
+    let service = McpIdempotencyLayer::new(store)
+        .with_tool("charge", ToolPolicy::guarded())
+        .layer(server(Answer::Json, Arc::clone(&runs)));
+    // Each new call holds its execution record (and its companions) in the actor's scope,
+    // so distinct calls reach the quota within a few.
+    let mut refused = None;
+    let mut executed = 0;
+    for n in 0..10u64 {
+        let request = post(Some("alice"), &call(n, "charge", json!({"n": n}), None));
+        let response = service.clone().oneshot(request).await.unwrap();
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            refused = Some(response);
+            break;
+        }
+        assert_eq!(response.status(), StatusCode::OK);
+        executed += 1;
+    }
+    let refused = refused.expect("the actor reached its quota");
+    let retry_after: u64 = refused.headers()[http::header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let problem: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("scope-quota-exceeded"),
+        "{problem}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        executed,
+        "the refused call never ran"
+    );
+    // Another actor is not affected.
+    let (status, answer) = send(
+        &service,
+        post(Some("bob"), &call(99, "charge", json!({"n": 0}), None)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_ne!(answer["result"]["isError"], true, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["run"],
+        executed + 1,
+        "{answer}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), executed + 1);
+}
