@@ -52,6 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         file_sink: Some(dir.join("journal.jsonl")),
         anchor_dir: Some(dir.join("anchor")),
         retain_events: false,
+        ..JournalConfig::default()
     };
     let journal = Journal::open(key, config)?;
     let started = Instant::now();

@@ -132,6 +132,7 @@ fn journal(
         file_sink: Some(dir.path(file)),
         anchor_dir: Some(dir.path(anchor)),
         retain_events: true,
+        ..JournalConfig::default()
     };
     let journal = Journal::open(key.clone(), config).unwrap();
     for i in 0..n {

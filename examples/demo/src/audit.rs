@@ -84,7 +84,10 @@ impl AuditJournal {
             checkpoint_interval: CHECKPOINT_INTERVAL,
             file_sink: file.map(Path::to_path_buf),
             anchor_dir: anchor.map(Path::to_path_buf),
+            // `GET /audit` answers from the retained events: the newest ones, bounded, so a
+            // flood of requests cannot grow the demo without end.
             retain_events: true,
+            ..JournalConfig::default()
         };
         let journal = Journal::open(key, config)
             .map_err(|err| DemoError::Audit(format!("cannot open the audit journal: {err}")))?;

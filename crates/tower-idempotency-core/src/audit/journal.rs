@@ -9,6 +9,7 @@
 //! sealer holds its own lock while it takes the pending list, so batches are sealed in the
 //! order they were appended: the journal's one total order is the append order.
 
+use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -44,11 +45,23 @@ pub struct JournalConfig {
     /// A directory outside the database where every checkpoint is also appended (to
     /// [`ANCHOR_FILE`]), for an operator to ship elsewhere.
     pub anchor_dir: Option<PathBuf>,
-    /// Keep every sealed event in memory (default `true`) for [`Journal::events`],
-    /// [`Journal::events_of`] and [`Journal::export`]. Without it the journal keeps about 64
-    /// bytes per event (the Merkle tree) and exports by copying its file sink.
+    /// Keep the sealed events in memory (default `true`) for [`Journal::events`],
+    /// [`Journal::events_of`], [`Journal::prove`] and [`Journal::export`], the newest
+    /// [`max_retained_events`](Self::max_retained_events) of them. Without it the journal
+    /// keeps about 64 bytes per event (the Merkle tree) and exports by copying its file sink.
     pub retain_events: bool,
+    /// At most about this many sealed events are retained in memory (default
+    /// [`DEFAULT_MAX_RETAINED_EVENTS`]): past it the oldest are let go, a few thousand at a
+    /// time, so that a flood of requests cannot grow the process without bound. Events let
+    /// go stay in the file sink and in the Merkle tree (the checkpoints and proofs of every
+    /// event still verify); [`Journal::events_of`] and [`Journal::prove`] no longer find
+    /// them, and [`Journal::export`] copies the file sink instead (and fails without one).
+    pub max_retained_events: usize,
 }
+
+/// The default [`JournalConfig::max_retained_events`]: 262,144 events, on the order of
+/// 100 MB (a retained event is a few hundred bytes).
+pub const DEFAULT_MAX_RETAINED_EVENTS: usize = 262_144;
 
 impl Default for JournalConfig {
     fn default() -> Self {
@@ -58,6 +71,7 @@ impl Default for JournalConfig {
             file_sink: None,
             anchor_dir: None,
             retain_events: true,
+            max_retained_events: DEFAULT_MAX_RETAINED_EVENTS,
         }
     }
 }
@@ -112,24 +126,47 @@ struct State {
 }
 
 /// The retained events, in chunks of a fixed capacity: appending never moves the events
-/// already kept (a single growing `Vec` would copy them all at every doubling).
-#[derive(Debug, Default)]
+/// already kept (a single growing `Vec` would copy them all at every doubling), and the
+/// oldest chunk is let go once the newer ones hold `max` events.
+#[derive(Debug)]
 struct EventLog {
-    chunks: Vec<Vec<SealedEvent>>,
+    chunks: VecDeque<Vec<SealedEvent>>,
+    retained: usize,
+    max: usize,
+    /// Whether events were let go (the log no longer starts at the first event).
+    truncated: bool,
 }
 
 /// Events per chunk of an [`EventLog`].
 const CHUNK: usize = 4096;
 
 impl EventLog {
+    fn new(max: usize) -> Self {
+        Self {
+            chunks: VecDeque::new(),
+            retained: 0,
+            max,
+            truncated: false,
+        }
+    }
+
     fn push(&mut self, event: SealedEvent) {
-        match self.chunks.last_mut() {
+        match self.chunks.back_mut() {
             Some(chunk) if chunk.len() < CHUNK => chunk.push(event),
             _ => {
                 let mut chunk = Vec::with_capacity(CHUNK);
                 chunk.push(event);
-                self.chunks.push(chunk);
+                self.chunks.push_back(chunk);
             }
+        }
+        self.retained += 1;
+        while let Some(oldest) = self.chunks.front() {
+            if self.retained - oldest.len() < self.max {
+                break;
+            }
+            self.retained -= oldest.len();
+            self.chunks.pop_front();
+            self.truncated = true;
         }
     }
 
@@ -150,7 +187,7 @@ impl Journal {
             retain: config.retain_events,
             head: Sha256Hash::ZERO,
             tree: MerkleTree::new(),
-            events: EventLog::default(),
+            events: EventLog::new(config.max_retained_events.max(1)),
             checkpoints: Vec::new(),
             last_checkpoint: Instant::now(),
             sink: None,
@@ -291,7 +328,7 @@ impl Journal {
         };
         let size = latest.checkpoint.size;
         let mut proofs = Vec::new();
-        for event in state.events.iter().take(size as usize) {
+        for event in state.events.iter().take_while(|event| event.seq < size) {
             if event.event.operation_id == Some(operation) {
                 let path = state
                     .tree
@@ -315,13 +352,14 @@ impl Journal {
     }
 
     /// Writes the sealed journal in the export format: each checkpoint right after the last
-    /// event it covers. Without [`JournalConfig::retain_events`] this copies the file sink
-    /// (and fails with [`io::ErrorKind::Unsupported`] when there is none).
+    /// event it covers. Without [`JournalConfig::retain_events`], or once the oldest events
+    /// were let go ([`JournalConfig::max_retained_events`]), this copies the file sink (and
+    /// fails with [`io::ErrorKind::Unsupported`] when there is none).
     pub fn export(&self, out: &mut impl Write) -> Result<(), JournalError> {
         let state = lock(&self.inner.state);
-        if !state.retain {
+        if !state.retain || state.events.truncated {
             let Some(sink) = &state.sink else {
-                let message = "neither retained events nor a file sink to export";
+                let message = "neither the whole journal in memory nor a file sink to export";
                 return Err(io::Error::new(io::ErrorKind::Unsupported, message).into());
             };
             io::copy(&mut std::fs::File::open(sink.path())?, out)?;

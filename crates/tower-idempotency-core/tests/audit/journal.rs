@@ -309,3 +309,79 @@ fn a_journal_of_twenty_thousand_events_verifies_from_its_file_without_keeping_ev
         Err(JournalError::Io(_))
     ));
 }
+
+#[test]
+fn past_its_window_the_journal_lets_the_oldest_events_go_and_still_exports_and_proves() {
+    const WINDOW: usize = 5000;
+    let dir = scratch("window");
+    let journal = Journal::open(
+        key(),
+        JournalConfig {
+            max_retained_events: WINDOW,
+            ..with_files(&dir, 1000)
+        },
+    )
+    .unwrap();
+    for i in 0..20_000 {
+        journal.append(sample::event(i));
+        if i % 2500 == 0 {
+            journal.seal().unwrap();
+        }
+    }
+    assert_eq!(journal.seal().unwrap(), 20_000);
+    // The newest events are kept, at least the window and less than a chunk more; the
+    // oldest were let go.
+    let events = journal.events();
+    assert!(
+        (WINDOW..WINDOW + 4096).contains(&events.len()),
+        "{} retained",
+        events.len()
+    );
+    assert_eq!(events.last().unwrap().seq, 19_999);
+    assert!(events.first().unwrap().seq > 0);
+    for pair in events.windows(2) {
+        assert_eq!(pair[1].seq, pair[0].seq + 1);
+        assert_eq!(pair[1].prev, pair[0].hash);
+    }
+    // A retained event is still proved against the newest checkpoint.
+    let newest = events.last().unwrap();
+    let operation = newest
+        .event
+        .operation_id
+        .expect("sample events name an operation");
+    let proofs = journal.prove(operation).unwrap();
+    assert!(!proofs.is_empty());
+    for proof in &proofs {
+        let (event, checkpoint) = proof.verify(&key().verifying_key()).unwrap();
+        assert_eq!(event.event.operation_id, Some(operation));
+        assert_eq!(checkpoint.size, 20_000);
+    }
+    // The export is the whole journal, from the file sink, and verifies.
+    let sink = dir.join("journal.jsonl");
+    assert_eq!(exported(&journal), std::fs::read(&sink).unwrap());
+    let verified = Verifier::new(key().verifying_key())
+        .verify_path(&sink)
+        .unwrap();
+    assert_eq!(verified.events, 20_000);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Without a file sink there is no whole journal to export once events were let go.
+    let memory_only = Journal::open(
+        key(),
+        JournalConfig {
+            max_retained_events: WINDOW,
+            ..config(1000)
+        },
+    )
+    .unwrap();
+    append(&memory_only, 0..3000);
+    memory_only.seal().unwrap();
+    exported(&memory_only);
+    append(&memory_only, 3000..20_000);
+    memory_only.seal().unwrap();
+    assert!(matches!(
+        memory_only.export(&mut Vec::new()),
+        Err(JournalError::Io(_))
+    ));
+    assert_eq!(memory_only.size(), 20_000);
+}
