@@ -819,3 +819,55 @@ async fn rows_from_before_the_lifecycle_migration_read_as_dispatched() {
         "{seen:?}"
     );
 }
+
+#[tokio::test]
+async fn a_remembered_replay_is_answered_without_a_read_and_never_outlives_its_record() {
+    let db = test_database().await;
+    let store = store(db.url()).await;
+    let scope = fresh_scope();
+    let short = || ReserveRequest {
+        retention: Duration::from_millis(1800),
+        ..request(&scope, "remembered", "sha256:remembered")
+    };
+    let Reservation::Acquired { lease, .. } = store.reserve(short()).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    store.complete(&lease, response("kept")).await.unwrap();
+    // The first replay reads the row; the store remembers the completed operation.
+    for _ in 0..2 {
+        let Reservation::Existing(operation) = store.reserve(short()).await.unwrap() else {
+            panic!("a replay");
+        };
+        assert_eq!(operation.id, lease.operation_id);
+    }
+    // With the row gone behind the store's back, a replay is still answered: from memory.
+    let deleted = connect(db.url())
+        .await
+        .execute(
+            "DELETE FROM idempotency_operations WHERE scope = $1",
+            &[&scope.as_str()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    let Reservation::Existing(remembered) = store.reserve(short()).await.unwrap() else {
+        panic!("answered from memory");
+    };
+    assert_eq!(remembered.response, Some(response("kept")));
+    // Derived matching always reads the record.
+    let derived = ReserveRequest {
+        replace_delivered: Some(Duration::from_secs(3600)),
+        ..short()
+    };
+    let Reservation::Acquired { lease: derived, .. } = store.reserve(derived).await.unwrap()
+    else {
+        panic!("derived matching never answers from memory");
+    };
+    store.release(&derived).await.unwrap();
+    // The memory of it ends a second before the record would have expired (1.8 s after
+    // its completion), so the next reservation reads again and finds the key free.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let Reservation::Acquired { .. } = store.reserve(short()).await.unwrap() else {
+        panic!("the remembered replay outlived its record");
+    };
+}

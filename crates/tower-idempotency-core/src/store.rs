@@ -116,7 +116,9 @@ pub struct ReserveRequest {
     /// same step, as it replaces a record whose retention ended (the old one is journaled
     /// `superseded`). A record not yet delivered, or delivered more recently, answers as
     /// usual (a replay). `None`, every HTTP route: a completed record answers every retry
-    /// until its retention ends.
+    /// until its retention ends, and a store may answer such a request from what it
+    /// remembers of completed records (the PostgreSQL store's replay cache); a request with
+    /// a window is always decided from the record, whose delivery mark decides.
     pub replace_delivered: Option<Duration>,
 }
 

@@ -35,6 +35,10 @@ use crate::{attach, attempt};
 /// round is one reservation, so this bounds the work one call can cause.
 const MAX_ROUNDS: usize = 64;
 
+/// The `replace_delivered` window of a derived-key call that must not replace the
+/// execution it already waited on: longer than any retention.
+const NEVER_REPLACE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// How often a re-call that waits for an approval decision (the tool's approval `wait`)
 /// looks at the record again.
 const APPROVAL_POLL: Duration = Duration::from_millis(200);
@@ -140,8 +144,14 @@ impl CallContext {
             take_over_unknown: take_over,
             marks_dispatch: self.policy.marks_dispatch,
             approval: self.approval.clone(),
-            replace_delivered: (replace && matches!(self.carrier, Carrier::Derived))
-                .then_some(self.policy.attach_window),
+            // Derived matching always says so, replacing or not: a store may answer other
+            // requests from what it remembers of completed records, which cannot tell one
+            // execution of an intent from the next.
+            replace_delivered: matches!(self.carrier, Carrier::Derived).then_some(if replace {
+                self.policy.attach_window
+            } else {
+                NEVER_REPLACE
+            }),
         }
     }
 

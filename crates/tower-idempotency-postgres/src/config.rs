@@ -83,6 +83,12 @@ pub struct PostgresStoreConfig {
     /// connections yourself (or on the role: `ALTER ROLE app SET tower_idempotency.audit =
     /// off`). Every other session — the operator CLI's, an administrator's — is journaled.
     pub audit: bool,
+    /// How many completed operations this process keeps for their next replays (default
+    /// 4096; 0 keeps none): a replay of a key replayed moments before is answered from
+    /// memory, without a round trip, until shortly before the record's expiry and for at
+    /// most 10 seconds. Only records with a stored body of at most 4 KiB are kept.
+    /// `docs/postgres.md`, *Replays*.
+    pub replay_cache: usize,
 }
 
 /// How the store sends its statements to PostgreSQL.
@@ -144,6 +150,7 @@ impl Default for PostgresStoreConfig {
             scope_quota: DEFAULT_SCOPE_QUOTA,
             statement_mode: StatementMode::Prepared,
             audit: true,
+            replay_cache: 4096,
         }
     }
 }
@@ -164,6 +171,7 @@ impl fmt::Debug for PostgresStoreConfig {
             .field("scope_quota", &self.scope_quota)
             .field("statement_mode", &self.statement_mode)
             .field("audit", &self.audit)
+            .field("replay_cache", &self.replay_cache)
             .finish()
     }
 }

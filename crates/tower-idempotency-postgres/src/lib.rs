@@ -77,6 +77,7 @@ mod executor;
 mod migrate;
 mod outbox;
 mod recent;
+mod replay_cache;
 mod replays;
 mod reservation;
 mod resolution;

@@ -31,6 +31,7 @@ use crate::delivered::DeliveryMarks;
 use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, MAX_SPAN, micros};
 use crate::recent::RecentKeys;
+use crate::replay_cache::ReplayCache;
 use crate::replays::ReplayCounts;
 use crate::reservation::{ReserveParams, settles};
 use crate::row::{self, OperationRow};
@@ -79,6 +80,8 @@ pub(crate) struct Inner {
     delivered: DeliveryMarks,
     /// Replays found by a plain read, counted in the background.
     replays: ReplayCounts,
+    /// Completed operations replayed moments ago (`replay_cache.rs`).
+    replayed: ReplayCache,
     /// Keys that had a row when last seen: read those first (see `recent.rs`).
     recent: RecentKeys,
     /// The scopes' usage as last read, to skip the quota check far below it (`usage.rs`).
@@ -161,6 +164,7 @@ impl PostgresStore {
                     queries.operations.count_replays.clone(),
                 ),
                 recent: RecentKeys::new(),
+                replayed: ReplayCache::new(config.replay_cache),
                 usage: UsageCache::new(),
                 decisions: config.audit.then(|| {
                     DecisionQueue::new(executor.clone(), queries.audit.insert_decisions.clone())
@@ -337,6 +341,14 @@ impl PostgresStore {
     /// statement decides (a fresh key, an expired, unknown or lapsed record, a take-over).
     /// A replay found so is counted in the background, as every replay.
     async fn settled(&self, request: &ReserveRequest) -> Result<Option<Operation>> {
+        // Derived matching decides by the delivery mark, which only the row has.
+        let cached = request.replace_delivered.is_none();
+        if cached {
+            if let Some(operation) = self.inner.replayed.get(&request.scope, &request.key) {
+                self.count_if_replay(request, &operation);
+                return Ok(Some(operation));
+            }
+        }
         if !self.inner.recent.contains(&request.scope, &request.key) {
             return Ok(None);
         }
@@ -347,6 +359,12 @@ impl PostgresStore {
             return Ok(None);
         }
         self.count_if_replay(request, &row.operation);
+        if cached && row.operation.fingerprint == request.fingerprint {
+            let (scope, key) = (&request.scope, &request.key);
+            self.inner
+                .replayed
+                .put(scope, key, &row.operation, row.db_now);
+        }
         Ok(Some(row.operation))
     }
 
