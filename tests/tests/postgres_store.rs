@@ -790,7 +790,7 @@ async fn rows_from_before_the_lifecycle_migration_read_as_dispatched() {
             .unwrap();
     }
     let store = PostgresStore::from_config(&PostgresStoreConfig::new(db.url())).unwrap();
-    assert_eq!(store.migrate().await.unwrap(), [6, 7, 8, 9]);
+    assert_eq!(store.migrate().await.unwrap(), [6, 7, 8, 9, 10]);
     for (key, state) in [
         ("lapsed", OperationState::Unknown),
         ("running", OperationState::InProgress),
@@ -859,8 +859,7 @@ async fn a_remembered_replay_is_answered_without_a_read_and_never_outlives_its_r
         replace_delivered: Some(Duration::from_secs(3600)),
         ..short()
     };
-    let Reservation::Acquired { lease: derived, .. } = store.reserve(derived).await.unwrap()
-    else {
+    let Reservation::Acquired { lease: derived, .. } = store.reserve(derived).await.unwrap() else {
         panic!("derived matching never answers from memory");
     };
     store.release(&derived).await.unwrap();

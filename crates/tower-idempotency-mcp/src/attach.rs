@@ -118,14 +118,19 @@ pub(crate) async fn read(
     else {
         return Ok((0, Vec::new()));
     };
-    // Slots are taken in order, so the first free one ends the list (the count may lag).
+    // Slots are taken in order. Below the count a slot may be empty (its write failed, or
+    // is under way); past it the first empty one ends the list (the count may lag).
+    let counted = counter.replays + 1;
     let mut ids = Vec::new();
     for n in 0..MAX_IDS {
         let Some(slot) = store
             .get(&operation.scope, &attach_slot_key(operation.id, n))
             .await?
         else {
-            break;
+            if n >= counted {
+                break;
+            }
+            continue;
         };
         if let Some(id) = slot
             .response
@@ -135,6 +140,6 @@ pub(crate) async fn read(
             ids.push(id);
         }
     }
-    let count = (counter.replays + 1).max(ids.len() as u64);
+    let count = counted.max(ids.len() as u64);
     Ok((count, ids))
 }

@@ -6,7 +6,7 @@
 //! answer.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -38,6 +38,10 @@ const MAX_ROUNDS: usize = 64;
 /// The `replace_delivered` window of a derived-key call that must not replace the
 /// execution it already waited on: longer than any retention.
 const NEVER_REPLACE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// How far this host's clock may be ahead of the store's before a delivered execution that
+/// was not replaced is taken for a store that ignores `replace_delivered`.
+const CLOCK_MARGIN: Duration = Duration::from_secs(60);
 
 /// How often a re-call that waits for an approval decision (the tool's approval `wait`)
 /// looks at the record again.
@@ -155,7 +159,21 @@ impl CallContext {
         }
     }
 
-    fn key(&self) -> IdempotencyKey {
+    /// Whether a derived-key reservation that asked to replace `operation` found it
+    /// delivered so long ago that the store must have ignored the request: past the
+    /// window by more than [`CLOCK_MARGIN`] on this host's clock.
+    fn ignored_replacement(&self, operation: &Operation) -> bool {
+        if !matches!(self.carrier, Carrier::Derived) || !operation.delivered {
+            return false;
+        }
+        operation
+            .delivered_at
+            .or(operation.completed_at)
+            .and_then(|at| at.checked_add(self.policy.attach_window + CLOCK_MARGIN))
+            .is_some_and(|end| end < SystemTime::now())
+    }
+
+    pub(crate) fn key(&self) -> IdempotencyKey {
         match &self.carrier {
             Carrier::Explicit(key) => key.clone(),
             Carrier::Derived => self.intent.derived_key(),
@@ -259,6 +277,15 @@ impl CallContext {
                         // Not delivered, inside the attach window, or the execution this
                         // call waited on (delivered to another caller or not): its result.
                         // (A delivered one past the window was replaced by the store.)
+                        OperationState::Completed
+                            if replace && self.ignored_replacement(&operation) =>
+                        {
+                            // A store that predates `replace_delivered` would replay this
+                            // execution to every deliberate repeat until its retention ends.
+                            return Err(StoreError::Unsupported {
+                                feature: "replace_delivered",
+                            });
+                        }
                         OperationState::Completed => {
                             tracing::info!(
                                 execution_id = %operation.id,

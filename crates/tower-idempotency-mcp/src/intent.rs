@@ -87,7 +87,9 @@ impl Intent {
             self.fingerprint.as_str().as_bytes(),
             self.intent_scope.as_bytes(),
         ]);
-        key(&format!("mcp-intent:{base}"))
+        // `.0`: the key earlier versions gave an intent's first execution, so that an
+        // execution they left open is found after an upgrade.
+        key(&format!("mcp-intent:{base}.0"))
     }
 }
 

@@ -68,4 +68,22 @@ impl CallContext {
         }
         self.config.store.record_decision(event);
     }
+
+    /// Journals the refusal of this call by its actor's scope quota (no operation exists),
+    /// as the HTTP layer journals its `429`.
+    pub(crate) fn journal_quota_refused(&self) {
+        if !self.config.store.journals() {
+            return;
+        }
+        let kind = AuditEventKind::QuotaRefused {
+            quota: "scope".to_owned(),
+        };
+        let mut event = DecisionEvent::new(self.intent.actor.clone(), None, kind)
+            .with_key(self.key())
+            .with_fingerprint(self.intent.fingerprint.clone());
+        if let Some(principal) = &self.principal {
+            event = event.with_principal(principal.clone());
+        }
+        self.config.store.record_decision(event);
+    }
 }

@@ -201,9 +201,9 @@ impl ToolPolicy {
         self
     }
 
-    /// How long after completion an identical call without a key still attaches to a
+    /// How long after its delivery an identical call without a key still attaches to a
     /// delivered execution (default zero: once delivered, an identical call is a new
-    /// intent).
+    /// intent). Measured by the store from the delivery mark, on its clock.
     pub fn with_attach_window(mut self, window: Duration) -> Self {
         self.attach_window = window;
         self

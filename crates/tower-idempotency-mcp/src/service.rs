@@ -15,7 +15,9 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use serde_json::Value;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{ApprovalRequest, IdempotencyKey, Scope, canonicalize_json};
+use tower_idempotency_core::{
+    ApprovalRequest, IdempotencyKey, Scope, StoreError, canonicalize_json,
+};
 
 use crate::answer;
 use crate::decide::{CallContext, Carrier, Decision, store_failed};
@@ -395,6 +397,11 @@ where
                 .execute(inner, parts, bytes, *operation, lease)
                 .await
         }
-        Err(error) => Ok(store_failed(&error)),
+        Err(error) => {
+            if let StoreError::ScopeQuotaExceeded { .. } = error {
+                call_ctx.journal_quota_refused();
+            }
+            Ok(store_failed(&error))
+        }
     }
 }

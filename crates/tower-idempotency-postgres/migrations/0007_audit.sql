@@ -101,8 +101,7 @@ BEGIN
     --   INSERT                      accepted (and approval_requested, awaiting approval)
     --   DELETE, retention ended     purged (approval_expired first if nobody answered)
     --   DELETE, otherwise           released (unless an operator's resolution removed it)
-    --   UPDATE, another operation   purged (retention ended) or superseded (a delivered
-    --                               execution replaced) for the old one, accepted for the new one
+    --   UPDATE, another operation   purged for the old one, accepted for the new one
     --   UPDATE, a new lease         accepted (a take-over, or the first attempt after an
     --                               approval)
     --   UPDATE, state changed to    completed (with a response; without one it is an
@@ -150,13 +149,6 @@ BEGIN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint)
             VALUES ('released', OLD.scope, OLD.operation_id, OLD.idempotency_key,
-                OLD.fingerprint);
-        ELSIF TG_OP = 'UPDATE' THEN
-            -- A delivered execution replaced by a new one of the same intent (derived
-            -- matching: ReserveRequest::replace_delivered).
-            INSERT INTO %1$s.idempotency_audit_pending
-                (kind, scope, operation_id, idempotency_key, fingerprint)
-            VALUES ('superseded', OLD.scope, OLD.operation_id, OLD.idempotency_key,
                 OLD.fingerprint);
         END IF;
         IF TG_OP = 'DELETE' THEN

@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0009_open_index.sql",
         sql: include_str!("../migrations/0009_open_index.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_audit_superseded.sql",
+        sql: include_str!("../migrations/0010_audit_superseded.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

@@ -50,9 +50,9 @@ pub struct JournalConfig {
     /// [`max_retained_events`](Self::max_retained_events) of them. Without it the journal
     /// keeps about 64 bytes per event (the Merkle tree) and exports by copying its file sink.
     pub retain_events: bool,
-    /// At most about this many sealed events are retained in memory (default
-    /// [`DEFAULT_MAX_RETAINED_EVENTS`]): past it the oldest are let go, a few thousand at a
-    /// time, so that a flood of requests cannot grow the process without bound. Events let
+    /// The sealed events retained in memory: the newest this many, plus at most one chunk
+    /// of 4,096 (default [`DEFAULT_MAX_RETAINED_EVENTS`]); past it the oldest are let go a
+    /// chunk at a time, so that a flood of requests cannot grow the process without bound. Events let
     /// go stay in the file sink and in the Merkle tree (the checkpoints and proofs of every
     /// event still verify); [`Journal::events_of`] and [`Journal::prove`] no longer find
     /// them, and [`Journal::export`] copies the file sink instead (and fails without one).
@@ -292,12 +292,13 @@ impl Journal {
         self.inner.key.verifying_key()
     }
 
-    /// The sealed events.
+    /// The retained sealed events, oldest first: every one, or the newest
+    /// ([`JournalConfig::max_retained_events`]).
     pub fn events(&self) -> Vec<SealedEvent> {
         lock(&self.inner.state).events.iter().cloned().collect()
     }
 
-    /// The sealed events of one operation, in journal order.
+    /// The retained sealed events of one operation, in journal order.
     pub fn events_of(&self, operation: OperationId) -> Vec<SealedEvent> {
         let state = lock(&self.inner.state);
         let of = |e: &&SealedEvent| e.event.operation_id == Some(operation);

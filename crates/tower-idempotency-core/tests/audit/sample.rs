@@ -55,6 +55,7 @@ pub fn every_kind() -> Vec<AuditEventKind> {
             resolution: None,
         },
         AuditEventKind::Purged,
+        AuditEventKind::Superseded,
         AuditEventKind::QuotaRefused {
             quota: "pending-operations".into(),
         },
