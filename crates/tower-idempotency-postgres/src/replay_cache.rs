@@ -16,6 +16,7 @@
 //! bodies.
 
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -35,6 +36,8 @@ struct Entry {
     key: IdempotencyKey,
     operation: Operation,
     until: Instant,
+    /// Replays answered from this entry so far.
+    served: AtomicU64,
 }
 
 pub(crate) struct ReplayCache {
@@ -68,19 +71,26 @@ impl ReplayCache {
     }
 
     /// The completed operation of `(scope, key)`, if this process replayed it recently and
-    /// its record is still retained.
+    /// its record is still retained. Its replay count is the one read, plus the replays
+    /// this process answered since (the one that read it included), so that it never goes
+    /// back; like any replay's, it does not include this call.
     pub(crate) fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Option<Operation> {
         let slot = self.slot(scope, key)?;
         let entry = slot
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()?;
-        (entry.until > Instant::now() && entry.scope == *scope && entry.key == *key)
-            .then(|| entry.operation.clone())
+        if entry.until <= Instant::now() || entry.scope != *scope || entry.key != *key {
+            return None;
+        }
+        let before = entry.served.fetch_add(1, Ordering::Relaxed);
+        let mut operation = entry.operation.clone();
+        operation.replays = operation.replays.saturating_add(1 + before);
+        Some(operation)
     }
 
-    /// Keeps `operation`, read at the database time `db_now`, when it is completed, small
-    /// enough, and retained for longer than the margin.
+    /// Keeps `operation`, read at the database time `db_now` by a replay, when it is
+    /// completed, small enough, and retained for longer than the margin.
     pub(crate) fn put(
         &self,
         scope: &Scope,
@@ -114,6 +124,7 @@ impl ReplayCache {
             key: key.clone(),
             operation: operation.clone(),
             until: Instant::now() + left.min(MAX_AGE),
+            served: AtomicU64::new(0),
         };
         *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(entry));
     }
@@ -164,6 +175,8 @@ mod tests {
         assert!(cache.get(&scope, &key).is_none());
         cache.put(&scope, &key, &operation, now);
         assert_eq!(cache.get(&scope, &key).map(|o| o.id), Some(operation.id));
+        // The count goes on from the one read: the replay that read it, then this one.
+        assert_eq!(cache.get(&scope, &key).map(|o| o.replays), Some(2));
         // Another key of the same slot or scope is not answered by it.
         assert!(cache.get(&Scope::new("other"), &key).is_none());
         // Expiring within the margin, too large, or not completed: not kept.
