@@ -319,6 +319,20 @@ impl Operation {
             .and_then(|at| at.duration_since(now).ok())
             .unwrap_or_default()
     }
+
+    /// Whether, at `now`, the operation is completed and was delivered at least `window`
+    /// before (its completion time stands in for a store that keeps no delivery time): what
+    /// a reservation with [`ReserveRequest::replace_delivered`](crate::ReserveRequest::replace_delivered)
+    /// replaces, fingerprint permitting.
+    pub fn delivered_before(&self, window: Duration, now: SystemTime) -> bool {
+        self.state == OperationState::Completed
+            && self.delivered
+            && self
+                .delivered_at
+                .or(self.completed_at)
+                .and_then(|at| at.checked_add(window))
+                .is_some_and(|end| end <= now)
+    }
 }
 
 #[cfg(test)]

@@ -163,14 +163,9 @@ impl CallContext {
     /// delivered so long ago that the store must have ignored the request: past the
     /// window by more than [`CLOCK_MARGIN`] on this host's clock.
     fn ignored_replacement(&self, operation: &Operation) -> bool {
-        if !matches!(self.carrier, Carrier::Derived) || !operation.delivered {
-            return false;
-        }
-        operation
-            .delivered_at
-            .or(operation.completed_at)
-            .and_then(|at| at.checked_add(self.policy.attach_window + CLOCK_MARGIN))
-            .is_some_and(|end| end < SystemTime::now())
+        matches!(self.carrier, Carrier::Derived)
+            && operation
+                .delivered_before(self.policy.attach_window + CLOCK_MARGIN, SystemTime::now())
     }
 
     pub(crate) fn key(&self) -> IdempotencyKey {

@@ -38,7 +38,9 @@ impl RecentKeys {
     }
 
     /// The key's hash, never 0 (the empty slot).
-    fn hash(&self, scope: &Scope, key: &IdempotencyKey) -> u64 {
+    /// The hash of `(scope, key)` this table and the replay cache (`replay_cache.rs`) are
+    /// indexed by: computed once per reservation.
+    pub(crate) fn hash(&self, scope: &Scope, key: &IdempotencyKey) -> u64 {
         let mut hasher = self.hasher.build_hasher();
         scope.as_str().hash(&mut hasher);
         key.as_str().hash(&mut hasher);
@@ -57,8 +59,13 @@ impl RecentKeys {
     }
 
     /// Whether `(scope, key)` had a row when last seen here.
-    pub(crate) fn contains(&self, scope: &Scope, key: &IdempotencyKey) -> bool {
-        let hash = self.hash(scope, key);
+    #[cfg(test)]
+    fn contains(&self, scope: &Scope, key: &IdempotencyKey) -> bool {
+        self.contains_hash(self.hash(scope, key))
+    }
+
+    /// Whether the key of [`hash`](Self::hash) had a row when last seen here.
+    pub(crate) fn contains_hash(&self, hash: u64) -> bool {
         self.slot(hash).load(Ordering::Relaxed) == hash
     }
 }

@@ -15,7 +15,6 @@
 //! body is at most [`MAX_BODY`] bytes, and never grows: at most `slots × MAX_BODY` bytes of
 //! bodies.
 
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -40,9 +39,10 @@ struct Entry {
     served: AtomicU64,
 }
 
+/// Indexed by the key's hash in the store's recent-keys table (`RecentKeys::hash`), which
+/// the reservation has computed already; an entry is only served to its own `(scope, key)`.
 pub(crate) struct ReplayCache {
     slots: Box<[Mutex<Option<Arc<Entry>>>]>,
-    hasher: RandomState,
 }
 
 impl ReplayCache {
@@ -55,18 +55,14 @@ impl ReplayCache {
         };
         Self {
             slots: (0..slots).map(|_| Mutex::new(None)).collect(),
-            hasher: RandomState::new(),
         }
     }
 
-    fn slot(&self, scope: &Scope, key: &IdempotencyKey) -> Option<&Mutex<Option<Arc<Entry>>>> {
+    fn slot(&self, hash: u64) -> Option<&Mutex<Option<Arc<Entry>>>> {
         if self.slots.is_empty() {
             return None;
         }
-        let mut hasher = self.hasher.build_hasher();
-        scope.as_str().hash(&mut hasher);
-        key.as_str().hash(&mut hasher);
-        let index = usize::try_from(hasher.finish()).unwrap_or(usize::MAX) & (self.slots.len() - 1);
+        let index = usize::try_from(hash).unwrap_or(usize::MAX) & (self.slots.len() - 1);
         self.slots.get(index)
     }
 
@@ -74,8 +70,8 @@ impl ReplayCache {
     /// its record is still retained. Its replay count is the one read, plus the replays
     /// this process answered since (the one that read it included), so that it never goes
     /// back; like any replay's, it does not include this call.
-    pub(crate) fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Option<Operation> {
-        let slot = self.slot(scope, key)?;
+    pub(crate) fn get(&self, hash: u64, scope: &Scope, key: &IdempotencyKey) -> Option<Operation> {
+        let slot = self.slot(hash)?;
         let entry = slot
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -93,6 +89,7 @@ impl ReplayCache {
     /// completed, small enough, and retained for longer than the margin.
     pub(crate) fn put(
         &self,
+        hash: u64,
         scope: &Scope,
         key: &IdempotencyKey,
         operation: &Operation,
@@ -116,7 +113,7 @@ impl ReplayCache {
         else {
             return;
         };
-        let Some(slot) = self.slot(scope, key) else {
+        let Some(slot) = self.slot(hash) else {
             return;
         };
         let entry = Entry {
@@ -172,13 +169,13 @@ mod tests {
         let cache = ReplayCache::new(16);
         let (operation, now) = completed(Duration::from_secs(3600), 100);
         let (scope, key) = (operation.scope.clone(), operation.key.clone());
-        assert!(cache.get(&scope, &key).is_none());
-        cache.put(&scope, &key, &operation, now);
-        assert_eq!(cache.get(&scope, &key).map(|o| o.id), Some(operation.id));
+        assert!(cache.get(7, &scope, &key).is_none());
+        cache.put(7, &scope, &key, &operation, now);
+        assert_eq!(cache.get(7, &scope, &key).map(|o| o.id), Some(operation.id));
         // The count goes on from the one read: the replay that read it, then this one.
-        assert_eq!(cache.get(&scope, &key).map(|o| o.replays), Some(2));
+        assert_eq!(cache.get(7, &scope, &key).map(|o| o.replays), Some(2));
         // Another key of the same slot or scope is not answered by it.
-        assert!(cache.get(&Scope::new("other"), &key).is_none());
+        assert!(cache.get(7, &Scope::new("other"), &key).is_none());
         // Expiring within the margin, too large, or not completed: not kept.
         for (expires_in, body, state) in [
             (Duration::from_millis(500), 100, OperationState::Completed),
@@ -192,16 +189,16 @@ mod tests {
             let cache = ReplayCache::new(16);
             let (mut operation, now) = completed(expires_in, body);
             operation.state = state;
-            cache.put(&scope, &key, &operation, now);
+            cache.put(7, &scope, &key, &operation, now);
             assert!(
-                cache.get(&scope, &key).is_none(),
+                cache.get(7, &scope, &key).is_none(),
                 "{expires_in:?} {body} {state:?}"
             );
         }
         // Disabled.
         let cache = ReplayCache::new(0);
-        cache.put(&scope, &key, &operation, now);
-        assert!(cache.get(&scope, &key).is_none());
+        cache.put(7, &scope, &key, &operation, now);
+        assert!(cache.get(7, &scope, &key).is_none());
     }
 
     #[test]
@@ -210,9 +207,9 @@ mod tests {
         // Expires 1.2 s after it was read: served for 0.2 s at most.
         let (operation, now) = completed(Duration::from_millis(1200), 10);
         let (scope, key) = (operation.scope.clone(), operation.key.clone());
-        cache.put(&scope, &key, &operation, now);
-        assert!(cache.get(&scope, &key).is_some());
+        cache.put(7, &scope, &key, &operation, now);
+        assert!(cache.get(7, &scope, &key).is_some());
         std::thread::sleep(Duration::from_millis(300));
-        assert!(cache.get(&scope, &key).is_none());
+        assert!(cache.get(7, &scope, &key).is_none());
     }
 }

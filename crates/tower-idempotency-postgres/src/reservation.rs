@@ -185,15 +185,8 @@ pub(crate) fn settles(request: &ReserveRequest, row: &OperationRow) -> bool {
 /// reservation statement, which decides it again in the same step as the replacement,
 /// answers the request.
 fn closed(request: &ReserveRequest, row: &OperationRow) -> bool {
-    let operation = &row.operation;
-    let Some(window) = request.replace_delivered else {
-        return false;
-    };
-    operation.delivered
-        && operation.fingerprint == request.fingerprint
-        && operation
-            .delivered_at
-            .or(operation.completed_at)
-            .and_then(|at| at.checked_add(window))
-            .is_some_and(|end| end <= row.db_now)
+    request.replace_delivered.is_some_and(|window| {
+        row.operation.fingerprint == request.fingerprint
+            && row.operation.delivered_before(window, row.db_now)
+    })
 }

@@ -343,13 +343,15 @@ impl PostgresStore {
     async fn settled(&self, request: &ReserveRequest) -> Result<Option<Operation>> {
         // Derived matching decides by the delivery mark, which only the row has.
         let cached = request.replace_delivered.is_none();
+        let (scope, key) = (&request.scope, &request.key);
+        let hash = self.inner.recent.hash(scope, key);
         if cached {
-            if let Some(operation) = self.inner.replayed.get(&request.scope, &request.key) {
+            if let Some(operation) = self.inner.replayed.get(hash, scope, key) {
                 self.count_if_replay(request, &operation);
                 return Ok(Some(operation));
             }
         }
-        if !self.inner.recent.contains(&request.scope, &request.key) {
+        if !self.inner.recent.contains_hash(hash) {
             return Ok(None);
         }
         let Some(row) = self.get_row(&request.scope, &request.key).await? else {
@@ -360,10 +362,8 @@ impl PostgresStore {
         }
         self.count_if_replay(request, &row.operation);
         if cached && row.operation.fingerprint == request.fingerprint {
-            let (scope, key) = (&request.scope, &request.key);
-            self.inner
-                .replayed
-                .put(scope, key, &row.operation, row.db_now);
+            let replayed = &self.inner.replayed;
+            replayed.put(hash, scope, key, &row.operation, row.db_now);
         }
         Ok(Some(row.operation))
     }

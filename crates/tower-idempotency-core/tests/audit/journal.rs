@@ -41,6 +41,16 @@ fn append(journal: &Journal, range: std::ops::Range<u64>) {
     }
 }
 
+/// Appends `n` sample events, sealing every 2,500 as a running sealer would.
+fn append_sealing(journal: &Journal, n: u64) {
+    for i in 0..n {
+        journal.append(sample::event(i));
+        if i % 2500 == 0 {
+            journal.seal().unwrap();
+        }
+    }
+}
+
 #[test]
 fn sealing_numbers_chains_and_checkpoints_every_n_events() {
     let journal = Journal::open(key(), config(100)).unwrap();
@@ -275,12 +285,7 @@ fn a_journal_of_twenty_thousand_events_verifies_from_its_file_without_keeping_ev
         },
     )
     .unwrap();
-    for i in 0..20_000 {
-        journal.append(sample::event(i));
-        if i % 2500 == 0 {
-            journal.seal().unwrap();
-        }
-    }
+    append_sealing(&journal, 20_000);
     journal.seal().unwrap();
     assert!(journal.events().is_empty());
     let sink = dir.join("journal.jsonl");
@@ -322,12 +327,7 @@ fn past_its_window_the_journal_lets_the_oldest_events_go_and_still_exports_and_p
         },
     )
     .unwrap();
-    for i in 0..20_000 {
-        journal.append(sample::event(i));
-        if i % 2500 == 0 {
-            journal.seal().unwrap();
-        }
-    }
+    append_sealing(&journal, 20_000);
     assert_eq!(journal.seal().unwrap(), 20_000);
     // The newest events are kept, at least the window and less than a chunk more; the
     // oldest were let go.
