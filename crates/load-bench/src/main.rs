@@ -16,6 +16,7 @@
 //! - `serve MODE --listen ADDR [--database-url URL]` — one server (used by `run`);
 //! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record.
 
+mod ceiling;
 mod curves;
 mod pgprofile;
 mod record_size;
@@ -60,6 +61,23 @@ enum Subcommand {
     RecordSize(RecordSizeArgs),
     /// Cost curves: throughput and latency against body size, live records and connections, charted
     Curves(CurvesArgs),
+    /// What PostgreSQL alone allows the transactional ratio: the payment INSERT against the
+    /// payment INSERT plus one idempotency record in its transaction, with no server between
+    Ceiling(CeilingArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+struct CeilingArgs {
+    /// Measured rounds per case
+    #[arg(long, value_name = "N", default_value = "3", value_parser = value_parser!(u64).range(1..=20))]
+    rounds: u64,
+    /// Seconds per case and round
+    #[arg(long, value_name = "SECS", default_value = "8", value_parser = value_parser!(u64).range(1..=120))]
+    duration: u64,
+    /// Database connections, each a client in a closed loop (the demo's pool is 16)
+    #[arg(long, value_name = "N", default_value = "16", value_parser = value_parser!(u64).range(1..=256))]
+    connections: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -204,6 +222,7 @@ fn main() -> ExitCode {
         Subcommand::RecordSize(args) => record_size_command(&args),
         Subcommand::Run(args) => run_command(&args),
         Subcommand::Curves(args) => curves_command(&args),
+        Subcommand::Ceiling(args) => ceiling_command(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -593,25 +612,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
             }
             "audit-memory" => run_suite(suite, &settings, &script, &work, None)?,
             _ => {
-                let mut options = if settings.durable {
-                    pg::ClusterOptions::durable()
-                } else {
-                    pg::ClusterOptions {
-                        server_options: "-c fsync=off -c synchronous_commit=off \
-                             -c full_page_writes=off -c max_connections=300"
-                            .to_owned(),
-                    }
-                };
-                // For the per-request profile (`pgprofile`); it costs every statement a
-                // little, the same in every case. Checkpoints spaced out (durability is
-                // unchanged): with the defaults, a checkpoint every few minutes of load stalls
-                // every commit for seconds on this machine's disk, and hits whichever case's
-                // round it falls in.
-                options.server_options.push_str(
-                    " -c shared_preload_libraries=pg_stat_statements \
-                     -c pg_stat_statements.track_planning=on \
-                     -c max_wal_size=8GB -c checkpoint_timeout=30min",
-                );
+                let options = cluster_options(settings.durable);
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -634,6 +635,75 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         }
     }
     let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// The PostgreSQL suite's throwaway cluster: `fsync` on (`durable`) or off.
+fn cluster_options(durable: bool) -> pg::ClusterOptions {
+    let mut options = if durable {
+        pg::ClusterOptions::durable()
+    } else {
+        pg::ClusterOptions {
+            server_options: "-c fsync=off -c synchronous_commit=off \
+                 -c full_page_writes=off -c max_connections=300"
+                .to_owned(),
+        }
+    };
+    // For the per-request profile (`pgprofile`); it costs every statement a little, the
+    // same in every case. Checkpoints spaced out (durability is unchanged): with the
+    // defaults, a checkpoint every few minutes of load stalls every commit for seconds on
+    // this machine's disk, and hits whichever case's round it falls in.
+    options.server_options.push_str(
+        " -c shared_preload_libraries=pg_stat_statements \
+         -c pg_stat_statements.track_planning=on \
+         -c max_wal_size=8GB -c checkpoint_timeout=30min",
+    );
+    options
+}
+
+/// `load-bench ceiling`: the cases of [`ceiling`] on the PostgreSQL suite's cluster
+/// (`fsync` on), a table of every round and the ratios to the payment alone.
+fn ceiling_command(args: &CeilingArgs) -> Result<(), String> {
+    let runtime = runtime()?;
+    let cluster = pg::TestCluster::launch_with(cluster_options(true));
+    let database = runtime.block_on(cluster.create_database());
+    let version = runtime
+        .block_on(query(database.url(), "SHOW server_version"))
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    println!(
+        "machine: {cores} cores; PostgreSQL {version} (throwaway cluster, fsync on); {} clients, {} rounds × {} s per case; load average at the start: {}\n",
+        args.connections,
+        args.rounds,
+        args.duration,
+        load_average()
+    );
+    let rounds = runtime.block_on(ceiling::measure(
+        database.url(),
+        usize::try_from(args.connections).map_err(|e| e.to_string())?,
+        args.rounds,
+        Duration::from_secs(args.duration),
+    ))?;
+    println!("| case | transactions/s (median) | each round | vs payment (median) | each round |");
+    println!("|---|---:|---|---:|---|");
+    for (case, label) in ceiling::CASES.iter().enumerate() {
+        let mut rates: Vec<f64> = rounds.iter().map(|r| r[case]).collect();
+        let mut ratios: Vec<f64> = rounds.iter().map(|r| r[case] / r[0]).collect();
+        let each = |values: &[f64], digits: usize| {
+            values
+                .iter()
+                .map(|v| format!("{v:.digits$}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let (rates_each, ratios_each) = (each(&rates, 0), each(&ratios, 3));
+        println!(
+            "| {label} | {:.0} | {rates_each} | {:.3}× | {ratios_each} |",
+            median(&mut rates),
+            median(&mut ratios)
+        );
+    }
+    println!("\nload average at the end: {}", load_average());
     Ok(())
 }
 
@@ -1061,6 +1131,19 @@ mod tests {
             panic!("not record-size");
         };
         assert_eq!((size.records, size.body_bytes), (200_000, 4096));
+    }
+
+    #[test]
+    fn ceiling_defaults_and_bounds() {
+        let Subcommand::Ceiling(ceiling) = parse(&["ceiling"]).unwrap() else {
+            panic!("not ceiling");
+        };
+        assert_eq!(
+            (ceiling.rounds, ceiling.duration, ceiling.connections),
+            (3, 8, 16)
+        );
+        assert!(parse(&["ceiling", "--connections", "0"]).is_err());
+        assert!(parse(&["ceiling", "--rounds", "21"]).is_err());
     }
 
     #[test]

@@ -1,0 +1,169 @@
+//! The ceiling of the PostgreSQL transactional ratio: what PostgreSQL alone can do when
+//! every write also stores its idempotency record in the same transaction, whatever the
+//! layer, the store's statements or the server do.
+//!
+//! Three cases, driven straight from this process over loopback with no HTTP server in
+//! between, each by `connections` clients in closed loops (as the demo's pool of 16), in
+//! rounds with the order rotated:
+//!
+//! - `payment`: the demo's payment `INSERT` (`--no-idempotency`'s handler) in autocommit —
+//!   the unguarded baseline of the load benchmark;
+//! - `payment + record`: `BEGIN`, the same `INSERT`, one `INSERT` of a completed
+//!   idempotency record into the store's own table (its indexes, checks and audit trigger),
+//!   `COMMIT` — pipelined in one round trip, one commit. That is less than any design can
+//!   write for an exactly-once transactional request (no reservation before the handler, no
+//!   usage counter, no second write of the row), so its ratio to `payment` bounds the load
+//!   benchmark's transactional fresh ratio from above;
+//! - the same with the record not journaled (`SET LOCAL tower_idempotency.audit = off`).
+//!
+//! The record is the size of the benchmark's: a 213-byte body and two headers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
+
+const PAYMENT: &str = "INSERT INTO demo_payments (account, id, amount_minor, currency, \
+     invoice_ref, payee, created_at) VALUES ($1, $2, 1250, 'EUR', $3, 'Acme Supplies Ltd', \
+     now()::text) ON CONFLICT (account, invoice_ref) DO NOTHING RETURNING *";
+
+const RECORD: &str = "INSERT INTO idempotency_operations (scope, idempotency_key, operation_id, \
+     fingerprint, method, route, state, attempts, retention, unknown_retention, created_at, \
+     completed_at, expires_at, response_status, response_header_names, \
+     response_header_values, response_body, stored_bytes, delivered, delivered_at, \
+     dispatched_at) VALUES ($1, $2, gen_random_uuid(), \
+     'sha256:9f2c6a1d0b7e4f3a8c5d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b', 'POST', \
+     '/v1/payments', 'completed', 1, interval '24 hours', interval '24 hours', now(), now(), \
+     now() + interval '24 hours', 201, ARRAY['content-type', 'location'], \
+     ARRAY['application/json'::bytea, '/v1/payments/pay'::bytea], $3, 260, true, now(), now())";
+
+/// The measured cases, in the order of the first round.
+pub const CASES: [&str; 3] = [
+    "payment",
+    "payment + record",
+    "payment + record, not journaled",
+];
+
+/// Runs `rounds` rounds of `duration` per case against the database at `url`, after
+/// creating the store's schema and the demo's tables there. Returns the transactions per
+/// second of every case in every round: `[round][case]`, cases in [`CASES`] order.
+pub async fn measure(
+    url: &str,
+    connections: usize,
+    rounds: u64,
+    duration: Duration,
+) -> Result<Vec<[f64; 3]>, String> {
+    let store = PostgresStore::from_config(&PostgresStoreConfig::new(url))
+        .map_err(|e| format!("store: {e}"))?;
+    store.migrate().await.map_err(|e| format!("migrate: {e}"))?;
+    demo::database::Database::open(&store)
+        .await
+        .map_err(|e| format!("demo tables: {e}"))?;
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        tokio::spawn(connection);
+        clients.push(Arc::new(client));
+    }
+    let body = vec![b'x'; 213];
+    let mut rates = Vec::new();
+    // A short warm-up of every case: statements prepared, caches and plans warm.
+    for case in 0..CASES.len() {
+        run_case(&clients, case, Duration::from_secs(1), &body, 0).await?;
+    }
+    for round in 0..rounds {
+        let mut row = [0.0; 3];
+        for step in 0..CASES.len() {
+            let case = (step + round as usize) % CASES.len();
+            let rate = run_case(&clients, case, duration, &body, round + 1).await?;
+            eprintln!(
+                "load-bench: ceiling round {}: {} — {rate:.0} transactions/s",
+                round + 1,
+                CASES[case]
+            );
+            row[case] = rate;
+        }
+        rates.push(row);
+    }
+    Ok(rates)
+}
+
+/// One case for `duration` on every client at once; its transactions per second.
+async fn run_case(
+    clients: &[Arc<Client>],
+    case: usize,
+    duration: Duration,
+    body: &[u8],
+    round: u64,
+) -> Result<f64, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (n, client) in clients.iter().enumerate() {
+        let (client, stop, done, body) =
+            (client.clone(), stop.clone(), done.clone(), body.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let payment = client.prepare(PAYMENT).await?;
+            let record = client.prepare(RECORD).await?;
+            let begin = client.prepare("BEGIN").await?;
+            let quiet = client
+                .prepare("SELECT set_config('tower_idempotency.audit', 'off', true)")
+                .await?;
+            let commit = client.prepare("COMMIT").await?;
+            let mut i = 0_u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let key = format!("ceiling-{case}-{round}-{n}-{i}");
+                let invoice = format!("inv-{key}");
+                match case {
+                    0 => {
+                        client.query(&payment, &[&"acme", &key, &invoice]).await?;
+                    }
+                    _ => {
+                        // Sent together: one round trip, one commit.
+                        let journaled = case == 1;
+                        let payment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                            [&"acme", &key, &invoice];
+                        let record_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                            [&"acme", &key, &body];
+                        let (b, q, p, r, c) = tokio::join!(
+                            client.execute(&begin, &[]),
+                            async {
+                                if journaled {
+                                    Ok(Vec::new())
+                                } else {
+                                    client.query(&quiet, &[]).await
+                                }
+                            },
+                            client.query(&payment, &payment_params),
+                            client.execute(&record, &record_params),
+                            client.execute(&commit, &[]),
+                        );
+                        b?;
+                        q?;
+                        p?;
+                        r?;
+                        c?;
+                    }
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), tokio_postgres::Error>(())
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let count = done.load(Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    for task in tasks {
+        task.await
+            .map_err(|e| format!("client task: {e}"))?
+            .map_err(|e| format!("{}: {e}", CASES[case]))?;
+    }
+    Ok(count as f64 / elapsed.as_secs_f64())
+}
