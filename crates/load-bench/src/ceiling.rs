@@ -14,7 +14,13 @@
 //!   write for an exactly-once transactional request (no reservation before the handler, no
 //!   usage counter, no second write of the row), so its ratio to `payment` bounds the load
 //!   benchmark's transactional fresh ratio from above;
-//! - the same with the record not journaled (`SET LOCAL tower_idempotency.audit = off`).
+//! - the same with the record not journaled (`SET LOCAL tower_idempotency.audit = off`);
+//! - `check, payment, record`: the journaled record written the way a request must reach
+//!   it when the key is checked before the handler runs — `BEGIN` and a read of the key
+//!   (one round trip), the payment (the handler's, a second), the record and `COMMIT` (a
+//!   third) — still one commit and no reservation, usage counter or second row version,
+//!   so it bounds from above every design that answers a replay without running the
+//!   handler.
 //!
 //! The record is the size of the benchmark's: a 213-byte body and two headers.
 
@@ -23,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
+use tokio_postgres::types::ToSql;
 use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
 
 const PAYMENT: &str = "INSERT INTO demo_payments (account, id, amount_minor, currency, \
@@ -40,11 +47,15 @@ const RECORD: &str = "INSERT INTO idempotency_operations (scope, idempotency_key
      ARRAY['application/json'::bytea, '/v1/payments/pay'::bytea], $3, 260, true, now(), now())";
 
 /// The measured cases, in the order of the first round.
-pub const CASES: [&str; 3] = [
+pub const CASES: [&str; 4] = [
     "payment",
     "payment + record",
     "payment + record, not journaled",
+    "check, payment, record (3 round trips)",
 ];
+
+const CHECK: &str = "SELECT operation_id, state, fingerprint FROM idempotency_operations \
+     WHERE scope = $1 AND idempotency_key = $2";
 
 /// Runs `rounds` rounds of `duration` per case against the database at `url`, after
 /// creating the store's schema and the demo's tables there. Returns the transactions per
@@ -54,7 +65,7 @@ pub async fn measure(
     connections: usize,
     rounds: u64,
     duration: Duration,
-) -> Result<Vec<[f64; 3]>, String> {
+) -> Result<Vec<[f64; 4]>, String> {
     let store = PostgresStore::from_config(&PostgresStoreConfig::new(url))
         .map_err(|e| format!("store: {e}"))?;
     store.migrate().await.map_err(|e| format!("migrate: {e}"))?;
@@ -76,7 +87,7 @@ pub async fn measure(
         run_case(&clients, case, Duration::from_secs(1), &body, 0).await?;
     }
     for round in 0..rounds {
-        let mut row = [0.0; 3];
+        let mut row = [0.0; CASES.len()];
         for step in 0..CASES.len() {
             let case = (step + round as usize) % CASES.len();
             let rate = run_case(&clients, case, duration, &body, round + 1).await?;
@@ -114,6 +125,7 @@ async fn run_case(
                 .prepare("SELECT set_config('tower_idempotency.audit', 'off', true)")
                 .await?;
             let commit = client.prepare("COMMIT").await?;
+            let check = client.prepare(CHECK).await?;
             let mut i = 0_u64;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
@@ -123,13 +135,28 @@ async fn run_case(
                     0 => {
                         client.query(&payment, &[&"acme", &key, &invoice]).await?;
                     }
+                    3 => {
+                        let check_params: [&(dyn ToSql + Sync); 2] = [&"acme", &key];
+                        let record_params: [&(dyn ToSql + Sync); 3] = [&"acme", &key, &body];
+                        let (b, k) = tokio::join!(
+                            client.execute(&begin, &[]),
+                            client.query(&check, &check_params),
+                        );
+                        b?;
+                        k?;
+                        client.query(&payment, &[&"acme", &key, &invoice]).await?;
+                        let (r, c) = tokio::join!(
+                            client.execute(&record, &record_params),
+                            client.execute(&commit, &[]),
+                        );
+                        r?;
+                        c?;
+                    }
                     _ => {
                         // Sent together: one round trip, one commit.
                         let journaled = case == 1;
-                        let payment_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                            [&"acme", &key, &invoice];
-                        let record_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                            [&"acme", &key, &body];
+                        let payment_params: [&(dyn ToSql + Sync); 3] = [&"acme", &key, &invoice];
+                        let record_params: [&(dyn ToSql + Sync); 3] = [&"acme", &key, &body];
                         let (b, q, p, r, c) = tokio::join!(
                             client.execute(&begin, &[]),
                             async {
