@@ -14,7 +14,11 @@
 //!   without a subcommand); out-of-range values are refused (rounds 1–20, duration 1–120 s,
 //!   warm-up 0–60 s, threads 1–64, connections 1–1024);
 //! - `serve MODE --listen ADDR [--database-url URL]` — one server (used by `run`);
-//! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record.
+//! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record;
+//! - `curves` — the cost curves, charted (`scripts/load-curves`);
+//! - `ceiling [--rounds 3] [--duration 8] [--connections 16]` — what PostgreSQL alone allows
+//!   the transactional ratio: the payment `INSERT` against the payment plus one idempotency
+//!   record in its transaction, clients straight against a throwaway cluster (`ceiling.rs`).
 
 mod ceiling;
 mod curves;
