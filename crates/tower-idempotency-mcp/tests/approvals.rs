@@ -4,6 +4,8 @@
 //! and an expiry are replayed; a changed call under the key is a mismatch. Decisions are
 //! made through the store, as the approval routes do.
 
+mod predates;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -522,81 +524,13 @@ async fn the_requester_defaults_to_the_actor() {
 
 /// A store that predates approvals: it reserves as if no approval were asked for (the
 /// field is new to it) and has none of the approval methods.
-#[derive(Debug, Clone, Default)]
-struct PredatesApprovals(MemoryStore);
-
-#[async_trait::async_trait]
-impl Store for PredatesApprovals {
-    async fn reserve(
-        &self,
-        mut request: tower_idempotency_core::ReserveRequest,
-    ) -> tower_idempotency_core::store::Result<tower_idempotency_core::Reservation> {
-        request.approval = None;
-        self.0.reserve(request).await
-    }
-    async fn complete(
-        &self,
-        lease: &tower_idempotency_core::Lease,
-        response: tower_idempotency_core::StoredResponse,
-    ) -> tower_idempotency_core::store::Result<tower_idempotency_core::Operation> {
-        self.0.complete(lease, response).await
-    }
-    async fn release(
-        &self,
-        lease: &tower_idempotency_core::Lease,
-    ) -> tower_idempotency_core::store::Result<()> {
-        self.0.release(lease).await
-    }
-    async fn abandon(
-        &self,
-        lease: &tower_idempotency_core::Lease,
-    ) -> tower_idempotency_core::store::Result<()> {
-        self.0.abandon(lease).await
-    }
-    async fn extend_lease(
-        &self,
-        lease: &tower_idempotency_core::Lease,
-        by: Duration,
-    ) -> tower_idempotency_core::store::Result<()> {
-        self.0.extend_lease(lease, by).await
-    }
-    async fn mark_delivered(
-        &self,
-        scope: &Scope,
-        id: tower_idempotency_core::OperationId,
-    ) -> tower_idempotency_core::store::Result<()> {
-        self.0.mark_delivered(scope, id).await
-    }
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &tower_idempotency_core::IdempotencyKey,
-    ) -> tower_idempotency_core::store::Result<Option<tower_idempotency_core::Operation>> {
-        self.0.get(scope, key).await
-    }
-    async fn get_by_id(
-        &self,
-        scope: &Scope,
-        id: tower_idempotency_core::OperationId,
-    ) -> tower_idempotency_core::store::Result<Option<tower_idempotency_core::Operation>> {
-        self.0.get_by_id(scope, id).await
-    }
-    async fn wait(
-        &self,
-        scope: &Scope,
-        key: &tower_idempotency_core::IdempotencyKey,
-        timeout: Duration,
-    ) -> tower_idempotency_core::store::Result<Option<tower_idempotency_core::Operation>> {
-        self.0.wait(scope, key, timeout).await
-    }
-    async fn purge_expired(&self, batch: usize) -> tower_idempotency_core::store::Result<usize> {
-        self.0.purge_expired(batch).await
-    }
+fn predates_approvals() -> predates::Predates {
+    predates::Predates::new(|request| request.approval = None, |reservation| reservation)
 }
 
 #[tokio::test]
 async fn a_store_that_predates_approvals_never_runs_the_tool_unapproved() {
-    let store = PredatesApprovals::default();
+    let store = predates_approvals();
     let runs = Arc::new(AtomicUsize::new(0));
     let service = McpIdempotencyLayer::new(store.clone())
         .with_tool(

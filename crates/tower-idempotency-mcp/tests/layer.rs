@@ -2,6 +2,7 @@
 //! `tower::ServiceExt::oneshot`: what is guarded, what passes through, the answers the layer
 //! writes itself.
 
+mod predates;
 mod support;
 
 use std::convert::Infallible;
@@ -967,100 +968,29 @@ async fn an_actor_at_its_quota_gets_429_with_retry_after_and_others_go_on() {
 }
 
 /// A store that predates `replace_delivered`: it reserves as if the field were not there,
-/// and its records read as delivered two hours ago (as they would be on a store that has
-/// kept them that long), so a deliberate repeat meets a delivered execution far past its
-/// attach window that was not replaced.
-#[derive(Debug, Clone, Default)]
-struct IgnoresReplaceDelivered(MemoryStore);
-
-impl IgnoresReplaceDelivered {
-    fn aged(mut operation: tower_idempotency_core::Operation) -> tower_idempotency_core::Operation {
-        let hours_ago = |at: std::time::SystemTime| at - std::time::Duration::from_secs(7200);
-        operation.completed_at = operation.completed_at.map(hours_ago);
-        operation.delivered_at = operation.delivered_at.map(hours_ago);
-        operation
-    }
-}
-
-#[async_trait::async_trait]
-impl tower_idempotency_core::Store for IgnoresReplaceDelivered {
-    async fn reserve(
-        &self,
-        mut request: tower_idempotency_core::ReserveRequest,
-    ) -> tower_idempotency_core::store::Result<tower_idempotency_core::Reservation> {
-        request.replace_delivered = None;
-        Ok(match self.0.reserve(request).await? {
-            tower_idempotency_core::Reservation::Existing(operation) => {
-                tower_idempotency_core::Reservation::Existing(Self::aged(operation))
+/// and its records read as delivered two hours ago (as they would on a store that has kept
+/// them that long), so a deliberate repeat meets a delivered execution far past its attach
+/// window that was not replaced.
+fn ignores_replace_delivered() -> predates::Predates {
+    use tower_idempotency_core::Reservation;
+    predates::Predates::new(
+        |request| request.replace_delivered = None,
+        |reservation| match reservation {
+            Reservation::Existing(mut operation) => {
+                let hours_ago = |at| at - std::time::Duration::from_secs(7200);
+                operation.completed_at = operation.completed_at.map(hours_ago);
+                operation.delivered_at = operation.delivered_at.map(hours_ago);
+                Reservation::Existing(operation)
             }
             other => other,
-        })
-    }
-    async fn complete(
-        &self,
-        lease: &tower_idempotency_core::Lease,
-        response: tower_idempotency_core::StoredResponse,
-    ) -> tower_idempotency_core::store::Result<tower_idempotency_core::Operation> {
-        self.0.complete(lease, response).await
-    }
-    async fn release(
-        &self,
-        lease: &tower_idempotency_core::Lease,
-    ) -> tower_idempotency_core::store::Result<()> {
-        self.0.release(lease).await
-    }
-    async fn abandon(
-        &self,
-        lease: &tower_idempotency_core::Lease,
-    ) -> tower_idempotency_core::store::Result<()> {
-        self.0.abandon(lease).await
-    }
-    async fn extend_lease(
-        &self,
-        lease: &tower_idempotency_core::Lease,
-        by: std::time::Duration,
-    ) -> tower_idempotency_core::store::Result<()> {
-        self.0.extend_lease(lease, by).await
-    }
-    async fn mark_delivered(
-        &self,
-        scope: &Scope,
-        id: tower_idempotency_core::OperationId,
-    ) -> tower_idempotency_core::store::Result<()> {
-        self.0.mark_delivered(scope, id).await
-    }
-    async fn get(
-        &self,
-        scope: &Scope,
-        key: &tower_idempotency_core::IdempotencyKey,
-    ) -> tower_idempotency_core::store::Result<Option<tower_idempotency_core::Operation>> {
-        self.0.get(scope, key).await
-    }
-    async fn get_by_id(
-        &self,
-        scope: &Scope,
-        id: tower_idempotency_core::OperationId,
-    ) -> tower_idempotency_core::store::Result<Option<tower_idempotency_core::Operation>> {
-        self.0.get_by_id(scope, id).await
-    }
-    async fn wait(
-        &self,
-        scope: &Scope,
-        key: &tower_idempotency_core::IdempotencyKey,
-        timeout: std::time::Duration,
-    ) -> tower_idempotency_core::store::Result<Option<tower_idempotency_core::Operation>> {
-        self.0.wait(scope, key, timeout).await
-    }
-    async fn purge_expired(&self, batch: usize) -> tower_idempotency_core::store::Result<usize> {
-        self.0.purge_expired(batch).await
-    }
+        },
+    )
 }
 
 #[tokio::test]
 async fn a_store_that_ignores_replace_delivered_is_refused_rather_than_replaying_forever() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let store = IgnoresReplaceDelivered::default();
-    let service = McpIdempotencyLayer::new(store.clone())
+    let service = McpIdempotencyLayer::new(ignores_replace_delivered())
         .with_tool("charge", ToolPolicy::guarded())
         .layer(server(Answer::Json, Arc::clone(&runs)));
     let charge = |id: u64| post(Some("alice"), &call(id, "charge", json!({"a": 1}), None));
