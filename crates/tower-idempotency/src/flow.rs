@@ -590,10 +590,9 @@ fn not_reserved(
         }
         StoreError::ScopeQuotaExceeded { retry_after } => {
             tracing::info!(?retry_after, "scope's idempotency quota exhausted");
-            let quota = AuditEventKind::QuotaRefused {
+            journal::decision(shared, request, None, |_| AuditEventKind::QuotaRefused {
                 quota: "scope".to_owned(),
-            };
-            journal::decision(shared, request, None, quota);
+            });
             NotReserved::Refused(Rejection::ScopeQuotaExceeded {
                 retry_after: retry_after.as_secs().max(1),
             })
@@ -639,12 +638,11 @@ async fn existing<ResB: Body>(
     Span::current().record("operation_id", field::display(operation.id));
     let id = operation.id;
     if operation.fingerprint != request.fingerprint {
-        journal::decision(
-            shared,
-            request,
-            Some(id),
-            AuditEventKind::Conflict { correlation: None },
-        );
+        journal::decision(shared, request, Some(id), |correlation| {
+            AuditEventKind::Conflict {
+                correlation: Some(correlation),
+            }
+        });
         return Err(Rejection::FingerprintMismatch {
             operation_id: id,
             state: operation.state,
@@ -653,28 +651,29 @@ async fn existing<ResB: Body>(
     match operation.state {
         OperationState::Completed => {
             let replayed = replay(shared, operation, waited)?;
-            journal::decision(
-                shared,
-                request,
-                Some(id),
-                AuditEventKind::Replayed { correlation: None },
-            );
+            journal::decision(shared, request, Some(id), |correlation| {
+                AuditEventKind::Replayed {
+                    correlation: Some(correlation),
+                }
+            });
             Ok(Next::Replayed(replayed))
         }
         OperationState::InProgress => {
             if !waited {
-                journal::decision(
-                    shared,
-                    request,
-                    Some(id),
-                    AuditEventKind::Attached { correlation: None },
-                );
+                journal::decision(shared, request, Some(id), |correlation| {
+                    AuditEventKind::Attached {
+                        correlation: Some(correlation),
+                    }
+                });
             }
             let waiting =
                 wait_for(shared, policy, request, &operation, deadlines.in_progress).await;
             if let Err(Rejection::RequestInProgress { .. }) = &waiting {
-                let refused = AuditEventKind::RefusedInProgress { correlation: None };
-                journal::decision(shared, request, Some(id), refused);
+                journal::decision(shared, request, Some(id), |correlation| {
+                    AuditEventKind::RefusedInProgress {
+                        correlation: Some(correlation),
+                    }
+                });
             }
             waiting?;
             Ok(Next::Again)

@@ -6,25 +6,30 @@
 //!
 //! [`Store::record_decision`]: tower_idempotency_core::Store::record_decision
 
-use tower_idempotency_core::audit::{AuditEventKind, DecisionEvent};
+use tower_idempotency_core::audit::{AuditEventKind, Correlation, DecisionEvent};
 use tower_idempotency_core::{OperationId, ReserveRequest};
 
 use crate::config::Shared;
 
-/// Journals `kind` for `request` (its scope, key and fingerprint) about `operation`;
-/// nothing is built when the store keeps no journal ([`Store::journals`]).
+/// Journals the event `kind` makes of the request's correlation (its method and route) for
+/// `request` (its scope, key and fingerprint) about `operation`; nothing is built when the
+/// store keeps no journal ([`Store::journals`]).
 ///
 /// [`Store::journals`]: tower_idempotency_core::Store::journals
 pub(crate) fn decision(
     shared: &Shared,
     request: &ReserveRequest,
     operation: Option<OperationId>,
-    kind: AuditEventKind,
+    kind: impl FnOnce(Correlation) -> AuditEventKind,
 ) {
     if !shared.store.journals() {
         return;
     }
-    let event = DecisionEvent::new(request.scope.clone(), operation, kind)
+    let correlation = Correlation::Http {
+        method: request.method.clone(),
+        route: request.route.clone(),
+    };
+    let event = DecisionEvent::new(request.scope.clone(), operation, kind(correlation))
         .with_key(request.key.clone())
         .with_fingerprint(request.fingerprint.clone());
     shared.store.record_decision(event);

@@ -181,6 +181,14 @@ async fn shows_an_operations_history(demo: &Demo) -> String {
     assert_eq!(first["event"]["scope"], "acme");
     assert_eq!(first["event"]["key"], "k-1");
     assert_eq!(first["event"]["correlation"]["route"], "/v1/tickets");
+    // The replay and the conflict carry the correlation of the request that caused them.
+    for decided in &body["events"].as_array().unwrap()[3..5] {
+        assert_eq!(
+            decided["event"]["correlation"],
+            serde_json::json!({"protocol": "http", "method": "POST", "route": "/v1/tickets"}),
+            "{decided}"
+        );
+    }
     assert!(first["hash"].as_str().unwrap().ends_with('='));
     assert!(
         !body.to_string().contains("Renew the wildcard"),
