@@ -6,11 +6,16 @@
 //!   such a server.
 //! - `example` (feature `example`): start an example binary on a free port and check
 //!   that a retry is replayed.
+//! - `stores` (feature `stores`): a memory store with hooks on its reservations and
+//!   completions, standing in for a store that lacks a capability, is down or fails at one
+//!   step.
 //!
 //! Test targets take it as a dev-dependency; `chaos` and `load-bench` start their
 //! PostgreSQL through [`pg::TestCluster`] (and `chaos` its PgBouncer through
 //! [`pgbouncer::Pgbouncer`]) at run time, so there it is a normal dependency.
-//! The crate depends on no crate of this workspace, so every crate can use it in its tests.
+//! Without the `stores` feature the crate depends on no crate of this workspace, so every
+//! crate can use it in its tests; `stores` depends on `tower-idempotency-core`, for the
+//! tests of the crates above it.
 
 #![deny(missing_docs)]
 
@@ -18,3 +23,5 @@
 pub mod example;
 pub mod pg;
 pub mod pgbouncer;
+#[cfg(feature = "stores")]
+pub mod stores;

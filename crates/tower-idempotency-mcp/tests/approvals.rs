@@ -4,8 +4,6 @@
 //! and an expiry are replayed; a changed call under the key is a mismatch. Decisions are
 //! made through the store, as the approval routes do.
 
-mod predates;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -524,8 +522,11 @@ async fn the_requester_defaults_to_the_actor() {
 
 /// A store that predates approvals: it reserves as if no approval were asked for (the
 /// field is new to it) and has none of the approval methods.
-fn predates_approvals() -> predates::Predates {
-    predates::Predates::new(|request| request.approval = None, |reservation| reservation)
+fn predates_approvals() -> test_harness::stores::HookedStore {
+    test_harness::stores::HookedStore::default().on_reserve(|request| {
+        request.approval = None;
+        Ok(())
+    })
 }
 
 #[tokio::test]

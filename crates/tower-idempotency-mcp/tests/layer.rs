@@ -2,7 +2,6 @@
 //! `tower::ServiceExt::oneshot`: what is guarded, what passes through, the answers the layer
 //! writes itself.
 
-mod predates;
 mod support;
 
 use std::convert::Infallible;
@@ -971,11 +970,14 @@ async fn an_actor_at_its_quota_gets_429_with_retry_after_and_others_go_on() {
 /// and its records read as delivered two hours ago (as they would on a store that has kept
 /// them that long), so a deliberate repeat meets a delivered execution far past its attach
 /// window that was not replaced.
-fn ignores_replace_delivered() -> predates::Predates {
+fn ignores_replace_delivered() -> test_harness::stores::HookedStore {
     use tower_idempotency_core::Reservation;
-    predates::Predates::new(
-        |request| request.replace_delivered = None,
-        |reservation| match reservation {
+    test_harness::stores::HookedStore::default()
+        .on_reserve(|request| {
+            request.replace_delivered = None;
+            Ok(())
+        })
+        .on_answer(|reservation| match reservation {
             Reservation::Existing(mut operation) => {
                 let hours_ago = |at| at - std::time::Duration::from_secs(7200);
                 operation.completed_at = operation.completed_at.map(hours_ago);
@@ -983,8 +985,7 @@ fn ignores_replace_delivered() -> predates::Predates {
                 Reservation::Existing(operation)
             }
             other => other,
-        },
-    )
+        })
 }
 
 #[tokio::test]

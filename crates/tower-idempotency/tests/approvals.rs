@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::routing::post;
 use http::{Request, Response, StatusCode};
 use serde_json::{Value, json};
+use test_harness::stores::HookedStore;
 use tower::ServiceExt;
 use tower_idempotency::{
-    ApprovalPolicy, IdempotencyKey, IdempotencyLayer, Lease, MemoryStore, Operation, OperationId,
-    Reservation, ReserveRequest, RoutePolicy, Scope, Store, StoreError, StoredResponse,
+    ApprovalPolicy, IdempotencyKey, IdempotencyLayer, MemoryStore, RoutePolicy, Scope, Store,
+    StoreError,
 };
 
 const PRODUCTION: &str = r#"{"service":"api","environment":"production","version":"1.4.2"}"#;
@@ -489,54 +489,16 @@ async fn another_scope_sees_no_approval_and_bad_requests_are_precise() {
 
 /// A store that predates approvals: the memory store, with the approval request of every
 /// reservation ignored and the approval methods left at the trait's defaults.
-#[derive(Debug, Clone, Default)]
-struct Predates(MemoryStore);
-
-type Result<T> = std::result::Result<T, StoreError>;
-
-#[async_trait]
-impl Store for Predates {
-    async fn reserve(&self, mut request: ReserveRequest) -> Result<Reservation> {
+fn predates_approvals() -> HookedStore {
+    HookedStore::default().on_reserve(|request| {
         request.approval = None;
-        self.0.reserve(request).await
-    }
-    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
-        self.0.complete(lease, response).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.0.release(lease).await
-    }
-    async fn abandon(&self, lease: &Lease) -> Result<()> {
-        self.0.abandon(lease).await
-    }
-    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
-        self.0.extend_lease(lease, by).await
-    }
-    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
-        self.0.mark_delivered(scope, id).await
-    }
-    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
-        self.0.get(scope, key).await
-    }
-    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
-        self.0.get_by_id(scope, id).await
-    }
-    async fn wait(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        timeout: Duration,
-    ) -> Result<Option<Operation>> {
-        self.0.wait(scope, key, timeout).await
-    }
-    async fn purge_expired(&self, batch: usize) -> Result<usize> {
-        self.0.purge_expired(batch).await
-    }
+        Ok(())
+    })
 }
 
 #[tokio::test]
 async fn a_store_without_approvals_runs_nothing_that_needs_one() {
-    let store = Predates::default();
+    let store = predates_approvals();
     let (app, runs) = app(store.clone(), deploy_approval());
     let (status, problem, _) = send(&app, deploy("k-1", PRODUCTION)).await;
     assert_eq!(
@@ -565,46 +527,8 @@ async fn a_store_without_approvals_runs_nothing_that_needs_one() {
 }
 
 /// A store that is down: every reservation fails as if the database were unreachable.
-#[derive(Debug, Clone, Default)]
-struct Down(MemoryStore);
-
-#[async_trait]
-impl Store for Down {
-    async fn reserve(&self, _request: ReserveRequest) -> Result<Reservation> {
-        Err(StoreError::Unavailable("connection refused".into()))
-    }
-    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
-        self.0.complete(lease, response).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.0.release(lease).await
-    }
-    async fn abandon(&self, lease: &Lease) -> Result<()> {
-        self.0.abandon(lease).await
-    }
-    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
-        self.0.extend_lease(lease, by).await
-    }
-    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
-        self.0.mark_delivered(scope, id).await
-    }
-    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
-        self.0.get(scope, key).await
-    }
-    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
-        self.0.get_by_id(scope, id).await
-    }
-    async fn wait(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        timeout: Duration,
-    ) -> Result<Option<Operation>> {
-        self.0.wait(scope, key, timeout).await
-    }
-    async fn purge_expired(&self, batch: usize) -> Result<usize> {
-        self.0.purge_expired(batch).await
-    }
+fn down() -> HookedStore {
+    HookedStore::default().on_reserve(|_| Err(StoreError::Unavailable("connection refused".into())))
 }
 
 #[tokio::test]
@@ -612,7 +536,7 @@ async fn neither_a_missing_key_nor_a_store_outage_skips_an_approval() {
     use tower_idempotency::StoreFailurePolicy;
 
     let runs = Arc::new(AtomicUsize::new(0));
-    let build = |store: Down, policy: RoutePolicy| {
+    let build = |store: HookedStore, policy: RoutePolicy| {
         let counter = runs.clone();
         Router::new()
             .route(
@@ -630,7 +554,7 @@ async fn neither_a_missing_key_nor_a_store_outage_skips_an_approval() {
     };
     // An optional key on a route with approvals is still required.
     let optional = RoutePolicy::optional().with_approval(deploy_approval());
-    let app = build(Down::default(), optional);
+    let app = build(down(), optional);
     let keyless = Request::post("/v1/deploys")
         .header("content-type", "application/json")
         .body(Body::from(PRODUCTION))
@@ -645,7 +569,7 @@ async fn neither_a_missing_key_nor_a_store_outage_skips_an_approval() {
     let open = RoutePolicy::required()
         .with_store_failure(StoreFailurePolicy::FailOpen)
         .with_approval(deploy_approval());
-    let app = build(Down::default(), open);
+    let app = build(down(), open);
     let (status, problem, _) = send(&app, deploy("k-1", PRODUCTION)).await;
     assert_eq!(
         (status, slug(&problem)),

@@ -8,74 +8,44 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::routing::post;
 use bytes::Bytes;
 use futures_util::{StreamExt, stream};
 use http::{Request, StatusCode};
+use test_harness::stores::HookedStore;
 use tower::ServiceExt;
 use tower_idempotency::{
-    IdempotencyKey, IdempotencyLayer, Lease, MemoryStore, Operation, OperationId, OperationState,
-    Reservation, ReserveRequest, RoutePolicy, Scope, Store, StoreError, StoredResponse,
+    IdempotencyKey, IdempotencyLayer, MemoryStore, OperationState, RoutePolicy, Scope, Store,
+    StoreError,
 };
 
 /// The memory store, except that the next `fail_next` completions fail as if the store
-/// were unreachable.
-#[derive(Debug, Clone, Default)]
+/// were unreachable; `attempts` counts the completions tried.
 struct CompleteFails {
-    inner: MemoryStore,
+    store: HookedStore,
     fail_next: Arc<AtomicUsize>,
     attempts: Arc<AtomicUsize>,
 }
 
-type Result<T> = std::result::Result<T, StoreError>;
-
-#[async_trait]
-impl Store for CompleteFails {
-    async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
-        self.inner.reserve(request).await
-    }
-    async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        let failing = self
-            .fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if failing {
-            return Err(StoreError::Unavailable("connection refused".into()));
+impl Default for CompleteFails {
+    fn default() -> Self {
+        let fail_next = Arc::new(AtomicUsize::new(0));
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let (failing, tried) = (fail_next.clone(), attempts.clone());
+        let store = HookedStore::default().on_complete(move || {
+            tried.fetch_add(1, Ordering::SeqCst);
+            match failing.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+                Ok(_) => Err(StoreError::Unavailable("connection refused".into())),
+                Err(_) => Ok(()),
+            }
+        });
+        Self {
+            store,
+            fail_next,
+            attempts,
         }
-        self.inner.complete(lease, response).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.inner.release(lease).await
-    }
-    async fn abandon(&self, lease: &Lease) -> Result<()> {
-        self.inner.abandon(lease).await
-    }
-    async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
-        self.inner.extend_lease(lease, by).await
-    }
-    async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
-        self.inner.mark_delivered(scope, id).await
-    }
-    async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
-        self.inner.get(scope, key).await
-    }
-    async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
-        self.inner.get_by_id(scope, id).await
-    }
-    async fn wait(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        timeout: Duration,
-    ) -> Result<Option<Operation>> {
-        self.inner.wait(scope, key, timeout).await
-    }
-    async fn purge_expired(&self, batch: usize) -> Result<usize> {
-        self.inner.purge_expired(batch).await
     }
 }
 
@@ -102,7 +72,7 @@ async fn a_result_the_store_refused_is_recorded_once_it_is_back_and_then_replaye
             }),
         )
         .layer(
-            IdempotencyLayer::new(store.clone())
+            IdempotencyLayer::new(store.store.clone())
                 .with_scope(|_| Some(Scope::new("acct")))
                 .with_default_policy(RoutePolicy::required().with_wait(Duration::ZERO)),
         );
@@ -117,7 +87,12 @@ async fn a_result_the_store_refused_is_recorded_once_it_is_back_and_then_replaye
     let scope = Scope::new("acct");
     let mut state = None;
     for _ in 0..100 {
-        state = store.get(&scope, &key).await.unwrap().map(|o| o.state);
+        state = store
+            .store
+            .get(&scope, &key)
+            .await
+            .unwrap()
+            .map(|o| o.state);
         if state == Some(OperationState::Completed) {
             break;
         }
