@@ -5,14 +5,12 @@
 //! exact JSON-RPC id and the session, never the arguments or `_meta`; and the sealed
 //! journal verifies.
 
-mod support;
-
+use crate::support::server;
 use std::convert::Infallible;
 use std::io::Cursor;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use support::server;
 
 use bytes::Bytes;
 use http::{Request, Response};

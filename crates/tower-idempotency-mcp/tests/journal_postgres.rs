@@ -3,7 +3,7 @@
 //! journal (exported as the operator CLI exports it), the store's events of the execution
 //! and the layer's decisions with their MCP correlation, in order; the export verifies.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::io::Cursor;

@@ -2,7 +2,7 @@
 //! `tower::ServiceExt::oneshot`: what is guarded, what passes through, the answers the layer
 //! writes itself.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::Arc;

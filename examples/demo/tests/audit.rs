@@ -5,14 +5,12 @@
 //! history across a restart, the database's journal verifying with the printed key, and
 //! `--no-audit` keeping no journal.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use crate::support::{DEADLINE, TICKET, until};
 use serde_json::Value;
-use support::{DEADLINE, TICKET, until};
 use test_harness::pg;
 use tower_idempotency::audit::{NoteSigningKey, NoteVerifyingKey, Verifier};
 use tower_idempotency_postgres::PostgresStore;

@@ -10,9 +10,7 @@ use serde_json::{Value, json};
 use test_harness::pg;
 use test_harness::pgbouncer::{self, Pgbouncer, PgbouncerOptions};
 
-mod support;
-
-use support::{DemoProcess, Reply, fresh, http, until};
+use crate::support::{DemoProcess, Reply, fresh, http, until};
 
 /// Concurrent writers, each sending [`ROUNDS`] tickets and payments.
 const WRITERS: usize = 12;

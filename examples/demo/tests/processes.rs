@@ -13,9 +13,9 @@ use std::time::Duration;
 use serde_json::Value;
 use test_harness::pg;
 
-mod support;
-
-use support::{DEADLINE, DemoProcess, Reply, create_ticket, fresh, http, ticket_request, until};
+use crate::support::{
+    DEADLINE, DemoProcess, Reply, create_ticket, fresh, http, ticket_request, until,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_the_demo_restarts_replays_the_identical_body() {

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use test_harness::pg;
 
-mod support;
-
-use support::{DEADLINE, DemoProcess, fresh, http, ticket_request, until};
+use crate::support::{DEADLINE, DemoProcess, fresh, http, ticket_request, until};
 
 async fn get_json(http: &reqwest::Client, demo: &DemoProcess, account: &str, path: &str) -> Value {
     let reply = demo.get(http, account, path).await;

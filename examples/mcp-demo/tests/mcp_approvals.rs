@@ -1,12 +1,10 @@
 //! The approval walk over real HTTP with rmcp clients, on the memory store: production
 //! deploys and large charges need a person's approval, bound to the call's fingerprint.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Demo, approvals, config};
 use mcp_demo::DemoConfig;
-use support::{Demo, approvals, config};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn required_then_approved_then_executed_once_then_replayed() {

@@ -1,13 +1,11 @@
 //! The approval walk over real HTTP with rmcp clients, on the PostgreSQL store (a fresh
 //! database per test).
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Demo, approvals};
 use integration_tests::pg;
 use mcp_demo::DemoConfig;
-use support::{Demo, approvals};
 
 async fn demo(config: DemoConfig) -> (Demo, pg::TestDatabase) {
     let database = pg::test_database().await;

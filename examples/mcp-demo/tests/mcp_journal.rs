@@ -3,14 +3,14 @@
 //! in the journal, in order, with the tool, the exact JSON-RPC ids, the session and the
 //! principal; the sealed journal verifies and holds no argument.
 
-mod support;
+use crate::support;
 
 use std::io::Cursor;
 use std::time::Duration;
 
+use crate::support::{Demo, EXECUTION, RawSession, charge};
 use mcp_demo::DemoConfig;
 use serde_json::json;
-use support::{Demo, EXECUTION, RawSession, charge};
 use tower_idempotency_core::OperationId;
 use tower_idempotency_core::audit::{
     Correlation, Journal, JournalConfig, NoteSigningKey, SealedEvent, Verifier,

@@ -1,11 +1,9 @@
 //! The acceptance scenarios over real HTTP with rmcp clients, on the memory store.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Demo, Era, config, scenarios};
 use mcp_demo::DemoConfig;
-use support::{Demo, Era, config, scenarios};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_call_retried_with_a_new_id_runs_once() {

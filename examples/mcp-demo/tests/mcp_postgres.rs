@@ -1,13 +1,11 @@
 //! The acceptance scenarios over real HTTP with rmcp clients, on the PostgreSQL store
 //! (execution records and effects in a fresh database per test).
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{Demo, Era, scenarios};
 use integration_tests::pg;
 use mcp_demo::DemoConfig;
-use support::{Demo, Era, scenarios};
 
 async fn demo(tool_delay_ms: u64) -> (Demo, pg::TestDatabase) {
     let database = pg::test_database().await;

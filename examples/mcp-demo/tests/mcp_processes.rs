@@ -1,16 +1,16 @@
 //! `mcp-demo` processes on one PostgreSQL: kill -9 after and before dispatch, and a retry
 //! on another instance.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
-use integration_tests::pg;
-use serde_json::json;
-use support::{
+use crate::support::{
     DemoProcess, Era, RawSession, call, client, deploy, effects, execution, execution_id,
     wait_for_effect,
 };
+use integration_tests::pg;
+use serde_json::json;
 
 /// Short leases so that a killed instance's execution lapses quickly.
 const FAST: [&str; 4] = ["--lease-ms", "1000", "--wait-ms", "5000"];

@@ -7,15 +7,15 @@
 //! repeats a delivered call (a second effect), and two actors' identical calls are two
 //! executions. On the memory store and on PostgreSQL.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::{DEADLINE, Demo, RawSession, approvals, deploy, effects};
 use integration_tests::pg;
 use mcp_demo::DemoConfig;
 use serde_json::Value;
-use support::{DEADLINE, Demo, RawSession, approvals, deploy, effects};
 
 fn python() -> PathBuf {
     if let Some(path) = std::env::var_os("MCP_PYTHON") {

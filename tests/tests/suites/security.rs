@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -332,21 +332,20 @@ async fn credentials_and_cookies_are_not_part_of_the_fingerprint() {
     assert_eq!(s.runs.count(), 1);
 }
 
-/// Everything every subscriber-visible event of this test process writes.
-fn captured_logs() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let writer = Capture(logs.clone());
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::set_global_default(subscriber)
-            .expect("no other global subscriber in this test binary");
-        logs
-    })
+/// A TRACE subscriber for the calling thread only, and what it captured. The test using it
+/// runs on a current-thread runtime, so the server, the store and the client it drives all
+/// log on this thread, while the other tests of the binary (which share the process) log
+/// elsewhere and are never captured or slowed down.
+fn capture_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let writer = Capture(logs.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    (logs, guard)
 }
 
 #[derive(Clone)]
@@ -362,9 +361,9 @@ impl Write for Capture {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn authorization_cookies_and_bodies_never_reach_the_logs() {
-    let logs = captured_logs();
+    let (logs, _capture) = capture_logs();
     let s = setup().await;
     let account = new_account();
     let session = format!("session{}", uuid::Uuid::new_v4().simple());
