@@ -122,6 +122,9 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
 
 /// [`app`], with the audit journal's public key.
 pub async fn app_with_audit(config: &Config) -> Result<App, DemoError> {
+    // Installed before the stores and the layer exist, so that the series they register at
+    // zero are exported from the first scrape.
+    metrics::handle();
     let Some(url) = &config.database_url else {
         if config.pg_statements != StatementMode::Prepared {
             return Err(DemoError::Config(
