@@ -84,9 +84,10 @@ fn every_series_exists_at_zero_once_the_layer_is_built() {
         .layer(server);
     let snapshot = snapshotter.snapshot().into_vec();
     assert!(
-        snapshot.iter().any(|(key, _, _, value)| key.key().name()
-            == names::OPERATIONS_IN_FLIGHT
-            && *value == DebugValue::Gauge(0.0.into())),
+        snapshot.iter().any(
+            |(key, _, _, value)| key.key().name() == names::OPERATIONS_IN_FLIGHT
+                && *value == DebugValue::Gauge(0.0.into())
+        ),
         "{snapshot:?}"
     );
     let registered = |tool: &str, decision: &str| {

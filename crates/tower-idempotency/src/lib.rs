@@ -194,4 +194,5 @@ pub use tower_idempotency_core::audit;
 #[doc = include_str!("../../../docs/approvals.md")]
 #[doc = include_str!("../../../docs/memory-store.md")]
 #[doc = include_str!("../../../docs/security.md")]
+#[doc = include_str!("../../../docs/openapi.md")]
 pub struct DocsExamples;

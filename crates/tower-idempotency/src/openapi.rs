@@ -605,8 +605,30 @@ mod tests {
             "#/components/parameters/IdempotencyKey"
         );
         let forbidden = deploy["responses"]["403"].to_string();
-        assert!(forbidden.contains("Problem-approval-required"), "{forbidden}");
+        assert!(
+            forbidden.contains("Problem-approval-required"),
+            "{forbidden}"
+        );
         assert!(deploy["responses"]["409"]["headers"]["Retry-After"].is_object());
+        let layer =
+            layer.with_route_policy(Method::PUT, "/v1/ledger", RoutePolicy::transactional());
+        let mut ledger = json!({"responses": {"200": {"description": "ok"}}});
+        decorate_operation(&layer, &Method::PUT, "/v1/ledger", &mut ledger);
+        let unavailable = ledger["responses"]["503"].to_string();
+        assert!(
+            unavailable.contains("Problem-not-committed"),
+            "{unavailable}"
+        );
+        assert!(
+            deploy["responses"]["503"]
+                .to_string()
+                .contains("Problem-store-unavailable")
+        );
+        assert!(
+            !deploy["responses"]["503"]
+                .to_string()
+                .contains("Problem-not-committed")
+        );
         let mut read = json!({"responses": {"200": {"description": "ok"}}});
         decorate_operation(&layer, &Method::GET, "/v1/deploys", &mut read);
         assert_eq!(read, json!({"responses": {"200": {"description": "ok"}}}));

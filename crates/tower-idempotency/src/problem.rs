@@ -448,67 +448,274 @@ impl ProblemType {
     }
 
     /// `Idempotency-Key required`.
-    pub const MISSING_IDEMPOTENCY_KEY: Self = Self::new(StatusCode::BAD_REQUEST, "missing-idempotency-key", "Idempotency-Key required", &[], false);
+    pub const MISSING_IDEMPOTENCY_KEY: Self = Self::new(
+        StatusCode::BAD_REQUEST,
+        "missing-idempotency-key",
+        "Idempotency-Key required",
+        &[],
+        false,
+    );
     /// `Invalid Idempotency-Key`.
-    pub const INVALID_IDEMPOTENCY_KEY: Self = Self::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", "Invalid Idempotency-Key", &[], false);
+    pub const INVALID_IDEMPOTENCY_KEY: Self = Self::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-idempotency-key",
+        "Invalid Idempotency-Key",
+        &[],
+        false,
+    );
     /// `No principal to scope the key`.
-    pub const MISSING_SCOPE: Self = Self::new(StatusCode::UNAUTHORIZED, "missing-scope", "No principal to scope the key", &[], false);
+    pub const MISSING_SCOPE: Self = Self::new(
+        StatusCode::UNAUTHORIZED,
+        "missing-scope",
+        "No principal to scope the key",
+        &[],
+        false,
+    );
     /// `Request body too large`.
-    pub const BODY_TOO_LARGE: Self = Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Request body too large", &[], false);
+    pub const BODY_TOO_LARGE: Self = Self::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body-too-large",
+        "Request body too large",
+        &[],
+        false,
+    );
     /// `Request body unreadable`.
-    pub const BODY_READ_FAILED: Self = Self::new(StatusCode::BAD_REQUEST, "body-read-failed", "Request body unreadable", &[], false);
+    pub const BODY_READ_FAILED: Self = Self::new(
+        StatusCode::BAD_REQUEST,
+        "body-read-failed",
+        "Request body unreadable",
+        &[],
+        false,
+    );
     /// `Request body too slow`.
-    pub const BODY_READ_TIMEOUT: Self = Self::new(StatusCode::REQUEST_TIMEOUT, "body-read-timeout", "Request body too slow", &[], false);
+    pub const BODY_READ_TIMEOUT: Self = Self::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body-read-timeout",
+        "Request body too slow",
+        &[],
+        false,
+    );
     /// `Invalid JSON`.
-    pub const INVALID_JSON: Self = Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-json", "Invalid JSON", &["reason"], false);
+    pub const INVALID_JSON: Self = Self::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid-json",
+        "Invalid JSON",
+        &["reason"],
+        false,
+    );
     /// `Unsupported media type`.
-    pub const UNSUPPORTED_MEDIA_TYPE: Self = Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type", &[], false);
+    pub const UNSUPPORTED_MEDIA_TYPE: Self = Self::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported-media-type",
+        "Unsupported media type",
+        &[],
+        false,
+    );
     /// `Invalid command`.
-    pub const INVALID_COMMAND: Self = Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-command", "Invalid command", &[], false);
+    pub const INVALID_COMMAND: Self = Self::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid-command",
+        "Invalid command",
+        &[],
+        false,
+    );
     /// `Idempotency-Key reused with a different request`.
-    pub const FINGERPRINT_MISMATCH: Self = Self::new(StatusCode::CONFLICT, "fingerprint-mismatch", "Idempotency-Key reused with a different request", &["operation_id", "state"], false);
+    pub const FINGERPRINT_MISMATCH: Self = Self::new(
+        StatusCode::CONFLICT,
+        "fingerprint-mismatch",
+        "Idempotency-Key reused with a different request",
+        &["operation_id", "state"],
+        false,
+    );
     /// `Request in progress`.
-    pub const REQUEST_IN_PROGRESS: Self = Self::new(StatusCode::CONFLICT, "request-in-progress", "Request in progress", &["operation_id", "status_url"], true);
+    pub const REQUEST_IN_PROGRESS: Self = Self::new(
+        StatusCode::CONFLICT,
+        "request-in-progress",
+        "Request in progress",
+        &["operation_id", "status_url"],
+        true,
+    );
     /// `Outcome unknown`.
-    pub const OUTCOME_UNKNOWN: Self = Self::new(StatusCode::CONFLICT, "outcome-unknown", "Outcome unknown", &["operation_id", "status_url"], false);
+    pub const OUTCOME_UNKNOWN: Self = Self::new(
+        StatusCode::CONFLICT,
+        "outcome-unknown",
+        "Outcome unknown",
+        &["operation_id", "status_url"],
+        false,
+    );
     /// `Response not replayable`.
-    pub const RESPONSE_NOT_REPLAYABLE: Self = Self::new(StatusCode::CONFLICT, "response-not-replayable", "Response not replayable", &["operation_id", "status_url", "original_status"], false);
+    pub const RESPONSE_NOT_REPLAYABLE: Self = Self::new(
+        StatusCode::CONFLICT,
+        "response-not-replayable",
+        "Response not replayable",
+        &["operation_id", "status_url", "original_status"],
+        false,
+    );
     /// `Operation not found`.
-    pub const OPERATION_NOT_FOUND: Self = Self::new(StatusCode::NOT_FOUND, "operation-not-found", "Operation not found", &[], false);
+    pub const OPERATION_NOT_FOUND: Self = Self::new(
+        StatusCode::NOT_FOUND,
+        "operation-not-found",
+        "Operation not found",
+        &[],
+        false,
+    );
     /// `Idempotency store unavailable`.
-    pub const STORE_UNAVAILABLE: Self = Self::new(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable", "Idempotency store unavailable", &[], false);
+    pub const STORE_UNAVAILABLE: Self = Self::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Idempotency store unavailable",
+        &[],
+        false,
+    );
     /// `Idempotency store full`.
-    pub const STORE_FULL: Self = Self::new(StatusCode::SERVICE_UNAVAILABLE, "store-full", "Idempotency store full", &[], true);
+    pub const STORE_FULL: Self = Self::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-full",
+        "Idempotency store full",
+        &[],
+        true,
+    );
     /// `Idempotency quota exceeded`.
-    pub const SCOPE_QUOTA_EXCEEDED: Self = Self::new(StatusCode::TOO_MANY_REQUESTS, "scope-quota-exceeded", "Idempotency quota exceeded", &[], true);
+    pub const SCOPE_QUOTA_EXCEEDED: Self = Self::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "scope-quota-exceeded",
+        "Idempotency quota exceeded",
+        &[],
+        true,
+    );
     /// `Too many unfinished requests`.
-    pub const DETACHED_LIMIT: Self = Self::new(StatusCode::SERVICE_UNAVAILABLE, "detached-limit", "Too many unfinished requests", &[], true);
+    pub const DETACHED_LIMIT: Self = Self::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "detached-limit",
+        "Too many unfinished requests",
+        &[],
+        true,
+    );
     /// `Transactions unsupported by the store`.
-    pub const TRANSACTIONS_UNSUPPORTED: Self = Self::new(StatusCode::INTERNAL_SERVER_ERROR, "transactions-unsupported", "Transactions unsupported by the store", &[], false);
+    pub const TRANSACTIONS_UNSUPPORTED: Self = Self::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "transactions-unsupported",
+        "Transactions unsupported by the store",
+        &[],
+        false,
+    );
     /// `Not committed`.
-    pub const NOT_COMMITTED: Self = Self::new(StatusCode::SERVICE_UNAVAILABLE, "not-committed", "Not committed", &["operation_id"], true);
+    pub const NOT_COMMITTED: Self = Self::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not-committed",
+        "Not committed",
+        &["operation_id"],
+        true,
+    );
     /// `Handler failed`.
-    pub const HANDLER_FAILED: Self = Self::new(StatusCode::INTERNAL_SERVER_ERROR, "handler-failed", "Handler failed", &["operation_id", "status_url"], false);
+    pub const HANDLER_FAILED: Self = Self::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "handler-failed",
+        "Handler failed",
+        &["operation_id", "status_url"],
+        false,
+    );
     /// `Approval required`.
-    pub const APPROVAL_REQUIRED: Self = Self::new(StatusCode::FORBIDDEN, approval_types::APPROVAL_REQUIRED, "Approval required", &["operation_id", "status_url", "approval_id", "approval_url", "expires_at", "summary", "fingerprint"], false);
+    pub const APPROVAL_REQUIRED: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::APPROVAL_REQUIRED,
+        "Approval required",
+        &[
+            "operation_id",
+            "status_url",
+            "approval_id",
+            "approval_url",
+            "expires_at",
+            "summary",
+            "fingerprint",
+        ],
+        false,
+    );
     /// `Approval denied`.
-    pub const APPROVAL_DENIED: Self = Self::new(StatusCode::FORBIDDEN, approval_types::APPROVAL_DENIED, "Approval denied", &["operation_id", "status_url", "approval_id", "approval_url", "reason", "decided_at"], false);
+    pub const APPROVAL_DENIED: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::APPROVAL_DENIED,
+        "Approval denied",
+        &[
+            "operation_id",
+            "status_url",
+            "approval_id",
+            "approval_url",
+            "reason",
+            "decided_at",
+        ],
+        false,
+    );
     /// `Approval expired`.
-    pub const APPROVAL_EXPIRED: Self = Self::new(StatusCode::FORBIDDEN, approval_types::APPROVAL_EXPIRED, "Approval expired", &["operation_id", "status_url", "approval_id", "approval_url", "expires_at"], false);
+    pub const APPROVAL_EXPIRED: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::APPROVAL_EXPIRED,
+        "Approval expired",
+        &[
+            "operation_id",
+            "status_url",
+            "approval_id",
+            "approval_url",
+            "expires_at",
+        ],
+        false,
+    );
     /// `Approval for a different request`.
-    pub const APPROVAL_FINGERPRINT_MISMATCH: Self = Self::new(StatusCode::CONFLICT, approval_types::APPROVAL_FINGERPRINT_MISMATCH, "Approval for a different request", &["approval_id"], false);
+    pub const APPROVAL_FINGERPRINT_MISMATCH: Self = Self::new(
+        StatusCode::CONFLICT,
+        approval_types::APPROVAL_FINGERPRINT_MISMATCH,
+        "Approval for a different request",
+        &["approval_id"],
+        false,
+    );
     /// `Approval already decided`.
-    pub const APPROVAL_DECIDED: Self = Self::new(StatusCode::CONFLICT, approval_types::APPROVAL_DECIDED, "Approval already decided", &["approval_id", "state"], false);
+    pub const APPROVAL_DECIDED: Self = Self::new(
+        StatusCode::CONFLICT,
+        approval_types::APPROVAL_DECIDED,
+        "Approval already decided",
+        &["approval_id", "state"],
+        false,
+    );
     /// `Self-approval forbidden`.
-    pub const SELF_APPROVAL_FORBIDDEN: Self = Self::new(StatusCode::FORBIDDEN, approval_types::SELF_APPROVAL_FORBIDDEN, "Self-approval forbidden", &["approval_id"], false);
+    pub const SELF_APPROVAL_FORBIDDEN: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::SELF_APPROVAL_FORBIDDEN,
+        "Self-approval forbidden",
+        &["approval_id"],
+        false,
+    );
     /// `Approval not found`.
-    pub const APPROVAL_NOT_FOUND: Self = Self::new(StatusCode::NOT_FOUND, approval_types::APPROVAL_NOT_FOUND, "Approval not found", &[], false);
+    pub const APPROVAL_NOT_FOUND: Self = Self::new(
+        StatusCode::NOT_FOUND,
+        approval_types::APPROVAL_NOT_FOUND,
+        "Approval not found",
+        &[],
+        false,
+    );
     /// `Not an approver`.
-    pub const NOT_AN_APPROVER: Self = Self::new(StatusCode::FORBIDDEN, approval_types::NOT_AN_APPROVER, "Not an approver", &[], false);
+    pub const NOT_AN_APPROVER: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::NOT_AN_APPROVER,
+        "Not an approver",
+        &[],
+        false,
+    );
     /// `Approvals unsupported by the store`.
-    pub const APPROVALS_UNSUPPORTED: Self = Self::new(StatusCode::INTERNAL_SERVER_ERROR, approval_types::APPROVALS_UNSUPPORTED, "Approvals unsupported by the store", &[], false);
+    pub const APPROVALS_UNSUPPORTED: Self = Self::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        approval_types::APPROVALS_UNSUPPORTED,
+        "Approvals unsupported by the store",
+        &[],
+        false,
+    );
     /// `Invalid query`.
-    pub const INVALID_QUERY: Self = Self::new(StatusCode::BAD_REQUEST, "invalid-query", "Invalid query", &[], false);
+    pub const INVALID_QUERY: Self = Self::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-query",
+        "Invalid query",
+        &[],
+        false,
+    );
 
     /// Every case, in the order of [`Rejection`]'s variants.
     pub const ALL: [Self; 31] = [
@@ -1023,10 +1230,19 @@ mod tests {
             Rejection::InvalidJson(CanonicalizeError::InvalidUtf8 { offset: 0 }),
             Rejection::UnsupportedMediaType,
             Rejection::InvalidCommand(CommandRejection::new("no")),
-            Rejection::FingerprintMismatch { operation_id: id, state: OperationState::Completed },
-            Rejection::RequestInProgress { operation_id: id, retry_after: 2 },
+            Rejection::FingerprintMismatch {
+                operation_id: id,
+                state: OperationState::Completed,
+            },
+            Rejection::RequestInProgress {
+                operation_id: id,
+                retry_after: 2,
+            },
             Rejection::OutcomeUnknown { operation_id: id },
-            Rejection::ResponseNotReplayable { operation_id: id, status: Some(201) },
+            Rejection::ResponseNotReplayable {
+                operation_id: id,
+                status: Some(201),
+            },
             Rejection::OperationNotFound,
             Rejection::StoreUnavailable,
             Rejection::StoreFull,
@@ -1035,12 +1251,28 @@ mod tests {
             Rejection::TransactionsUnsupported,
             Rejection::NotCommitted { operation_id: id },
             Rejection::HandlerFailed { operation_id: id },
-            Rejection::ApprovalRequired { approval: approval(), approval_url: "/a".into() },
-            Rejection::ApprovalDenied { approval: approval(), approval_url: "/a".into() },
-            Rejection::ApprovalExpired { approval: approval(), approval_url: "/a".into() },
-            Rejection::ApprovalFingerprintMismatch { approval_id: ApprovalId::new() },
-            Rejection::ApprovalDecided { approval_id: ApprovalId::new(), state: ApprovalState::Denied },
-            Rejection::SelfApprovalForbidden { approval_id: ApprovalId::new() },
+            Rejection::ApprovalRequired {
+                approval: approval(),
+                approval_url: "/a".into(),
+            },
+            Rejection::ApprovalDenied {
+                approval: approval(),
+                approval_url: "/a".into(),
+            },
+            Rejection::ApprovalExpired {
+                approval: approval(),
+                approval_url: "/a".into(),
+            },
+            Rejection::ApprovalFingerprintMismatch {
+                approval_id: ApprovalId::new(),
+            },
+            Rejection::ApprovalDecided {
+                approval_id: ApprovalId::new(),
+                state: ApprovalState::Denied,
+            },
+            Rejection::SelfApprovalForbidden {
+                approval_id: ApprovalId::new(),
+            },
             Rejection::ApprovalNotFound,
             Rejection::NotAnApprover,
             Rejection::ApprovalsUnsupported,

@@ -521,21 +521,29 @@ mod tests {
             names::DETACHED,
         ] {
             assert!(
-                snapshot.iter().any(|(key, _, _, value)| key.key().name() == gauge
-                    && *value == DebugValue::Gauge(0.0.into())),
+                snapshot
+                    .iter()
+                    .any(|(key, _, _, value)| key.key().name() == gauge
+                        && *value == DebugValue::Gauge(0.0.into())),
                 "{gauge}: {snapshot:?}"
             );
         }
         let registered = |route: &str, decision: &str| {
             snapshot.iter().any(|(key, _, _, value)| {
-                key.key().labels().any(|l| l.key() == names::ROUTE && l.value() == route)
+                key.key()
+                    .labels()
+                    .any(|l| l.key() == names::ROUTE && l.value() == route)
                     && decisions(key, value, decision) == Some(0)
             })
         };
         for decision in Decision::ALL {
             let name = decision.as_str();
             assert!(registered("/v1/approved", name), "{name}: {snapshot:?}");
-            assert_eq!(registered("/v1/plain", name), !decision.needs_approval(), "{name}");
+            assert_eq!(
+                registered("/v1/plain", name),
+                !decision.needs_approval(),
+                "{name}"
+            );
         }
     }
 

@@ -304,7 +304,11 @@ async fn the_openapi_document_is_served_published_valid_and_complete() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 200, "/openapi.json needs no authentication");
+    assert_eq!(
+        response.status(),
+        200,
+        "/openapi.json needs no authentication"
+    );
     let served: serde_json::Value = response.json().await.unwrap();
     child.kill().await.unwrap();
     let pretty = format!("{}\n", serde_json::to_string_pretty(&served).unwrap());
@@ -356,8 +360,10 @@ async fn the_openapi_document_is_served_published_valid_and_complete() {
             schema["properties"]["type"]["const"],
             format!("https://tower-idempotency.dev/problems/{}", problem.slug)
         );
+        // The demo's routes are transactional only with their records in PostgreSQL.
+        let transactional = matches!(problem.slug, "transactions-unsupported" | "not-committed");
         assert!(
-            text.contains(&format!("\"#/components/schemas/{name}\"")),
+            transactional || text.contains(&format!("\"#/components/schemas/{name}\"")),
             "no answer uses {name}"
         );
     }
