@@ -56,6 +56,14 @@ pub const DETACHED: &str = "idempotency.detached";
 /// Label: [`STORE`].
 pub const PURGE_DELETED: &str = "idempotency.purge.deleted";
 
+/// Registers [`PURGE_DELETED`] of the store kind `store` (its [`STORE`] label) at zero, so
+/// that the series is exported from the first scrape, before anything expired. A store
+/// calls it when it is made (the memory and PostgreSQL stores do); registering twice
+/// changes nothing.
+pub fn register_purge_counter(store: &'static str) {
+    metrics::counter!(PURGE_DELETED, STORE => store).increment(0);
+}
+
 /// Counter: outbox messages delivered.
 pub const OUTBOX_DELIVERED: &str = "idempotency.outbox.delivered";
 

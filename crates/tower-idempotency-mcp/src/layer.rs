@@ -192,6 +192,7 @@ impl<S> Layer<S> for McpIdempotencyLayer {
     type Service = McpIdempotency<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::metrics::register(&self.config);
         McpIdempotency::new(inner, Arc::new(self.config.clone()))
     }
 }

@@ -45,6 +45,46 @@ pub(crate) fn tool_label(config: &Config, tool: &str) -> String {
     }
 }
 
+/// The decisions of a configured tool, registered at zero when the layer wraps a service.
+const TOOL_DECISIONS: [&str; 11] = [
+    "executed",
+    "re_executed",
+    "replayed",
+    "waited",
+    "conflict",
+    "in_progress",
+    "unknown",
+    "rejected",
+    "store_unavailable",
+    "quota_exceeded",
+    "passthrough",
+];
+
+/// The decisions only a tool with approvals reaches.
+const APPROVAL_DECISIONS: [&str; 3] = ["approval_required", "approval_denied", "approval_expired"];
+
+/// Registers the layer's series at zero, so that they are exported from the first scrape
+/// (an alert on a rate works before the first call): the in-flight gauge, and the decision
+/// counter of each configured tool for every decision it can reach.
+pub(crate) fn register(config: &Config) {
+    metrics::gauge!(OPERATIONS_IN_FLIGHT).increment(0.0);
+    for (tool, policy) in &config.tools {
+        let approvals: &[&str] = if policy.approval.is_some() {
+            &APPROVAL_DECISIONS
+        } else {
+            &[]
+        };
+        for decision in TOOL_DECISIONS.iter().chain(approvals) {
+            let labels = [
+                (MCP_METHOD, "tools/call".to_owned()),
+                (TOOL_NAME, tool.clone()),
+                (DECISION, (*decision).to_owned()),
+            ];
+            metrics::counter!(DECISIONS, &labels).increment(0);
+        }
+    }
+}
+
 /// Counts one decided `tools/call` and its time in the layer.
 pub(crate) fn decided(tool: String, decision: &'static str, started: Instant) {
     let labels = [

@@ -41,7 +41,11 @@ fn decisions(snapshotter: &Snapshotter) -> Vec<(String, String, u64)> {
         let DebugValue::Counter(n) = value else {
             panic!("a counter")
         };
-        out.push((labels[1].1.clone(), labels[2].1.clone(), n));
+        // Series registered at zero when the layer was built (see
+        // `every_series_exists_at_zero_once_the_layer_is_built`) counted nothing.
+        if n > 0 {
+            out.push((labels[1].1.clone(), labels[2].1.clone(), n));
+        }
     }
     out.sort();
     out
@@ -56,6 +60,72 @@ fn call(id: u64, tool: &str, arguments: Value) -> Request<Full<Bytes>> {
         .unwrap();
     request.extensions_mut().insert(Scope::new("alice"));
     request
+}
+
+/// Alerts work before the first call: building the layer registers the in-flight gauge and
+/// each configured tool's decision counters at zero (the approval decisions on tools with
+/// approvals only).
+#[test]
+fn every_series_exists_at_zero_once_the_layer_is_built() {
+    use tower_idempotency_core::ApprovalPolicy;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let server = service_fn(|_request: Request<Full<Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+    });
+    let _service = McpIdempotencyLayer::new(MemoryStore::default())
+        .with_tool("charge", ToolPolicy::guarded())
+        .with_tool(
+            "deploy",
+            ToolPolicy::guarded().with_approval(ApprovalPolicy::always()),
+        )
+        .layer(server);
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert!(
+        snapshot.iter().any(
+            |(key, _, _, value)| key.key().name() == names::OPERATIONS_IN_FLIGHT
+                && *value == DebugValue::Gauge(0.0.into())
+        ),
+        "{snapshot:?}"
+    );
+    let registered = |tool: &str, decision: &str| {
+        snapshot.iter().any(|(key, _, _, value)| {
+            let labelled = |name: &str, wanted: &str| {
+                key.key()
+                    .labels()
+                    .any(|l| l.key() == name && l.value() == wanted)
+            };
+            key.key().name() == names::DECISIONS
+                && labelled(TOOL_NAME, tool)
+                && labelled(names::DECISION, decision)
+                && labelled(MCP_METHOD, "tools/call")
+                && *value == DebugValue::Counter(0)
+        })
+    };
+    let every = [
+        "executed",
+        "re_executed",
+        "replayed",
+        "waited",
+        "conflict",
+        "in_progress",
+        "unknown",
+        "rejected",
+        "store_unavailable",
+        "quota_exceeded",
+        "passthrough",
+    ];
+    let approvals = ["approval_required", "approval_denied", "approval_expired"];
+    for decision in every {
+        assert!(registered("charge", decision), "{decision}: {snapshot:?}");
+        assert!(registered("deploy", decision), "{decision}");
+    }
+    for decision in approvals {
+        assert!(registered("deploy", decision), "{decision}");
+        assert!(!registered("charge", decision), "{decision}");
+    }
 }
 
 #[test]

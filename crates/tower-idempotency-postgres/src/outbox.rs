@@ -173,6 +173,9 @@ impl OutboxDispatcher {
         F: Fn(Effect) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), DeliveryError>> + Send + 'static,
     {
+        // Exported from the first scrape, at zero.
+        metrics::counter!(names::OUTBOX_DELIVERED).increment(0);
+        metrics::counter!(names::OUTBOX_RETRIES).increment(0);
         Self {
             store,
             config: DispatcherConfig::default(),

@@ -153,6 +153,7 @@ impl PostgresStore {
         };
         let queries = Queries::new(&config.schema);
         let executor = Executor::new(pool, config.query_timeout, config.statement_mode);
+        names::register_purge_counter("postgres");
         Ok(Self {
             inner: Arc::new(Inner {
                 delivered: DeliveryMarks::new(

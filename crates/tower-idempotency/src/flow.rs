@@ -77,7 +77,9 @@ where
         decision = field::Empty,
         store_ms = field::Empty,
     );
-    let tally = Tally::new(&parts.method, &route);
+    let tally = Tally::new(&parts.method, &route, || {
+        shared.policy_for(&parts.method, &route).approval.is_some()
+    });
     let guarded = guarded(shared, inner, parts, body, route, tally.clone());
     tally.scope(guarded).instrument(span).await
 }

@@ -295,6 +295,7 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::telemetry::register(&self.shared);
         IdempotencyService::new(inner, self.shared.clone())
     }
 }

@@ -83,6 +83,9 @@
 //!   `docs/approvals.md`.
 //! - [`problem`]: the refusals ([`problem::Rejection`]) and the RFC 9457 body they are
 //!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`]).
+//! - [`openapi`]: the layer's HTTP surface (key header, replay headers, every problem
+//!   type, the status and approvals routes) as OpenAPI 3.1 fragments to merge into your
+//!   document; [`problem::ProblemType::ALL`] is the table they are made from.
 //! - [`storage`]: what is kept of responses at rest (redaction, status only) and
 //!   their encryption.
 //! - [`body`]: the request and response body types the middleware uses.
@@ -117,6 +120,7 @@ mod flow;
 mod headers;
 mod journal;
 mod layer;
+pub mod openapi;
 mod policy;
 pub mod problem;
 mod record;
@@ -190,4 +194,5 @@ pub use tower_idempotency_core::audit;
 #[doc = include_str!("../../../docs/approvals.md")]
 #[doc = include_str!("../../../docs/memory-store.md")]
 #[doc = include_str!("../../../docs/security.md")]
+#[doc = include_str!("../../../docs/openapi.md")]
 pub struct DocsExamples;

@@ -407,6 +407,357 @@ pub enum Rejection {
     InvalidQuery(String),
 }
 
+/// One case of the layer's refusals as the table says it: its status, its slug (the last
+/// path segment of its `type` URI), its fixed title, the extension members its body
+/// carries beside `type`, `title`, `status` and `detail`, and whether it is sent with
+/// `Retry-After`.
+///
+/// [`ProblemType::ALL`] lists every type the layer and its generated routes emit: the
+/// OpenAPI description ([`openapi`](crate::openapi)) is made from it, and
+/// [`Rejection::problem_type`] names each refusal's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProblemType {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The stable slug: the last path segment of the problem `type` URI.
+    pub slug: &'static str,
+    /// The short, fixed summary of the case (the problem `title`).
+    pub title: &'static str,
+    /// The extension members of the body, when the case has them (`operation_id`, …).
+    pub members: &'static [&'static str],
+    /// Whether the response carries `Retry-After`.
+    pub retry_after: bool,
+}
+
+impl ProblemType {
+    const fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        members: &'static [&'static str],
+        retry_after: bool,
+    ) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            members,
+            retry_after,
+        }
+    }
+
+    /// `Idempotency-Key required`.
+    pub const MISSING_IDEMPOTENCY_KEY: Self = Self::new(
+        StatusCode::BAD_REQUEST,
+        "missing-idempotency-key",
+        "Idempotency-Key required",
+        &[],
+        false,
+    );
+    /// `Invalid Idempotency-Key`.
+    pub const INVALID_IDEMPOTENCY_KEY: Self = Self::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-idempotency-key",
+        "Invalid Idempotency-Key",
+        &[],
+        false,
+    );
+    /// `No principal to scope the key`.
+    pub const MISSING_SCOPE: Self = Self::new(
+        StatusCode::UNAUTHORIZED,
+        "missing-scope",
+        "No principal to scope the key",
+        &[],
+        false,
+    );
+    /// `Request body too large`.
+    pub const BODY_TOO_LARGE: Self = Self::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body-too-large",
+        "Request body too large",
+        &[],
+        false,
+    );
+    /// `Request body unreadable`.
+    pub const BODY_READ_FAILED: Self = Self::new(
+        StatusCode::BAD_REQUEST,
+        "body-read-failed",
+        "Request body unreadable",
+        &[],
+        false,
+    );
+    /// `Request body too slow`.
+    pub const BODY_READ_TIMEOUT: Self = Self::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body-read-timeout",
+        "Request body too slow",
+        &[],
+        false,
+    );
+    /// `Invalid JSON`.
+    pub const INVALID_JSON: Self = Self::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid-json",
+        "Invalid JSON",
+        &["reason"],
+        false,
+    );
+    /// `Unsupported media type`.
+    pub const UNSUPPORTED_MEDIA_TYPE: Self = Self::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported-media-type",
+        "Unsupported media type",
+        &[],
+        false,
+    );
+    /// `Invalid command`.
+    pub const INVALID_COMMAND: Self = Self::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid-command",
+        "Invalid command",
+        &[],
+        false,
+    );
+    /// `Idempotency-Key reused with a different request`.
+    pub const FINGERPRINT_MISMATCH: Self = Self::new(
+        StatusCode::CONFLICT,
+        "fingerprint-mismatch",
+        "Idempotency-Key reused with a different request",
+        &["operation_id", "state"],
+        false,
+    );
+    /// `Request in progress`.
+    pub const REQUEST_IN_PROGRESS: Self = Self::new(
+        StatusCode::CONFLICT,
+        "request-in-progress",
+        "Request in progress",
+        &["operation_id", "status_url"],
+        true,
+    );
+    /// `Outcome unknown`.
+    pub const OUTCOME_UNKNOWN: Self = Self::new(
+        StatusCode::CONFLICT,
+        "outcome-unknown",
+        "Outcome unknown",
+        &["operation_id", "status_url"],
+        false,
+    );
+    /// `Response not replayable`.
+    pub const RESPONSE_NOT_REPLAYABLE: Self = Self::new(
+        StatusCode::CONFLICT,
+        "response-not-replayable",
+        "Response not replayable",
+        &["operation_id", "status_url", "original_status"],
+        false,
+    );
+    /// `Operation not found`.
+    pub const OPERATION_NOT_FOUND: Self = Self::new(
+        StatusCode::NOT_FOUND,
+        "operation-not-found",
+        "Operation not found",
+        &[],
+        false,
+    );
+    /// `Idempotency store unavailable`.
+    pub const STORE_UNAVAILABLE: Self = Self::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Idempotency store unavailable",
+        &[],
+        false,
+    );
+    /// `Idempotency store full`.
+    pub const STORE_FULL: Self = Self::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-full",
+        "Idempotency store full",
+        &[],
+        true,
+    );
+    /// `Idempotency quota exceeded`.
+    pub const SCOPE_QUOTA_EXCEEDED: Self = Self::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "scope-quota-exceeded",
+        "Idempotency quota exceeded",
+        &[],
+        true,
+    );
+    /// `Too many unfinished requests`.
+    pub const DETACHED_LIMIT: Self = Self::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "detached-limit",
+        "Too many unfinished requests",
+        &[],
+        true,
+    );
+    /// `Transactions unsupported by the store`.
+    pub const TRANSACTIONS_UNSUPPORTED: Self = Self::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "transactions-unsupported",
+        "Transactions unsupported by the store",
+        &[],
+        false,
+    );
+    /// `Not committed`.
+    pub const NOT_COMMITTED: Self = Self::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not-committed",
+        "Not committed",
+        &["operation_id"],
+        true,
+    );
+    /// `Handler failed`.
+    pub const HANDLER_FAILED: Self = Self::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "handler-failed",
+        "Handler failed",
+        &["operation_id", "status_url"],
+        false,
+    );
+    /// `Approval required`.
+    pub const APPROVAL_REQUIRED: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::APPROVAL_REQUIRED,
+        "Approval required",
+        &[
+            "operation_id",
+            "status_url",
+            "approval_id",
+            "approval_url",
+            "expires_at",
+            "summary",
+            "fingerprint",
+        ],
+        false,
+    );
+    /// `Approval denied`.
+    pub const APPROVAL_DENIED: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::APPROVAL_DENIED,
+        "Approval denied",
+        &[
+            "operation_id",
+            "status_url",
+            "approval_id",
+            "approval_url",
+            "reason",
+            "decided_at",
+        ],
+        false,
+    );
+    /// `Approval expired`.
+    pub const APPROVAL_EXPIRED: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::APPROVAL_EXPIRED,
+        "Approval expired",
+        &[
+            "operation_id",
+            "status_url",
+            "approval_id",
+            "approval_url",
+            "expires_at",
+        ],
+        false,
+    );
+    /// `Approval for a different request`.
+    pub const APPROVAL_FINGERPRINT_MISMATCH: Self = Self::new(
+        StatusCode::CONFLICT,
+        approval_types::APPROVAL_FINGERPRINT_MISMATCH,
+        "Approval for a different request",
+        &["approval_id"],
+        false,
+    );
+    /// `Approval already decided`.
+    pub const APPROVAL_DECIDED: Self = Self::new(
+        StatusCode::CONFLICT,
+        approval_types::APPROVAL_DECIDED,
+        "Approval already decided",
+        &["approval_id", "state"],
+        false,
+    );
+    /// `Self-approval forbidden`.
+    pub const SELF_APPROVAL_FORBIDDEN: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::SELF_APPROVAL_FORBIDDEN,
+        "Self-approval forbidden",
+        &["approval_id"],
+        false,
+    );
+    /// `Approval not found`.
+    pub const APPROVAL_NOT_FOUND: Self = Self::new(
+        StatusCode::NOT_FOUND,
+        approval_types::APPROVAL_NOT_FOUND,
+        "Approval not found",
+        &[],
+        false,
+    );
+    /// `Not an approver`.
+    pub const NOT_AN_APPROVER: Self = Self::new(
+        StatusCode::FORBIDDEN,
+        approval_types::NOT_AN_APPROVER,
+        "Not an approver",
+        &[],
+        false,
+    );
+    /// `Approvals unsupported by the store`.
+    pub const APPROVALS_UNSUPPORTED: Self = Self::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        approval_types::APPROVALS_UNSUPPORTED,
+        "Approvals unsupported by the store",
+        &[],
+        false,
+    );
+    /// `Invalid query`.
+    pub const INVALID_QUERY: Self = Self::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-query",
+        "Invalid query",
+        &[],
+        false,
+    );
+
+    /// Every case, in the order of [`Rejection`]'s variants.
+    pub const ALL: [Self; 31] = [
+        Self::MISSING_IDEMPOTENCY_KEY,
+        Self::INVALID_IDEMPOTENCY_KEY,
+        Self::MISSING_SCOPE,
+        Self::BODY_TOO_LARGE,
+        Self::BODY_READ_FAILED,
+        Self::BODY_READ_TIMEOUT,
+        Self::INVALID_JSON,
+        Self::UNSUPPORTED_MEDIA_TYPE,
+        Self::INVALID_COMMAND,
+        Self::FINGERPRINT_MISMATCH,
+        Self::REQUEST_IN_PROGRESS,
+        Self::OUTCOME_UNKNOWN,
+        Self::RESPONSE_NOT_REPLAYABLE,
+        Self::OPERATION_NOT_FOUND,
+        Self::STORE_UNAVAILABLE,
+        Self::STORE_FULL,
+        Self::SCOPE_QUOTA_EXCEEDED,
+        Self::DETACHED_LIMIT,
+        Self::TRANSACTIONS_UNSUPPORTED,
+        Self::NOT_COMMITTED,
+        Self::HANDLER_FAILED,
+        Self::APPROVAL_REQUIRED,
+        Self::APPROVAL_DENIED,
+        Self::APPROVAL_EXPIRED,
+        Self::APPROVAL_FINGERPRINT_MISMATCH,
+        Self::APPROVAL_DECIDED,
+        Self::SELF_APPROVAL_FORBIDDEN,
+        Self::APPROVAL_NOT_FOUND,
+        Self::NOT_AN_APPROVER,
+        Self::APPROVALS_UNSUPPORTED,
+        Self::INVALID_QUERY,
+    ];
+
+    /// The entry of `slug`.
+    pub fn by_slug(slug: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.slug == slug)
+    }
+}
+
 /// What [`Rejection::meta`] says of a case: everything but its `detail`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RejectionMeta {
@@ -446,11 +797,11 @@ impl From<Extra> for Value {
     }
 }
 
-const fn meta(status: StatusCode, slug: &'static str, title: &'static str) -> RejectionMeta {
+const fn meta(case: ProblemType) -> RejectionMeta {
     RejectionMeta {
-        status,
-        slug,
-        title,
+        status: case.status,
+        slug: case.slug,
+        title: case.title,
         operation_id: None,
         status_url: false,
         extra: None,
@@ -496,60 +847,60 @@ impl Rejection {
     /// The table of cases: each one's status, slug, title and extension members.
     #[rustfmt::skip]
     pub(crate) fn meta(&self) -> RejectionMeta {
-        use StatusCode as S;
+        use ProblemType as T;
         match self {
-            Self::MissingKey => meta(S::BAD_REQUEST, "missing-idempotency-key", "Idempotency-Key required"),
-            Self::InvalidKey(_) | Self::RepeatedKey => meta(S::BAD_REQUEST, "invalid-idempotency-key", "Invalid Idempotency-Key"),
-            Self::MissingScope => meta(S::UNAUTHORIZED, "missing-scope", "No principal to scope the key"),
-            Self::BodyTooLarge { .. } => meta(S::PAYLOAD_TOO_LARGE, "body-too-large", "Request body too large"),
-            Self::BodyReadFailed => meta(S::BAD_REQUEST, "body-read-failed", "Request body unreadable"),
-            Self::BodyReadTimeout { .. } => meta(S::REQUEST_TIMEOUT, "body-read-timeout", "Request body too slow"),
-            Self::InvalidJson(error) => meta(S::UNPROCESSABLE_ENTITY, "invalid-json", "Invalid JSON")
+            Self::MissingKey => meta(T::MISSING_IDEMPOTENCY_KEY),
+            Self::InvalidKey(_) | Self::RepeatedKey => meta(T::INVALID_IDEMPOTENCY_KEY),
+            Self::MissingScope => meta(T::MISSING_SCOPE),
+            Self::BodyTooLarge { .. } => meta(T::BODY_TOO_LARGE),
+            Self::BodyReadFailed => meta(T::BODY_READ_FAILED),
+            Self::BodyReadTimeout { .. } => meta(T::BODY_READ_TIMEOUT),
+            Self::InvalidJson(error) => meta(T::INVALID_JSON)
                 .extra("reason", Extra::Text(error.code())),
-            Self::UnsupportedMediaType => meta(S::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type"),
-            Self::InvalidCommand(_) => meta(S::UNPROCESSABLE_ENTITY, "invalid-command", "Invalid command"),
-            Self::FingerprintMismatch { operation_id, state } => meta(S::CONFLICT, "fingerprint-mismatch", "Idempotency-Key reused with a different request")
+            Self::UnsupportedMediaType => meta(T::UNSUPPORTED_MEDIA_TYPE),
+            Self::InvalidCommand(_) => meta(T::INVALID_COMMAND),
+            Self::FingerprintMismatch { operation_id, state } => meta(T::FINGERPRINT_MISMATCH)
                 .operation(*operation_id)
                 .extra("state", Extra::Text(state.as_str())),
-            Self::RequestInProgress { operation_id, retry_after } => meta(S::CONFLICT, "request-in-progress", "Request in progress")
+            Self::RequestInProgress { operation_id, retry_after } => meta(T::REQUEST_IN_PROGRESS)
                 .linked(*operation_id)
                 .retry_after(*retry_after),
-            Self::OutcomeUnknown { operation_id } => meta(S::CONFLICT, "outcome-unknown", "Outcome unknown")
+            Self::OutcomeUnknown { operation_id } => meta(T::OUTCOME_UNKNOWN)
                 .linked(*operation_id),
-            Self::ResponseNotReplayable { operation_id, status } => meta(S::CONFLICT, "response-not-replayable", "Response not replayable")
+            Self::ResponseNotReplayable { operation_id, status } => meta(T::RESPONSE_NOT_REPLAYABLE)
                 .linked(*operation_id)
                 .extra("original_status", Extra::Status(*status)),
-            Self::OperationNotFound => meta(S::NOT_FOUND, "operation-not-found", "Operation not found"),
-            Self::StoreUnavailable => meta(S::SERVICE_UNAVAILABLE, "store-unavailable", "Idempotency store unavailable"),
-            Self::StoreFull => meta(S::SERVICE_UNAVAILABLE, "store-full", "Idempotency store full")
+            Self::OperationNotFound => meta(T::OPERATION_NOT_FOUND),
+            Self::StoreUnavailable => meta(T::STORE_UNAVAILABLE),
+            Self::StoreFull => meta(T::STORE_FULL)
                 .retry_after(1),
-            Self::ScopeQuotaExceeded { retry_after } => meta(S::TOO_MANY_REQUESTS, "scope-quota-exceeded", "Idempotency quota exceeded")
+            Self::ScopeQuotaExceeded { retry_after } => meta(T::SCOPE_QUOTA_EXCEEDED)
                 .retry_after(*retry_after),
-            Self::DetachedLimit { .. } => meta(S::SERVICE_UNAVAILABLE, "detached-limit", "Too many unfinished requests")
+            Self::DetachedLimit { .. } => meta(T::DETACHED_LIMIT)
                 .retry_after(1),
-            Self::TransactionsUnsupported => meta(S::INTERNAL_SERVER_ERROR, "transactions-unsupported", "Transactions unsupported by the store"),
-            Self::NotCommitted { operation_id } => meta(S::SERVICE_UNAVAILABLE, "not-committed", "Not committed")
+            Self::TransactionsUnsupported => meta(T::TRANSACTIONS_UNSUPPORTED),
+            Self::NotCommitted { operation_id } => meta(T::NOT_COMMITTED)
                 .operation(*operation_id)
                 .retry_after(1),
-            Self::HandlerFailed { operation_id } => meta(S::INTERNAL_SERVER_ERROR, "handler-failed", "Handler failed")
+            Self::HandlerFailed { operation_id } => meta(T::HANDLER_FAILED)
                 .linked(*operation_id),
-            Self::ApprovalRequired { approval, .. } => meta(S::FORBIDDEN, approval_types::APPROVAL_REQUIRED, "Approval required")
+            Self::ApprovalRequired { approval, .. } => meta(T::APPROVAL_REQUIRED)
                 .approval_of(approval),
-            Self::ApprovalDenied { approval, .. } => meta(S::FORBIDDEN, approval_types::APPROVAL_DENIED, "Approval denied")
+            Self::ApprovalDenied { approval, .. } => meta(T::APPROVAL_DENIED)
                 .approval_of(approval),
-            Self::ApprovalExpired { approval, .. } => meta(S::FORBIDDEN, approval_types::APPROVAL_EXPIRED, "Approval expired")
+            Self::ApprovalExpired { approval, .. } => meta(T::APPROVAL_EXPIRED)
                 .approval_of(approval),
-            Self::ApprovalFingerprintMismatch { approval_id } => meta(S::CONFLICT, approval_types::APPROVAL_FINGERPRINT_MISMATCH, "Approval for a different request")
+            Self::ApprovalFingerprintMismatch { approval_id } => meta(T::APPROVAL_FINGERPRINT_MISMATCH)
                 .approval(*approval_id),
-            Self::ApprovalDecided { approval_id, state } => meta(S::CONFLICT, approval_types::APPROVAL_DECIDED, "Approval already decided")
+            Self::ApprovalDecided { approval_id, state } => meta(T::APPROVAL_DECIDED)
                 .approval(*approval_id)
                 .extra("state", Extra::Text(state.as_str())),
-            Self::SelfApprovalForbidden { approval_id } => meta(S::FORBIDDEN, approval_types::SELF_APPROVAL_FORBIDDEN, "Self-approval forbidden")
+            Self::SelfApprovalForbidden { approval_id } => meta(T::SELF_APPROVAL_FORBIDDEN)
                 .approval(*approval_id),
-            Self::ApprovalNotFound => meta(S::NOT_FOUND, approval_types::APPROVAL_NOT_FOUND, "Approval not found"),
-            Self::NotAnApprover => meta(S::FORBIDDEN, approval_types::NOT_AN_APPROVER, "Not an approver"),
-            Self::ApprovalsUnsupported => meta(S::INTERNAL_SERVER_ERROR, approval_types::APPROVALS_UNSUPPORTED, "Approvals unsupported by the store"),
-            Self::InvalidQuery(_) => meta(S::BAD_REQUEST, "invalid-query", "Invalid query"),
+            Self::ApprovalNotFound => meta(T::APPROVAL_NOT_FOUND),
+            Self::NotAnApprover => meta(T::NOT_AN_APPROVER),
+            Self::ApprovalsUnsupported => meta(T::APPROVALS_UNSUPPORTED),
+            Self::InvalidQuery(_) => meta(T::INVALID_QUERY),
         }
     }
 
@@ -582,6 +933,18 @@ impl Rejection {
                 .with_member("decided_at", approval.decided_at.map(rfc3339)),
             _ => problem.with_member("expires_at", rfc3339(approval.expires_at)),
         }
+    }
+
+    /// This case's entry in the table of problem types.
+    pub fn problem_type(&self) -> ProblemType {
+        let meta = self.meta();
+        ProblemType::by_slug(meta.slug).unwrap_or(ProblemType::new(
+            meta.status,
+            meta.slug,
+            meta.title,
+            &[],
+            false,
+        ))
     }
 
     /// The HTTP status of this case.
@@ -849,6 +1212,146 @@ mod tests {
         let json = body(&decided.to_response(&ProblemBase::default(), "/operations"));
         assert_eq!(json["state"], "denied");
         assert_eq!(json["approval_id"], pending.id.to_string());
+    }
+
+    /// One refusal of every variant; the exhaustive match makes a new variant a compile
+    /// error here until it has a sample (and so an entry checked below).
+    fn every_rejection() -> Vec<Rejection> {
+        let id = OperationId::new();
+        let approval = || Box::new(approval(ApprovalState::Pending));
+        let all = vec![
+            Rejection::MissingKey,
+            Rejection::InvalidKey(KeyError::Empty),
+            Rejection::RepeatedKey,
+            Rejection::MissingScope,
+            Rejection::BodyTooLarge { limit: 1 },
+            Rejection::BodyReadFailed,
+            Rejection::BodyReadTimeout { seconds: 1 },
+            Rejection::InvalidJson(CanonicalizeError::InvalidUtf8 { offset: 0 }),
+            Rejection::UnsupportedMediaType,
+            Rejection::InvalidCommand(CommandRejection::new("no")),
+            Rejection::FingerprintMismatch {
+                operation_id: id,
+                state: OperationState::Completed,
+            },
+            Rejection::RequestInProgress {
+                operation_id: id,
+                retry_after: 2,
+            },
+            Rejection::OutcomeUnknown { operation_id: id },
+            Rejection::ResponseNotReplayable {
+                operation_id: id,
+                status: Some(201),
+            },
+            Rejection::OperationNotFound,
+            Rejection::StoreUnavailable,
+            Rejection::StoreFull,
+            Rejection::ScopeQuotaExceeded { retry_after: 3 },
+            Rejection::DetachedLimit { limit: 1 },
+            Rejection::TransactionsUnsupported,
+            Rejection::NotCommitted { operation_id: id },
+            Rejection::HandlerFailed { operation_id: id },
+            Rejection::ApprovalRequired {
+                approval: approval(),
+                approval_url: "/a".into(),
+            },
+            Rejection::ApprovalDenied {
+                approval: approval(),
+                approval_url: "/a".into(),
+            },
+            Rejection::ApprovalExpired {
+                approval: approval(),
+                approval_url: "/a".into(),
+            },
+            Rejection::ApprovalFingerprintMismatch {
+                approval_id: ApprovalId::new(),
+            },
+            Rejection::ApprovalDecided {
+                approval_id: ApprovalId::new(),
+                state: ApprovalState::Denied,
+            },
+            Rejection::SelfApprovalForbidden {
+                approval_id: ApprovalId::new(),
+            },
+            Rejection::ApprovalNotFound,
+            Rejection::NotAnApprover,
+            Rejection::ApprovalsUnsupported,
+            Rejection::InvalidQuery("bad".into()),
+        ];
+        for rejection in &all {
+            match rejection {
+                Rejection::MissingKey
+                | Rejection::InvalidKey(_)
+                | Rejection::RepeatedKey
+                | Rejection::MissingScope
+                | Rejection::BodyTooLarge { .. }
+                | Rejection::BodyReadFailed
+                | Rejection::BodyReadTimeout { .. }
+                | Rejection::InvalidJson(_)
+                | Rejection::UnsupportedMediaType
+                | Rejection::InvalidCommand(_)
+                | Rejection::FingerprintMismatch { .. }
+                | Rejection::RequestInProgress { .. }
+                | Rejection::OutcomeUnknown { .. }
+                | Rejection::ResponseNotReplayable { .. }
+                | Rejection::OperationNotFound
+                | Rejection::StoreUnavailable
+                | Rejection::StoreFull
+                | Rejection::ScopeQuotaExceeded { .. }
+                | Rejection::DetachedLimit { .. }
+                | Rejection::TransactionsUnsupported
+                | Rejection::NotCommitted { .. }
+                | Rejection::HandlerFailed { .. }
+                | Rejection::ApprovalRequired { .. }
+                | Rejection::ApprovalDenied { .. }
+                | Rejection::ApprovalExpired { .. }
+                | Rejection::ApprovalFingerprintMismatch { .. }
+                | Rejection::ApprovalDecided { .. }
+                | Rejection::SelfApprovalForbidden { .. }
+                | Rejection::ApprovalNotFound
+                | Rejection::NotAnApprover
+                | Rejection::ApprovalsUnsupported
+                | Rejection::InvalidQuery(_) => {}
+            }
+        }
+        all
+    }
+
+    /// The table of problem types is the truth the OpenAPI description is made from: every
+    /// refusal renders exactly its entry (status, title, members, `Retry-After`), and every
+    /// entry is some refusal's.
+    #[test]
+    fn every_refusal_renders_its_entry_in_the_table_and_every_entry_is_used() {
+        let mut used = std::collections::BTreeSet::new();
+        for rejection in every_rejection() {
+            let entry = rejection.problem_type();
+            assert!(ProblemType::ALL.contains(&entry), "{entry:?}");
+            let response = rejection.to_response(&ProblemBase::default(), "/operations");
+            assert_eq!(response.status(), entry.status, "{}", entry.slug);
+            assert_eq!(
+                response.headers().contains_key(header::RETRY_AFTER),
+                entry.retry_after,
+                "{}",
+                entry.slug
+            );
+            let json = body(&response);
+            assert_eq!(json["title"], entry.title);
+            let mut members: Vec<&str> = json
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .filter(|k| !matches!(*k, "type" | "title" | "status" | "detail"))
+                .collect();
+            members.sort_unstable();
+            let mut expected = entry.members.to_vec();
+            expected.sort_unstable();
+            assert_eq!(members, expected, "{}", entry.slug);
+            used.insert(entry.slug);
+        }
+        let all: std::collections::BTreeSet<_> = ProblemType::ALL.iter().map(|t| t.slug).collect();
+        assert_eq!(used, all);
+        assert_eq!(all.len(), ProblemType::ALL.len(), "slugs are unique");
     }
 
     #[test]

@@ -6,6 +6,13 @@
 //! [`tower_idempotency_core::metrics`]; the application installs the recorder. A request's
 //! decision and duration are emitted once, when the last part of its work ends (the answer,
 //! or the detached recording when the client left), from the last decision recorded.
+//!
+//! Every series is exported from the first scrape, at zero (Prometheus' convention, so an
+//! alert on a rate or on `idempotency_detached > 0` works before the first event):
+//! [`register`] runs when the layer wraps a service and registers the gauges and, for each
+//! route with a policy of its own, the decision counter of every decision that route can
+//! reach; a route under the default policy gets its decisions registered with its first
+//! request.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -19,6 +26,7 @@ use metrics::{Key, Label, Level, Metadata, SharedString};
 use tower_idempotency_core::metrics as names;
 use tracing::Span;
 
+use crate::config::Shared;
 use crate::problem::Rejection;
 
 /// What the layer did with a guarded request: the `decision` field of its span and the
@@ -123,6 +131,14 @@ impl Decision {
         }
     }
 
+    /// Whether only a route that requires approvals reaches this decision.
+    fn needs_approval(self) -> bool {
+        matches!(
+            self,
+            Self::ApprovalRequired | Self::ApprovalDenied | Self::ApprovalExpired
+        )
+    }
+
     fn from_u8(value: u8) -> Self {
         Self::ALL
             .get(usize::from(value))
@@ -150,9 +166,11 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    pub(crate) fn new(method: &Method, route: &str) -> Arc<Self> {
+    /// The tally of one request to `(method, route)`; `approvals` says (when asked, once per
+    /// route and thread) whether the route's policy requires approvals.
+    pub(crate) fn new(method: &Method, route: &str, approvals: impl FnOnce() -> bool) -> Arc<Self> {
         Arc::new(Self {
-            labels: RouteLabels::of(method, route),
+            labels: RouteLabels::of(method, route, approvals),
             started: Instant::now(),
             decision: AtomicU8::new(Decision::Rejected as u8),
         })
@@ -214,8 +232,10 @@ thread_local! {
 }
 
 impl RouteLabels {
-    /// The shared labels of `(method, route)`.
-    fn of(method: &Method, route: &str) -> Arc<Self> {
+    /// The shared labels of `(method, route)`. Labels made for the cache register the
+    /// route's decision counters at zero (`approvals`: whether its policy requires
+    /// approvals), so a route met first at run time is exported in full from then on.
+    fn of(method: &Method, route: &str, approvals: impl FnOnce() -> bool) -> Arc<Self> {
         let method = method_label(method);
         let cached = ROUTE_LABELS.try_with(|cache| {
             let mut cache = cache.borrow_mut();
@@ -224,11 +244,13 @@ impl RouteLabels {
                     return Arc::clone(labels);
                 }
                 let labels = Self::new(method, route);
+                labels.register(approvals());
                 methods.push((method, Arc::clone(&labels)));
                 return labels;
             }
             let labels = Self::new(method, route);
             if cache.len() < CACHED_ROUTES {
+                labels.register(approvals());
                 cache.insert(Box::from(route), vec![(method, Arc::clone(&labels))]);
             }
             labels
@@ -243,6 +265,22 @@ impl RouteLabels {
             route: SharedString::from(Arc::<str>::from(route)),
             keys: std::array::from_fn(|_| OnceLock::new()),
         })
+    }
+
+    /// Registers the decision counter of every decision this route can reach, at zero
+    /// (an increment by zero creates the series and never changes a count).
+    fn register(&self, approvals: bool) {
+        let decisions = Decision::ALL
+            .into_iter()
+            .filter(|decision| approvals || !decision.needs_approval());
+        let keys: Vec<Key> = decisions
+            .map(|decision| self.keys(decision).decisions.clone())
+            .collect();
+        metrics::with_recorder(|recorder| {
+            for key in &keys {
+                recorder.register_counter(key, &METADATA).increment(0);
+            }
+        });
     }
 
     fn keys(&self, decision: Decision) -> &DecisionKeys {
@@ -314,6 +352,26 @@ pub(crate) async fn store_call<F: Future>(operation: &'static str, call: F) -> F
     output
 }
 
+/// Registers the layer's series at zero: its gauges, and the decision counters of each
+/// route that has a policy of its own. Called when the layer wraps a service, so that a
+/// recorder installed before the router is built exports them from its first scrape.
+pub(crate) fn register(shared: &Shared) {
+    for gauge in [
+        names::OPERATIONS_IN_FLIGHT,
+        names::RECORDS_PENDING,
+        names::DETACHED,
+    ] {
+        metrics::gauge!(gauge).increment(0.0);
+    }
+    for (route, methods) in &shared.routes {
+        for (method, policy) in methods {
+            if shared.guards(method) {
+                RouteLabels::new(method_label(method), route).register(policy.approval.is_some());
+            }
+        }
+    }
+}
+
 /// Counts a handler in [`OPERATIONS_IN_FLIGHT`](names::OPERATIONS_IN_FLIGHT) while it
 /// lives, however it ends (returns, panics, is dropped).
 pub(crate) struct InFlight(());
@@ -365,11 +423,11 @@ mod tests {
 
         use super::RouteLabels;
 
-        let first = RouteLabels::of(&Method::POST, "/v1/tickets/{id}");
-        let again = RouteLabels::of(&Method::POST, "/v1/tickets/{id}");
+        let first = RouteLabels::of(&Method::POST, "/v1/tickets/{id}", || false);
+        let again = RouteLabels::of(&Method::POST, "/v1/tickets/{id}", || false);
         assert!(std::sync::Arc::ptr_eq(&first, &again));
-        let other_method = RouteLabels::of(&Method::PUT, "/v1/tickets/{id}");
-        let other_route = RouteLabels::of(&Method::POST, "/v1/payments");
+        let other_method = RouteLabels::of(&Method::PUT, "/v1/tickets/{id}", || false);
+        let other_route = RouteLabels::of(&Method::POST, "/v1/payments", || false);
         assert!(!std::sync::Arc::ptr_eq(&first, &other_method));
         assert!(!std::sync::Arc::ptr_eq(&first, &other_route));
         let keys = first.keys(Decision::Replayed);
@@ -390,7 +448,7 @@ mod tests {
         );
         // Extension methods are the client's choice: one label for all of them.
         let custom = Method::from_bytes(b"PURGE").unwrap();
-        let labels = RouteLabels::of(&custom, "/v1/x");
+        let labels = RouteLabels::of(&custom, "/v1/x", || false);
         let method = labels
             .keys(Decision::Executed)
             .decisions
@@ -432,6 +490,60 @@ mod tests {
                 Some(*n)
             }
             _ => None,
+        }
+    }
+
+    /// Alerts work before the first event: building the layer registers its gauges and
+    /// the decision counters of its routes at zero.
+    #[test]
+    fn every_series_exists_at_zero_once_the_layer_is_built() {
+        use crate::{ApprovalPolicy, RoutePolicy};
+        use http::Method;
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let handler = service_fn(|_request: Request<Full<Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+        let _service = IdempotencyLayer::new(MemoryStore::default())
+            .with_route_policy(Method::POST, "/v1/plain", RoutePolicy::required())
+            .with_route_policy(
+                Method::POST,
+                "/v1/approved",
+                RoutePolicy::required().with_approval(ApprovalPolicy::always()),
+            )
+            .layer(handler);
+        let snapshot = snapshotter.snapshot().into_vec();
+        for gauge in [
+            names::OPERATIONS_IN_FLIGHT,
+            names::RECORDS_PENDING,
+            names::DETACHED,
+        ] {
+            assert!(
+                snapshot
+                    .iter()
+                    .any(|(key, _, _, value)| key.key().name() == gauge
+                        && *value == DebugValue::Gauge(0.0.into())),
+                "{gauge}: {snapshot:?}"
+            );
+        }
+        let registered = |route: &str, decision: &str| {
+            snapshot.iter().any(|(key, _, _, value)| {
+                key.key()
+                    .labels()
+                    .any(|l| l.key() == names::ROUTE && l.value() == route)
+                    && decisions(key, value, decision) == Some(0)
+            })
+        };
+        for decision in Decision::ALL {
+            let name = decision.as_str();
+            assert!(registered("/v1/approved", name), "{name}: {snapshot:?}");
+            assert_eq!(
+                registered("/v1/plain", name),
+                !decision.needs_approval(),
+                "{name}"
+            );
         }
     }
 

@@ -30,6 +30,7 @@ pub mod config;
 pub mod database;
 pub mod ledger;
 pub mod metrics;
+pub mod openapi;
 pub mod problem;
 pub mod routes;
 
@@ -90,7 +91,8 @@ pub struct App {
     pub audit_key: Option<tower_idempotency::audit::NoteVerifyingKey>,
 }
 
-/// Builds the demo's router for `config`: `/healthz` and `/metrics` (no authentication),
+/// Builds the demo's router for `config`: `/healthz`, `/metrics` and `/openapi.json` (no
+/// authentication),
 /// the write and list routes and, unless idempotency is off, the status routes under
 /// `/operations` and the approvals routes under `/approvals`.
 ///
@@ -122,6 +124,9 @@ pub async fn app(config: &Config) -> Result<Router, DemoError> {
 
 /// [`app`], with the audit journal's public key.
 pub async fn app_with_audit(config: &Config) -> Result<App, DemoError> {
+    // Installed before the stores and the layer exist, so that the series they register at
+    // zero are exported from the first scrape.
+    metrics::handle();
     let Some(url) = &config.database_url else {
         if config.pg_statements != StatementMode::Prepared {
             return Err(DemoError::Config(
@@ -251,8 +256,12 @@ fn build(
             post(routes::create_deploy).get(routes::list_deploys),
         )
         .route("/v1/notifications", get(routes::list_notifications));
-    let api = if config.idempotency {
-        let idempotency = layer(config, store, transactional);
+    let idempotency = config
+        .idempotency
+        .then(|| layer(config, store, transactional));
+    let audit = journal.is_some() && idempotency.is_some();
+    let document = Arc::new(openapi::document(idempotency.as_ref(), audit));
+    let api = if let Some(idempotency) = idempotency {
         // `GET`s pass through the layer untouched; only writes are guarded. A route layer
         // wraps the routes' handlers only: the router's answers to an unknown path (`404`)
         // or method (`405`) stay outside it and reserve nothing.
@@ -279,6 +288,7 @@ fn build(
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/metrics", get(metrics::render))
+        .route("/openapi.json", get(openapi::serve).with_state(document))
         .merge(api)
 }
 

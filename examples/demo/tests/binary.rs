@@ -240,3 +240,153 @@ async fn the_approval_flags_name_who_approves_and_for_how_long() {
     assert_eq!(executed.status(), 201);
     child.kill().await.unwrap();
 }
+
+/// Starts the demo binary with `args` (records in memory) and returns it with its base URL.
+async fn start_demo(args: &[&str]) -> (tokio::process::Child, String) {
+    let mut child = demo()
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(DEADLINE, lines.next_line())
+        .await
+        .expect("the demo printed nothing in time")
+        .unwrap()
+        .expect("the demo closed stdout without printing its address");
+    let base = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    // Keep reading, so the demo never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, base)
+}
+
+/// `docs/openapi.json`, the demo's document as published.
+const OPENAPI_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+
+/// The Python of the test virtualenv, where `scripts/mcp-python` installs
+/// `openapi-spec-validator` (override: `OPENAPI_PYTHON`).
+fn validator_python() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("OPENAPI_PYTHON") {
+        return path.into();
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../target").into());
+    let path = target.join("mcp-python/bin/python");
+    assert!(
+        path.exists(),
+        "openapi-spec-validator is not installed at {}: run scripts/mcp-python (or set OPENAPI_PYTHON)",
+        path.display()
+    );
+    path
+}
+
+/// The demo serves its OpenAPI 3.1 document at `GET /openapi.json` (no authentication);
+/// `docs/openapi.json` is that document, byte for byte once pretty-printed
+/// (`UPDATE_OPENAPI=1` rewrites it); `openapi-spec-validator` accepts it; and it describes
+/// every problem type the layer emits (the table `ProblemType::ALL`), each with its status,
+/// used by some answer, besides the status, approvals and audit routes.
+#[tokio::test]
+async fn the_openapi_document_is_served_published_valid_and_complete() {
+    let (mut child, base) = start_demo(&[]).await;
+    let client = reqwest::Client::builder()
+        .timeout(DEADLINE)
+        .build()
+        .unwrap();
+    let response = client
+        .get(format!("{base}/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        200,
+        "/openapi.json needs no authentication"
+    );
+    let served: serde_json::Value = response.json().await.unwrap();
+    child.kill().await.unwrap();
+    let pretty = format!("{}\n", serde_json::to_string_pretty(&served).unwrap());
+
+    if std::env::var_os("UPDATE_OPENAPI").is_some_and(|v| v == "1") {
+        std::fs::write(OPENAPI_DOC, &pretty).unwrap();
+    }
+    let published = std::fs::read_to_string(OPENAPI_DOC).unwrap_or_default();
+    assert!(
+        published == pretty,
+        "docs/openapi.json is stale (not what the demo serves at /openapi.json); regenerate it \
+         with `UPDATE_OPENAPI=1 cargo test -p demo --test binary -- openapi`"
+    );
+
+    let file = std::env::temp_dir().join(format!("demo-openapi-{}.json", std::process::id()));
+    std::fs::write(&file, &pretty).unwrap();
+    let output = std::process::Command::new(validator_python())
+        .args([
+            "-c",
+            "import json, sys\n\
+             from openapi_spec_validator import OpenAPIV31SpecValidator, validate\n\
+             with open(sys.argv[1]) as f: spec = json.load(f)\n\
+             validate(spec, cls=OpenAPIV31SpecValidator)\n\
+             print('valid')",
+        ])
+        .arg(&file)
+        .output()
+        .expect("run openapi-spec-validator's Python (scripts/mcp-python installs it)");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        output.status.success(),
+        "openapi-spec-validator refused the document:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    assert_eq!(served["openapi"], "3.1.0");
+    let paths = &served["paths"];
+    let text = paths.to_string();
+    for problem in tower_idempotency::problem::ProblemType::ALL {
+        let name = tower_idempotency::openapi::problem_schema_name(problem.slug);
+        let schema = &served["components"]["schemas"][&name];
+        assert_eq!(
+            schema["properties"]["status"]["const"],
+            problem.status.as_u16(),
+            "{name}"
+        );
+        assert_eq!(
+            schema["properties"]["type"]["const"],
+            format!("https://tower-idempotency.dev/problems/{}", problem.slug)
+        );
+        // The demo's routes are transactional only with their records in PostgreSQL.
+        let transactional = matches!(problem.slug, "transactions-unsupported" | "not-committed");
+        assert!(
+            transactional || text.contains(&format!("\"#/components/schemas/{name}\"")),
+            "no answer uses {name}"
+        );
+    }
+    for path in [
+        "/operations/{operation_id}",
+        "/operations",
+        "/approvals",
+        "/approvals/{approval_id}",
+        "/approvals/{approval_id}/approve",
+        "/approvals/{approval_id}/deny",
+        "/audit",
+    ] {
+        assert!(paths[path].is_object(), "{path}");
+    }
+    let post = &paths["/v1/deploys"]["post"];
+    assert_eq!(
+        post["parameters"][0]["$ref"],
+        "#/components/parameters/IdempotencyKey"
+    );
+    let created = &post["responses"]["201"]["headers"];
+    assert!(created["Idempotent-Replayed"].is_object() && created["Operation-Id"].is_object());
+    let key = &served["components"]["parameters"]["IdempotencyKey"];
+    assert_eq!(key["in"], "header");
+    assert_eq!(key["name"], "Idempotency-Key");
+    assert_eq!(key["required"], true);
+}

@@ -8,7 +8,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use test_harness::pg;
 use tokio::net::TcpListener;
+
+mod support;
+
+use support::DemoProcess;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const TICKET: &str = r#"{"project":"ops","title":"Renew the wildcard certificate"}"#;
@@ -227,4 +232,112 @@ async fn metrics_are_served_without_authentication_also_without_idempotency() {
     // The rest of the API still wants a bearer token.
     let anonymous = http.get(format!("{base}/v1/tickets")).send().await.unwrap();
     assert_eq!(anonymous.status(), 401);
+}
+
+/// `docs/observability.md`, whose tables the first-scrape test checks the demo against.
+const OBSERVABILITY: &str = include_str!("../../../docs/observability.md");
+
+/// The counters and gauges the metrics table of `docs/observability.md` lists, as the
+/// Prometheus exporter names them (dots become underscores).
+fn documented_series() -> Vec<String> {
+    let table = OBSERVABILITY
+        .split("| metric | type | labels | meaning |")
+        .nth(1)
+        .expect("the metrics table");
+    let mut names: Vec<String> = table
+        .lines()
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|row| {
+            let cells: Vec<&str> = row.split('|').collect();
+            let kind = cells.get(2)?;
+            (kind.contains("counter") || kind.contains("gauge")).then_some(cells[1])
+        })
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+        .filter(|name| name.starts_with("idempotency."))
+        .map(|name| name.replace('.', "_"))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The values of the `decision` field (and of the `idempotency.decision` label) that
+/// `docs/observability.md` lists: its snake_case words (slugs have hyphens).
+fn documented_decisions() -> Vec<String> {
+    let row = OBSERVABILITY
+        .lines()
+        .find(|line| line.starts_with("| `decision` |"))
+        .expect("the decision row");
+    row.split('`')
+        .skip(3)
+        .step_by(2)
+        .filter(|word| word.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_documented_series_and_decisions_are_read_from_the_doc() {
+    let series = documented_series();
+    for name in [
+        "idempotency_decisions",
+        "idempotency_operations_in_flight",
+        "idempotency_records_pending",
+        "idempotency_detached",
+        "idempotency_purge_deleted",
+        "idempotency_outbox_delivered",
+        "idempotency_outbox_retries",
+    ] {
+        assert!(series.iter().any(|s| s == name), "{name} in {series:?}");
+    }
+    assert!(!series.iter().any(|s| s.contains("duration")), "{series:?}");
+    let decisions = documented_decisions();
+    assert_eq!(decisions.len(), 17, "{decisions:?}");
+    for decision in ["executed", "re_executed", "approval_expired", "passthrough"] {
+        assert!(decisions.iter().any(|d| d == decision), "{decision}");
+    }
+}
+
+/// Checks a scrape taken right after start: every documented counter and gauge is there at
+/// zero (the outbox's only where it runs), the decision counters of an approval route under
+/// every documented decision, and the purge counter of `store`.
+fn assert_every_documented_series_at_zero(text: &str, store: &str, outbox: bool) {
+    let zero = |name: &str, labels: &[(&str, &str)]| counter(text, name, labels) == Some(0.0);
+    for name in documented_series() {
+        if outbox || !name.starts_with("idempotency_outbox") {
+            assert!(zero(&name, &[]), "{name} is not exported at zero:\n{text}");
+        }
+    }
+    for decision in documented_decisions() {
+        let labels = [
+            ("http_request_method", "POST"),
+            ("http_route", "/v1/deploys"),
+            ("idempotency_decision", decision.as_str()),
+        ];
+        assert!(
+            zero("idempotency_decisions", &labels),
+            "decision {decision} of POST /v1/deploys is not exported at zero:\n{text}"
+        );
+    }
+    assert!(
+        zero("idempotency_purge_deleted", &[("store", store)]),
+        "{text}"
+    );
+}
+
+/// A dashboard's alerts work before the first event: the demo's very first scrape shows
+/// every counter and gauge `docs/observability.md` lists, at zero, with the records in
+/// memory and in PostgreSQL (where the outbox dispatcher runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_scrape_exports_every_documented_series_at_zero() {
+    let http = client();
+    let memory = DemoProcess::start_in_memory(&[]).await;
+    let text = scrape(&http, &memory.base).await;
+    assert_every_documented_series_at_zero(&text, "memory", false);
+
+    let db = pg::test_database().await;
+    let postgres = DemoProcess::start(db.url(), &[]).await;
+    let text = scrape(&http, &postgres.base).await;
+    assert_every_documented_series_at_zero(&text, "postgres", true);
 }

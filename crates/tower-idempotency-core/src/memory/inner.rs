@@ -144,6 +144,7 @@ pub(super) const SHARED_NAMES: usize = 32;
 
 impl Inner {
     pub(super) fn new(config: MemoryStoreConfig) -> Self {
+        crate::metrics::register_purge_counter("memory");
         let shards = config.shards.clamp(1, MAX_SHARDS);
         Self {
             capacity: config.capacity,

@@ -35,8 +35,19 @@ impl DemoProcess {
     /// [`DemoProcess::start`] with `log` as the demo's `RUST_LOG` (its stderr is the
     /// test's).
     pub async fn start_logging(database_url: &str, args: &[&str], log: &str) -> Self {
+        let mut all = vec!["--database-url", database_url];
+        all.extend_from_slice(args);
+        Self::spawn(&all, log).await
+    }
+
+    /// Starts `demo --listen 127.0.0.1:0 ARGS…` with its records and store in memory.
+    pub async fn start_in_memory(args: &[&str]) -> Self {
+        Self::spawn(args, "warn").await
+    }
+
+    async fn spawn(args: &[&str], log: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_demo"))
-            .args(["--listen", "127.0.0.1:0", "--database-url", database_url])
+            .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env_remove("DATABASE_URL")
             .env("RUST_LOG", log)
