@@ -320,7 +320,7 @@ async fn the_openapi_document_is_served_published_valid_and_complete() {
     assert!(
         published == pretty,
         "docs/openapi.json is stale (not what the demo serves at /openapi.json); regenerate it \
-         with `UPDATE_OPENAPI=1 cargo test -p demo --test binary -- openapi`"
+         with `UPDATE_OPENAPI=1 cargo test -p demo --test integration -- openapi`"
     );
 
     let file = std::env::temp_dir().join(format!("demo-openapi-{}.json", std::process::id()));

@@ -11,9 +11,7 @@ use std::time::Duration;
 use test_harness::pg;
 use tokio::net::TcpListener;
 
-mod support;
-
-use support::DemoProcess;
+use crate::support::DemoProcess;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const TICKET: &str = r#"{"project":"ops","title":"Renew the wildcard certificate"}"#;
