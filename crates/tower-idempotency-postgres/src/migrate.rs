@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_audit_superseded.sql",
         sql: include_str!("../migrations/0010_audit_superseded.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_audit_lookup_columns.sql",
+        sql: include_str!("../migrations/0011_audit_lookup_columns.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

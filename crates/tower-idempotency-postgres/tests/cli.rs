@@ -151,7 +151,7 @@ async fn operator_commands_against_a_real_database() {
     let out = cli(&["--database-url", url.as_str(), "migrate"], &[]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("applied migrations [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"),
+        stdout(&out).contains("applied migrations [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]"),
         "{}",
         stdout(&out)
     );
@@ -586,7 +586,7 @@ async fn resolutions_recorded_before_operators_were_kept_read_as_no_operator() {
     let out = cli(&["migrate"], &[("DATABASE_URL", db.url())]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("applied migrations [4, 5, 6, 7, 8, 9, 10]"),
+        stdout(&out).contains("applied migrations [4, 5, 6, 7, 8, 9, 10, 11]"),
         "{}",
         stdout(&out)
     );
@@ -689,4 +689,125 @@ async fn lifecycle_states_are_listed_and_shown() {
     assert_eq!(json(&out)["operation"]["state"], "in_progress");
     let out = with_url(&["list", "--state", "nonsense"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
+}
+
+/// Completes `n` operations of `scope` (keys `PREFIX-i`) kept for `retention` after
+/// completion.
+async fn completed(
+    store: &PostgresStore,
+    scope: &Scope,
+    prefix: &str,
+    n: usize,
+    retention: Duration,
+) {
+    for i in 0..n {
+        let short = ReserveRequest {
+            retention,
+            ..request(scope, &format!("{prefix}-{i}"), Duration::from_secs(60))
+        };
+        let Reservation::Acquired { lease, .. } = store.reserve(short).await.unwrap() else {
+            panic!("fresh key");
+        };
+        let response = tower_idempotency_core::StoredResponse {
+            status: 200,
+            headers: Vec::new(),
+            body: Some(bytes::Bytes::from_static(b"ok")),
+        };
+        store.complete(&lease, response).await.unwrap();
+    }
+}
+
+/// The rows of the operations table, and the records its scopes' usage counters hold.
+async fn rows_and_usage(store: &PostgresStore) -> (i64, i64) {
+    let client = store.pool().get().await.unwrap();
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM idempotency_operations) AS n, \
+                 (SELECT coalesce(sum(records), 0)::bigint FROM idempotency_scope_usage) AS usage",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get("n"), row.get("usage"))
+}
+
+/// `purge` must not depend on the planner's statistics: on a table PostgreSQL has never
+/// analyzed (`reltuples` −1, autovacuum off for the test so that it stays so) with expired
+/// and live rows, and on one holding only expired rows (analyzed, and never analyzed), it
+/// deletes exactly the expired rows, in batches smaller and larger than what there is, and
+/// leaves the usage counters equal to what is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_is_exact_on_a_never_analyzed_table_and_on_one_of_only_expired_rows() {
+    let db = pg::test_database().await;
+    let env = [("DATABASE_URL", db.url())];
+    let store = PostgresStore::connect(db.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let client = store.pool().get().await.unwrap();
+    client
+        .batch_execute(
+            "ALTER TABLE idempotency_operations SET (autovacuum_enabled = false, \
+             toast.autovacuum_enabled = false)",
+        )
+        .await
+        .unwrap();
+    let never_analyzed = || async {
+        let row = client
+            .query_one(
+                "SELECT c.reltuples::float8 AS tuples, \
+                     s.last_analyze IS NULL AND s.last_autoanalyze IS NULL AS never \
+                 FROM pg_class AS c JOIN pg_stat_user_tables AS s ON s.relid = c.oid \
+                 WHERE c.oid = 'idempotency_operations'::regclass",
+                &[],
+            )
+            .await
+            .unwrap();
+        let tuples: f64 = row.get("tuples");
+        let never: bool = row.get("never");
+        never && tuples < 0.0
+    };
+
+    // A fresh table: 700 expired rows in two scopes, 40 live ones.
+    let a = Scope::new("acct_purge_a");
+    let b = Scope::new("acct_purge_b");
+    completed(&store, &a, "old", 400, Duration::from_millis(1)).await;
+    completed(&store, &b, "old", 300, Duration::from_millis(1)).await;
+    completed(&store, &a, "live", 40, Duration::from_secs(3600)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(never_analyzed().await, "the table has no statistics yet");
+    assert_eq!(rows_and_usage(&store).await, (740, 740));
+    let out = cli(&["purge", "--batch", "150"], &env);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "purged 700 expired record(s)");
+    assert_eq!(rows_and_usage(&store).await, (40, 40), "the live rows stay");
+    assert!(never_analyzed().await, "still no statistics");
+
+    // Only expired rows, never analyzed: the live ones' retention ended too.
+    client
+        .batch_execute("UPDATE idempotency_operations SET expires_at = now() - interval '1 s'")
+        .await
+        .unwrap();
+    completed(&store, &b, "older", 260, Duration::from_millis(1)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(never_analyzed().await);
+    let out = cli(&["purge", "--batch", "1000"], &env);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "purged 300 expired record(s)");
+    assert_eq!(rows_and_usage(&store).await, (0, 0));
+
+    // Only expired rows, analyzed while they were all expired (the statistics say every
+    // row matches), purged in batches that divide them exactly.
+    completed(&store, &a, "oldest", 500, Duration::from_millis(1)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client
+        .batch_execute("ANALYZE idempotency_operations")
+        .await
+        .unwrap();
+    let out = cli(&["purge", "--batch", "100"], &env);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "purged 500 expired record(s)");
+    assert_eq!(rows_and_usage(&store).await, (0, 0));
+    // Nothing left: a purge of an empty table.
+    let out = cli(&["purge"], &env);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "purged 0 expired record(s)");
 }

@@ -416,6 +416,155 @@ fn a_rolled_back_history_is_named() {
     );
 }
 
+fn verify_strict(file: &Path, key: &str, anchor: Option<&Path>) -> Output {
+    let mut args = vec![
+        "audit",
+        "verify",
+        text(file),
+        "--public-key",
+        key,
+        "--strict",
+    ];
+    if let Some(anchor) = anchor {
+        args.extend(["--anchor", text(anchor)]);
+    }
+    cli(&args)
+}
+
+/// Runs `verify` without and with `--strict` on `lines`: the default says ok (exit 0), the
+/// strict one fails (exit 6) with a `strict: …` line; returns that line.
+fn only_strict_fails(dir: &TempDir, key: &str, lines: &[String], anchor: Option<&Path>) -> String {
+    let file = dir.path("strict.jsonl");
+    write_lines(&file, lines);
+    if lines.is_empty() {
+        std::fs::write(&file, "").unwrap();
+    }
+    let default = verify(&file, key, anchor);
+    assert_eq!(
+        code(&default),
+        0,
+        "the default stays as it was: {default:?}"
+    );
+    assert!(stdout(&default).starts_with("ok: "), "{default:?}");
+    let strict = verify_strict(&file, key, anchor);
+    assert_eq!(code(&strict), VIOLATION, "{strict:?}");
+    let verdict = stdout(&strict);
+    assert_eq!(verdict.lines().count(), 1, "one verdict line: {verdict}");
+    assert!(verdict.starts_with("strict: "), "{verdict}");
+    verdict
+}
+
+#[test]
+fn strict_verification_fails_where_the_end_of_the_journal_is_not_vouched_for() {
+    let dir = TempDir::new("strict");
+    let (key, public) = keygen(&dir, "key");
+    // 12 events, a checkpoint every 4: the journal ends on its newest checkpoint, and the
+    // anchor holds all three.
+    journal(&dir, &key, "export.jsonl", "anchor", 12, u64::MAX);
+    let original = lines(&dir.path("export.jsonl"));
+    let anchor = dir.path("anchor");
+    let intact = verify_strict(&dir.path("export.jsonl"), &public, Some(&anchor));
+    assert_eq!(code(&intact), 0, "{intact:?}");
+    assert!(stdout(&intact).starts_with("ok: 12 events, 6 checkpoints, tree size 12"));
+
+    // An anchor that stopped at the checkpoint of 8 (a stale copy).
+    let stale = dir.path("stale-anchor");
+    std::fs::create_dir_all(&stale).unwrap();
+    let anchored = lines(&anchor.join("checkpoints.jsonl"));
+    assert_eq!(anchored.len(), 3);
+    write_lines(&stale.join("checkpoints.jsonl"), &anchored[..2]);
+
+    // A well-formed event chained after the last checkpoint (what a forger without the key
+    // can append): here the 13th event of a journal written on, after the anchor was taken.
+    let longer = TempDir::new("strict-longer");
+    std::fs::create_dir_all(longer.path("anchor")).unwrap();
+    std::fs::copy(
+        anchor.join("checkpoints.jsonl"),
+        longer.path("anchor/checkpoints.jsonl"),
+    )
+    .unwrap();
+    journal(&longer, &key, "export.jsonl", "unused-anchor", 13, u64::MAX);
+    let appended = lines(&longer.path("export.jsonl"));
+    assert!(appended.last().unwrap().contains(r#""seq":12"#));
+    let verdict = only_strict_fails(&dir, &public, &appended, Some(&anchor));
+    assert!(
+        verdict.starts_with(
+            "strict: 1 unsigned event(s) after the newest checkpoint (size 12); 13 events"
+        ),
+        "{verdict}"
+    );
+
+    // No anchor at all.
+    let verdict = only_strict_fails(&dir, &public, &original, None);
+    assert!(
+        verdict.starts_with("strict: no anchored checkpoint"),
+        "{verdict}"
+    );
+    // An empty anchor directory is no anchor either.
+    let empty_anchor = dir.path("empty-anchor");
+    std::fs::create_dir_all(&empty_anchor).unwrap();
+    let verdict = only_strict_fails(&dir, &public, &original, Some(&empty_anchor));
+    assert!(
+        verdict.starts_with("strict: no anchored checkpoint"),
+        "{verdict}"
+    );
+
+    // An anchor older than the journal's newest checkpoint.
+    let verdict = only_strict_fails(&dir, &public, &original, Some(&stale));
+    assert!(
+        verdict.starts_with(
+            "strict: the anchor's newest checkpoint covers 8 event(s), the journal's newest 12"
+        ),
+        "{verdict}"
+    );
+
+    // The newest checkpoint replaced by a copy of an older one: its events become an
+    // unsigned tail.
+    let newest = original.len() - 1;
+    assert!(original[newest].contains(r#""kind":"checkpoint""#));
+    let older = original
+        .iter()
+        .position(|l| l.contains(r#""kind":"checkpoint""#))
+        .unwrap();
+    let mut replaced = original.clone();
+    replaced[newest] = original[older].clone();
+    let verdict = only_strict_fails(&dir, &public, &replaced, Some(&stale));
+    assert!(
+        verdict.starts_with("strict: 4 unsigned event(s) after the newest checkpoint (size 8)"),
+        "{verdict}"
+    );
+    let verdict = only_strict_fails(&dir, &public, &replaced, None);
+    assert!(
+        verdict.starts_with("strict: no anchored checkpoint"),
+        "{verdict}"
+    );
+
+    // Truncated back to the checkpoint of 8 (its line kept): without an anchor only strict
+    // fails; with the anchor, which says 12 existed, both do.
+    let cut = original[..=line_of(&original, 7) + 1].to_vec();
+    assert!(cut.last().unwrap().contains(r#""kind":"checkpoint""#));
+    let verdict = only_strict_fails(&dir, &public, &cut, None);
+    assert!(
+        verdict.starts_with("strict: no anchored checkpoint"),
+        "{verdict}"
+    );
+    let cut_file = dir.path("cut.jsonl");
+    write_lines(&cut_file, &cut);
+    let output = verify_strict(&cut_file, &public, Some(&anchor));
+    assert_eq!(code(&output), VIOLATION, "{output:?}");
+    assert!(
+        stdout(&output).starts_with("violation: truncated: 8 events, but the checkpoint at anchor"),
+        "{output:?}"
+    );
+
+    // An emptied file.
+    let verdict = only_strict_fails(&dir, &public, &[], None);
+    assert!(
+        verdict.starts_with("strict: the journal is empty"),
+        "{verdict}"
+    );
+}
+
 /// Writes the proofs of operation `n` as JSON lines and returns their file.
 fn proofs(dir: &TempDir, journal: &Journal, n: u64, name: &str) -> (PathBuf, Vec<String>) {
     let lines: Vec<String> = journal

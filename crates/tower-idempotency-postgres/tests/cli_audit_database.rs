@@ -150,8 +150,10 @@ impl Fixture {
     async fn restore(&self) {
         self.sql(
             "TRUNCATE idempotency_audit_events, idempotency_audit_checkpoints, idempotency_audit_head;
-             INSERT INTO idempotency_audit_events SELECT * FROM events_copy;
-             INSERT INTO idempotency_audit_checkpoints SELECT * FROM checkpoints_copy;
+             INSERT INTO idempotency_audit_events (seq, event, hash)
+                 SELECT seq, event, hash FROM events_copy;
+             INSERT INTO idempotency_audit_checkpoints (note, signed_at)
+                 SELECT note, signed_at FROM checkpoints_copy;
              INSERT INTO idempotency_audit_head SELECT * FROM head_copy;",
         )
         .await;
@@ -310,8 +312,8 @@ async fn each_tampering_of_the_database_journal_is_named() {
         ),
         (
             "an event inserted",
-            "INSERT INTO idempotency_audit_events (seq, operation_id, scope, event, hash)
-                 SELECT 100, operation_id, scope, event, hash FROM idempotency_audit_events WHERE seq = 3",
+            "INSERT INTO idempotency_audit_events (seq, event, hash)
+                 SELECT 100, event, hash FROM idempotency_audit_events WHERE seq = 3",
             "violation: inserted: event 3",
         ),
         (
@@ -362,6 +364,109 @@ async fn each_tampering_of_the_database_journal_is_named() {
         "{line}"
     );
     fx.restore().await;
+}
+
+/// How many events `audit show --operation` lists for `operation`.
+fn shown(fx: &Fixture, operation: OperationId) -> usize {
+    let output = fx.cli(&["audit", "show", "--operation", &operation.to_string()]);
+    stdout(&output).lines().count()
+}
+
+/// The look-up columns beside a sealed event (`operation_id`, `scope`) and a checkpoint's
+/// `size` are generated from what was signed (migration 0011): they cannot be written on
+/// their own, so an event cannot be hidden from its operation's view and proofs by editing
+/// them. A journal sealed under the previous schema — even one whose look-up column was
+/// already edited — keeps its rows through the migration, gets its columns back from the
+/// events, and still verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_up_column_cannot_be_changed_apart_from_its_event() {
+    let fx = Fixture::new("lookup").await;
+    let (key, public) = fx.keygen();
+    let anchor = fx.path("anchor");
+    let ids = fx.write("l", 2).await;
+    fx.seal(&key, &anchor);
+    assert_eq!(shown(&fx, ids[0]), 3);
+
+    let client = fx.store.pool().get().await.unwrap();
+    let other = OperationId::new().to_string();
+    for sql in [
+        format!("UPDATE idempotency_audit_events SET operation_id = '{other}' WHERE seq = 0"),
+        "UPDATE idempotency_audit_events SET scope = 'someone-else' WHERE seq = 0".to_owned(),
+        "UPDATE idempotency_audit_checkpoints SET size = 1 WHERE size = 4".to_owned(),
+        format!(
+            "INSERT INTO idempotency_audit_events (seq, operation_id, scope, event, hash) \
+             SELECT 100, '{other}', scope, event, hash FROM idempotency_audit_events WHERE seq = 0"
+        ),
+    ] {
+        let refused = client.batch_execute(&sql).await;
+        let error = refused.expect_err(&sql).to_string();
+        let detail = format!("{:?}", client.batch_execute("SELECT 1").await);
+        assert!(detail.starts_with("Ok"), "{detail}");
+        assert!(error.contains("db error"), "{sql}: {error}");
+    }
+    assert_eq!(shown(&fx, ids[0]), 3, "the operation's view is intact");
+    let (exit, line) = fx.verify(&public, Some(&anchor));
+    assert_eq!(exit, 0, "{line}");
+
+    // Back to the previous schema (0007's plain columns, filled as its sealer filled them),
+    // and the attack that schema allowed: the first event moved to another operation.
+    fx.sql(
+        "DROP INDEX idempotency_audit_events_operation_idx;
+         ALTER TABLE idempotency_audit_events ADD COLUMN operation_id_old uuid,
+             ADD COLUMN scope_old text;
+         UPDATE idempotency_audit_events SET operation_id_old = operation_id, scope_old = scope;
+         ALTER TABLE idempotency_audit_events DROP COLUMN operation_id, DROP COLUMN scope;
+         ALTER TABLE idempotency_audit_events RENAME COLUMN operation_id_old TO operation_id;
+         ALTER TABLE idempotency_audit_events RENAME COLUMN scope_old TO scope;
+         ALTER TABLE idempotency_audit_events ALTER COLUMN scope SET NOT NULL;
+         CREATE INDEX idempotency_audit_events_operation_idx
+             ON idempotency_audit_events (operation_id);
+         ALTER TABLE idempotency_audit_checkpoints ADD COLUMN size_old bigint;
+         UPDATE idempotency_audit_checkpoints SET size_old = size;
+         ALTER TABLE idempotency_audit_checkpoints DROP COLUMN size;
+         ALTER TABLE idempotency_audit_checkpoints RENAME COLUMN size_old TO size;
+         ALTER TABLE idempotency_audit_checkpoints ALTER COLUMN size SET NOT NULL,
+             ADD CONSTRAINT idempotency_audit_checkpoints_pkey PRIMARY KEY (size);
+         DELETE FROM idempotency_schema_migrations WHERE version = 11;",
+    )
+    .await;
+    fx.sql(&format!(
+        "UPDATE idempotency_audit_events SET operation_id = '{other}' WHERE seq = 0"
+    ))
+    .await;
+    assert_eq!(
+        shown(&fx, ids[0]),
+        2,
+        "the old schema let an event be hidden"
+    );
+    assert_eq!(fx.verify(&public, Some(&anchor)).0, 0, "unseen by verify");
+
+    let output = fx.cli(&["migrate"]);
+    assert_eq!(code(&output), 0, "{output:?}");
+    assert!(
+        stdout(&output).contains("applied migrations [11]"),
+        "{output:?}"
+    );
+    assert_eq!(shown(&fx, ids[0]), 3, "the column is the event's again");
+    assert_eq!(shown(&fx, ids[1]), 3);
+    let (exit, line) = fx.verify(&public, Some(&anchor));
+    assert_eq!(exit, 0, "{line}");
+    assert!(line.starts_with("ok: 6 events"), "{line}");
+    let proofs = fx.cli(&["audit", "prove", "--operation", &ids[0].to_string()]);
+    assert_eq!(code(&proofs), 0, "{proofs:?}");
+    assert_eq!(stdout(&proofs).lines().count(), 3);
+    let refused = client
+        .batch_execute(&format!(
+            "UPDATE idempotency_audit_events SET operation_id = '{other}' WHERE seq = 0"
+        ))
+        .await;
+    assert!(refused.is_err(), "generated after the migration too");
+    // The sealer goes on sealing into the migrated tables.
+    fx.write("m", 1).await;
+    fx.seal(&key, &anchor);
+    let (exit, line) = fx.verify(&public, Some(&anchor));
+    assert_eq!(exit, 0, "{line}");
+    assert!(line.starts_with("ok: 9 events"), "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

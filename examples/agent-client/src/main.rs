@@ -3,9 +3,16 @@
 //! same journal and action name resumes the action with the same key.
 //!
 //! ```text
-//! agent-client --server URL --token T --journal FILE [--timeout-ms N] [--max-attempts N]
-//!              [--budget-ms N] post PATH --action NAME --body JSON
+//! AGENT_CLIENT_TOKEN=T agent-client --server URL --journal FILE [--timeout-ms N]
+//!              [--max-attempts N] [--budget-ms N] post PATH --action NAME --body JSON
+//! agent-client --server URL --token-file FILE --journal FILE … post …
+//! agent-client --server URL --token T --journal FILE … post …   (visible in `ps`: avoid)
 //! ```
+//!
+//! The bearer token comes from `--token-file FILE` (its first line), else `--token T`
+//! (kept for existing scripts; any local user can read a command line, so it warns on
+//! stderr), else the environment variable `AGENT_CLIENT_TOKEN`. None of them is a usage
+//! error (exit 2).
 //!
 //! Output: `{"outcome": "succeeded"|"replayed"|"conflict"|"unknown"|"failed", "http_status",
 //! "operation_id", "key", "attempts"}`. Exit code 0 for succeeded or replayed, 3 conflict,
@@ -39,9 +46,17 @@ struct Cli {
     #[arg(long)]
     server: String,
     /// Bearer token, sent as `Authorization: Bearer T` (also to the status route).
-    #[arg(long)]
-    token: String,
-    /// The action journal (JSON lines; created when missing).
+    ///
+    /// WARNING: a command line is visible to every local user (`ps`); prefer
+    /// --token-file or the AGENT_CLIENT_TOKEN environment variable. Kept for existing
+    /// scripts; using it prints a warning on stderr.
+    #[arg(long, value_name = "T", conflicts_with = "token_file")]
+    token: Option<String>,
+    /// A file whose first line is the bearer token (keep it mode 0600).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// The action journal (JSON lines; created with mode 0600 when missing, and tightened
+    /// to 0600 when others may read it).
     #[arg(long)]
     journal: PathBuf,
     /// How long one attempt may take before the client asks for the operation's status.
@@ -72,9 +87,50 @@ enum Command {
     },
 }
 
+/// The environment variable the bearer token is read from when neither --token-file nor
+/// --token is given.
+const TOKEN_VARIABLE: &str = "AGENT_CLIENT_TOKEN";
+
+/// Where the token came from and what it is, or why there is none (a usage error).
+fn token(cli: &Cli) -> Result<String, String> {
+    let token = if let Some(path) = &cli.token_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+        text.lines().next().unwrap_or_default().trim().to_owned()
+    } else if let Some(token) = &cli.token {
+        eprintln!(
+            "agent-client: warning: --token is visible to every local user (ps); \
+             use --token-file FILE or {TOKEN_VARIABLE} instead"
+        );
+        token.clone()
+    } else {
+        match std::env::var(TOKEN_VARIABLE) {
+            Ok(token) => token.trim().to_owned(),
+            Err(_) => {
+                return Err(format!(
+                    "no bearer token: give --token-file FILE or set {TOKEN_VARIABLE}"
+                ));
+            }
+        }
+    };
+    if token.is_empty() {
+        return Err("the bearer token is empty".to_owned());
+    }
+    Ok(token)
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let token = match token(&cli) {
+        Ok(token) => token,
+        Err(message) => {
+            use clap::CommandFactory;
+            Cli::command()
+                .error(clap::error::ErrorKind::MissingRequiredArgument, message)
+                .exit()
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
@@ -82,7 +138,7 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
-    match run(cli).await {
+    match run(cli, token).await {
         Ok(outcome) => {
             println!("{}", line(&outcome));
             ExitCode::from(exit_code(outcome.kind))
@@ -95,7 +151,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<Outcome, String> {
+async fn run(cli: Cli, token: String) -> Result<Outcome, String> {
     let Command::Post { path, action, body } = cli.command;
     if action.is_empty() {
         return Err("--action: the name is empty".to_owned());
@@ -114,7 +170,7 @@ async fn run(cli: Cli) -> Result<Outcome, String> {
 
     let url = format!("{}{}", cli.server.trim_end_matches('/'), path);
     let mut request = http::Request::post(&url)
-        .header(http::header::AUTHORIZATION, format!("Bearer {}", cli.token))
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("cannot build a request for {url}: {e}"))?;
@@ -244,5 +300,23 @@ mod tests {
             ("/v1/tickets", "a-1", "{}")
         );
         assert!(Cli::try_parse_from(["agent-client", "post", "/x"]).is_err());
+        let both = Cli::try_parse_from([
+            "agent-client",
+            "--server",
+            "http://127.0.0.1:3000",
+            "--token",
+            "acme",
+            "--token-file",
+            "t",
+            "--journal",
+            "j.jsonl",
+            "post",
+            "/v1/tickets",
+            "--action",
+            "a-1",
+            "--body",
+            "{}",
+        ]);
+        assert!(both.is_err(), "--token and --token-file conflict");
     }
 }

@@ -10,7 +10,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Agent, Demo, DemoSpec, in_progress_waits, journal_path, wait_until_sent};
+use support::{Agent, Demo, DemoSpec, TokenVia, in_progress_waits, journal_path, wait_until_sent};
 
 const TICKET: &str = r#"{"project":"ops","title":"Disk full"}"#;
 
@@ -371,4 +371,75 @@ async fn with_the_attempts_used_up_a_completed_operation_still_answers() {
     assert_eq!(ran.attempts(), 2, "{}", ran.line);
     assert_eq!(demo.tickets("acme").await, 1, "one effect");
     let _ = std::fs::remove_file(&journal);
+}
+
+/// The bearer token from `AGENT_CLIENT_TOKEN` or `--token-file` (nothing secret on the
+/// command line) works against the demo; `--token` still works and warns on stderr; no
+/// token at all is a usage error (exit 2) and nothing is sent. The journal the client
+/// creates is readable by its owner only.
+#[tokio::test]
+async fn the_token_comes_from_the_environment_or_a_file_and_the_flag_warns() {
+    let demo = Demo::start(DemoSpec::default()).await;
+    let token_file = journal_path("token").with_extension("token");
+    for (index, via) in [
+        TokenVia::Env,
+        TokenVia::File(token_file.clone()),
+        TokenVia::Flag,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let journal = journal_path("token-via");
+        let mut agent = Agent::new(&demo.url(), &journal);
+        agent.token_via = via.clone();
+        let ran = agent
+            .run("/v1/tickets", &format!("token-{index}"), TICKET)
+            .await;
+        assert_eq!(ran.code, 0, "{via:?}: {:?}\n{}", ran.line, ran.stderr);
+        assert_eq!(ran.outcome(), "succeeded", "{via:?}: {}", ran.stderr);
+        let warned = ran.stderr.contains("--token is visible");
+        assert_eq!(
+            warned,
+            matches!(via, TokenVia::Flag),
+            "{via:?}: {}",
+            ran.stderr
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&journal).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "the journal was created {mode:o}");
+        }
+        let _ = std::fs::remove_file(&journal);
+    }
+    assert_eq!(demo.tickets("acme").await, 3, "one ticket per action");
+
+    // No token anywhere: a usage error, nothing sent, no journal created.
+    let journal = journal_path("no-token");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-client"))
+        .arg("--help")
+        .output()
+        .await
+        .unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        help.contains("--token-file") && help.contains("WARNING"),
+        "--help warns about --token: {help}"
+    );
+    let mut agent = Agent::new(&demo.url(), &journal);
+    agent.token_via = TokenVia::Env;
+    let mut command = agent.command("/v1/tickets", "no-token", TICKET);
+    let output = command
+        .env_remove("AGENT_CLIENT_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("AGENT_CLIENT_TOKEN"),
+        "{output:?}"
+    );
+    assert!(!journal.exists());
+    assert_eq!(demo.tickets("acme").await, 3);
+    let _ = std::fs::remove_file(&token_file);
 }

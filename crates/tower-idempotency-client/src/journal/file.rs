@@ -94,6 +94,12 @@ impl FileJournal {
     /// Opens (or creates) the journal at `path` and reads it. A torn last line is cut off;
     /// a damaged line before it is [`JournalError::Corrupt`].
     ///
+    /// The journal holds response bodies and keys, so on Unix a new file is created with
+    /// mode `0600` (readable and writable by its owner only), and an existing file that
+    /// group or others may read or write is tightened to `0600` (with a warning logged)
+    /// before anything is read from it. The directory is never created: it is the caller's,
+    /// and should not be writable by others.
+    ///
     /// # Errors
     ///
     /// When the file cannot be opened, read or repaired, or a line before the last is not a
@@ -101,11 +107,12 @@ impl FileJournal {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let existed = path.exists();
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)?;
+        let mut options = OpenOptions::new();
+        options.read(true).append(true).create(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&path)?;
+        restrict(&file, &path)?;
         if !existed {
             sync_parent(&path)?;
         }
@@ -168,6 +175,28 @@ fn parse(contents: &[u8]) -> Result<(HashMap<String, ActionRecord>, usize)> {
     Ok((latest, valid_len))
 }
 
+/// Tightens a journal file that others may read or write to `0600` (the mode it is created
+/// with; the process's umask can only narrow that). Not on Unix: nothing to do.
+#[cfg(unix)]
+fn restrict(file: &File, path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = file.metadata()?.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format_args!("{mode:04o}"),
+            "the action journal was readable or writable by others; its mode is now 0600"
+        );
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn restrict(_file: &File, _path: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
 fn sync_parent(path: &Path) -> std::io::Result<()> {
     // The file's directory entry must be durable too, or a crash can lose the whole file.
     match path.parent() {
@@ -226,6 +255,30 @@ mod tests {
             url,
             CommandFingerprint::of(&method, url, br#"{"title":"x"}"#),
         )
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_new_journal_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = temp_path("mode");
+        FileJournal::open(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "created with {mode:o}");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_existing_journal_file_that_others_can_read_is_tightened_to_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = temp_path("loose");
+        std::fs::write(&path, b"").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        FileJournal::open(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "left at {mode:o}");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[tokio::test]

@@ -24,7 +24,7 @@ use super::note::{NoteSigningKey, NoteVerifyingKey};
 use super::proof::ProofError;
 use super::prove::EventProof;
 use super::sink::AppendFile;
-use super::tree::MerkleTree;
+use super::tree::WindowedTree;
 use super::verify::{Verifier, VerifyError};
 use crate::OperationId;
 
@@ -48,14 +48,19 @@ pub struct JournalConfig {
     /// Keep the sealed events in memory (default `true`) for [`Journal::events`],
     /// [`Journal::events_of`], [`Journal::prove`] and [`Journal::export`], the newest
     /// [`max_retained_events`](Self::max_retained_events) of them. Without it the journal
-    /// keeps about 64 bytes per event (the Merkle tree) and exports by copying its file sink.
+    /// keeps only the Merkle tree's frontier and proof window and exports by copying its
+    /// file sink.
     pub retain_events: bool,
     /// The sealed events retained in memory: the newest this many, plus at most one chunk
     /// of 4,096 (default [`DEFAULT_MAX_RETAINED_EVENTS`]); past it the oldest are let go a
-    /// chunk at a time, so that a flood of requests cannot grow the process without bound. Events let
-    /// go stay in the file sink and in the Merkle tree (the checkpoints and proofs of every
-    /// event still verify); [`Journal::events_of`] and [`Journal::prove`] no longer find
-    /// them, and [`Journal::export`] copies the file sink instead (and fails without one).
+    /// chunk at a time, so that a flood of requests cannot grow the process without bound.
+    /// The same number bounds the Merkle tree kept in memory: its frontier (`O(log n)`) and
+    /// the nodes over these newest events (64 bytes each), which
+    /// [`Journal::inclusion_proof`], [`Journal::consistency_proof`] and [`Journal::prove`]
+    /// are served from; older events get [`ProofError::OutsideWindow`]. Events let go stay
+    /// in the file sink (the checkpoints already signed cover them, and an export verifies);
+    /// [`Journal::events_of`] and [`Journal::prove`] no longer find them, and
+    /// [`Journal::export`] copies the file sink instead (and fails without one).
     pub max_retained_events: usize,
 }
 
@@ -113,7 +118,8 @@ struct Inner {
 struct State {
     retain: bool,
     head: Sha256Hash,
-    tree: MerkleTree,
+    /// The Merkle tree's frontier and the window of it that proofs are served from.
+    tree: WindowedTree,
     events: EventLog,
     checkpoints: Vec<SignedCheckpoint>,
     last_checkpoint: Instant,
@@ -139,6 +145,12 @@ struct EventLog {
 
 /// Events per chunk of an [`EventLog`].
 const CHUNK: usize = 4096;
+
+/// The leaves whose tree nodes the journal keeps for proofs: every event the log can
+/// retain (the window and at most one chunk more).
+fn proof_window(config: &JournalConfig) -> u64 {
+    (config.max_retained_events.max(1) + CHUNK) as u64
+}
 
 impl EventLog {
     fn new(max: usize) -> Self {
@@ -186,7 +198,7 @@ impl Journal {
         let mut state = State {
             retain: config.retain_events,
             head: Sha256Hash::ZERO,
-            tree: MerkleTree::new(),
+            tree: WindowedTree::new(proof_window(&config)),
             events: EventLog::new(config.max_retained_events.max(1)),
             checkpoints: Vec::new(),
             last_checkpoint: Instant::now(),
@@ -315,7 +327,10 @@ impl Journal {
         lock(&self.inner.state).checkpoints.last().cloned()
     }
 
-    /// The inclusion proof of event `seq` in the tree of the first `size` events.
+    /// The inclusion proof of event `seq` in the tree of the first `size` events; for an
+    /// event older than the proof window (the newest
+    /// [`max_retained_events`](JournalConfig::max_retained_events) events and at most 4,096
+    /// more), [`ProofError::OutsideWindow`].
     pub fn inclusion_proof(&self, seq: u64, size: u64) -> Result<Vec<Sha256Hash>, ProofError> {
         lock(&self.inner.state).tree.inclusion_proof(seq, size)
     }
@@ -331,17 +346,20 @@ impl Journal {
         let mut proofs = Vec::new();
         for event in state.events.iter().take_while(|event| event.seq < size) {
             if event.event.operation_id == Some(operation) {
-                let path = state
-                    .tree
-                    .inclusion_proof(event.seq, size)
-                    .expect("the event is inside the checkpoint");
+                // Every retained event is inside the proof window; one that is not is left
+                // out rather than failing the others.
+                let Ok(path) = state.tree.inclusion_proof(event.seq, size) else {
+                    continue;
+                };
                 proofs.push(EventProof::new(event, latest, path)?);
             }
         }
         Ok(proofs)
     }
 
-    /// The consistency proof between the trees of the first `first` and `second` events.
+    /// The consistency proof between the trees of the first `first` and `second` events;
+    /// [`ProofError::OutsideWindow`] when `first` is older than the proof window (see
+    /// [`inclusion_proof`](Self::inclusion_proof)).
     pub fn consistency_proof(
         &self,
         first: u64,
@@ -433,7 +451,10 @@ impl State {
         let checkpoint = Checkpoint {
             origin: key.name().to_owned(),
             size,
-            root: self.tree.root_at(size).expect("the current size"),
+            root: self
+                .tree
+                .root_at(size)
+                .expect("the root at the current size is always kept (the frontier)"),
             chain_head: self.head(),
         };
         let signed = checkpoint.sign(key)?;

@@ -86,5 +86,6 @@ pub use prove::{EventProof, EventProofError};
 pub use sink::AppendFile;
 pub use tree::MerkleTree;
 pub use verify::{
-    CheckpointSource, ModifiedEvidence, VerifiedJournal, Verifier, VerifyError, Violation,
+    CheckpointSource, ModifiedEvidence, StrictFailure, VerifiedJournal, Verifier, VerifyError,
+    Violation,
 };

@@ -34,6 +34,17 @@ pub enum ProofError {
     /// The hashes recomputed from the proof differ from the roots given.
     #[error("the proof does not lead to the given root")]
     RootMismatch,
+    /// The proof needs tree nodes older than the window a journal keeps in memory
+    /// (`JournalConfig::max_retained_events`): prove it from the file sink or an export.
+    #[error(
+        "leaf {index} is older than the proof window (events from {first_retained} on are kept)"
+    )]
+    OutsideWindow {
+        /// The leaf (or, for a consistency proof, the older size) asked for.
+        index: u64,
+        /// The first leaf proofs are served for.
+        first_retained: u64,
+    },
 }
 
 /// The audit path (RFC 9162 §2.1.3.1 `PATH`) of leaf `index` in the tree over `leaves`, or

@@ -149,6 +149,42 @@ pub enum VerifyError {
     Violation(#[from] Violation),
 }
 
+/// Why a journal that verifies does not pass the strict check
+/// ([`VerifiedJournal::check_strict`]): nothing in it was found changed, but something an
+/// audit relies on cannot be vouched for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StrictFailure {
+    /// The journal holds no event: an emptied file verifies as an empty journal.
+    #[error("the journal is empty")]
+    Empty,
+    /// No checkpoint was anchored (no anchor given, or an empty one): a truncation behind
+    /// the newest checkpoint, with that checkpoint removed, would not be seen.
+    #[error("no anchored checkpoint: without an anchor a truncation cannot be seen")]
+    NoAnchor,
+    /// Events after the newest checkpoint: chained but not signed, so anyone can append to
+    /// them or cut them off unseen.
+    #[error("{events} unsigned event(s) after the newest checkpoint (size {signed})")]
+    UnsignedTail {
+        /// The events after the newest checkpoint.
+        events: u64,
+        /// The newest checkpoint's size.
+        signed: u64,
+    },
+    /// The anchor's newest checkpoint is older than the journal's newest: the newer ones
+    /// were never anchored, so the journal's newest checkpoint (and a truncation back to
+    /// it) cannot be told from a replaced one.
+    #[error(
+        "the anchor's newest checkpoint covers {anchored} event(s), the journal's newest {latest}"
+    )]
+    AnchorBehind {
+        /// The size of the anchor's newest checkpoint.
+        anchored: u64,
+        /// The size of the journal's newest checkpoint.
+        latest: u64,
+    },
+}
+
 /// What an intact journal holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedJournal {
@@ -158,10 +194,43 @@ pub struct VerifiedJournal {
     pub checkpoints: usize,
     /// The largest checkpoint.
     pub latest: Option<Checkpoint>,
+    /// The largest checkpoint read from the anchor (`None` without an anchor or with an
+    /// empty one).
+    pub anchored: Option<Checkpoint>,
     /// Events after the largest checkpoint: chained, but not yet covered by a signature.
     pub unsigned_tail: u64,
     /// Whether the export ended in a torn line (an unfinished write), which was skipped.
     pub torn_tail: bool,
+}
+
+impl VerifiedJournal {
+    /// The strict check an audit should use on top of verification: fails on an empty
+    /// journal, on no anchored checkpoint, on an unsigned tail after the newest checkpoint,
+    /// and on an anchor whose newest checkpoint is older than the journal's newest. (An
+    /// anchored checkpoint that the journal contradicts, or that covers more events than
+    /// the journal holds, is already a [`Violation`].) The first failure in that order.
+    pub fn check_strict(&self) -> Result<(), StrictFailure> {
+        if self.events == 0 {
+            return Err(StrictFailure::Empty);
+        }
+        let Some(anchored) = &self.anchored else {
+            return Err(StrictFailure::NoAnchor);
+        };
+        let signed = self.latest.as_ref().map_or(0, |c| c.size);
+        if self.unsigned_tail > 0 {
+            return Err(StrictFailure::UnsignedTail {
+                events: self.unsigned_tail,
+                signed,
+            });
+        }
+        if anchored.size < signed {
+            return Err(StrictFailure::AnchorBehind {
+                anchored: anchored.size,
+                latest: signed,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Verifies exported journals against a public key and, optionally, anchored checkpoints.
@@ -454,12 +523,19 @@ impl Scan {
             .checkpoints
             .last()
             .map(|known| known.checkpoint.clone());
+        let anchored = self
+            .checkpoints
+            .iter()
+            .rev()
+            .find(|known| matches!(known.source, CheckpointSource::Anchor { .. }))
+            .map(|known| known.checkpoint.clone());
         let events = self.tree.size();
         Ok(VerifiedJournal {
             events,
             checkpoints: self.checkpoints.len(),
             unsigned_tail: events - latest.as_ref().map_or(0, |c| c.size),
             latest,
+            anchored,
             torn_tail,
         })
     }

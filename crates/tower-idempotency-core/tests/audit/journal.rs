@@ -385,3 +385,49 @@ fn past_its_window_the_journal_lets_the_oldest_events_go_and_still_exports_and_p
     ));
     assert_eq!(memory_only.size(), 20_000);
 }
+
+/// The journal's Merkle tree is bounded by its window too: an event inside it is proved
+/// (and the proof verifies against the checkpoint, as before), one older than it gets
+/// `ProofError::OutsideWindow` instead of a proof, and so does a consistency proof from a
+/// checkpoint older than the window.
+#[test]
+fn proofs_are_served_from_the_window_and_older_ones_are_refused_clearly() {
+    const WINDOW: usize = 100;
+    let journal = Journal::open(
+        key(),
+        JournalConfig {
+            max_retained_events: WINDOW,
+            ..config(1000)
+        },
+    )
+    .unwrap();
+    append(&journal, 0..10_000);
+    journal.seal().unwrap();
+    let checkpoints = journal.checkpoints();
+    let latest = checkpoints.last().unwrap().checkpoint.clone();
+    assert_eq!(latest.size, 10_000);
+    let newest = journal.events().last().unwrap().clone();
+    let proof = journal.inclusion_proof(newest.seq, latest.size).unwrap();
+    verify_inclusion(newest.seq, latest.size, &newest.hash, &proof, &latest.root).unwrap();
+    let oldest_kept = journal.events().first().unwrap().clone();
+    let proof = journal
+        .inclusion_proof(oldest_kept.seq, latest.size)
+        .unwrap();
+    verify_inclusion(
+        oldest_kept.seq,
+        latest.size,
+        &oldest_kept.hash,
+        &proof,
+        &latest.root,
+    )
+    .unwrap();
+    assert!(matches!(
+        journal.inclusion_proof(0, latest.size),
+        Err(tower_idempotency_core::audit::ProofError::OutsideWindow { index: 0, .. })
+    ));
+    let older = checkpoints[0].checkpoint.clone();
+    assert!(matches!(
+        journal.consistency_proof(older.size, latest.size),
+        Err(tower_idempotency_core::audit::ProofError::OutsideWindow { .. })
+    ));
+}

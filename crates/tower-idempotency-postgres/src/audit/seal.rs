@@ -17,7 +17,6 @@ use tower_idempotency_core::StoreError;
 use tower_idempotency_core::audit::{
     Checkpoint, Frontier, NoteVerifyingKey, Sha256Hash, SignedCheckpoint, seal_event,
 };
-use uuid::Uuid;
 
 use super::anchor::Anchor;
 use super::pending::{PendingRow, decode};
@@ -252,10 +251,6 @@ async fn batch(inner: &Inner) -> Result<Batch, AuditError> {
         let (event, canonical) = seal_event(seq, head.hash, event)?;
         sealed.seq.push(i64::try_from(seq).unwrap_or(i64::MAX));
         sealed
-            .operation_id
-            .push(event.event.operation_id.map(|id| id.as_uuid()));
-        sealed.scope.push(event.event.scope.as_str().to_owned());
-        sealed
             .event
             .push(String::from_utf8(canonical).expect("canonical JSON is UTF-8"));
         sealed.hash.push(event.hash.0.to_vec());
@@ -278,13 +273,8 @@ async fn batch(inner: &Inner) -> Result<Batch, AuditError> {
         sealed.checkpoint(inner, &head)?;
     }
     if !sealed.seq.is_empty() {
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-            &sealed.seq,
-            &sealed.operation_id,
-            &sealed.scope,
-            &sealed.event,
-            &sealed.hash,
-        ];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&sealed.seq, &sealed.event, &sealed.hash];
         execute_on(tx.client(), mode, &queries.insert_events, &params).await?;
     }
     if !sealed.sizes.is_empty() {
@@ -292,7 +282,7 @@ async fn batch(inner: &Inner) -> Result<Batch, AuditError> {
             tx.client(),
             mode,
             &queries.insert_checkpoints,
-            &[&sealed.sizes, &sealed.notes],
+            &[&sealed.notes],
         )
         .await?;
     }
@@ -366,8 +356,6 @@ fn read_head(row: &tokio_postgres::Row) -> Result<Head, AuditError> {
 #[derive(Default)]
 struct Sealed {
     seq: Vec<i64>,
-    operation_id: Vec<Option<Uuid>>,
-    scope: Vec<String>,
     event: Vec<String>,
     hash: Vec<Vec<u8>>,
     sizes: Vec<i64>,

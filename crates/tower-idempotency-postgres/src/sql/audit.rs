@@ -15,10 +15,11 @@ pub(crate) struct AuditQueries {
     pub(crate) last_event: String,
     /// Takes up to `$1` committed pending events, oldest first.
     pub(crate) take_pending: String,
-    /// Appends sealed events: `$1` seqs, `$2` operation ids, `$3` scopes, `$4` canonical
-    /// events, `$5` hashes.
+    /// Appends sealed events: `$1` seqs, `$2` canonical events, `$3` hashes (the look-up
+    /// columns `operation_id` and `scope` are generated from the event, migration 0011).
     pub(crate) insert_events: String,
-    /// Appends signed checkpoints: `$1` sizes, `$2` notes.
+    /// Appends signed checkpoints: `$1` notes (the `size` column is generated from the
+    /// note, migration 0011).
     pub(crate) insert_checkpoints: String,
     /// Moves the head: `$1` size, `$2` last hash, `$3` frontier, `$4` last checkpoint's
     /// size, `$5` whether a checkpoint was signed now.
@@ -69,11 +70,11 @@ impl AuditQueries {
                  RETURNING {PENDING_COLUMNS}"
             ),
             insert_events: format!(
-                "INSERT INTO {events} (seq, operation_id, scope, event, hash) \
-                 SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::bytea[])"
+                "INSERT INTO {events} (seq, event, hash) \
+                 SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[])"
             ),
             insert_checkpoints: format!(
-                "INSERT INTO {checkpoints} (size, note) SELECT * FROM unnest($1::bigint[], $2::text[])"
+                "INSERT INTO {checkpoints} (note) SELECT * FROM unnest($1::text[])"
             ),
             update_head: format!(
                 "UPDATE {head} SET size = $1::bigint, head = $2::bytea, frontier = $3::bytea, \

@@ -183,11 +183,23 @@ pub fn journal_path(name: &str) -> PathBuf {
     ))
 }
 
+/// How an invocation hands the bearer token to `agent-client`.
+#[derive(Debug, Clone)]
+pub enum TokenVia {
+    /// `--token T` (on the command line).
+    Flag,
+    /// The `AGENT_CLIENT_TOKEN` environment variable.
+    Env,
+    /// `--token-file FILE`, the file written with the token.
+    File(PathBuf),
+}
+
 /// One `agent-client` invocation.
 #[derive(Debug, Clone)]
 pub struct Agent {
     pub server: String,
     pub token: String,
+    pub token_via: TokenVia,
     pub journal: PathBuf,
     pub timeout_ms: u64,
     pub max_attempts: u32,
@@ -222,6 +234,7 @@ impl Agent {
         Self {
             server: server.to_owned(),
             token: "acme".to_owned(),
+            token_via: TokenVia::Flag,
             journal: journal.to_path_buf(),
             timeout_ms: 10_000,
             max_attempts: 5,
@@ -232,7 +245,21 @@ impl Agent {
     pub fn command(&self, path: &str, action: &str, body: &str) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_agent-client"));
         command
-            .args(["--server", &self.server, "--token", &self.token])
+            .args(["--server", &self.server])
+            .env_remove("AGENT_CLIENT_TOKEN");
+        match &self.token_via {
+            TokenVia::Flag => {
+                command.args(["--token", &self.token]);
+            }
+            TokenVia::Env => {
+                command.env("AGENT_CLIENT_TOKEN", &self.token);
+            }
+            TokenVia::File(path) => {
+                std::fs::write(path, format!("{}\n", self.token)).unwrap();
+                command.arg("--token-file").arg(path);
+            }
+        }
+        command
             .arg("--journal")
             .arg(&self.journal)
             .args(["--timeout-ms", &self.timeout_ms.to_string()])

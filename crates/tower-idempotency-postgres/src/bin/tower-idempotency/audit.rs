@@ -28,6 +28,7 @@ EXIT CODES:
     2 usage error (including a key that does not parse), 3 database unreachable,
     5 other database failure,
     6 violation (the journal or a proof does not verify; the verdict names the first problem;
+      for verify --strict: also a journal that verifies but fails the strict check;
       for seal: the journal in the database is not the one its sealer left),
     7 a file cannot be read or written
 
@@ -57,6 +58,13 @@ pub(crate) enum AuditCommand {
     /// Prints `ok: …` or `violation: KIND: …` naming the first violation (modified, deleted,
     /// inserted, reordered, truncated, forged, rolled back, malformed) and where it is.
     /// Without FILE, the journal in the database is exported (one snapshot) and verified.
+    ///
+    /// By default a journal that verifies is `ok` even when nothing vouches for its end:
+    /// events after the newest checkpoint are reported as unsigned, an empty journal is ok,
+    /// and without --anchor a truncation back to an earlier checkpoint is not visible. With
+    /// --strict (use it for audits) those fail too, with exit 6 and a `strict: …` line
+    /// naming why: an empty journal, no anchored checkpoint, an unsigned tail after the
+    /// newest checkpoint, or an anchor whose newest checkpoint is older than the journal's.
     #[command(after_help = AUDIT_EXIT_CODES)]
     Verify {
         /// The export file; without it, the database's journal
@@ -67,6 +75,10 @@ pub(crate) enum AuditCommand {
         /// A directory of anchored checkpoint files (every regular file, in name order)
         #[arg(long, value_name = "DIR")]
         anchor: Option<PathBuf>,
+        /// Also fail on an empty journal, a missing or empty anchor, an unsigned tail, or an
+        /// anchor behind the journal's newest checkpoint (recommended for audits)
+        #[arg(long)]
+        strict: bool,
     },
     /// Check event proofs (JSON lines of `{"kind":"proof",…}`) against their signed
     /// checkpoints with only the public key
@@ -161,12 +173,14 @@ pub(crate) async fn run(command: AuditCommand, target: super::Target) -> Result<
             file: Some(file),
             public_key,
             anchor,
-        } => verify(&file, public_key, anchor.as_deref()),
+            strict,
+        } => verify(&file, public_key, anchor.as_deref(), strict),
         AuditCommand::Verify {
             file: None,
             public_key,
             anchor,
-        } => verify_database(&database(target)?, public_key, anchor.as_deref()).await,
+            strict,
+        } => verify_database(&database(target)?, public_key, anchor.as_deref(), strict).await,
         AuditCommand::VerifyProof { file, public_key } => verify_proof(&file, &public_key),
         AuditCommand::Show {
             file: Some(file),
@@ -268,19 +282,47 @@ fn verifier(key: NoteVerifyingKey, anchor: Option<&Path>) -> Result<Verifier, Fa
     Ok(verifier)
 }
 
-fn verify(file: &Path, key: NoteVerifyingKey, anchor: Option<&Path>) -> Result<(), Failure> {
+fn verify(
+    file: &Path,
+    key: NoteVerifyingKey,
+    anchor: Option<&Path>,
+    strict: bool,
+) -> Result<(), Failure> {
     let verifier = verifier(key, anchor)?;
     if let Err(err) = File::open(file) {
         return Err(file_error("open", file, &err));
     }
-    report(verifier.verify_path(file), &file.display().to_string())
+    report(
+        verifier.verify_path(file),
+        &file.display().to_string(),
+        strict,
+    )
 }
 
-/// Prints the verdict of a verification of `what` and maps it onto the exit code.
-fn report(verified: Result<VerifiedJournal, VerifyError>, what: &str) -> Result<(), Failure> {
+/// Prints the verdict of a verification of `what` and maps it onto the exit code. With
+/// `strict`, a journal that verifies but fails [`VerifiedJournal::check_strict`] prints
+/// `strict: WHY; …` (the rest of the `ok` line after it) and exits as a violation.
+fn report(
+    verified: Result<VerifiedJournal, VerifyError>,
+    what: &str,
+    strict: bool,
+) -> Result<(), Failure> {
     match verified {
         Ok(verified) => {
-            println!("{}", verdict(&verified));
+            let line = verdict(&verified);
+            let strict_failure = if strict {
+                verified.check_strict().err()
+            } else {
+                None
+            };
+            if let Some(why) = strict_failure {
+                let rest = line.strip_prefix("ok: ").unwrap_or(&line);
+                println!("strict: {why}; {rest}");
+                return Err(Failure::Violation(format!(
+                    "{what} verifies but fails --strict: {why}"
+                )));
+            }
+            println!("{line}");
             Ok(())
         }
         Err(VerifyError::Violation(violation)) => {
@@ -295,13 +337,14 @@ async fn verify_database(
     store: &PostgresStore,
     key: NoteVerifyingKey,
     anchor: Option<&Path>,
+    strict: bool,
 ) -> Result<(), Failure> {
     let verifier = verifier(key, anchor)?;
     let verified = store
         .verify_journal(&verifier)
         .await
         .map_err(audit_failure)?;
-    report(verified, "the database's journal")
+    report(verified, "the database's journal", strict)
 }
 
 async fn export(store: &PostgresStore, since: u64, to: &Path) -> Result<(), Failure> {
