@@ -31,7 +31,7 @@ use tracing::{Instrument, Span, field};
 use crate::approval;
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
-use crate::command::ParsedCommand;
+use crate::command::{ParsedCommand, TypedCommand};
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{ClientLeft, DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
@@ -152,9 +152,15 @@ where
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
     let mut parts = parts;
-    if let Some(command) = command {
-        // What the normalizer validated is what the handler executes, without a second parse.
-        parts.extensions.insert(ParsedCommand(command));
+    match command {
+        // What the layer validated is what the handler executes, without a second parse.
+        Some(Command::Typed(command)) => {
+            parts.extensions.insert(TypedCommand::new(command));
+        }
+        Some(Command::Json(command)) => {
+            parts.extensions.insert(ParsedCommand(command));
+        }
+        None => {}
     }
     let held = Held { inner, parts, body };
     decide(shared, policy, held, request, tally).await
@@ -198,9 +204,17 @@ fn key_of(
     }
 }
 
+/// The command the layer hands the handler.
+enum Command {
+    /// Built as the route's command type.
+    Typed(crate::policy::BuiltCommand),
+    /// Normalized JSON (a route with a normalizer and no command type).
+    Json(serde_json::Value),
+}
+
 /// Everything checked before the store is asked: scope, body, fingerprint. Returns what
-/// to reserve, the buffered body and, on a route with a normalizer, the normalized
-/// command.
+/// to reserve, the buffered body and, on a route with a normalizer, the command (typed on
+/// a route with a command type).
 async fn admit<B>(
     shared: &Shared,
     policy: &RoutePolicy,
@@ -208,7 +222,7 @@ async fn admit<B>(
     body: B,
     route: String,
     key: IdempotencyKey,
-) -> Result<(ReserveRequest, Bytes, Option<serde_json::Value>), Rejection>
+) -> Result<(ReserveRequest, Bytes, Option<Command>), Rejection>
 where
     B: Body<Data = Bytes>,
 {
@@ -225,12 +239,22 @@ where
         &body,
     )?;
     let fingerprint = fingerprinted.fingerprint;
-    let approval = approval::request_for(shared, policy, parts, fingerprinted.command.as_ref());
-    // The handler gets the normalized command (not a merely parsed body: its extractor would
-    // then skip the command's own normalization).
-    let command = fingerprinted
-        .command
-        .filter(|_| policy.normalizer.is_some());
+    let approval = approval::request_for(
+        shared,
+        policy,
+        parts,
+        fingerprinted.command.as_ref(),
+        fingerprinted.typed.as_deref(),
+    );
+    // The handler gets the typed or normalized command (not a merely parsed body: its
+    // extractor would then skip the command's own normalization).
+    let command = match fingerprinted.typed {
+        Some(typed) => Some(Command::Typed(typed)),
+        None => fingerprinted
+            .command
+            .filter(|_| policy.normalizer.is_some())
+            .map(Command::Json),
+    };
     let request = ReserveRequest {
         scope,
         key,
