@@ -59,6 +59,18 @@ where
     ResB::Error: Send + 'static,
 {
     let (mut parts, body) = request.into_parts();
+    #[cfg(feature = "axum")]
+    if let Some(probe) = parts.extensions.get::<crate::route_check::RouteProbe>() {
+        // A start-up route check: answered here, never by a handler or the store.
+        let matched = parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(|matched| matched.as_str().to_owned());
+        probe.answer(&shared, matched);
+        return Ok(Response::new(ResponseBody::full(Bytes::new())));
+    }
+    #[cfg(feature = "axum")]
+    shared.route_check.warn_if_unverified(&shared);
     if refused_by_router(&parts) {
         // Not a route: nothing to protect, and its path is the client's choice, so it is
         // neither reserved nor counted under a route label.
