@@ -84,7 +84,10 @@ impl TypedCommand {
     /// The command, if it is a `T` and was not taken yet.
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) fn take<T: 'static>(&self) -> Option<T> {
-        let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let command = slot.take()?;
         match command.downcast::<T>() {
             Ok(command) => Some(*command),

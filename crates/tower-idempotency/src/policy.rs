@@ -100,9 +100,8 @@ pub(crate) struct CommandType {
     /// Builds the command from the normalized JSON, by reference (the JSON is still needed,
     /// for an approval's summary) or by value.
     #[allow(clippy::type_complexity)]
-    pub(crate) build: Arc<
-        dyn Fn(CommandSource<'_>) -> Result<BuiltCommand, CommandRejection> + Send + Sync,
-    >,
+    pub(crate) build:
+        Arc<dyn Fn(CommandSource<'_>) -> Result<BuiltCommand, CommandRejection> + Send + Sync>,
 }
 
 /// The normalized JSON a command is built from.
@@ -182,7 +181,10 @@ impl fmt::Debug for RoutePolicy {
             .field("transactional", &self.transactional)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
-            .field("command", &self.command.as_ref().map(|command| command.name))
+            .field(
+                "command",
+                &self.command.as_ref().map(|command| command.name),
+            )
             .field("response_storage", &self.response_storage)
             .field("approval", &self.approval)
             .finish()

@@ -152,7 +152,8 @@ impl IdempotencyLayer {
             .collect();
         policies.sort();
         for (route, method) in policies {
-            let refused = |what: fn(Method, String) -> ConfigError| what(method.clone(), route.clone());
+            let refused =
+                |what: fn(Method, String) -> ConfigError| what(method.clone(), route.clone());
             if !shared.guards(method) {
                 return Err(refused(|method, route| ConfigError::UnguardedRoutePolicy {
                     method,

@@ -961,11 +961,7 @@ async fn a_route_policy_for_an_unregistered_route_is_refused_at_start() {
     };
     let base = IdempotencyLayer::new(store.clone())
         .with_scope(|_| Some(Scope::new("acct")))
-        .with_route_policy(
-            Method::POST,
-            "/v1/tickets/{id}",
-            RoutePolicy::required(),
-        );
+        .with_route_policy(Method::POST, "/v1/tickets/{id}", RoutePolicy::required());
     let approval = || RoutePolicy::required().with_approval(ApprovalPolicy::always());
 
     let mistyped = base
@@ -1015,7 +1011,10 @@ async fn a_route_policy_for_an_unregistered_route_is_refused_at_start() {
     ));
     assert!(matches!(
         correct.verify_routes(&behind_auth),
-        Err(ConfigError::RouteNotReached { status: Some(401), .. })
+        Err(ConfigError::RouteNotReached {
+            status: Some(401),
+            ..
+        })
     ));
     assert_eq!(calls.load(Ordering::SeqCst), 0, "no probe ran a handler");
     assert_eq!(ticket_calls.load(Ordering::SeqCst), 0);
@@ -1027,6 +1026,10 @@ async fn a_route_policy_for_an_unregistered_route_is_refused_at_start() {
         .body(Body::from("{}"))
         .unwrap();
     let response = app.oneshot(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::FORBIDDEN, "approval required");
+    assert_eq!(
+        response.status(),
+        StatusCode::FORBIDDEN,
+        "approval required"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }

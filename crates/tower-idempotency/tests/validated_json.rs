@@ -329,8 +329,7 @@ async fn a_body_the_command_type_refuses_stores_nothing_and_the_corrected_retry_
         let (status, problem, _) = over_http(addr, "k-typed", bad).await;
         assert_eq!(status, 422, "{bad}: {problem}");
         assert_eq!(
-            problem["type"],
-            "https://example.com/problems/invalid-command",
+            problem["type"], "https://example.com/problems/invalid-command",
             "{bad}"
         );
     }
@@ -371,9 +370,14 @@ async fn the_handler_receives_the_layers_typed_command() {
     let app = Router::new()
         .route(
             "/v1/things",
-            post(|ValidatedJson(command): ValidatedJson<Counted>| async move {
-                (StatusCode::CREATED, axum::Json(json!({"marks": command.marks})))
-            }),
+            post(
+                |ValidatedJson(command): ValidatedJson<Counted>| async move {
+                    (
+                        StatusCode::CREATED,
+                        axum::Json(json!({"marks": command.marks})),
+                    )
+                },
+            ),
         )
         .route_layer(layer);
     let (status, answer) = send(

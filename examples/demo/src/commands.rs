@@ -268,10 +268,7 @@ pub fn normalize_deploy(command: &mut Value) -> Result<(), Problem> {
         Some(_) => return Err(Problem::invalid_command("environment must be a string")),
         None => return Err(Problem::invalid_command("environment is required")),
     };
-    object.insert(
-        "environment".to_owned(),
-        Value::from(environment.as_str()),
-    );
+    object.insert("environment".to_owned(), Value::from(environment.as_str()));
     match object.get("artifact") {
         Some(Value::String(a)) if is_sha256_digest(a) => Ok(()),
         Some(Value::String(a)) => Err(Problem::invalid_command(format!(
@@ -427,8 +424,7 @@ mod tests {
 
     #[test]
     fn deploy_artifacts() {
-        let deploy =
-            |artifact: &str| json!({"service": "api", "environment": "staging", "artifact": artifact});
+        let deploy = |artifact: &str| json!({"service": "api", "environment": "staging", "artifact": artifact});
         assert!(normalize_deploy(&mut deploy(DIGEST)).is_ok());
         for bad in [
             "latest",
@@ -444,9 +440,14 @@ mod tests {
 
     #[test]
     fn deploy_environments_have_one_spelling() {
-        let deploy =
-            |environment: &str| json!({"service": "api", "environment": environment, "artifact": DIGEST});
-        for spelling in ["production", "Production", "PRODUCTION", "production ", "\tproduction\n"] {
+        let deploy = |environment: &str| json!({"service": "api", "environment": environment, "artifact": DIGEST});
+        for spelling in [
+            "production",
+            "Production",
+            "PRODUCTION",
+            "production ",
+            "\tproduction\n",
+        ] {
             let mut command = deploy(spelling);
             normalize_deploy(&mut command).unwrap();
             assert_eq!(command["environment"], "production", "{spelling:?}");
@@ -458,7 +459,10 @@ mod tests {
             "prod",
             "",
         ] {
-            assert!(normalize_deploy(&mut deploy(refused)).is_err(), "{refused:?}");
+            assert!(
+                normalize_deploy(&mut deploy(refused)).is_err(),
+                "{refused:?}"
+            );
         }
     }
 

@@ -107,13 +107,16 @@ fn principal_of(parts: &http::request::Parts) -> Option<String> {
 /// Largest `amount_minor` a charge accepts: the largest integer a double holds exactly.
 pub const MAX_AMOUNT_MINOR: u64 = (1 << 53) - 1;
 
+/// A tool's argument validation: an `Err` refuses the call with its message.
+pub type ArgumentRule = fn(&mut serde_json::Value) -> Result<(), String>;
+
 /// Validates and normalizes a side-effect tool's arguments before anything is reserved
 /// (an `Err` is a JSON-RPC `-32602`): `charge` takes an integer `amount_minor` in
 /// `1..=`[`MAX_AMOUNT_MINOR`] (negative, zero, fractional and string amounts are
 /// refused); `deploy_release` takes an `environment` of ASCII letters, digits, `-` and `_`
 /// only (zero-width, bidi, fullwidth and other look-alike characters are refused), trimmed
 /// and lowercased so that `"Production "` is `production`. `None` for other tools.
-pub fn argument_rule(tool: &str) -> Option<fn(&mut serde_json::Value) -> Result<(), String>> {
+pub fn argument_rule(tool: &str) -> Option<ArgumentRule> {
     match tool {
         "charge" => Some(|arguments| {
             let amount = &arguments["amount_minor"];
@@ -379,8 +382,15 @@ mod tests {
     #[test]
     fn arguments_are_validated_and_normalized_before_approval() {
         let charge = argument_rule("charge").unwrap();
-        for bad in [json!(-5), json!(0), json!(1.5), json!("100000"), json!(null)] {
-            let mut arguments = json!({"payee": "p", "amount_minor": bad, "currency": "EUR", "invoice_ref": "i"});
+        for bad in [
+            json!(-5),
+            json!(0),
+            json!(1.5),
+            json!("100000"),
+            json!(null),
+        ] {
+            let mut arguments =
+                json!({"payee": "p", "amount_minor": bad, "currency": "EUR", "invoice_ref": "i"});
             assert!(charge(&mut arguments).is_err(), "{bad}");
         }
         let deploy = argument_rule("deploy_release").unwrap();
@@ -390,7 +400,12 @@ mod tests {
             deploy(&mut arguments).unwrap();
             assert!(policy.applies_to(&arguments), "{spelling:?}");
         }
-        for spelling in ["production\u{200b}", "\u{ff50}roduction", "\u{202e}noitcudorp", ""] {
+        for spelling in [
+            "production\u{200b}",
+            "\u{ff50}roduction",
+            "\u{202e}noitcudorp",
+            "",
+        ] {
             let mut arguments = json!({"service": "api", "version": "1", "environment": spelling});
             assert!(deploy(&mut arguments).is_err(), "{spelling:?}");
         }

@@ -613,7 +613,10 @@ async fn no_spelling_of_production_deploys_without_approval() {
             .post("/v1/deploys", Some(&new_key()), deploy(spelling, DIGEST))
             .await;
         let problem = required(&reply);
-        assert_eq!(problem["summary"]["environment"], "production", "{spelling:?}");
+        assert_eq!(
+            problem["summary"]["environment"], "production",
+            "{spelling:?}"
+        );
         fingerprints.push(problem["fingerprint"].as_str().unwrap().to_owned());
     }
     fingerprints.dedup();

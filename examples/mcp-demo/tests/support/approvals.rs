@@ -367,7 +367,10 @@ pub async fn spellings_cannot_route_around_approval(base: &str) {
             json!({"service": "api", "version": format!("9.{n}"), "environment": spelling});
         let answer = call(&client, "deploy_release", arguments, None).await;
         let required = refusal(&answer, "approval-required");
-        assert_eq!(required["summary"]["environment"], "production", "{spelling:?}");
+        assert_eq!(
+            required["summary"]["environment"], "production",
+            "{spelling:?}"
+        );
     }
     for spelling in [
         "production\u{200b}",
@@ -384,7 +387,10 @@ pub async fn spellings_cannot_route_around_approval(base: &str) {
         assert!(error.contains("amount_minor"), "{amount}: {error}");
     }
     let large = json!({"payee": "acme", "amount_minor": 100_000, "currency": "EUR", "invoice_ref": "inv-large"});
-    refusal(&call(&client, "charge", large, None).await, "approval-required");
+    refusal(
+        &call(&client, "charge", large, None).await,
+        "approval-required",
+    );
     let effects = effects(base, token).await;
     assert_eq!(effects["deploy_release"], 0, "{effects}");
     assert_eq!(effects["charge"], 0, "{effects}");
