@@ -221,7 +221,7 @@ async fn environment_lock_contract(server: &TestServer) {
         .to_string()
     };
     let prod_key = new_key();
-    let running = client.spawn_post("/v1/deploys", Some(&prod_key), deploy("prod"));
+    let running = client.spawn_post("/v1/deploys", Some(&prod_key), deploy("development"));
     client.until_state(&prod_key, "in_progress", DEADLINE).await;
     // Give the handler its moment to take the lock after the reservation.
     eventually(DEADLINE, "the running deploy is listed", || async {
@@ -230,7 +230,7 @@ async fn environment_lock_contract(server: &TestServer) {
     .await;
 
     let second = client
-        .post("/v1/deploys", Some(&new_key()), deploy("prod"))
+        .post("/v1/deploys", Some(&new_key()), deploy("development"))
         .await;
     second.assert_problem(409, "environment-locked");
     let elsewhere = client
@@ -239,13 +239,13 @@ async fn environment_lock_contract(server: &TestServer) {
     assert_eq!(elsewhere.status, 201, "{}", elsewhere.text());
     let other_account = server
         .client(&new_account())
-        .post("/v1/deploys", Some(&new_key()), deploy("prod"))
+        .post("/v1/deploys", Some(&new_key()), deploy("development"))
         .await;
     assert_eq!(other_account.status, 201, "{}", other_account.text());
 
     assert_eq!(running.await.unwrap().status, 201);
     let after = client
-        .post("/v1/deploys", Some(&new_key()), deploy("prod"))
+        .post("/v1/deploys", Some(&new_key()), deploy("development"))
         .await;
     assert_eq!(
         after.status, 201,

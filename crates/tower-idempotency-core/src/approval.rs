@@ -195,7 +195,9 @@ pub enum DecisionOutcome {
     Expired(Approval),
 }
 
-type Condition = std::sync::Arc<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
+type Condition = std::sync::Arc<
+    dyn Fn(&serde_json::Value, Option<&(dyn std::any::Any + Send)>) -> bool + Send + Sync,
+>;
 type Summary = std::sync::Arc<dyn Fn(&serde_json::Value) -> serde_json::Value + Send + Sync>;
 
 /// A route's (or a tool's) rule for which commands need a person's approval, and what the
@@ -203,6 +205,12 @@ type Summary = std::sync::Arc<dyn Fn(&serde_json::Value) -> serde_json::Value + 
 ///
 /// Both closures see the validated command: the JSON body after the route's normalizer
 /// (for an MCP tool, the call's arguments after the tool's normalizer).
+///
+/// Prefer a condition over the typed command, [`ApprovalPolicy::when_command`]: it decides
+/// on the command the handler executes (an enumeration, a validated amount), so a field
+/// name cannot be misspelled and a spelling of a value cannot route around it. A
+/// condition over JSON ([`ApprovalPolicy::when`]) compares raw values: `"Production"` is
+/// not `"production"`, and a missing field is `null`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -242,12 +250,73 @@ impl ApprovalPolicy {
     }
 
     /// Commands for which `condition` holds need approval; the others run as usual.
+    ///
+    /// The condition sees JSON: compare normalized values only (see
+    /// [`ApprovalPolicy::when_command`] for the typed form).
     pub fn when<F>(condition: F) -> Self
     where
         F: Fn(&serde_json::Value) -> bool + Send + Sync + 'static,
     {
+        Self::with_condition(std::sync::Arc::new(move |command, _typed| {
+            condition(command)
+        }))
+    }
+
+    /// Commands of type `T` for which `condition` holds need approval: the condition sees
+    /// the typed command the handler executes (an HTTP route's
+    /// `RoutePolicy::with_command::<T>()` command, built once by the layer), not JSON.
+    ///
+    /// Where no typed command was built (an MCP tool's arguments, a route whose command type
+    /// is another), the validated JSON is deserialized as `T`. A command that does not fit
+    /// `T` **needs approval** (fail closed): a condition can never be skipped because the
+    /// command was not what it expected.
+    ///
+    /// ```
+    /// use serde::Deserialize;
+    /// use serde_json::json;
+    /// use tower_idempotency_core::approval::ApprovalPolicy;
+    ///
+    /// #[derive(Deserialize, PartialEq)]
+    /// #[serde(rename_all = "lowercase")]
+    /// enum Environment { Staging, Production }
+    ///
+    /// #[derive(Deserialize)]
+    /// struct Deploy { service: String, environment: Environment }
+    ///
+    /// let policy = ApprovalPolicy::when_command(|deploy: &Deploy| {
+    ///     deploy.environment == Environment::Production
+    /// });
+    /// assert!(policy.applies_to(&json!({"service": "api", "environment": "production"})));
+    /// assert!(!policy.applies_to(&json!({"service": "api", "environment": "staging"})));
+    /// // Not a `Deploy`: fail closed.
+    /// assert!(policy.applies_to(&json!({"service": "api", "environment": "Production"})));
+    /// ```
+    pub fn when_command<T, F>(condition: F) -> Self
+    where
+        T: serde::de::DeserializeOwned + 'static,
+        F: Fn(&T) -> bool + Send + Sync + 'static,
+    {
+        Self::with_condition(std::sync::Arc::new(move |command, typed| {
+            if let Some(typed) = typed.and_then(|typed| typed.downcast_ref::<T>()) {
+                return condition(typed);
+            }
+            match T::deserialize(command) {
+                Ok(typed) => condition(&typed),
+                Err(error) => {
+                    tracing::warn!(
+                        command_type = std::any::type_name::<T>(),
+                        error = %error,
+                        "a command does not fit its approval condition's type: it needs approval"
+                    );
+                    true
+                }
+            }
+        }))
+    }
+
+    fn with_condition(condition: Condition) -> Self {
         Self {
-            condition: std::sync::Arc::new(condition),
+            condition,
             summary: std::sync::Arc::new(Clone::clone),
             ttl: Self::DEFAULT_TTL,
             wait: Duration::ZERO,
@@ -288,7 +357,18 @@ impl ApprovalPolicy {
 
     /// Whether `command` needs approval.
     pub fn applies_to(&self, command: &serde_json::Value) -> bool {
-        (self.condition)(command)
+        (self.condition)(command, None)
+    }
+
+    /// Whether `command` needs approval, given also the typed command built from it (for
+    /// the conditions of [`ApprovalPolicy::when_command`], which then do not deserialize
+    /// `command` again).
+    pub fn applies_to_typed(
+        &self,
+        command: &serde_json::Value,
+        typed: &(dyn std::any::Any + Send),
+    ) -> bool {
+        (self.condition)(command, Some(typed))
     }
 
     /// What the approver of `command` is shown.

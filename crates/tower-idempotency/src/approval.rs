@@ -28,16 +28,23 @@ const DECISION_POLL: Duration = Duration::from_millis(200);
 const MAX_DECISION_WAIT: Duration = Duration::from_secs(3600);
 
 /// The approval request for `command` on a route whose policy requires approval for it;
-/// `None` when the route has no approval policy or the command does not need one.
+/// `None` when the route has no approval policy or the command does not need one. `typed`
+/// is the route's typed command, built from `command`, when it has a command type: the
+/// condition decides on it.
 pub(crate) fn request_for(
     shared: &Shared,
     policy: &RoutePolicy,
     parts: &Parts,
     command: Option<&serde_json::Value>,
+    typed: Option<&(dyn std::any::Any + Send)>,
 ) -> Option<ApprovalRequest> {
     let approval = policy.approval.as_ref()?;
     let command = command?;
-    if !approval.applies_to(command) {
+    let applies = match typed {
+        Some(typed) => approval.applies_to_typed(command, typed),
+        None => approval.applies_to(command),
+    };
+    if !applies {
         return None;
     }
     Some(ApprovalRequest {

@@ -1,11 +1,13 @@
 //! One parse per request: the command a route's normalizer validated, handed to the
 //! handler.
 //!
-//! A route with a normalizer parses its JSON body into a [`serde_json::Value`] in the
-//! layer, normalizes it and fingerprints what the normalizer left. The layer then puts
-//! that value in the request extensions, and the [`ValidatedJson`] extractor (feature
-//! `axum`) deserializes the handler's command type from it instead of parsing the body a
-//! second time. Where the layer parsed nothing (no normalizer on the route, no key on an
+//! A route with a command type ([`RoutePolicy::with_command`](crate::RoutePolicy::with_command))
+//! parses its JSON body into a [`serde_json::Value`] in the layer, normalizes it,
+//! fingerprints what the normalizer left and builds the command type from it, all before
+//! anything is reserved. The layer then puts that typed command in the request extensions,
+//! and the [`ValidatedJson`] extractor (feature `axum`) takes it from there instead of
+//! parsing the body a second time (a route with only a normalizer hands over the
+//! normalized JSON, which the extractor deserializes). Where the layer parsed nothing (no normalizer on the route, no key on an
 //! optional route, no layer at all) the extractor parses the body itself, with the same
 //! rules: JSON only, I-JSON ([`parse_json`](tower_idempotency_core::canonical::parse_json)),
 //! then the command's own [`JsonCommand::normalize`].
@@ -64,6 +66,45 @@ pub trait JsonCommand: DeserializeOwned {
 #[derive(Debug, Clone)]
 pub(crate) struct ParsedCommand(pub(crate) Value);
 
+/// The typed command of a guarded request on a route with a command type, built by the
+/// layer; taken out of the extensions (once) by the [`ValidatedJson`] extractor.
+///
+/// Extensions must be `Clone + Sync`; a command type need be neither, so the command sits
+/// in a shared slot that the extractor empties.
+#[derive(Clone)]
+pub(crate) struct TypedCommand(
+    std::sync::Arc<std::sync::Mutex<Option<crate::policy::BuiltCommand>>>,
+);
+
+impl TypedCommand {
+    pub(crate) fn new(command: crate::policy::BuiltCommand) -> Self {
+        Self(std::sync::Arc::new(std::sync::Mutex::new(Some(command))))
+    }
+
+    /// The command, if it is a `T` and was not taken yet.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn take<T: 'static>(&self) -> Option<T> {
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let command = slot.take()?;
+        match command.downcast::<T>() {
+            Ok(command) => Some(*command),
+            Err(other) => {
+                *slot = Some(other);
+                None
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for TypedCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TypedCommand").finish_non_exhaustive()
+    }
+}
+
 #[cfg(feature = "axum")]
 pub use extract::{JsonCommandError, ValidatedJson, ValidatedJsonRejection};
 
@@ -77,16 +118,19 @@ mod extract {
     use tower_idempotency_core::CanonicalizeError;
     use tower_idempotency_core::canonical::parse_json;
 
-    use super::{JsonCommand, ParsedCommand};
+    use super::{JsonCommand, ParsedCommand, TypedCommand};
     use crate::policy::CommandRejection;
     use crate::problem::{Problem, ProblemBase, Rejection};
     use crate::request_fingerprint::is_json;
 
     /// Extractor of a validated JSON command `T` (feature `axum`).
     ///
-    /// Behind the idempotency layer, on a route with a normalizer, `T` is deserialized from
-    /// the value the layer already parsed, normalized and fingerprinted: the body is not
-    /// parsed again. Anywhere else the body is read and parsed here, with the rules the
+    /// Behind the idempotency layer, on a route whose command type is `T`
+    /// ([`RoutePolicy::with_command`](crate::RoutePolicy::with_command)), this is the `T` the
+    /// layer built before it reserved the key (so a body `T` refuses never reaches the
+    /// handler, and its `422` is never stored); on a route with only a normalizer, `T` is
+    /// deserialized from the value the layer normalized and fingerprinted. Either way the
+    /// body is not parsed again. Anywhere else the body is read and parsed here, with the rules the
     /// layer applies: `Content-Type` JSON (else `415 unsupported-media-type`), I-JSON (else
     /// `422 invalid-json`), then [`JsonCommand::normalize`] and the fields of `T` (else
     /// `422 invalid-command`). A body that cannot be read answers `413 body-too-large` or
@@ -236,7 +280,7 @@ mod extract {
     impl<S, T> FromRequest<S> for ValidatedJson<T>
     where
         S: Send + Sync,
-        T: JsonCommand,
+        T: JsonCommand + 'static,
     {
         type Rejection = ValidatedJsonRejection;
 
@@ -250,6 +294,16 @@ mod extract {
                 error,
                 base: base.clone(),
             };
+            if let Some(typed) = request.extensions_mut().remove::<TypedCommand>() {
+                match typed.take::<T>() {
+                    Some(command) => return Ok(ValidatedJson(command)),
+                    // The route's command type is another: validate this one from the body.
+                    None => tracing::warn!(
+                        command_type = std::any::type_name::<T>(),
+                        "ValidatedJson's type is not the route's command type (RoutePolicy::with_command): parsing the body again"
+                    ),
+                }
+            }
             if let Some(ParsedCommand(command)) = request.extensions_mut().remove() {
                 // Already validated and normalized by the layer: exactly what it
                 // fingerprinted, deserialized by moving its strings out.

@@ -68,6 +68,9 @@ pub(crate) struct Shared {
     pub(crate) detached: Detached,
     /// At this many detached tasks, new reservations are refused.
     pub(crate) max_detached: usize,
+    /// Whether the route policies were verified against the router.
+    #[cfg(feature = "axum")]
+    pub(crate) route_check: Arc<crate::route_check::RouteCheck>,
 }
 
 impl Shared {

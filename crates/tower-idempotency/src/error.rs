@@ -21,4 +21,35 @@ pub enum ConfigError {
     /// A string that is not a valid header name.
     #[error("`{0}` is not a valid header name")]
     InvalidHeaderName(String),
+    /// A route policy whose route the router does not register
+    /// ([`IdempotencyLayer::verify_routes`](crate::IdempotencyLayer::verify_routes)): it
+    /// would match nothing, and its route would run under the default policy.
+    #[error("the route policy for {method} {route} names no route of the router")]
+    UnregisteredRoute {
+        /// The policy's method.
+        method: http::Method,
+        /// The policy's route, as given.
+        route: String,
+    },
+    /// A route policy for a method the layer does not guard: it would never apply.
+    #[error("the route policy for {method} {route} is for a method the layer does not guard")]
+    UnguardedRoutePolicy {
+        /// The policy's method.
+        method: http::Method,
+        /// The policy's route.
+        route: String,
+    },
+    /// The probe for a route policy did not reach the layer: the router is not the one the
+    /// layer was applied to, or middleware outside the layer answered it (`status`).
+    #[error(
+        "the route check for {method} {route} did not reach the idempotency layer (answered {status:?}): verify the router the layer was applied to, before outer middleware"
+    )]
+    RouteNotReached {
+        /// The policy's method.
+        method: http::Method,
+        /// The policy's route.
+        route: String,
+        /// The status the probe was answered with, if it was answered at once.
+        status: Option<u16>,
+    },
 }

@@ -31,7 +31,7 @@ use tracing::{Instrument, Span, field};
 use crate::approval;
 use crate::body::{RequestBody, ResponseBody};
 use crate::buffer::read_body;
-use crate::command::ParsedCommand;
+use crate::command::{ParsedCommand, TypedCommand};
 use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_header};
 use crate::detach::{ClientLeft, DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
@@ -59,6 +59,18 @@ where
     ResB::Error: Send + 'static,
 {
     let (mut parts, body) = request.into_parts();
+    #[cfg(feature = "axum")]
+    if let Some(probe) = parts.extensions.get::<crate::route_check::RouteProbe>() {
+        // A start-up route check: answered here, never by a handler or the store.
+        let matched = parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(|matched| matched.as_str().to_owned());
+        probe.answer(&shared, matched);
+        return Ok(Response::new(ResponseBody::full(Bytes::new())));
+    }
+    #[cfg(feature = "axum")]
+    shared.route_check.warn_if_unverified(&shared);
     if refused_by_router(&parts) {
         // Not a route: nothing to protect, and its path is the client's choice, so it is
         // neither reserved nor counted under a route label.
@@ -154,9 +166,15 @@ where
         Err(rejection) => return Ok(refuse(&shared, rejection)),
     };
     let mut parts = parts;
-    if let Some(command) = command {
-        // What the normalizer validated is what the handler executes, without a second parse.
-        parts.extensions.insert(ParsedCommand(command));
+    match command {
+        // What the layer validated is what the handler executes, without a second parse.
+        Some(Command::Typed(command)) => {
+            parts.extensions.insert(TypedCommand::new(command));
+        }
+        Some(Command::Json(command)) => {
+            parts.extensions.insert(ParsedCommand(command));
+        }
+        None => {}
     }
     let held = Held { inner, parts, body };
     decide(shared, policy, held, request, tally).await
@@ -200,9 +218,17 @@ fn key_of(
     }
 }
 
+/// The command the layer hands the handler.
+enum Command {
+    /// Built as the route's command type.
+    Typed(crate::policy::BuiltCommand),
+    /// Normalized JSON (a route with a normalizer and no command type).
+    Json(serde_json::Value),
+}
+
 /// Everything checked before the store is asked: scope, body, fingerprint. Returns what
-/// to reserve, the buffered body and, on a route with a normalizer, the normalized
-/// command.
+/// to reserve, the buffered body and, on a route with a normalizer, the command (typed on
+/// a route with a command type).
 async fn admit<B>(
     shared: &Shared,
     policy: &RoutePolicy,
@@ -210,7 +236,7 @@ async fn admit<B>(
     body: B,
     route: String,
     key: IdempotencyKey,
-) -> Result<(ReserveRequest, Bytes, Option<serde_json::Value>), Rejection>
+) -> Result<(ReserveRequest, Bytes, Option<Command>), Rejection>
 where
     B: Body<Data = Bytes>,
 {
@@ -227,12 +253,22 @@ where
         &body,
     )?;
     let fingerprint = fingerprinted.fingerprint;
-    let approval = approval::request_for(shared, policy, parts, fingerprinted.command.as_ref());
-    // The handler gets the normalized command (not a merely parsed body: its extractor would
-    // then skip the command's own normalization).
-    let command = fingerprinted
-        .command
-        .filter(|_| policy.normalizer.is_some());
+    let approval = approval::request_for(
+        shared,
+        policy,
+        parts,
+        fingerprinted.command.as_ref(),
+        fingerprinted.typed.as_deref(),
+    );
+    // The handler gets the typed or normalized command (not a merely parsed body: its
+    // extractor would then skip the command's own normalization).
+    let command = match fingerprinted.typed {
+        Some(typed) => Some(Command::Typed(typed)),
+        None => fingerprinted
+            .command
+            .filter(|_| policy.normalizer.is_some())
+            .map(Command::Json),
+    };
     let request = ReserveRequest {
         scope,
         key,

@@ -92,6 +92,8 @@ impl IdempotencyLayer {
                 pending_records: Arc::new(AtomicUsize::new(0)),
                 detached: Detached::default(),
                 max_detached: DEFAULT_MAX_DETACHED,
+                #[cfg(feature = "axum")]
+                route_check: Arc::default(),
             }),
         }
     }
@@ -157,6 +159,11 @@ impl IdempotencyLayer {
 
     /// The policy for one method on one route. `route` is the route template as
     /// registered with axum (`/v1/tickets/{id}`); without axum, the request path.
+    ///
+    /// A route string that names no route matches nothing, and its route runs under the
+    /// default policy: check them at start with
+    /// [`verify_routes`](IdempotencyLayer::verify_routes) (feature `axum`), which refuses
+    /// such a policy with [`ConfigError::UnregisteredRoute`].
     pub fn with_route_policy(self, method: Method, route: &str, policy: RoutePolicy) -> Self {
         self.edit(|s| {
             let entry = s.routes.entry(route.to_owned()).or_default();

@@ -126,6 +126,8 @@ pub mod problem;
 mod record;
 mod refusal;
 mod request_fingerprint;
+#[cfg(feature = "axum")]
+mod route_check;
 mod service;
 #[cfg(feature = "axum")]
 mod status;

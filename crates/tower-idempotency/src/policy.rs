@@ -90,6 +90,45 @@ impl fmt::Display for CommandRejection {
 
 impl std::error::Error for CommandRejection {}
 
+/// A command built by the layer, for the handler's extractor and the approval condition.
+pub(crate) type BuiltCommand = Box<dyn std::any::Any + Send>;
+
+/// How a route's command type is built from its normalized JSON.
+#[derive(Clone)]
+pub(crate) struct CommandType {
+    pub(crate) name: &'static str,
+    /// Builds the command from the normalized JSON, by reference (the JSON is still needed,
+    /// for an approval's summary) or by value.
+    #[allow(clippy::type_complexity)]
+    pub(crate) build:
+        Arc<dyn Fn(CommandSource<'_>) -> Result<BuiltCommand, CommandRejection> + Send + Sync>,
+}
+
+/// The normalized JSON a command is built from.
+pub(crate) enum CommandSource<'a> {
+    /// Still needed afterwards.
+    Borrowed(&'a serde_json::Value),
+    /// Moved into the command.
+    Owned(serde_json::Value),
+}
+
+impl CommandType {
+    fn of<T: crate::JsonCommand + Send + 'static>() -> Self {
+        Self {
+            name: std::any::type_name::<T>(),
+            build: Arc::new(|source| {
+                let built = match source {
+                    CommandSource::Borrowed(value) => T::deserialize(value),
+                    CommandSource::Owned(value) => serde_json::from_value(value),
+                };
+                built
+                    .map(|command| Box::new(command) as BuiltCommand)
+                    .map_err(|error| CommandRejection::new(error.to_string()))
+            }),
+        }
+    }
+}
+
 pub(crate) type Normalizer =
     Arc<dyn Fn(&mut serde_json::Value) -> Result<(), CommandRejection> + Send + Sync>;
 
@@ -121,6 +160,7 @@ pub struct RoutePolicy {
     pub(crate) transactional: bool,
     pub(crate) fingerprint_headers: Arc<[HeaderName]>,
     pub(crate) normalizer: Option<Normalizer>,
+    pub(crate) command: Option<CommandType>,
     pub(crate) response_storage: ResponseStorage,
     pub(crate) approval: Option<ApprovalPolicy>,
 }
@@ -141,6 +181,10 @@ impl fmt::Debug for RoutePolicy {
             .field("transactional", &self.transactional)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
+            .field(
+                "command",
+                &self.command.as_ref().map(|command| command.name),
+            )
             .field("response_storage", &self.response_storage)
             .field("approval", &self.approval)
             .finish()
@@ -190,6 +234,7 @@ impl RoutePolicy {
             transactional: false,
             fingerprint_headers: Arc::from(Vec::new()),
             normalizer: None,
+            command: None,
             response_storage: ResponseStorage::Full,
             approval: None,
         }
@@ -376,22 +421,43 @@ impl RoutePolicy {
     /// `422 invalid-command`. The handler still receives the original body, and the
     /// normalized command in its extensions, which the `ValidatedJson` extractor (feature
     /// `axum`) reads instead of parsing the body again.
+    ///
+    /// A normalizer alone does not build the handler's command type: a body that it accepts
+    /// but the type refuses (an unknown field under `#[serde(deny_unknown_fields)]`, a
+    /// wrong type) would reach the handler. Prefer [`RoutePolicy::with_command`].
     pub fn with_normalizer<F>(mut self, normalizer: F) -> Self
     where
         F: Fn(&mut serde_json::Value) -> Result<(), CommandRejection> + Send + Sync + 'static,
     {
         self.normalizer = Some(Arc::new(normalizer));
+        self.command = None;
         self
     }
 
-    /// The normalizer of the command type `T` ([`JsonCommand::normalize`]) as this route's
-    /// normalizer: the layer validates and fingerprints the command as `T` defines it, and
-    /// the `ValidatedJson<T>` extractor (feature `axum`) hands the handler that same
-    /// normalized command without parsing the body again.
+    /// The route's command type: the layer validates the body as `T` before anything is
+    /// stored, and hands the handler that `T`.
+    ///
+    /// The layer parses the JSON body once, runs [`JsonCommand::normalize`], fingerprints
+    /// what it leaves and builds `T` from it (`serde`, so `#[serde(deny_unknown_fields)]`,
+    /// enumerations and integer types are enforced here). A body that is not JSON is
+    /// refused with `415 unsupported-media-type`, one that is not I-JSON with
+    /// `422 invalid-json`, one that the normalizer or `T` refuses with
+    /// `422 invalid-command`: nothing is stored, the handler does not run, and the corrected
+    /// retry under the same key executes. The `ValidatedJson<T>` extractor (feature `axum`)
+    /// takes the layer's `T` out of the request extensions without parsing again; an
+    /// approval condition over `T` ([`ApprovalPolicy::when_command`]) decides on it.
     ///
     /// [`JsonCommand::normalize`]: crate::JsonCommand::normalize
-    pub fn with_command<T: crate::JsonCommand + 'static>(self) -> Self {
-        self.with_normalizer(T::normalize)
+    /// [`ApprovalPolicy::when_command`]: tower_idempotency_core::ApprovalPolicy::when_command
+    pub fn with_command<T: crate::JsonCommand + Send + 'static>(mut self) -> Self {
+        self.normalizer = Some(Arc::new(T::normalize));
+        self.command = Some(CommandType::of::<T>());
+        self
+    }
+
+    /// The name of the route's command type ([`RoutePolicy::with_command`]), if it has one.
+    pub fn command_type(&self) -> Option<&'static str> {
+        self.command.as_ref().map(|command| command.name)
     }
 
     /// What is kept of this route's responses for replay (default: everything). See

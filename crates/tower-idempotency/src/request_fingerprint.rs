@@ -8,7 +8,7 @@ use tower_idempotency_core::canonical::{canonicalize_value, parse_json};
 use tower_idempotency_core::fingerprint::{FingerprintBody, FingerprintInput, canonical_query};
 use tower_idempotency_core::{Fingerprint, Fingerprinter, Scope, canonicalize_json};
 
-use crate::policy::RoutePolicy;
+use crate::policy::{BuiltCommand, CommandSource, RoutePolicy};
 use crate::problem::Rejection;
 
 /// Whether a media type is JSON: `application/json` or any `+json` suffix.
@@ -34,10 +34,12 @@ fn content_type_essence(parts: &Parts) -> &str {
 /// A request's fingerprint and the validated command it was taken of: on a route with a
 /// normalizer, the normalized JSON body (handed to the handler, see
 /// [`command`](crate::command)); on a route with an approval policy, the command the policy
-/// decides on (`null` for a body that is not JSON).
+/// decides on (`null` for a body that is not JSON); on a route with a command type, the
+/// typed command built from it.
 pub(crate) struct Fingerprinted {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) command: Option<serde_json::Value>,
+    pub(crate) typed: Option<BuiltCommand>,
 }
 
 /// The fingerprint of a request. `key_header` is the layer's key header: never part of
@@ -59,6 +61,7 @@ pub(crate) fn fingerprint(
     // its handler).
     let wants_command = policy.approval.is_some();
     let mut command = wants_command.then_some(serde_json::Value::Null);
+    let mut typed = None;
     // A route with a normalizer takes JSON commands only: any other body would bypass the
     // validation and be stored under the key as whatever the handler answers to it.
     if policy.normalizer.is_some() && !is_json(essence) {
@@ -80,7 +83,24 @@ pub(crate) fn fingerprint(
                 let mut value = parse_json(body).map_err(Rejection::InvalidJson)?;
                 normalize(&mut value).map_err(Rejection::InvalidCommand)?;
                 let canonical = canonicalize_value(&value);
-                command = Some(value);
+                match &policy.command {
+                    // The command the handler executes is built here, before anything is
+                    // reserved: a body the type refuses is a 422 that stores nothing.
+                    Some(command_type) if wants_command => {
+                        typed = Some(
+                            (command_type.build)(CommandSource::Borrowed(&value))
+                                .map_err(Rejection::InvalidCommand)?,
+                        );
+                        command = Some(value);
+                    }
+                    Some(command_type) => {
+                        typed = Some(
+                            (command_type.build)(CommandSource::Owned(value))
+                                .map_err(Rejection::InvalidCommand)?,
+                        );
+                    }
+                    None => command = Some(value),
+                }
                 canonical
             }
         };
@@ -116,6 +136,7 @@ pub(crate) fn fingerprint(
     Ok(Fingerprinted {
         fingerprint,
         command,
+        typed,
     })
 }
 

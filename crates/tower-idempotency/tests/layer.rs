@@ -940,3 +940,96 @@ async fn the_method_fallback_of_a_route_keeps_nothing() {
         assert_eq!(calls.load(Ordering::SeqCst), 0);
     }
 }
+
+/// A route policy keyed by a route string the router never registered (`/v1/refund`
+/// beside `/v1/refunds`) is refused at start, with a typed error naming it; the probes run
+/// no handler and store nothing. A correct policy passes; a check that cannot reach the
+/// layer (authentication outside it) fails instead of passing.
+#[tokio::test]
+async fn a_route_policy_for_an_unregistered_route_is_refused_at_start() {
+    use http::Method;
+    use tower_idempotency::{ApprovalPolicy, ConfigError};
+
+    let store = MemoryStore::default();
+    let (refunds, calls) = counted(|| StatusCode::CREATED);
+    let (ticket, ticket_calls) = counted(|| StatusCode::CREATED);
+    let guarded = |layer: &IdempotencyLayer| {
+        Router::new()
+            .route("/v1/refunds", refunds.clone())
+            .route("/v1/tickets/{id}", ticket.clone())
+            .route_layer(layer.clone())
+    };
+    let base = IdempotencyLayer::new(store.clone())
+        .with_scope(|_| Some(Scope::new("acct")))
+        .with_route_policy(Method::POST, "/v1/tickets/{id}", RoutePolicy::required());
+    let approval = || RoutePolicy::required().with_approval(ApprovalPolicy::always());
+
+    let mistyped = base
+        .clone()
+        .with_route_policy(Method::POST, "/v1/refund", approval());
+    assert_eq!(
+        mistyped.verify_routes(&guarded(&mistyped)),
+        Err(ConfigError::UnregisteredRoute {
+            method: Method::POST,
+            route: "/v1/refund".to_owned()
+        })
+    );
+    let error = mistyped.verify_routes(&guarded(&mistyped)).unwrap_err();
+    assert!(error.to_string().contains("POST /v1/refund "), "{error}");
+
+    // Another template for the same paths is another route.
+    let other_template = base.clone().with_route_policy(
+        Method::POST,
+        "/v1/tickets/{ticket_id}",
+        RoutePolicy::required(),
+    );
+    let checked = other_template.verify_routes(&guarded(&other_template));
+    assert!(
+        matches!(&checked, Err(ConfigError::UnregisteredRoute { route, .. }) if route == "/v1/tickets/{ticket_id}"),
+        "{checked:?}"
+    );
+
+    // A method the layer does not guard never applies.
+    let unguarded = base
+        .clone()
+        .with_route_policy(Method::GET, "/v1/refunds", approval());
+    assert!(matches!(
+        unguarded.verify_routes(&guarded(&unguarded)),
+        Err(ConfigError::UnguardedRoutePolicy { .. })
+    ));
+
+    let correct = base
+        .clone()
+        .with_route_policy(Method::POST, "/v1/refunds", approval());
+    assert_eq!(correct.verify_routes(&guarded(&correct)), Ok(()));
+
+    // Outer middleware that answers first: the check cannot pass.
+    let behind_auth = guarded(&correct).layer(axum::middleware::from_fn(
+        |_request: axum::extract::Request, _next: axum::middleware::Next| async {
+            StatusCode::UNAUTHORIZED
+        },
+    ));
+    assert!(matches!(
+        correct.verify_routes(&behind_auth),
+        Err(ConfigError::RouteNotReached {
+            status: Some(401),
+            ..
+        })
+    ));
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no probe ran a handler");
+    assert_eq!(ticket_calls.load(Ordering::SeqCst), 0);
+    // And the verified layer guards the route with its own policy.
+    let app = guarded(&correct);
+    let request = Request::post("/v1/refunds")
+        .header("content-type", "application/json")
+        .header("idempotency-key", "k-1")
+        .body(Body::from("{}"))
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::FORBIDDEN,
+        "approval required"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}

@@ -280,3 +280,111 @@ async fn a_body_past_the_limit_is_too_large() {
     assert!(problem["detail"].is_string());
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
+
+/// One HTTP/1.1 exchange over a real loopback connection: the status and the body.
+async fn over_http(
+    addr: std::net::SocketAddr,
+    key: &str,
+    body: &str,
+) -> (u16, Value, Option<String>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /v1/things HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
+         content-type: application/json\r\nidempotency-key: {key}\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let status = head[9..12].parse().unwrap();
+    let replayed = head
+        .lines()
+        .find_map(|line| line.strip_prefix("idempotent-replayed: "))
+        .map(str::to_owned);
+    // `connection: close` answers are sent whole (content-length) by hyper.
+    (status, serde_json::from_str(body).unwrap(), replayed)
+}
+
+/// A route whose command type is stricter than its normalizer (`deny_unknown_fields`, a
+/// `u32`): the layer builds the type before it reserves the key, so a body the type refuses
+/// is a `422` that stores nothing, and the corrected retry under the same key executes
+/// (before, the handler's `422` was stored and the correction got `409`).
+#[tokio::test]
+async fn a_body_the_command_type_refuses_stores_nothing_and_the_corrected_retry_runs() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = guarded(RoutePolicy::required().with_command::<NewThing>(), &calls);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    for bad in [
+        r#"{"name":"a","count":1,"colour":"red"}"#,
+        r#"{"name":"a","count":-1}"#,
+        r#"{"name":"a","count":"many"}"#,
+        r#"{"name":"a"}"#,
+    ] {
+        let (status, problem, _) = over_http(addr, "k-typed", bad).await;
+        assert_eq!(status, 422, "{bad}: {problem}");
+        assert_eq!(
+            problem["type"], "https://example.com/problems/invalid-command",
+            "{bad}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "the handler never ran");
+    let corrected = r#"{"name":"a","count":1}"#;
+    let (status, answer, replayed) = over_http(addr, "k-typed", corrected).await;
+    assert_eq!(status, 201, "{answer}");
+    assert_eq!(replayed, None);
+    assert_eq!(answer["count"], 1);
+    // The handler got the layer's command (normalized once, not parsed again).
+    assert_eq!(answer["normalized_by"], "extractor");
+    let (status, _, replayed) = over_http(addr, "k-typed", corrected).await;
+    assert_eq!((status, replayed.as_deref()), (201, Some("true")));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// The handler receives the very command the layer built: its normalizer ran once, in the
+/// layer (a second normalization would be visible as a second mark).
+#[tokio::test]
+async fn the_handler_receives_the_layers_typed_command() {
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Counted {
+        marks: Vec<String>,
+    }
+    impl JsonCommand for Counted {
+        fn normalize(command: &mut Value) -> Result<(), CommandRejection> {
+            command["marks"]
+                .as_array_mut()
+                .ok_or_else(|| CommandRejection::new("marks must be an array"))?
+                .push("normalized".into());
+            Ok(())
+        }
+    }
+    let layer = IdempotencyLayer::new(MemoryStore::default())
+        .with_scope(|_| Some(Scope::new("acct_1")))
+        .with_default_policy(RoutePolicy::required().with_command::<Counted>());
+    let app = Router::new()
+        .route(
+            "/v1/things",
+            post(
+                |ValidatedJson(command): ValidatedJson<Counted>| async move {
+                    (
+                        StatusCode::CREATED,
+                        axum::Json(json!({"marks": command.marks})),
+                    )
+                },
+            ),
+        )
+        .route_layer(layer);
+    let (status, answer) = send(
+        &app,
+        request(Some("k-1"), "application/json", r#"{"marks":[]}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(answer["marks"], json!(["normalized"]));
+}

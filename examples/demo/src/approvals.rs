@@ -2,31 +2,31 @@
 //!
 //! Deploys to [`APPROVAL_ENVIRONMENT`] and payments of [`APPROVAL_AMOUNT_MINOR`] minor
 //! units or more wait for an approver of the account (`--approver`) before their handler
-//! runs; every other command runs at once. The summaries are rendered from the validated
-//! command (after the route's normalizer) and say what happens, to what, and whether it
-//! can be undone.
+//! runs; every other command runs at once. The conditions decide on the typed command the
+//! handler executes ([`ApprovalPolicy::when_command`]): an [`Environment`], a validated
+//! `u64` amount, so no spelling routes around them. The summaries are rendered from the
+//! validated command (after the route's normalizer) and say what happens, to what, and
+//! whether it can be undone.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tower_idempotency::ApprovalPolicy;
 
+use crate::commands::{Environment, NewDeploy, NewPayment};
+
 /// Deploys to this environment need approval.
-pub const APPROVAL_ENVIRONMENT: &str = "production";
+pub const APPROVAL_ENVIRONMENT: Environment = Environment::Production;
 
 /// Payments of at least this many minor units (1000.00 in a two-decimal currency) need
 /// approval.
 pub const APPROVAL_AMOUNT_MINOR: u64 = 100_000;
 
-/// Whether a (validated) deploy command needs approval.
-///
-/// ```
-/// use serde_json::json;
-/// assert!(demo::approvals::deploy_needs_approval(&json!({"environment": "production"})));
-/// assert!(!demo::approvals::deploy_needs_approval(&json!({"environment": "staging"})));
-/// ```
-pub fn deploy_needs_approval(command: &Value) -> bool {
-    command["environment"] == APPROVAL_ENVIRONMENT
+/// Whether a validated deploy command needs approval: the typed command the handler
+/// executes, whose environment is an [`Environment`] (every accepted spelling of
+/// production is [`Environment::Production`]).
+pub fn deploy_needs_approval(deploy: &NewDeploy) -> bool {
+    deploy.environment == APPROVAL_ENVIRONMENT
 }
 
 /// What the approver of a deploy sees: the service, the environment, the artifact, what
@@ -48,17 +48,9 @@ pub fn deploy_summary(command: &Value) -> Value {
     })
 }
 
-/// Whether a (validated) payment command needs approval.
-///
-/// ```
-/// use serde_json::json;
-/// assert!(demo::approvals::payment_needs_approval(&json!({"amount_minor": 100000})));
-/// assert!(!demo::approvals::payment_needs_approval(&json!({"amount_minor": 99999})));
-/// ```
-pub fn payment_needs_approval(command: &Value) -> bool {
-    command["amount_minor"]
-        .as_u64()
-        .is_some_and(|amount| amount >= APPROVAL_AMOUNT_MINOR)
+/// Whether a validated payment command needs approval (its amount is a validated `u64`).
+pub fn payment_needs_approval(payment: &NewPayment) -> bool {
+    payment.amount_minor >= APPROVAL_AMOUNT_MINOR
 }
 
 /// What the approver of a payment sees: the payee, the amount and currency, the invoice,
@@ -84,14 +76,14 @@ pub fn payment_summary(command: &Value) -> Value {
 
 /// The approval rule of `POST /v1/deploys`, valid for `ttl`.
 pub fn deploy_policy(ttl: Duration) -> ApprovalPolicy {
-    ApprovalPolicy::when(deploy_needs_approval)
+    ApprovalPolicy::when_command(deploy_needs_approval)
         .with_summary(deploy_summary)
         .with_ttl(ttl)
 }
 
 /// The approval rule of `POST /v1/payments`, valid for `ttl`.
 pub fn payment_policy(ttl: Duration) -> ApprovalPolicy {
-    ApprovalPolicy::when(payment_needs_approval)
+    ApprovalPolicy::when_command(payment_needs_approval)
         .with_summary(payment_summary)
         .with_ttl(ttl)
 }
@@ -120,7 +112,7 @@ mod tests {
             summary["consequence"],
             "pays 250000 EUR (minor units) to ACME GmbH for invoice INV-9"
         );
-        assert!(payment_needs_approval(&payment));
-        assert!(deploy_needs_approval(&deploy));
+        assert!(payment_policy(Duration::from_secs(60)).applies_to(&payment));
+        assert!(deploy_policy(Duration::from_secs(60)).applies_to(&deploy));
     }
 }

@@ -53,6 +53,55 @@ pub struct NewPayment {
     pub payee: String,
 }
 
+/// A deploy's target environment. Accepted case-insensitively and trimmed of ASCII
+/// whitespace (`"Production "` is production), refused with `422 invalid-command` when it
+/// is none of these or carries anything but ASCII letters (`"production\u{200b}"`, a
+/// fullwidth spelling): a spelling can never make production look like something else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Environment {
+    /// `development`.
+    Development,
+    /// `staging`.
+    Staging,
+    /// `production`: deploys need a person's approval.
+    Production,
+}
+
+impl Environment {
+    /// Every environment, in its normal spelling.
+    pub const ALL: [Environment; 3] = [
+        Environment::Development,
+        Environment::Staging,
+        Environment::Production,
+    ];
+
+    /// The normal spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Environment::Development => "development",
+            Environment::Staging => "staging",
+            Environment::Production => "production",
+        }
+    }
+
+    /// The environment `text` names: trimmed of ASCII whitespace, ASCII case-insensitive;
+    /// `None` for anything else (other characters are never folded).
+    ///
+    /// ```
+    /// use demo::commands::Environment;
+    /// assert_eq!(Environment::parse(" PRODUCTION "), Some(Environment::Production));
+    /// assert_eq!(Environment::parse("production\u{200b}"), None);
+    /// assert_eq!(Environment::parse("\u{ff50}roduction"), None);
+    /// ```
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim_ascii();
+        Self::ALL
+            .into_iter()
+            .find(|environment| environment.as_str().eq_ignore_ascii_case(text))
+    }
+}
+
 /// A validated `POST /v1/deploys` command.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,7 +109,7 @@ pub struct NewDeploy {
     /// Service to deploy.
     pub service: String,
     /// Target environment.
-    pub environment: String,
+    pub environment: Environment,
     /// Immutable artifact digest, `sha256:<64 lowercase hex>`.
     pub artifact: String,
 }
@@ -190,20 +239,36 @@ pub fn normalize_payment(command: &mut Value) -> Result<(), Problem> {
     Ok(())
 }
 
-/// Validates a deploy command: `service` and `environment` non-blank strings, `artifact`
-/// an immutable digest `sha256:<64 lowercase hex>`. Mutable references (`latest`, a branch
-/// or tag name) are refused: redeploying "the same" command must deploy the same bits.
+/// Validates a deploy command: `service` a non-blank string, `environment` one of
+/// [`Environment`] (rewritten to its normal spelling, so that every spelling of one
+/// environment is one command with one fingerprint), `artifact` an immutable digest
+/// `sha256:<64 lowercase hex>`. Mutable references (`latest`, a branch or tag name) are
+/// refused: redeploying "the same" command must deploy the same bits.
 ///
 /// ```
+/// let mut shouted = serde_json::json!({"service": "api", "environment": "Production ",
+///     "artifact": "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"});
+/// demo::commands::normalize_deploy(&mut shouted).unwrap();
+/// assert_eq!(shouted["environment"], "production");
+///
 /// let mut mutable = serde_json::json!(
-///     {"service": "api", "environment": "prod", "artifact": "registry/api:latest"});
+///     {"service": "api", "environment": "staging", "artifact": "registry/api:latest"});
 /// let problem = demo::commands::normalize_deploy(&mut mutable).unwrap_err();
 /// assert!(problem.detail().contains("immutable"));
 /// ```
 pub fn normalize_deploy(command: &mut Value) -> Result<(), Problem> {
     let object = as_object(command, &["service", "environment", "artifact"])?;
     required_text(object, "service")?;
-    required_text(object, "environment")?;
+    let environment = match object.get("environment") {
+        Some(Value::String(text)) => Environment::parse(text).ok_or_else(|| {
+            Problem::invalid_command(
+                "environment must be one of \"development\", \"staging\", \"production\"",
+            )
+        })?,
+        Some(_) => return Err(Problem::invalid_command("environment must be a string")),
+        None => return Err(Problem::invalid_command("environment is required")),
+    };
+    object.insert("environment".to_owned(), Value::from(environment.as_str()));
     match object.get("artifact") {
         Some(Value::String(a)) if is_sha256_digest(a) => Ok(()),
         Some(Value::String(a)) => Err(Problem::invalid_command(format!(
@@ -359,8 +424,7 @@ mod tests {
 
     #[test]
     fn deploy_artifacts() {
-        let deploy =
-            |artifact: &str| json!({"service": "api", "environment": "prod", "artifact": artifact});
+        let deploy = |artifact: &str| json!({"service": "api", "environment": "staging", "artifact": artifact});
         assert!(normalize_deploy(&mut deploy(DIGEST)).is_ok());
         for bad in [
             "latest",
@@ -371,6 +435,34 @@ mod tests {
             &format!("{DIGEST}0"),
         ] {
             assert!(normalize_deploy(&mut deploy(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn deploy_environments_have_one_spelling() {
+        let deploy = |environment: &str| json!({"service": "api", "environment": environment, "artifact": DIGEST});
+        for spelling in [
+            "production",
+            "Production",
+            "PRODUCTION",
+            "production ",
+            "\tproduction\n",
+        ] {
+            let mut command = deploy(spelling);
+            normalize_deploy(&mut command).unwrap();
+            assert_eq!(command["environment"], "production", "{spelling:?}");
+        }
+        for refused in [
+            "production\u{200b}",
+            "\u{ff50}\u{ff52}\u{ff4f}\u{ff44}\u{ff55}\u{ff43}\u{ff54}\u{ff49}\u{ff4f}\u{ff4e}",
+            "pro\u{200d}duction",
+            "prod",
+            "",
+        ] {
+            assert!(
+                normalize_deploy(&mut deploy(refused)).is_err(),
+                "{refused:?}"
+            );
         }
     }
 

@@ -245,12 +245,12 @@ impl Database {
                      SET deploy_id = excluded.deploy_id, locked_until = excluded.locked_until \
                      WHERE l.locked_until <= now() \
                  RETURNING deploy_id",
-                &[&account, &command.environment, &id, &hold_ms],
+                &[&account, &command.environment.as_str(), &id, &hold_ms],
             )
             .await?;
         if locked.is_none() {
             return Ok(Err(EnvironmentLocked {
-                environment: command.environment,
+                environment: command.environment.as_str().to_owned(),
             }));
         }
         let row = self
@@ -262,7 +262,7 @@ impl Database {
                     &account,
                     &id,
                     &command.service,
-                    &command.environment,
+                    &command.environment.as_str(),
                     &command.artifact,
                     &now(),
                 ],

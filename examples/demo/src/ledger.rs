@@ -201,15 +201,14 @@ impl Ledger {
     ) -> Result<(Deploy, EnvironmentLease), EnvironmentLocked> {
         let mut accounts = self.lock();
         let books = accounts.entry(account.to_owned()).or_default();
-        if !books.running_deploys.insert(command.environment.clone()) {
-            return Err(EnvironmentLocked {
-                environment: command.environment,
-            });
+        let environment = command.environment.as_str().to_owned();
+        if !books.running_deploys.insert(environment.clone()) {
+            return Err(EnvironmentLocked { environment });
         }
         let deploy = Deploy {
             id: new_id("dep"),
             service: command.service,
-            environment: command.environment,
+            environment,
             artifact: command.artifact,
             status: "started",
             created_at: now(),
@@ -345,15 +344,15 @@ mod tests {
         let ledger = Ledger::new();
         let deploy = |environment: &str| NewDeploy {
             service: "api".into(),
-            environment: environment.into(),
+            environment: crate::commands::Environment::parse(environment).unwrap(),
             artifact: "sha256:00".into(),
         };
-        let (_, lease) = ledger.start_deploy("a", deploy("prod")).unwrap();
-        assert!(ledger.start_deploy("a", deploy("prod")).is_err());
+        let (_, lease) = ledger.start_deploy("a", deploy("development")).unwrap();
+        assert!(ledger.start_deploy("a", deploy("development")).is_err());
         assert!(ledger.start_deploy("a", deploy("staging")).is_ok());
-        assert!(ledger.start_deploy("b", deploy("prod")).is_ok());
+        assert!(ledger.start_deploy("b", deploy("development")).is_ok());
         drop(lease);
-        assert!(ledger.start_deploy("a", deploy("prod")).is_ok());
+        assert!(ledger.start_deploy("a", deploy("development")).is_ok());
         assert_eq!(ledger.deploys("a").len(), 3);
     }
 }

@@ -265,8 +265,13 @@ fn build(
         // `GET`s pass through the layer untouched; only writes are guarded. A route layer
         // wraps the routes' handlers only: the router's answers to an unknown path (`404`)
         // or method (`405`) stay outside it and reserve nothing.
-        api.route_layer(idempotency.clone())
-            .merge(idempotency.status_router())
+        let api = api.route_layer(idempotency.clone());
+        // Fail closed on a route policy whose route string names no route (it would
+        // match nothing, and its route would run under the default policy).
+        if let Err(error) = idempotency.verify_routes(&api.clone().with_state(state.clone())) {
+            panic!("the demo's route policies do not match its routes: {error}");
+        }
+        api.merge(idempotency.status_router())
             .merge(idempotency.approvals_router())
     } else {
         api

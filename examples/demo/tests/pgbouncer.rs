@@ -97,7 +97,7 @@ async fn with_unnamed_statements_the_demo_serves_every_route_through_pgbouncer()
         assert!(failures.is_empty(), "{failures:#?}");
         let deploy = json!({
             "service": "api",
-            "environment": "prod",
+            "environment": "staging",
             "artifact": format!("sha256:{}", "a".repeat(64)),
         });
         let reply = post(&http, &process.base, &account, "/v1/deploys", deploy).await;

@@ -104,12 +104,61 @@ fn principal_of(parts: &http::request::Parts) -> Option<String> {
         .map(|principal| principal.0.clone())
 }
 
+/// Largest `amount_minor` a charge accepts: the largest integer a double holds exactly.
+pub const MAX_AMOUNT_MINOR: u64 = (1 << 53) - 1;
+
+/// A tool's argument validation: an `Err` refuses the call with its message.
+pub type ArgumentRule = fn(&mut serde_json::Value) -> Result<(), String>;
+
+/// Validates and normalizes a side-effect tool's arguments before anything is reserved
+/// (an `Err` is a JSON-RPC `-32602`): `charge` takes an integer `amount_minor` in
+/// `1..=`[`MAX_AMOUNT_MINOR`] (negative, zero, fractional and string amounts are
+/// refused); `deploy_release` takes an `environment` of ASCII letters, digits, `-` and `_`
+/// only (zero-width, bidi, fullwidth and other look-alike characters are refused), trimmed
+/// and lowercased so that `"Production "` is `production`. `None` for other tools.
+pub fn argument_rule(tool: &str) -> Option<ArgumentRule> {
+    match tool {
+        "charge" => Some(|arguments| {
+            let amount = &arguments["amount_minor"];
+            match amount.as_u64() {
+                Some(amount) if (1..=MAX_AMOUNT_MINOR).contains(&amount) => Ok(()),
+                _ => Err(format!(
+                    "amount_minor must be an integer between 1 and {MAX_AMOUNT_MINOR} (minor units, e.g. cents)"
+                )),
+            }
+        }),
+        "deploy_release" => Some(|arguments| {
+            let Some(environment) = arguments["environment"].as_str() else {
+                return Err("environment must be a string".to_owned());
+            };
+            let environment = environment.trim_ascii();
+            if environment.is_empty()
+                || !environment
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(
+                    "environment must be a name of ASCII letters, digits, `-` and `_`".to_owned(),
+                );
+            }
+            arguments["environment"] = environment.to_ascii_lowercase().into();
+            Ok(())
+        }),
+        _ => None,
+    }
+}
+
 /// The approval rule of each side-effect tool: deploys to `production`, and charges of
-/// 100000 minor units or more (the HTTP demo's rule), with what the approver is shown.
+/// 100000 minor units or more (the HTTP demo's rule), with what the approver is shown. The
+/// conditions decide on the typed, validated arguments ([`ApprovalPolicy::when_command`],
+/// after [`argument_rule`]): a spelling of production or of an amount cannot route around
+/// them, and arguments that do not fit the tool's type need approval.
 pub fn approval_policy(tool: &str, ttl: Duration) -> Option<ApprovalPolicy> {
     let policy = match tool {
         "deploy_release" => {
-            ApprovalPolicy::when(|arguments| arguments["environment"] == "production")
+            ApprovalPolicy::when_command(|deploy: &tools::DeployRelease| {
+                deploy.environment == "production"
+            })
                 .with_summary(|arguments| {
                     json!({
                         "operation": "deploy a release",
@@ -122,10 +171,8 @@ pub fn approval_policy(tool: &str, ttl: Duration) -> Option<ApprovalPolicy> {
                     })
                 })
         }
-        "charge" => ApprovalPolicy::when(|arguments| {
-            arguments["amount_minor"]
-                .as_i64()
-                .is_some_and(|amount| amount >= 100_000)
+        "charge" => ApprovalPolicy::when_command(|charge: &tools::Charge| {
+            charge.amount_minor >= 100_000
         })
         .with_summary(|arguments| {
             json!({
@@ -196,6 +243,10 @@ pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Stor
                 .with_lease(lease)
                 .with_wait(wait)
                 .with_marks_dispatch(true);
+            let policy = match argument_rule(name) {
+                Some(rule) => policy.with_normalizer(rule),
+                None => policy,
+            };
             match approval_policy(name, approval_ttl) {
                 Some(approval) => policy.with_approval(approval),
                 None => policy,
@@ -329,6 +380,38 @@ mod tests {
     }
 
     #[test]
+    fn arguments_are_validated_and_normalized_before_approval() {
+        let charge = argument_rule("charge").unwrap();
+        for bad in [
+            json!(-5),
+            json!(0),
+            json!(1.5),
+            json!("100000"),
+            json!(null),
+        ] {
+            let mut arguments =
+                json!({"payee": "p", "amount_minor": bad, "currency": "EUR", "invoice_ref": "i"});
+            assert!(charge(&mut arguments).is_err(), "{bad}");
+        }
+        let deploy = argument_rule("deploy_release").unwrap();
+        let policy = approval_policy("deploy_release", Duration::from_secs(60)).unwrap();
+        for spelling in ["Production", "PRODUCTION", "production ", " production"] {
+            let mut arguments = json!({"service": "api", "version": "1", "environment": spelling});
+            deploy(&mut arguments).unwrap();
+            assert!(policy.applies_to(&arguments), "{spelling:?}");
+        }
+        for spelling in [
+            "production\u{200b}",
+            "\u{ff50}roduction",
+            "\u{202e}noitcudorp",
+            "",
+        ] {
+            let mut arguments = json!({"service": "api", "version": "1", "environment": spelling});
+            assert!(deploy(&mut arguments).is_err(), "{spelling:?}");
+        }
+    }
+
+    #[test]
     fn production_deploys_and_large_charges_need_approval() {
         let ttl = Duration::from_secs(60);
         let deploy = approval_policy("deploy_release", ttl).unwrap();
@@ -343,7 +426,10 @@ mod tests {
         let charge = approval_policy("charge", ttl).unwrap();
         let large = json!({"payee": "acme", "amount_minor": 100_000, "currency": "EUR", "invoice_ref": "inv-1"});
         assert!(charge.applies_to(&large));
-        assert!(!charge.applies_to(&json!({"amount_minor": 99_999})));
+        let small = json!({"payee": "acme", "amount_minor": 99_999, "currency": "EUR", "invoice_ref": "inv-1"});
+        assert!(!charge.applies_to(&small));
+        // Not a charge (a negative amount): fail closed.
+        assert!(charge.applies_to(&json!({"amount_minor": -100_000})));
         assert_eq!(charge.summary(&large)["invoice_ref"], "inv-1");
         assert_eq!(charge.ttl(), ttl);
         assert!(approval_policy("create_ticket", ttl).is_none());

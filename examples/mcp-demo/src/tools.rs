@@ -38,8 +38,8 @@ pub struct CreateTicket {
 pub struct Charge {
     /// Who is paid.
     pub payee: String,
-    /// Amount in minor units (cents).
-    pub amount_minor: i64,
+    /// Amount in minor units (cents), at least 1.
+    pub amount_minor: u64,
     /// ISO 4217 currency code.
     pub currency: String,
     /// The invoice this charge settles.

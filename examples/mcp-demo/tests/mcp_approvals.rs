@@ -46,3 +46,9 @@ async fn an_undecided_request_expires() {
     .await;
     approvals::expiry(&demo.base(), ttl).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spellings_and_amounts_cannot_route_around_approval() {
+    let demo = Demo::start(config(0)).await;
+    approvals::spellings_cannot_route_around_approval(&demo.base()).await;
+}

@@ -589,3 +589,63 @@ async fn the_approvals_routes_refuse_bad_requests_precisely() {
         "not an idempotent operation"
     );
 }
+
+/// No spelling of production deploys without approval: case and surrounding whitespace
+/// are normalised to the environment (and then need approval, each spelling one command
+/// with one fingerprint), zero-width, fullwidth and other look-alike spellings are refused
+/// `422` before anything is stored; an unknown environment is refused too. The condition
+/// decides on the typed command (`Environment::Production`), not on a JSON string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_spelling_of_production_deploys_without_approval() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let mut fingerprints = Vec::new();
+    for spelling in [
+        "production",
+        "Production",
+        "PRODUCTION",
+        "production ",
+        " production\t",
+        "PrOdUcTiOn",
+    ] {
+        let reply = acme
+            .agent
+            .post("/v1/deploys", Some(&new_key()), deploy(spelling, DIGEST))
+            .await;
+        let problem = required(&reply);
+        assert_eq!(
+            problem["summary"]["environment"], "production",
+            "{spelling:?}"
+        );
+        fingerprints.push(problem["fingerprint"].as_str().unwrap().to_owned());
+    }
+    fingerprints.dedup();
+    assert_eq!(fingerprints.len(), 1, "one command, however spelled");
+    for spelling in [
+        "production\u{200b}",
+        "\u{200b}production",
+        "produc\u{200d}tion",
+        "production\u{feff}",
+        "\u{ff50}\u{ff52}\u{ff4f}\u{ff44}\u{ff55}\u{ff43}\u{ff54}\u{ff49}\u{ff4f}\u{ff4e}",
+        "\u{202e}noitcudorp",
+        "prod",
+        "pr\u{043e}duction",
+    ] {
+        let key = new_key();
+        let reply = acme
+            .agent
+            .post("/v1/deploys", Some(&key), deploy(spelling, DIGEST))
+            .await;
+        reply.assert_problem(422, "invalid-command");
+        // Refused before anything was stored: the key is free.
+        assert_eq!(acme.agent.operation(&key).await.status, 404, "{spelling:?}");
+    }
+    assert_eq!(acme.agent.list("deploys").await.len(), 0, "nothing ran");
+    // A staging deploy still runs at once.
+    let staging = acme
+        .agent
+        .post("/v1/deploys", Some(&new_key()), deploy("Staging", DIGEST))
+        .await;
+    assert_eq!(staging.status, 201, "{}", staging.text());
+    assert_eq!(acme.agent.list("deploys").await.len(), 1);
+}

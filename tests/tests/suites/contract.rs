@@ -215,11 +215,11 @@ async fn invalid_commands_are_422_before_anything_is_stored_or_run() {
         ),
         (
             "/v1/deploys",
-            json!({"service": "api", "environment": "prod", "artifact": "latest"}),
+            json!({"service": "api", "environment": "staging", "artifact": "latest"}),
         ),
         (
             "/v1/deploys",
-            json!({"service": "api", "environment": "prod", "artifact": digest.to_uppercase()}),
+            json!({"service": "api", "environment": "staging", "artifact": digest.to_uppercase()}),
         ),
     ];
     for (path, body) in cases {

@@ -78,12 +78,12 @@ async fn an_invoice_is_paid_once_and_the_refusal_is_replayed() {
 async fn deploys_need_an_immutable_artifact() {
     let server = super::demo_server(demo_config()).await;
     let client = server.client(&new_account());
-    let mutable = json!({"service": "api", "environment": "prod", "artifact": "api:latest"});
+    let mutable = json!({"service": "api", "environment": "staging", "artifact": "api:latest"});
     client
         .post("/v1/deploys", Some(&new_key()), mutable.to_string())
         .await
         .assert_problem(422, "invalid-command");
-    let pinned = json!({"service": "api", "environment": "prod", "artifact": digest()});
+    let pinned = json!({"service": "api", "environment": "staging", "artifact": digest()});
     let deploy = client
         .post("/v1/deploys", Some(&new_key()), pinned.to_string())
         .await;

@@ -12,7 +12,7 @@ use integration_tests::app::{Client, TestServer, demo_config, new_account, new_k
 use serde_json::Value;
 
 const TICKET: &str = r#"{"project":"ops","title":"Disk full on db-1","priority":"high"}"#;
-const DEPLOY: &str = r#"{"service":"api","environment":"prod","artifact":"sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}"#;
+const DEPLOY: &str = r#"{"service":"api","environment":"staging","artifact":"sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}"#;
 const DEADLINE: Duration = Duration::from_secs(20);
 
 async fn demo_with(delay_ms: u64, lease_ms: u64, wait_ms: u64) -> TestServer {

@@ -337,3 +337,61 @@ pub async fn self_approval_is_forbidden(base: &str) {
     );
     assert_eq!(effects(base, APPROVER).await["charge"], 0);
 }
+
+/// Calls `tool` and returns the JSON-RPC error it was refused with (the call must be
+/// refused before anything was reserved, not answered).
+async fn refused_call(client: &Client, tool: &str, arguments: Value) -> String {
+    let params: CallToolRequestParams =
+        serde_json::from_value(json!({"name": tool, "arguments": arguments})).unwrap();
+    let answer = tokio::time::timeout(DEADLINE, client.call_tool(params))
+        .await
+        .expect("the call timed out");
+    match answer {
+        Err(error) => error.to_string(),
+        Ok(result) => panic!("{tool}({arguments}) was not refused: {result:?}"),
+    }
+}
+
+/// No spelling routes around the approval rules: every case and whitespace spelling of
+/// production needs approval, look-alike spellings (zero-width, fullwidth, bidi) and
+/// negative, zero or fractional charges are refused before anything is reserved, and
+/// nothing runs.
+pub async fn spellings_cannot_route_around_approval(base: &str) {
+    let token = "acme:erin";
+    let client = client(base, token, Era::Session).await;
+    for (n, spelling) in ["Production", "PRODUCTION", "production ", " production"]
+        .into_iter()
+        .enumerate()
+    {
+        let arguments =
+            json!({"service": "api", "version": format!("9.{n}"), "environment": spelling});
+        let answer = call(&client, "deploy_release", arguments, None).await;
+        let required = refusal(&answer, "approval-required");
+        assert_eq!(
+            required["summary"]["environment"], "production",
+            "{spelling:?}"
+        );
+    }
+    for spelling in [
+        "production\u{200b}",
+        "\u{ff50}\u{ff52}\u{ff4f}\u{ff44}\u{ff55}\u{ff43}\u{ff54}\u{ff49}\u{ff4f}\u{ff4e}",
+        "\u{202e}noitcudorp",
+    ] {
+        let arguments = json!({"service": "api", "version": "9.9", "environment": spelling});
+        let error = refused_call(&client, "deploy_release", arguments).await;
+        assert!(error.contains("environment"), "{spelling:?}: {error}");
+    }
+    for amount in [json!(-100_000), json!(-1), json!(0), json!(100_000.5)] {
+        let arguments = json!({"payee": "acme", "amount_minor": amount, "currency": "EUR", "invoice_ref": "inv-neg"});
+        let error = refused_call(&client, "charge", arguments).await;
+        assert!(error.contains("amount_minor"), "{amount}: {error}");
+    }
+    let large = json!({"payee": "acme", "amount_minor": 100_000, "currency": "EUR", "invoice_ref": "inv-large"});
+    refusal(
+        &call(&client, "charge", large, None).await,
+        "approval-required",
+    );
+    let effects = effects(base, token).await;
+    assert_eq!(effects["deploy_release"], 0, "{effects}");
+    assert_eq!(effects["charge"], 0, "{effects}");
+}
