@@ -17,7 +17,7 @@ use tower_idempotency_core::{
 };
 
 use crate::config::Shared;
-use crate::policy::RoutePolicy;
+use crate::policy::{CommandRejection, RoutePolicy};
 use crate::problem::Rejection;
 use crate::telemetry::store_call;
 
@@ -28,23 +28,32 @@ const DECISION_POLL: Duration = Duration::from_millis(200);
 const MAX_DECISION_WAIT: Duration = Duration::from_secs(3600);
 
 /// The approval request for `command` on a route whose policy requires approval for it;
-/// `None` when the route has no approval policy or the command does not need one.
+/// `None` when the route has no approval policy or the command does not need one. A
+/// command whose summary cannot be shown to an approver (see
+/// [`ApprovalSummary`](tower_idempotency_core::ApprovalSummary)) is refused as
+/// `422 invalid-command`, before anything is stored.
 pub(crate) fn request_for(
     shared: &Shared,
     policy: &RoutePolicy,
     parts: &Parts,
     command: Option<&serde_json::Value>,
-) -> Option<ApprovalRequest> {
-    let approval = policy.approval.as_ref()?;
-    let command = command?;
+) -> Result<Option<ApprovalRequest>, Rejection> {
+    let (Some(approval), Some(command)) = (policy.approval.as_ref(), command) else {
+        return Ok(None);
+    };
     if !approval.applies_to(command) {
-        return None;
+        return Ok(None);
     }
-    Some(ApprovalRequest {
+    let summary = approval.summary(command).map_err(|error| {
+        Rejection::InvalidCommand(CommandRejection::new(format!(
+            "the command cannot be shown to an approver: {error}"
+        )))
+    })?;
+    Ok(Some(ApprovalRequest {
         requested_by: shared.principal_of(parts),
-        summary: approval.summary(command),
+        summary,
         ttl: approval.ttl(),
-    })
+    }))
 }
 
 /// How long a retry of an undecided request on this route waits for the decision.

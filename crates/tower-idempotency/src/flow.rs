@@ -225,7 +225,7 @@ where
         &body,
     )?;
     let fingerprint = fingerprinted.fingerprint;
-    let approval = approval::request_for(shared, policy, parts, fingerprinted.command.as_ref());
+    let approval = approval::request_for(shared, policy, parts, fingerprinted.command.as_ref())?;
     // The handler gets the normalized command (not a merely parsed body: its extractor would
     // then skip the command's own normalization).
     let command = fingerprinted

@@ -211,8 +211,8 @@ async fn large_payments_need_approval_and_small_ones_do_not() {
     let summary = &problem["summary"];
     assert_eq!(summary["operation"], "payment");
     assert_eq!(summary["payee"], "ACME GmbH");
-    assert_eq!(summary["amount_minor"], 100_000);
-    assert_eq!(summary["currency"], "EUR");
+    assert_eq!(summary["amount"]["minor_units"], 100_000);
+    assert_eq!(summary["amount"]["currency"], "EUR");
     assert_eq!(summary["invoice_ref"], "INV-2");
     assert_eq!(summary["reversible"], false);
     assert_eq!(acme.agent.list("payments").await.len(), 1);

@@ -220,8 +220,8 @@ pub async fn keyless_recall_attaches(base: &str) {
     let first = call(&client, "charge", large.clone(), None).await;
     let required = refusal(&first, "approval-required").clone();
     assert_eq!(required["summary"]["payee"], "acme");
-    assert_eq!(required["summary"]["amount_minor"], 250_000);
-    assert_eq!(required["summary"]["currency"], "EUR");
+    assert_eq!(required["summary"]["amount"]["minor_units"], 250_000);
+    assert_eq!(required["summary"]["amount"]["currency"], "EUR");
     assert_eq!(required["summary"]["invoice_ref"], "inv-big-1");
     let again = call(&client, "charge", large.clone(), None).await;
     assert_eq!(
