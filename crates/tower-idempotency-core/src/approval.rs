@@ -13,6 +13,8 @@
 //!
 //! [`ReserveRequest::approval`]: crate::ReserveRequest::approval
 
+mod summary;
+
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
@@ -20,6 +22,11 @@ use std::time::{Duration, SystemTime};
 use uuid::Uuid;
 
 use crate::{Fingerprint, IdempotencyKey, OperationId, Scope};
+
+pub use summary::{
+    ApprovalSummary, IntoApprovalSummary, MAX_IDENTIFIER_CHARS, MAX_LABEL_CHARS, SummaryError,
+    SummaryLimits, neutralise,
+};
 
 /// Identifier of an approval request: random (a UUIDv4), so that it discloses nothing.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -123,8 +130,8 @@ pub struct ApprovalRequest {
     /// rule).
     pub requested_by: String,
     /// What the approver must see, rendered from the validated command by the route's
-    /// summary function: target, operation, consequence, whether it can be undone. Never a
-    /// credential or a redacted member.
+    /// summary function ([`ApprovalPolicy::summary`]: neutralised and bounded, see
+    /// [`ApprovalSummary`]). Never a credential or a redacted member.
     pub summary: serde_json::Value,
     /// How long the request, and an approval not yet used, stays valid.
     pub ttl: Duration,
@@ -164,6 +171,86 @@ pub struct Approval {
     pub used: bool,
 }
 
+/// Where a listing of approvals resumes ([`Store::list_approvals`]): just after the
+/// approval requested at `requested_at` with id `id`. Approvals are listed in
+/// `(requested_at, id)` order, oldest request first, so pages do not overlap and a
+/// listing resumed from a cursor never repeats an approval.
+///
+/// On the wire (the approvals router's `next_cursor` and `cursor=`) it is an opaque token.
+///
+/// ```
+/// use tower_idempotency_core::approval::ApprovalCursor;
+///
+/// let cursor: ApprovalCursor = "1700000000123456000-67e5504410b1426f9247bb680e5fe0c8".parse().unwrap();
+/// assert_eq!(cursor.to_string().parse::<ApprovalCursor>().unwrap(), cursor);
+/// assert!("not a cursor".parse::<ApprovalCursor>().is_err());
+/// ```
+///
+/// [`Store::list_approvals`]: crate::Store::list_approvals
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ApprovalCursor {
+    /// The request time of the last approval listed.
+    pub requested_at: SystemTime,
+    /// Its id (the order among approvals requested at the same time).
+    pub id: ApprovalId,
+}
+
+impl ApprovalCursor {
+    /// The cursor just after `approval`.
+    pub fn after(approval: &Approval) -> Self {
+        Self {
+            requested_at: approval.requested_at,
+            id: approval.id,
+        }
+    }
+
+    /// Whether `approval` comes after this cursor in the listing order.
+    pub fn precedes(&self, approval: &Approval) -> bool {
+        (approval.requested_at, approval.id) > (self.requested_at, self.id)
+    }
+}
+
+impl fmt::Display for ApprovalCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nanos = self
+            .requested_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos());
+        write!(f, "{nanos}-{}", self.id.0.simple())
+    }
+}
+
+/// A string that is not an [`ApprovalCursor`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not an approvals cursor (use the `next_cursor` of the previous page)")]
+#[non_exhaustive]
+pub struct InvalidCursor;
+
+impl FromStr for ApprovalCursor {
+    type Err = InvalidCursor;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (nanos, id) = s.split_once('-').ok_or(InvalidCursor)?;
+        if nanos.is_empty() || nanos.len() > 30 || !nanos.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(InvalidCursor);
+        }
+        let nanos: u128 = nanos.parse().map_err(|_| InvalidCursor)?;
+        let secs = u64::try_from(nanos / 1_000_000_000).map_err(|_| InvalidCursor)?;
+        let since = Duration::new(secs, (nanos % 1_000_000_000) as u32);
+        let requested_at = SystemTime::UNIX_EPOCH
+            .checked_add(since)
+            .ok_or(InvalidCursor)?;
+        if id.len() != 32 {
+            return Err(InvalidCursor);
+        }
+        let id = Uuid::try_parse(id).map_err(|_| InvalidCursor)?;
+        Ok(Self {
+            requested_at,
+            id: ApprovalId(id),
+        })
+    }
+}
+
 /// A decision on an approval.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApprovalDecision {
@@ -198,13 +285,20 @@ pub enum DecisionOutcome {
 type Condition = std::sync::Arc<
     dyn Fn(&serde_json::Value, Option<&(dyn std::any::Any + Send)>) -> bool + Send + Sync,
 >;
-type Summary = std::sync::Arc<dyn Fn(&serde_json::Value) -> serde_json::Value + Send + Sync>;
+type Summary = std::sync::Arc<
+    dyn Fn(&serde_json::Value, &SummaryLimits) -> Result<serde_json::Value, SummaryError>
+        + Send
+        + Sync,
+>;
 
 /// A route's (or a tool's) rule for which commands need a person's approval, and what the
 /// approver is shown.
 ///
 /// Both closures see the validated command: the JSON body after the route's normalizer
-/// (for an MCP tool, the call's arguments after the tool's normalizer).
+/// (for an MCP tool, the call's arguments after the tool's normalizer). The summary is
+/// built with [`ApprovalSummary`] — typed fields, never a sentence interpolating the
+/// command's text — and checked against the policy's [`SummaryLimits`]; a command whose
+/// summary is refused is answered `422 invalid-command` before anything is stored.
 ///
 /// Prefer a condition over the typed command, [`ApprovalPolicy::when_command`]: it decides
 /// on the command the handler executes (an enumeration, a validated amount), so a field
@@ -215,26 +309,32 @@ type Summary = std::sync::Arc<dyn Fn(&serde_json::Value) -> serde_json::Value + 
 /// ```
 /// use std::time::Duration;
 /// use serde_json::json;
-/// use tower_idempotency_core::approval::ApprovalPolicy;
+/// use tower_idempotency_core::approval::{ApprovalPolicy, ApprovalSummary};
 ///
 /// let policy = ApprovalPolicy::when(|command| command["environment"] == "production")
-///     .with_summary(|command| json!({
-///         "operation": "deploy",
-///         "target": format!("{} in {}", command["service"], command["environment"]),
-///         "artifact": command["version"],
-///         "reversible": true,
-///     }))
+///     .with_summary(|command| {
+///         ApprovalSummary::new("deploy")
+///             .identifier("service", command["service"].as_str().unwrap_or_default())
+///             .label("environment", "production")
+///             .identifier("artifact", command["version"].as_str().unwrap_or_default())
+///             .flag("reversible", true)
+///     })
 ///     .with_ttl(Duration::from_secs(15 * 60));
 ///
 /// let deploy = json!({"service": "api", "version": "1.4.2", "environment": "production"});
 /// assert!(policy.applies_to(&deploy));
-/// assert_eq!(policy.summary(&deploy)["artifact"], "1.4.2");
+/// assert_eq!(policy.summary(&deploy).unwrap()["artifact"], "1.4.2");
 /// assert!(!policy.applies_to(&json!({"environment": "staging"})));
+///
+/// // An artifact with a zero-width space cannot be shown as an identifier: refused.
+/// let hidden = json!({"service": "api", "version": "1.4.2\u{200B}", "environment": "production"});
+/// assert!(policy.summary(&hidden).is_err());
 /// ```
 #[derive(Clone)]
 pub struct ApprovalPolicy {
     condition: Condition,
     summary: Summary,
+    summary_limits: SummaryLimits,
     ttl: Duration,
     wait: Duration,
     allow_self_approval: bool,
@@ -317,7 +417,8 @@ impl ApprovalPolicy {
     fn with_condition(condition: Condition) -> Self {
         Self {
             condition,
-            summary: std::sync::Arc::new(Clone::clone),
+            summary: std::sync::Arc::new(|command, limits| command.clone().into_summary(limits)),
+            summary_limits: SummaryLimits::DEFAULT,
             ttl: Self::DEFAULT_TTL,
             wait: Duration::ZERO,
             allow_self_approval: false,
@@ -325,13 +426,24 @@ impl ApprovalPolicy {
     }
 
     /// What the approver is shown, rendered from the validated command (default: the
-    /// command itself). Render the target, the operation, its consequence and whether it
-    /// can be undone; leave out anything secret.
-    pub fn with_summary<F>(mut self, summary: F) -> Self
+    /// command itself, as plain JSON). Return an [`ApprovalSummary`]: the operation, its
+    /// target, the amounts and whether it can be undone, as typed fields; leave out anything
+    /// secret. Plain JSON is accepted too: every string in it is then neutralised as free
+    /// text ([`IntoApprovalSummary`]).
+    pub fn with_summary<F, S>(mut self, summary: F) -> Self
     where
-        F: Fn(&serde_json::Value) -> serde_json::Value + Send + Sync + 'static,
+        F: Fn(&serde_json::Value) -> S + Send + Sync + 'static,
+        S: IntoApprovalSummary,
     {
-        self.summary = std::sync::Arc::new(summary);
+        self.summary =
+            std::sync::Arc::new(move |command, limits| summary(command).into_summary(limits));
+        self
+    }
+
+    /// The bounds on what the approver is shown (default [`SummaryLimits::DEFAULT`]: 200
+    /// characters of text per field, 32 fields, 4096 bytes).
+    pub fn with_summary_limits(mut self, limits: SummaryLimits) -> Self {
+        self.summary_limits = limits;
         self
     }
 
@@ -371,9 +483,15 @@ impl ApprovalPolicy {
         (self.condition)(command, Some(typed))
     }
 
-    /// What the approver of `command` is shown.
-    pub fn summary(&self, command: &serde_json::Value) -> serde_json::Value {
-        (self.summary)(command)
+    /// What the approver of `command` is shown (neutralised and bounded), or why it cannot
+    /// be shown — the command is then refused.
+    pub fn summary(&self, command: &serde_json::Value) -> Result<serde_json::Value, SummaryError> {
+        (self.summary)(command, &self.summary_limits)
+    }
+
+    /// The bounds on what the approver is shown.
+    pub fn summary_limits(&self) -> SummaryLimits {
+        self.summary_limits
     }
 
     /// How long a request, and an approval not yet used, stays valid.
@@ -395,6 +513,7 @@ impl ApprovalPolicy {
 impl fmt::Debug for ApprovalPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApprovalPolicy")
+            .field("summary_limits", &self.summary_limits)
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
             .field("allow_self_approval", &self.allow_self_approval)

@@ -30,7 +30,7 @@ pub mod transaction;
 
 pub use approval::{
     Approval, ApprovalDecision, ApprovalId, ApprovalPolicy, ApprovalRequest, ApprovalState,
-    DecisionOutcome,
+    ApprovalSummary, DecisionOutcome, IntoApprovalSummary, SummaryError, SummaryLimits,
 };
 pub use canonical::{CanonicalizeError, canonicalize_json};
 pub use execution::{DispatchError, Execution};

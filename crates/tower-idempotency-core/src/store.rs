@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::approval::ApprovalCursor;
 use crate::audit::DecisionEvent;
 use crate::transaction::OperationTransaction;
 use crate::{
@@ -383,14 +384,16 @@ pub trait Store: Send + Sync + Debug + 'static {
     }
 
     /// The scope's approvals in `state` as read (all states when `None`), oldest request
-    /// first, at most `limit`.
+    /// first (in `(requested_at, id)` order), only those after `after` when given, at most
+    /// `limit`.
     async fn list_approvals(
         &self,
         scope: &Scope,
         state: Option<ApprovalState>,
+        after: Option<ApprovalCursor>,
         limit: usize,
     ) -> Result<Vec<Approval>> {
-        let _ = (scope, state, limit);
+        let _ = (scope, state, after, limit);
         Err(StoreError::Unsupported {
             feature: "approvals",
         })
@@ -514,9 +517,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         &self,
         scope: &Scope,
         state: Option<ApprovalState>,
+        after: Option<ApprovalCursor>,
         limit: usize,
     ) -> Result<Vec<Approval>> {
-        (**self).list_approvals(scope, state, limit).await
+        (**self).list_approvals(scope, state, after, limit).await
     }
     fn record_decision(&self, event: DecisionEvent) {
         (**self).record_decision(event);

@@ -74,6 +74,8 @@ pub use policy::{KeyRequirement, Normalizer, OnDisconnect, ToolPolicy};
 pub use service::McpIdempotency;
 /// A tool's approval rule (core's, shared with the HTTP layer's route policies).
 pub use tower_idempotency_core::ApprovalPolicy;
+/// What a tool's approver is shown, and its bounds (core's, shared with the HTTP layer).
+pub use tower_idempotency_core::{ApprovalSummary, SummaryError, SummaryLimits};
 /// The execution handle a tool finds in its request extensions (core's, shared with the
 /// HTTP layer): the execution id, derived downstream keys and the dispatch mark.
 pub use tower_idempotency_core::{DispatchError, Execution};

@@ -365,17 +365,29 @@ where
         .principal
         .as_ref()
         .and_then(|principal| principal(&parts));
-    let approval = policy
+    let approval = match policy
         .approval
         .as_ref()
         .filter(|approval| approval.applies_to(&arguments))
-        .map(|approval| ApprovalRequest {
-            requested_by: principal
-                .clone()
-                .unwrap_or_else(|| actor.as_str().to_owned()),
-            summary: approval.summary(&arguments),
-            ttl: approval.ttl(),
-        });
+    {
+        None => None,
+        // A summary an approver cannot be shown refuses the call before anything is stored.
+        Some(approval) => match approval.summary(&arguments) {
+            Ok(summary) => Some(ApprovalRequest {
+                requested_by: principal
+                    .clone()
+                    .unwrap_or_else(|| actor.as_str().to_owned()),
+                summary,
+                ttl: approval.ttl(),
+            }),
+            Err(error) => {
+                return refuse(
+                    "invalid-command",
+                    &format!("the call cannot be shown to an approver: {error}"),
+                );
+            }
+        },
+    };
     let call_ctx = CallContext {
         config,
         policy,

@@ -309,7 +309,7 @@ async fn keyless_recalls_attach_to_the_approval_and_then_to_the_authorized_execu
     assert_eq!(again["result"]["_meta"][EXECUTION]["attached"], true);
     assert_eq!(
         store
-            .list_approvals(&Scope::new("alice"), Some(ApprovalState::Pending), 10)
+            .list_approvals(&Scope::new("alice"), Some(ApprovalState::Pending), None, 10)
             .await
             .unwrap()
             .len(),

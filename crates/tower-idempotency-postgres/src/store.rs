@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tower_idempotency_core::approval::ApprovalCursor;
 use tower_idempotency_core::audit::DecisionEvent;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
@@ -803,15 +804,18 @@ impl Store for PostgresStore {
         &self,
         scope: &Scope,
         state: Option<ApprovalState>,
+        after: Option<ApprovalCursor>,
         limit: usize,
     ) -> Result<Vec<Approval>> {
         let state = state.map(|state| state.as_str());
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after_time = after.map(|after| after.requested_at);
+        let after_id = after.map(|after| after.id.as_uuid());
         (self.inner.executor)
             .query(
                 "list_approvals",
                 &self.inner.queries.operations.list_approvals,
-                &[&scope.as_str(), &state, &limit],
+                &[&scope.as_str(), &state, &limit, &after_time, &after_id],
             )
             .await?
             .iter()

@@ -17,7 +17,7 @@ use tower_idempotency_core::{
 };
 
 use crate::config::Shared;
-use crate::policy::RoutePolicy;
+use crate::policy::{CommandRejection, RoutePolicy};
 use crate::problem::Rejection;
 use crate::telemetry::store_call;
 
@@ -30,28 +30,36 @@ const MAX_DECISION_WAIT: Duration = Duration::from_secs(3600);
 /// The approval request for `command` on a route whose policy requires approval for it;
 /// `None` when the route has no approval policy or the command does not need one. `typed`
 /// is the route's typed command, built from `command`, when it has a command type: the
-/// condition decides on it.
+/// condition decides on it. A command whose summary cannot be shown to an approver (see
+/// [`ApprovalSummary`](tower_idempotency_core::ApprovalSummary)) is refused as
+/// `422 invalid-command`, before anything is stored.
 pub(crate) fn request_for(
     shared: &Shared,
     policy: &RoutePolicy,
     parts: &Parts,
     command: Option<&serde_json::Value>,
     typed: Option<&(dyn std::any::Any + Send)>,
-) -> Option<ApprovalRequest> {
-    let approval = policy.approval.as_ref()?;
-    let command = command?;
+) -> Result<Option<ApprovalRequest>, Rejection> {
+    let (Some(approval), Some(command)) = (policy.approval.as_ref(), command) else {
+        return Ok(None);
+    };
     let applies = match typed {
         Some(typed) => approval.applies_to_typed(command, typed),
         None => approval.applies_to(command),
     };
     if !applies {
-        return None;
+        return Ok(None);
     }
-    Some(ApprovalRequest {
+    let summary = approval.summary(command).map_err(|error| {
+        Rejection::InvalidCommand(CommandRejection::new(format!(
+            "the command cannot be shown to an approver: {error}"
+        )))
+    })?;
+    Ok(Some(ApprovalRequest {
         requested_by: shared.principal_of(parts),
-        summary: approval.summary(command),
+        summary,
         ttl: approval.ttl(),
-    })
+    }))
 }
 
 /// How long a retry of an undecided request on this route waits for the decision.

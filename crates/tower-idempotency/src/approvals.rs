@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::{HeaderValue, Method, StatusCode, header, request::Parts};
 use serde_json::{Map, Value, json};
+use tower_idempotency_core::approval::ApprovalCursor;
 use tower_idempotency_core::canonical::parse_json;
 use tower_idempotency_core::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, Fingerprint, Scope,
@@ -42,15 +43,30 @@ pub(crate) const MAX_REASON_CHARS: usize = 2000;
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
+/// Largest page of `GET /approvals`, in bytes of the approvals' JSON.
+const MAX_PAGE_BYTES: usize = IdempotencyLayer::APPROVALS_PAGE_BYTES;
+
+/// Approvals read from the store per round trip while a page is filled, so that what a
+/// page holds in memory follows the byte bound, not the `limit`.
+const STORE_BATCH: usize = 50;
+
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IdempotencyLayer {
+    /// Largest page of `GET /approvals`, in bytes of the approvals' JSON (256 KiB): a page
+    /// that would grow past it ends early, with a `next_cursor`.
+    pub const APPROVALS_PAGE_BYTES: usize = 256 * 1024;
+
     /// The approvals routes, mounted at the approvals path (default `/approvals`, see
     /// [`IdempotencyLayer::with_approvals_path`]) and scoped with the layer's scope
     /// extractor. Merge them into your router inside your authentication middleware, next
     /// to the [status routes](IdempotencyLayer::status_router):
     ///
-    /// - `GET /approvals?state=pending&limit=100`: `{"approvals": [...]}`, the scope's
-    ///   approvals (all states without `state`), oldest request first;
+    /// - `GET /approvals?state=pending&limit=100&cursor=…`: `{"approvals": [...],
+    ///   "next_cursor": "…"}`, a page of the scope's approvals (all states without
+    ///   `state`), oldest request first: at most `limit` (1–1000, default 100) and at most
+    ///   [`APPROVALS_PAGE_BYTES`](Self::APPROVALS_PAGE_BYTES) of JSON. `next_cursor` is
+    ///   `null` on the last page; otherwise pass it as `cursor` (with the same `state`) for
+    ///   the next page. The order is stable, so pages neither repeat nor skip an approval;
     /// - `GET /approvals/{approval_id}`: one approval;
     /// - `POST /approvals/{approval_id}/approve` with `{"fingerprint": "sha256:…"}`, the
     ///   fingerprint the approver was shown;
@@ -144,24 +160,32 @@ fn store_failure(error: &StoreError) -> Rejection {
 async fn list(shared: &Arc<Shared>, request: Request) -> Response {
     let (parts, _) = request.into_parts();
     match listed(shared, &parts).await {
-        Ok(approvals) => {
-            let approvals: Vec<Value> =
-                approvals.iter().map(|a| approval_json(shared, a)).collect();
-            render(StatusCode::OK, &json!({ "approvals": approvals }))
-        }
+        Ok((approvals, next_cursor)) => render(
+            StatusCode::OK,
+            &json!({ "approvals": approvals, "next_cursor": next_cursor }),
+        ),
         Err(rejection) => refuse(shared, &rejection),
     }
 }
 
-async fn listed(shared: &Shared, parts: &Parts) -> Result<Vec<Approval>, Rejection> {
-    let scope = scope_of(shared, parts)?;
-    let mut state = None;
-    let mut limit = DEFAULT_LIMIT;
-    let query = parts.uri.query().unwrap_or("");
-    for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+/// What `GET /approvals` asks for.
+struct ListQuery {
+    state: Option<ApprovalState>,
+    limit: usize,
+    cursor: Option<ApprovalCursor>,
+}
+
+fn list_query(parts: &Parts) -> Result<ListQuery, Rejection> {
+    let mut query = ListQuery {
+        state: None,
+        limit: DEFAULT_LIMIT,
+        cursor: None,
+    };
+    let raw = parts.uri.query().unwrap_or("");
+    for (name, value) in form_urlencoded::parse(raw.as_bytes()) {
         match &*name {
             "state" => {
-                state = Some(value.parse::<ApprovalState>().map_err(|_| {
+                query.state = Some(value.parse::<ApprovalState>().map_err(|_| {
                     Rejection::InvalidQuery(format!(
                         "state must be one of pending, approved, denied, expired; got `{}`",
                         truncate(&value, 40)
@@ -169,7 +193,7 @@ async fn listed(shared: &Shared, parts: &Parts) -> Result<Vec<Approval>, Rejecti
                 })?);
             }
             "limit" => {
-                limit = value
+                query.limit = value
                     .parse::<usize>()
                     .ok()
                     .filter(|n| (1..=MAX_LIMIT).contains(n))
@@ -179,13 +203,66 @@ async fn listed(shared: &Shared, parts: &Parts) -> Result<Vec<Approval>, Rejecti
                         ))
                     })?;
             }
+            "cursor" => {
+                query.cursor = Some(
+                    value
+                        .parse::<ApprovalCursor>()
+                        .map_err(|error| Rejection::InvalidQuery(error.to_string()))?,
+                );
+            }
             _ => {}
         }
     }
-    let listing = shared.store.list_approvals(&scope, state, limit);
-    store_call("list_approvals", listing)
-        .await
-        .map_err(|error| store_failure(&error))
+    Ok(query)
+}
+
+/// One page: the approvals' JSON, at most `limit` of them and at most [`MAX_PAGE_BYTES`],
+/// and the cursor of the next page (`None` on the last one). The store is read in
+/// batches, one more than needed to tell whether anything follows.
+async fn listed(shared: &Shared, parts: &Parts) -> Result<(Vec<Value>, Option<String>), Rejection> {
+    let scope = scope_of(shared, parts)?;
+    let query = list_query(parts)?;
+    let mut page = Vec::new();
+    let mut bytes = 0;
+    let mut after = query.cursor;
+    loop {
+        let batch = (query.limit - page.len()).min(STORE_BATCH);
+        let listing = shared
+            .store
+            .list_approvals(&scope, query.state, after, batch + 1);
+        let mut found = store_call("list_approvals", listing)
+            .await
+            .map_err(|error| store_failure(&error))?;
+        let more = found.len() > batch;
+        found.truncate(batch);
+        for approval in &found {
+            let mut item = approval_json(shared, approval);
+            let mut size = json_len(&item) + 1;
+            if bytes + size > MAX_PAGE_BYTES {
+                if !page.is_empty() {
+                    return Ok((page, after.map(|cursor| cursor.to_string())));
+                }
+                // One approval past the bound on its own (its summary was stored under
+                // wider limits): listed without its summary, which its own route serves.
+                item["summary"] = Value::Null;
+                item["summary_omitted"] = Value::Bool(true);
+                size = json_len(&item) + 1;
+            }
+            bytes += size;
+            page.push(item);
+            after = Some(ApprovalCursor::after(approval));
+        }
+        if !more {
+            return Ok((page, None));
+        }
+        if page.len() >= query.limit {
+            return Ok((page, after.map(|cursor| cursor.to_string())));
+        }
+    }
+}
+
+fn json_len(value: &Value) -> usize {
+    serde_json::to_vec(value).map_or(0, |text| text.len())
 }
 
 async fn show(shared: &Arc<Shared>, id: &str, request: Request) -> Response {

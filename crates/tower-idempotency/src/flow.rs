@@ -259,7 +259,7 @@ where
         parts,
         fingerprinted.command.as_ref(),
         fingerprinted.typed.as_deref(),
-    );
+    )?;
     // The handler gets the typed or normalized command (not a merely parsed body: its
     // extractor would then skip the command's own normalization).
     let command = match fingerprinted.typed {

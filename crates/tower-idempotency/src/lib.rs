@@ -75,7 +75,8 @@
 //! - [`JsonCommand`], a command type with its normalizer, and the `ValidatedJson`
 //!   extractor (feature `axum`) that hands the handler the command the layer already
 //!   parsed and validated, so a normalized body is parsed once per request.
-//! - approvals: [`ApprovalPolicy`] (with [`RoutePolicy::with_approval`]), the records
+//! - approvals: [`ApprovalPolicy`] (with [`RoutePolicy::with_approval`]), what the
+//!   approver is shown ([`ApprovalSummary`], bounded by [`SummaryLimits`]), the records
 //!   ([`Approval`], [`ApprovalId`], [`ApprovalState`]) and decisions
 //!   ([`ApprovalDecision`], [`DecisionOutcome`]) the store keeps, what a route asks it for
 //!   ([`ApprovalRequest`]), [`IdempotencyLayer::approvals_router`], and the
@@ -170,7 +171,8 @@ pub use tower_idempotency_core::{
 #[doc(inline)]
 pub use tower_idempotency_core::{
     Approval, ApprovalDecision, ApprovalId, ApprovalPolicy, ApprovalRequest, ApprovalState,
-    DecisionOutcome,
+    ApprovalSummary, DecisionOutcome, IntoApprovalSummary, SummaryError, SummaryLimits,
+    approval::ApprovalCursor,
 };
 // The problem type slugs the HTTP and MCP layers share for approvals.
 #[doc(inline)]

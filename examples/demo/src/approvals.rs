@@ -4,14 +4,15 @@
 //! units or more wait for an approver of the account (`--approver`) before their handler
 //! runs; every other command runs at once. The conditions decide on the typed command the
 //! handler executes ([`ApprovalPolicy::when_command`]): an [`Environment`], a validated
-//! `u64` amount, so no spelling routes around them. The summaries are rendered from the
-//! validated command (after the route's normalizer) and say what happens, to what, and
-//! whether it can be undone.
+//! `u64` amount, so no spelling routes around them. The summaries are built from the
+//! validated command (after the route's normalizer) as typed [`ApprovalSummary`] fields —
+//! what happens, to what, and whether it can be undone — never as a sentence interpolating
+//! the command's text: the command comes from the requester, often an agent.
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use tower_idempotency::ApprovalPolicy;
+use serde_json::Value;
+use tower_idempotency::{ApprovalPolicy, ApprovalSummary};
 
 use crate::commands::{Environment, NewDeploy, NewPayment};
 
@@ -29,23 +30,17 @@ pub fn deploy_needs_approval(deploy: &NewDeploy) -> bool {
     deploy.environment == APPROVAL_ENVIRONMENT
 }
 
-/// What the approver of a deploy sees: the service, the environment, the artifact, what
-/// happens and that it can be undone (by deploying the previous artifact).
-pub fn deploy_summary(command: &Value) -> Value {
-    let text = |name: &str| command[name].as_str().unwrap_or_default().to_owned();
-    json!({
-        "operation": "deploy",
-        "service": command["service"],
-        "environment": command["environment"],
-        "artifact": command["artifact"],
-        "consequence": format!(
-            "deploys {} of {} to {}",
-            text("artifact"),
-            text("service"),
-            text("environment")
-        ),
-        "reversible": true,
-    })
+/// What the approver of a deploy sees: the service and artifact (identifiers: visible
+/// ASCII, anything else refuses the command), the environment (a label) and that it can be
+/// undone (by deploying the previous artifact). Typed fields only: no sentence is built
+/// from the command's text.
+pub fn deploy_summary(command: &Value) -> ApprovalSummary {
+    let text = |name: &str| command[name].as_str().unwrap_or_default();
+    ApprovalSummary::new("deploy")
+        .identifier("service", text("service"))
+        .label("environment", text("environment"))
+        .identifier("artifact", text("artifact"))
+        .flag("reversible", true)
 }
 
 /// Whether a validated payment command needs approval (its amount is a validated `u64`).
@@ -53,25 +48,18 @@ pub fn payment_needs_approval(payment: &NewPayment) -> bool {
     payment.amount_minor >= APPROVAL_AMOUNT_MINOR
 }
 
-/// What the approver of a payment sees: the payee, the amount and currency, the invoice,
-/// what happens and that it cannot be undone.
-pub fn payment_summary(command: &Value) -> Value {
-    let text = |name: &str| command[name].as_str().unwrap_or_default().to_owned();
-    json!({
-        "operation": "payment",
-        "payee": command["payee"],
-        "amount_minor": command["amount_minor"],
-        "currency": command["currency"],
-        "invoice_ref": command["invoice_ref"],
-        "consequence": format!(
-            "pays {} {} (minor units) to {} for invoice {}",
-            command["amount_minor"],
-            text("currency"),
-            text("payee"),
-            text("invoice_ref")
-        ),
-        "reversible": false,
-    })
+/// What the approver of a payment sees: the payee (free text, neutralised: invisible and
+/// control characters shown as `[U+XXXX]`, whitespace runs collapsed), the amount in minor
+/// units with its currency, the invoice reference (free text) and that it cannot be undone.
+/// Typed fields only: no sentence is built from the command's text.
+pub fn payment_summary(command: &Value) -> ApprovalSummary {
+    let text = |name: &str| command[name].as_str().unwrap_or_default();
+    let amount = command["amount_minor"].as_i64().unwrap_or_default();
+    ApprovalSummary::new("payment")
+        .text("payee", text("payee"))
+        .amount("amount", amount, text("currency"))
+        .text("invoice_ref", text("invoice_ref"))
+        .flag("reversible", false)
 }
 
 /// The approval rule of `POST /v1/deploys`, valid for `ttl`.
@@ -91,26 +79,27 @@ pub fn payment_policy(ttl: Duration) -> ApprovalPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use tower_idempotency::SummaryLimits;
 
     #[test]
-    fn summaries_say_what_to_what_and_whether_it_can_be_undone() {
+    fn summaries_are_typed_fields() {
+        let limits = SummaryLimits::default();
         let deploy =
             json!({"service": "api", "environment": "production", "artifact": "sha256:ab"});
-        let summary = deploy_summary(&deploy);
-        assert_eq!(summary["service"], "api");
-        assert_eq!(summary["artifact"], "sha256:ab");
-        assert_eq!(summary["reversible"], true);
+        let summary = deploy_summary(&deploy).into_json(&limits).unwrap();
         assert_eq!(
-            summary["consequence"],
-            "deploys sha256:ab of api to production"
+            summary,
+            json!({"operation": "deploy", "service": "api", "environment": "production",
+                   "artifact": "sha256:ab", "reversible": true})
         );
         let payment = json!({"amount_minor": 250000, "currency": "EUR", "invoice_ref": "INV-9", "payee": "ACME GmbH"});
-        let summary = payment_summary(&payment);
-        assert_eq!(summary["amount_minor"], 250000);
-        assert_eq!(summary["reversible"], false);
+        let summary = payment_summary(&payment).into_json(&limits).unwrap();
         assert_eq!(
-            summary["consequence"],
-            "pays 250000 EUR (minor units) to ACME GmbH for invoice INV-9"
+            summary,
+            json!({"operation": "payment", "payee": "ACME GmbH",
+                   "amount": {"minor_units": 250000, "currency": "EUR"},
+                   "invoice_ref": "INV-9", "reversible": false})
         );
         assert!(payment_policy(Duration::from_secs(60)).applies_to(&payment));
         assert!(deploy_policy(Duration::from_secs(60)).applies_to(&deploy));

@@ -28,7 +28,7 @@ use tower::Layer;
 use tower_idempotency::IdempotencyLayer;
 use tower_idempotency_core::audit::Journal;
 use tower_idempotency_core::{MemoryStore, MemoryStoreConfig, Scope, Store};
-use tower_idempotency_mcp::{ApprovalPolicy, McpIdempotencyLayer, ToolPolicy};
+use tower_idempotency_mcp::{ApprovalPolicy, ApprovalSummary, McpIdempotencyLayer, ToolPolicy};
 use tower_idempotency_postgres::PostgresStore;
 
 use crate::effects::Effects;
@@ -152,49 +152,43 @@ pub fn argument_rule(tool: &str) -> Option<ArgumentRule> {
 /// 100000 minor units or more (the HTTP demo's rule), with what the approver is shown. The
 /// conditions decide on the typed, validated arguments ([`ApprovalPolicy::when_command`],
 /// after [`argument_rule`]): a spelling of production or of an amount cannot route around
-/// them, and arguments that do not fit the tool's type need approval.
+/// them, and arguments that do not fit the tool's type need approval. The summaries are
+/// typed [`ApprovalSummary`] fields, never a sentence built from the call's text: the
+/// service and version are identifiers (visible ASCII, else the call is refused), the payee
+/// and invoice reference free text (neutralised), the amount minor units with a currency.
 pub fn approval_policy(tool: &str, ttl: Duration) -> Option<ApprovalPolicy> {
     let policy = match tool {
-        "deploy_release" => {
-            ApprovalPolicy::when_command(|deploy: &tools::DeployRelease| {
-                deploy.environment == "production"
-            })
-                .with_summary(|arguments| {
-                    json!({
-                        "operation": "deploy a release",
-                        "target": format!("{} in {}", text(&arguments["service"]), text(&arguments["environment"])),
-                        "service": arguments["service"],
-                        "environment": arguments["environment"],
-                        "version": arguments["version"],
-                        "consequence": "production traffic is served by this version",
-                        "reversible": "yes: deploy the previous version again",
-                    })
-                })
-        }
-        "charge" => ApprovalPolicy::when_command(|charge: &tools::Charge| {
-            charge.amount_minor >= 100_000
+        "deploy_release" => ApprovalPolicy::when_command(|deploy: &tools::DeployRelease| {
+            deploy.environment == "production"
         })
         .with_summary(|arguments| {
-            json!({
-                "operation": "charge a payment",
-                "target": arguments["payee"],
-                "payee": arguments["payee"],
-                "amount_minor": arguments["amount_minor"],
-                "currency": arguments["currency"],
-                "invoice_ref": arguments["invoice_ref"],
-                "consequence": "the payee is charged this amount",
-                "reversible": "no: only a refund undoes it",
-            })
+            ApprovalSummary::new("deploy a release")
+                .identifier("service", text(&arguments["service"]))
+                .label("environment", text(&arguments["environment"]))
+                .identifier("version", text(&arguments["version"]))
+                .flag("reversible", true)
         }),
+        "charge" => {
+            ApprovalPolicy::when_command(|charge: &tools::Charge| charge.amount_minor >= 100_000)
+                .with_summary(|arguments| {
+                    ApprovalSummary::new("charge a payment")
+                        .text("payee", text(&arguments["payee"]))
+                        .amount(
+                            "amount",
+                            arguments["amount_minor"].as_i64().unwrap_or_default(),
+                            text(&arguments["currency"]),
+                        )
+                        .text("invoice_ref", text(&arguments["invoice_ref"]))
+                        .flag("reversible", false)
+                })
+        }
         _ => return None,
     };
     Some(policy.with_ttl(ttl))
 }
 
-fn text(value: &serde_json::Value) -> String {
-    value
-        .as_str()
-        .map_or_else(|| value.to_string(), str::to_owned)
+fn text(value: &serde_json::Value) -> &str {
+    value.as_str().unwrap_or_default()
 }
 
 /// The whole application and the store it keeps execution records in (tests decide
@@ -420,9 +414,12 @@ mod tests {
         assert!(
             !deploy.applies_to(&json!({"service": "api", "version": "1", "environment": "prod"}))
         );
-        let summary = deploy.summary(&production);
-        assert_eq!(summary["target"], "api in production");
+        let summary = deploy.summary(&production).unwrap();
+        assert_eq!(summary["service"], "api");
         assert_eq!(summary["version"], "1.4.2");
+        let hidden =
+            json!({"service": "api", "version": "1.4.2\u{202E}", "environment": "production"});
+        assert!(deploy.summary(&hidden).is_err());
         let charge = approval_policy("charge", ttl).unwrap();
         let large = json!({"payee": "acme", "amount_minor": 100_000, "currency": "EUR", "invoice_ref": "inv-1"});
         assert!(charge.applies_to(&large));
@@ -430,7 +427,7 @@ mod tests {
         assert!(!charge.applies_to(&small));
         // Not a charge (a negative amount): fail closed.
         assert!(charge.applies_to(&json!({"amount_minor": -100_000})));
-        assert_eq!(charge.summary(&large)["invoice_ref"], "inv-1");
+        assert_eq!(charge.summary(&large).unwrap()["invoice_ref"], "inv-1");
         assert_eq!(charge.ttl(), ttl);
         assert!(approval_policy("create_ticket", ttl).is_none());
     }

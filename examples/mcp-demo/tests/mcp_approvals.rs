@@ -52,3 +52,9 @@ async fn spellings_and_amounts_cannot_route_around_approval() {
     let demo = Demo::start(config(0)).await;
     approvals::spellings_cannot_route_around_approval(&demo.base()).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_approver_sees_hidden_characters_neutralised_or_the_call_is_refused() {
+    let demo = Demo::start(config(0)).await;
+    approvals::hidden_characters(&demo.base()).await;
+}

@@ -61,3 +61,9 @@ async fn an_undecided_request_expires() {
     .await;
     approvals::expiry(&demo.base(), ttl).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_approver_sees_hidden_characters_neutralised_or_the_call_is_refused() {
+    let (demo, _db) = demo(DemoConfig::default()).await;
+    approvals::hidden_characters(&demo.base()).await;
+}

@@ -211,8 +211,8 @@ async fn large_payments_need_approval_and_small_ones_do_not() {
     let summary = &problem["summary"];
     assert_eq!(summary["operation"], "payment");
     assert_eq!(summary["payee"], "ACME GmbH");
-    assert_eq!(summary["amount_minor"], 100_000);
-    assert_eq!(summary["currency"], "EUR");
+    assert_eq!(summary["amount"]["minor_units"], 100_000);
+    assert_eq!(summary["amount"]["currency"], "EUR");
     assert_eq!(summary["invoice_ref"], "INV-2");
     assert_eq!(summary["reversible"], false);
     assert_eq!(acme.agent.list("payments").await.len(), 1);
@@ -648,4 +648,322 @@ async fn no_spelling_of_production_deploys_without_approval() {
         .await;
     assert_eq!(staging.status, 201, "{}", staging.text());
     assert_eq!(acme.agent.list("deploys").await.len(), 1);
+}
+
+fn payment_to(payee: &str, invoice: &str) -> String {
+    json!({"amount_minor": 250_000, "currency": "EUR", "invoice_ref": invoice, "payee": payee})
+        .to_string()
+}
+
+/// Each class of invisible or layout-changing character an agent can put in free text
+/// reaches the approver made visible (`[U+XXXX]`) and with whitespace runs collapsed: in
+/// the `approval-required` answer, in `GET /approvals/{id}` and in the listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approver_sees_hidden_characters_in_free_text_made_visible() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let padding = " ".repeat(400);
+    let cases = [
+        (
+            "bidi override",
+            "ACME GmbH\u{202E}NABI\u{202C}".to_owned(),
+            "ACME GmbH[U+202E]NABI[U+202C]".to_owned(),
+        ),
+        (
+            "bidi isolate",
+            "ACME \u{2066}GmbH\u{2069}".to_owned(),
+            "ACME [U+2066]GmbH[U+2069]".to_owned(),
+        ),
+        (
+            "bidi mark",
+            "ACME\u{200F} GmbH\u{200E}".to_owned(),
+            "ACME[U+200F] GmbH[U+200E]".to_owned(),
+        ),
+        (
+            "zero-width",
+            "AC\u{200B}ME\u{200D} Gm\u{2060}bH".to_owned(),
+            "AC[U+200B]ME[U+200D] Gm[U+2060]bH".to_owned(),
+        ),
+        (
+            "byte order mark",
+            "\u{FEFF}ACME GmbH".to_owned(),
+            "[U+FEFF]ACME GmbH".to_owned(),
+        ),
+        (
+            "soft hyphen and tags",
+            "ACME\u{AD} GmbH\u{E0041}".to_owned(),
+            "ACME[U+00AD] GmbH[U+E0041]".to_owned(),
+        ),
+        (
+            "C0 and C1 controls",
+            "ACME\u{1B}[2J GmbH\u{7}\u{9B}".to_owned(),
+            "ACME[U+001B][2J GmbH[U+0007][U+009B]".to_owned(),
+        ),
+        (
+            "whitespace runs and new lines",
+            format!("ACME GmbH{padding}\n\n\n\r\n\t pre-approved by CFO\u{2028}\u{2029}IBAN DE00"),
+            "ACME GmbH pre-approved by CFO IBAN DE00".to_owned(),
+        ),
+        (
+            "unicode spaces",
+            "ACME\u{3000}\u{A0}\u{2003}GmbH".to_owned(),
+            "ACME GmbH".to_owned(),
+        ),
+    ];
+    for (class, payee, shown) in &cases {
+        let reply = acme
+            .agent
+            .post("/v1/payments", Some(&new_key()), payment_to(payee, "INV-1"))
+            .await;
+        let problem = required(&reply);
+        assert_eq!(
+            problem["summary"]["payee"],
+            shown.as_str(),
+            "{class}: {problem}"
+        );
+        let path = problem["approval_url"].as_str().unwrap();
+        let approval = acme.approver.get_json(path).await;
+        assert_eq!(approval["summary"], problem["summary"], "{class}");
+        // The answer's text carries no hidden character, escaped or raw.
+        let text = reply.text();
+        assert!(
+            !text.contains("\\u202e") && !text.contains('\u{202E}') && !text.contains("\\n"),
+            "{class}: {text}"
+        );
+    }
+    let listed = pending(&acme.approver).await;
+    let payees: Vec<&str> = listed
+        .iter()
+        .map(|approval| approval["summary"]["payee"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&str> = cases.iter().map(|(_, _, shown)| shown.as_str()).collect();
+    assert_eq!(payees, expected);
+    assert_eq!(acme.agent.list("payments").await.len(), 0, "nothing ran");
+}
+
+/// Asserts `422 invalid-command` and that nothing was stored under `key`: no record, no
+/// approval, and the corrected command under the same key asks for approval (not `409`).
+async fn refused_and_nothing_stored(acme: &Account, reply: &Reply, key: &str, what: &str) {
+    let problem = reply.assert_problem(422, "invalid-command");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be shown to an approver"),
+        "{what}: {problem}"
+    );
+    assert_eq!(
+        acme.agent.operation(key).await.status,
+        404,
+        "{what}: a record was stored"
+    );
+    assert!(
+        pending(&acme.approver).await.is_empty(),
+        "{what}: an approval was stored"
+    );
+}
+
+/// An identifier (a deploy's service) is compared by eye: one with an
+/// invisible, bidi, control, space or look-alike character is refused with a clear `422`
+/// before anything is stored; the corrected command under the same key then asks for
+/// approval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identifier_with_hidden_characters_is_refused_and_nothing_is_stored() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let cases = [
+        ("zero-width", "api\u{200B}"),
+        ("bidi override", "\u{202E}ipa"),
+        ("bidi isolate", "\u{2066}api\u{2069}"),
+        ("byte order mark", "\u{FEFF}api"),
+        ("control", "api\u{1B}[8m"),
+        ("space and new line", "api\n\n   approved by CFO"),
+        ("look-alike letter", "\u{0430}pi"),
+        ("fullwidth", "\u{FF41}pi"),
+    ];
+    for (class, service) in cases {
+        let key = new_key();
+        let hidden = json!({"service": service, "environment": "production", "artifact": DIGEST});
+        let reply = acme
+            .agent
+            .post("/v1/deploys", Some(&key), hidden.to_string())
+            .await;
+        refused_and_nothing_stored(&acme, &reply, &key, class).await;
+        let corrected = acme
+            .agent
+            .post("/v1/deploys", Some(&key), production())
+            .await;
+        required(&corrected);
+        let deny_it = deny(&acme.approver, &required(&corrected), "test").await;
+        assert_eq!(deny_it.status, 200, "{class}: {}", deny_it.text());
+    }
+    assert_eq!(acme.agent.list("deploys").await.len(), 0, "nothing ran");
+}
+
+/// A command whose summary would exceed its bounds (here a field past 200 characters; the
+/// whole is bounded at 4096 bytes too) is refused with `422` before anything is stored — a summary is
+/// never cut, since the part cut off is the one the approver would not see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_past_its_bounds_is_refused_and_nothing_is_stored() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    let cases = [
+        (
+            "a field of 201 characters",
+            "x".repeat(201),
+            "INV-1".to_owned(),
+        ),
+        (
+            "a field of 60 KiB",
+            "x".repeat(60 * 1024),
+            "INV-1".to_owned(),
+        ),
+        (
+            "hidden characters shown past the field bound",
+            "\u{202E}".repeat(30),
+            "INV-1".to_owned(),
+        ),
+        (
+            "a field of 900 KiB of four-byte characters",
+            "\u{1F600}".repeat(225 * 1024),
+            "INV-1".to_owned(),
+        ),
+        (
+            "spaces and new lines past the field bound",
+            "ACME ".repeat(60),
+            "INV-1".to_owned(),
+        ),
+    ];
+    for (what, payee, invoice) in &cases {
+        let key = new_key();
+        let reply = acme
+            .agent
+            .post("/v1/payments", Some(&key), payment_to(payee, invoice))
+            .await;
+        refused_and_nothing_stored(&acme, &reply, &key, what).await;
+    }
+    // At the bounds: 200 characters, whitespace collapsed before counting.
+    let payee = format!("{}{}", "x".repeat(190), " \n".repeat(1000));
+    let reply = acme
+        .agent
+        .post(
+            "/v1/payments",
+            Some(&new_key()),
+            payment_to(&payee, "INV-1"),
+        )
+        .await;
+    assert_eq!(required(&reply)["summary"]["payee"], "x".repeat(190));
+    assert_eq!(acme.agent.list("payments").await.len(), 0, "nothing ran");
+}
+
+/// `GET /approvals` pages with a cursor in a stable order (`limit`, `next_cursor`,
+/// `cursor=`, with `state`), never repeating or skipping an approval; a page ends early
+/// past 256 KiB of JSON, and a bad cursor is a `400`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listing_pages_with_a_cursor_bounded_in_count_and_bytes() {
+    let server = server().await;
+    let acme = Account::new(&server);
+    // Summaries near their 4096-byte bound: two fields of 200 four-byte characters.
+    let wide = "\u{1F600}".repeat(199);
+    let mut ids = Vec::new();
+    for n in 0..140 {
+        let reply = acme
+            .agent
+            .post(
+                "/v1/payments",
+                Some(&new_key()),
+                payment_to(&format!("{wide}{}", n % 10), &wide),
+            )
+            .await;
+        ids.push(required(&reply)["approval_id"].as_str().unwrap().to_owned());
+    }
+
+    // Count: pages of 50 (then 40), in request order, each pointing at the next.
+    let mut walked = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            None => "/approvals?state=pending&limit=50".to_owned(),
+            Some(cursor) => format!("/approvals?state=pending&limit=50&cursor={cursor}"),
+        };
+        let page = acme.approver.get_json(&path).await;
+        let items = page["approvals"].as_array().unwrap();
+        assert!(items.len() <= 50, "{}", items.len());
+        walked.extend(
+            items
+                .iter()
+                .map(|a| a["approval_id"].as_str().unwrap().to_owned()),
+        );
+        pages += 1;
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+        assert!(pages < 10, "the pages never end");
+    }
+    assert_eq!(walked, ids, "every approval once, oldest first");
+    assert_eq!(pages, 3);
+
+    // Bytes: limit=1000 ends the page before 256 KiB, with a cursor to the rest.
+    let first = acme.approver.get("/approvals?limit=1000").await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert!(
+        first.text().len() <= 256 * 1024 + 1024,
+        "{} bytes",
+        first.text().len()
+    );
+    let first = first.json();
+    let shown = first["approvals"].as_array().unwrap().len();
+    assert!((50..140).contains(&shown), "{shown} approvals in 256 KiB");
+    let next = first["next_cursor"]
+        .as_str()
+        .expect("a cursor past the byte bound");
+    let rest = acme
+        .approver
+        .get_json(&format!("/approvals?limit=1000&cursor={next}"))
+        .await;
+    let rest = rest["approvals"].as_array().unwrap();
+    assert_eq!(shown + rest.len(), ids.len());
+    assert_eq!(rest[0]["approval_id"], ids[shown].as_str());
+
+    // A page that ends exactly at the end says so.
+    let last = acme
+        .approver
+        .get_json(&format!(
+            "/approvals?limit=40&cursor={}",
+            walked_cursor(&acme, 100).await
+        ))
+        .await;
+    assert_eq!(last["approvals"].as_array().unwrap().len(), 40);
+    assert_eq!(last["next_cursor"], Value::Null);
+
+    // Another account's cursor shows nothing of ours; a malformed one is refused.
+    let other = Account::new(&server);
+    let theirs = other
+        .approver
+        .get_json(&format!("/approvals?cursor={next}"))
+        .await;
+    assert_eq!(theirs["approvals"], json!([]));
+    for bad in [
+        "x",
+        "12-zz",
+        "-",
+        "99999999999999999999999999999-00000000000000000000000000000000",
+    ] {
+        acme.approver
+            .get(&format!("/approvals?cursor={bad}"))
+            .await
+            .assert_problem(400, "invalid-query");
+    }
+}
+
+/// The `next_cursor` after the first `n` approvals of the account.
+async fn walked_cursor(acme: &Account, n: usize) -> String {
+    let page = acme
+        .approver
+        .get_json(&format!("/approvals?limit={n}"))
+        .await;
+    assert_eq!(page["approvals"].as_array().unwrap().len(), n);
+    page["next_cursor"].as_str().unwrap().to_owned()
 }

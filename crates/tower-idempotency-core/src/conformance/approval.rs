@@ -14,6 +14,7 @@ use super::fixture::{
     response, settled_replays,
 };
 use super::{KEEP, LONG, PAST_SHORT, SHORT, SLACK};
+use crate::approval::ApprovalCursor;
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, Operation,
     OperationState, Reservation, ReserveRequest, Scope, Store,
@@ -698,7 +699,7 @@ pub async fn approvals_are_scoped<S: Store>(store: &S) {
     let listed = must(
         CHECK,
         "list_approvals",
-        store.list_approvals(&other, None, 100).await,
+        store.list_approvals(&other, None, None, 100).await,
     );
     assert_eq!(listed, vec![], "{CHECK}: another scope listed the approval");
     let by_id = must(CHECK, "get_by_id", store.get_by_id(&other, op.id).await);
@@ -755,16 +756,19 @@ pub async fn list_approvals_filters_orders_and_limits<S: Store>(store: &S) {
     );
     tokio::time::sleep(PAST_SHORT).await;
 
-    let list = |state: Option<ApprovalState>, limit: usize| {
+    let page = |state: Option<ApprovalState>, after: Option<ApprovalCursor>, limit: usize| {
         let scope = &scope;
         async move {
-            let listed = must(
+            must(
                 CHECK,
                 "list_approvals",
-                store.list_approvals(scope, state, limit).await,
-            );
-            listed.iter().map(|a| (a.id, a.state)).collect::<Vec<_>>()
+                store.list_approvals(scope, state, after, limit).await,
+            )
         }
+    };
+    let list = |state: Option<ApprovalState>, limit: usize| async move {
+        let listed = page(state, None, limit).await;
+        listed.iter().map(|a| (a.id, a.state)).collect::<Vec<_>>()
     };
     use ApprovalState::{Approved, Denied, Expired, Pending};
     let all = vec![
@@ -800,6 +804,39 @@ pub async fn list_approvals_filters_orders_and_limits<S: Store>(store: &S) {
         list(Some(Expired), 100).await,
         vec![(ids[4], Expired)],
         "{CHECK}: expired"
+    );
+
+    // Resumed after a cursor: the next ones in order, never one already listed.
+    let mut walked = Vec::new();
+    let mut after = None;
+    loop {
+        let listed = page(None, after, 2).await;
+        let Some(last) = listed.last() else { break };
+        after = Some(ApprovalCursor::after(last));
+        walked.extend(listed.iter().map(|a| (a.id, a.state)));
+        assert!(walked.len() <= all.len(), "{CHECK}: pages repeat approvals");
+    }
+    assert_eq!(
+        walked, all,
+        "{CHECK}: two at a time, after each page's last"
+    );
+    let first_pending = page(Some(Pending), None, 1).await;
+    let cursor = first_pending.last().map(ApprovalCursor::after);
+    let rest: Vec<_> = page(Some(Pending), cursor, 100)
+        .await
+        .iter()
+        .map(|a| (a.id, a.state))
+        .collect();
+    assert_eq!(
+        rest,
+        vec![(ids[3], Pending)],
+        "{CHECK}: pending after the first"
+    );
+    let cursor = ApprovalCursor::after(&page(None, None, 100).await[4]);
+    assert_eq!(
+        page(None, Some(cursor), 100).await,
+        vec![],
+        "{CHECK}: after the last"
     );
 }
 

@@ -8,6 +8,7 @@
 use super::entry::Entry;
 use super::inner::Inner;
 use super::shard::{ApprovalKey, RecordKey, lock};
+use crate::approval::ApprovalCursor;
 use crate::audit::AuditEventKind;
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, OperationState, Scope,
@@ -103,11 +104,14 @@ impl Inner {
         .flatten()
     }
 
-    /// The approvals of `scope` in `state` (as read), oldest request first, at most `limit`.
+    /// The approvals of `scope` in `state` (as read), oldest request first, after `after`,
+    /// at most `limit`. Only the page's approvals are copied out (their summaries
+    /// included); the others are only looked at.
     pub(super) fn list_approvals(
         &self,
         scope: &Scope,
         state: Option<ApprovalState>,
+        after: Option<ApprovalCursor>,
         limit: usize,
     ) -> Vec<Approval> {
         let mut ids = Vec::new();
@@ -119,14 +123,31 @@ impl Inner {
                     .map(|(id, _)| id.0),
             );
         }
-        let mut approvals: Vec<Approval> = ids
+        let now = self.clock.now_tick();
+        let mut positions: Vec<ApprovalCursor> = ids
             .into_iter()
-            .filter_map(|id| self.get_approval(scope, id))
-            .filter(|approval| state.is_none_or(|state| approval.state == state))
+            .filter_map(|id| {
+                self.with_approval(scope, id, |entry, _| {
+                    let stored = entry.approval()?;
+                    let listed = state.is_none_or(|state| stored.state(now) == state);
+                    listed.then(|| ApprovalCursor {
+                        requested_at: self
+                            .clock
+                            .system_time(stored.requested)
+                            .unwrap_or(self.clock.system),
+                        id,
+                    })
+                })
+                .flatten()
+            })
+            .filter(|position| after.is_none_or(|after| *position > after))
             .collect();
-        approvals.sort_by_key(|approval| (approval.requested_at, approval.id));
-        approvals.truncate(limit);
-        approvals
+        positions.sort_unstable();
+        positions.truncate(limit);
+        positions
+            .into_iter()
+            .filter_map(|position| self.get_approval(scope, position.id))
+            .collect()
     }
 }
 

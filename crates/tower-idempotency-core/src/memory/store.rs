@@ -185,9 +185,10 @@ impl Store for MemoryStore {
         &self,
         scope: &Scope,
         state: Option<ApprovalState>,
+        after: Option<crate::approval::ApprovalCursor>,
         limit: usize,
     ) -> Result<Vec<Approval>> {
-        Ok(self.inner.list_approvals(scope, state, limit))
+        Ok(self.inner.list_approvals(scope, state, after, limit))
     }
 
     fn record_decision(&self, event: DecisionEvent) {

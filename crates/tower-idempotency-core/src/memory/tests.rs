@@ -561,7 +561,7 @@ async fn an_expired_approval_record_replaced_by_a_new_operation_leaves_the_index
     assert_ne!(again.id, op.id);
     let scope = Scope::new("a");
     assert_eq!(store.get_approval(&scope, old).await.unwrap(), None);
-    let listed = store.list_approvals(&scope, None, 10).await.unwrap();
+    let listed = store.list_approvals(&scope, None, None, 10).await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(Some(listed[0].id), again.approval.map(|a| a.id));
     assert_eq!(store.len(), 1);

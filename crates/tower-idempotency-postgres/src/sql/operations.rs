@@ -184,6 +184,8 @@ impl OperationQueries {
                 "SELECT {COLUMNS} FROM {t} AS o \
                  WHERE o.scope = $1 AND o.approval_id IS NOT NULL AND NOT {EXPIRED} \
                      AND ($2::text IS NULL OR {APPROVAL_STATE} = $2::text) \
+                     AND ($4::timestamptz IS NULL \
+                          OR (o.approval_requested_at, o.approval_id) > ($4::timestamptz, $5::uuid)) \
                  ORDER BY o.approval_requested_at, o.approval_id LIMIT $3"
             ),
             decide_approval: decide_approval(t),

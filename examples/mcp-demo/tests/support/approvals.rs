@@ -220,8 +220,8 @@ pub async fn keyless_recall_attaches(base: &str) {
     let first = call(&client, "charge", large.clone(), None).await;
     let required = refusal(&first, "approval-required").clone();
     assert_eq!(required["summary"]["payee"], "acme");
-    assert_eq!(required["summary"]["amount_minor"], 250_000);
-    assert_eq!(required["summary"]["currency"], "EUR");
+    assert_eq!(required["summary"]["amount"]["minor_units"], 250_000);
+    assert_eq!(required["summary"]["amount"]["currency"], "EUR");
     assert_eq!(required["summary"]["invoice_ref"], "inv-big-1");
     let again = call(&client, "charge", large.clone(), None).await;
     assert_eq!(
@@ -394,4 +394,87 @@ pub async fn spellings_cannot_route_around_approval(base: &str) {
     let effects = effects(base, token).await;
     assert_eq!(effects["deploy_release"], 0, "{effects}");
     assert_eq!(effects["charge"], 0, "{effects}");
+}
+
+/// What the approver of a tool call is shown is neutralised: invisible, bidi and control
+/// characters in free text (a charge's payee) made visible as `[U+XXXX]`, whitespace runs
+/// collapsed — in the tool error, its text and `GET /approvals/{id}`. An identifier (a
+/// deploy's version) with such a character, or a payee past 200 characters, refuses the
+/// call with an `invalid-command` error before anything is stored: the corrected call under
+/// the same key then asks for approval.
+pub async fn hidden_characters(base: &str) {
+    let token = "acme:dana";
+    let client = client(base, token, Era::Session).await;
+    let payee = format!(
+        "ACME\u{202E}HbmG\u{200B}{}\n\n\r\npre-approved by CFO\u{7}",
+        " ".repeat(300)
+    );
+    let charge = json!({"payee": payee, "amount_minor": 250_000, "currency": "EUR", "invoice_ref": "inv-\u{2066}9"});
+    let first = call(&client, "charge", charge, None).await;
+    let required = refusal(&first, "approval-required").clone();
+    let shown = "ACME[U+202E]HbmG[U+200B] pre-approved by CFO[U+0007]";
+    assert_eq!(required["summary"]["payee"], shown, "{required}");
+    assert_eq!(required["summary"]["invoice_ref"], "inv-[U+2066]9");
+    let text = first["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains(shown) && !text.contains('\u{202E}') && !text.contains('\n'),
+        "{text}"
+    );
+    let id = required["approval_id"].as_str().unwrap();
+    let (status, approval) = get(base, token, &format!("/{id}")).await;
+    assert_eq!(status, 200, "{approval}");
+    assert_eq!(approval["summary"], required["summary"]);
+
+    let raw = RawSession::open(base, token).await;
+    let meta = json!({"dev.tower-idempotency/idempotency-key": "deploy-hidden-1"});
+    for (n, version) in [
+        "7.0.0\u{200B}",
+        "\u{202E}0.0.7",
+        "7.0.0\n\napproved",
+        "７.0.0",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let refused = raw
+            .call(
+                20 + n as u64,
+                "deploy_release",
+                production(version),
+                Some(meta.clone()),
+                &[],
+            )
+            .await;
+        assert_eq!(
+            refused["error"]["code"],
+            tower_idempotency_mcp::INVALID_PARAMS_CODE,
+            "{version:?}: {refused}"
+        );
+        let kind = refused["error"]["data"]["type"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(kind.ends_with("/invalid-command"), "{refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("approver"), "{message}");
+    }
+    let long = json!({"payee": "x".repeat(201), "amount_minor": 250_000, "currency": "EUR", "invoice_ref": "inv-10"});
+    let refused = raw.call(30, "charge", long, None, &[]).await;
+    assert_eq!(
+        refused["error"]["code"],
+        tower_idempotency_mcp::INVALID_PARAMS_CODE,
+        "{refused}"
+    );
+    // Nothing was stored under the key: the corrected call asks for approval, once.
+    let corrected = call(&client, "deploy_release", production("7.0.0"), Some(meta)).await;
+    refusal(&corrected, "approval-required");
+    let (status, pending) = get(base, APPROVER, "?state=pending").await;
+    assert_eq!(status, 200, "{pending}");
+    assert_eq!(
+        pending["approvals"].as_array().unwrap().len(),
+        2,
+        "{pending}"
+    );
+    assert_eq!(pending["next_cursor"], Value::Null, "{pending}");
+    assert_eq!(effects(base, token).await["charge"], 0);
+    assert_eq!(effects(base, token).await["deploy_release"], 0);
 }

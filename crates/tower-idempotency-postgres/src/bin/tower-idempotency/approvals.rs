@@ -155,7 +155,7 @@ async fn list(
     limit: usize,
 ) -> Result<(), Failure> {
     let approvals = match &scope {
-        Some(scope) => store.list_approvals(scope, state, limit).await?,
+        Some(scope) => store.list_approvals(scope, state, None, limit).await?,
         None => store.list_all_approvals(state, limit).await?,
     };
     let mut out = std::io::stdout().lock();
