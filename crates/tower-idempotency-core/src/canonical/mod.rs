@@ -18,7 +18,10 @@
 //!   (checked before recursing, so hostile input cannot overflow the stack).
 //! * Strings: escapes are decoded, `\uD83D\uDE00` pairs combine, an escaped lone surrogate is
 //!   [`CanonicalizeError::LoneSurrogate`]. Member names that are equal after decoding
-//!   (`{"a":1,"\u0061":2}`) are [`CanonicalizeError::DuplicateMember`].
+//!   (`{"a":1,"\u0061":2}`) are [`CanonicalizeError::DuplicateMember`]. A `\u0000` escape
+//!   (U+0000, the only way NUL can appear: raw control characters are refused) is
+//!   [`CanonicalizeError::NulCharacter`]: PostgreSQL's `text` and `jsonb` cannot hold it, so
+//!   a command carrying it would be accepted by one store and fail in another.
 //! * Numbers are rounded to the nearest double (`str::parse::<f64>`, correctly rounded), then:
 //!   - a literal whose value rounds to ±infinity is [`CanonicalizeError::OutOfRange`];
 //!   - a literal with a non-zero digit that rounds to zero (`1e-400`) is also `OutOfRange`:

@@ -272,6 +272,7 @@ impl<'a> Parser<'a> {
                 return Ok(at + 12);
             }
             0xDC00..=0xDFFF => return Err(lone),
+            0 => return Err(CanonicalizeError::NulCharacter { offset: at }),
             _ => u32::from(unit),
         };
         out.push(char::from_u32(scalar).ok_or(lone)?);
