@@ -410,7 +410,11 @@ mod tests {
             ("x=%zz", "x=%25zz", "an invalid escape stays literal"),
             ("x=%", "x=%25", "a trailing `%` stays literal"),
             ("x=a=b", "x=a%3Db", "only the first `=` splits"),
-            ("b=2&a=%41&a=1", "a=A&a=1&b=2", "names sorted, values kept in order"),
+            (
+                "b=2&a=%41&a=1",
+                "a=A&a=1&b=2",
+                "names sorted, values kept in order",
+            ),
         ];
         for (a, b, why) in same {
             assert_eq!(canonical_query(a), canonical_query(b), "{a} vs {b}: {why}");
@@ -425,7 +429,11 @@ mod tests {
             ("a=1&a=2", "a=1", "a repeated name"),
             ("a=1&a=1", "a=1", "a repeated pair"),
             ("a=1;b=2", "a=1&b=2", "`;` does not separate pairs"),
-            ("a=1&=", "a=1", "an empty name with an empty value is a pair"),
+            (
+                "a=1&=",
+                "a=1",
+                "an empty name with an empty value is a pair",
+            ),
             ("=", "", "an empty pair is a pair"),
             ("x=%00", "x=", "NUL is a byte"),
             ("x=%00", "x", "NUL is a byte"),

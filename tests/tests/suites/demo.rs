@@ -274,11 +274,7 @@ async fn a_command_with_a_nul_character_is_422_and_leaves_the_key_free() {
             r#"{"project":"ops","title":"x","\u0000":1}"#.to_owned(),
             r#"{"project":"ops","title":"y"}"#.to_owned(),
         ),
-        (
-            "/v1/payments",
-            payment("INV-\u{0}"),
-            payment("INV-NUL"),
-        ),
+        ("/v1/payments", payment("INV-\u{0}"), payment("INV-NUL")),
     ] {
         let key = new_key();
         let refused = client.post(path, Some(&key), hostile.as_str()).await;
