@@ -86,9 +86,8 @@ pub async fn serve_bounded(
             () = &mut shutdown => break,
         };
         let service = TowerToHyperService::new(router.clone());
-        let connection = http
-            .serve_connection(TokioIo::new(stream), service)
-            .with_upgrades();
+        // No protocol upgrades: neither demo serves WebSockets (MCP streams are SSE).
+        let connection = http.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {

@@ -261,6 +261,8 @@ async fn started(args: &[&str]) -> (tokio::process::Child, String) {
         .strip_prefix("listening on http://")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
+    // Keep reading: the demo prints more (its audit key), and a closed pipe would stop it.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, addr)
 }
 
