@@ -211,25 +211,82 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// The canonical form of a query string: pairs decoded (`%41` and `A`, `+` and `%20` are
-/// the same), sorted by name then value, and re-encoded. Empty pairs are dropped; the
-/// order of repeated names does not matter.
+/// The canonical form of a query string, as `application/x-www-form-urlencoded` pairs (what
+/// axum's `Query` and `serde_urlencoded` hand a handler): pairs split on `&`, each on its
+/// first `=`, `+` read as a space and `%XX` decoded **to bytes** (invalid UTF-8 is kept
+/// exactly, never replaced); then ordered by name (bytes), keeping the request's order of
+/// the values of one name, and re-encoded.
+///
+/// Two queries share a canonical form exactly when they give a handler the same list of
+/// decoded pairs up to the order of *different* names: `%41` and `A`, `+` and `%20`, `a` and
+/// `a=`, `%7e` and `%7E` are the same; `%FF` and `%FE`, `+` and `%2B`, `a=1&a=2` and
+/// `a=2&a=1` (a map keeps the last value), `a=1&=` and `a=1`, `;` and `&` are not. Empty
+/// pieces between `&`s are not pairs and are dropped.
 ///
 /// ```
 /// use tower_idempotency_core::fingerprint::canonical_query;
 ///
-/// assert_eq!(canonical_query("b=2&a=%41&a=1"), canonical_query("a=1&a=A&b=2"));
+/// assert_eq!(canonical_query("b=2&a=%41&a=1"), canonical_query("a=A&a=1&b=2"));
+/// assert_ne!(canonical_query("a=1&a=2"), canonical_query("a=2&a=1"));
+/// assert_ne!(canonical_query("x=%FF"), canonical_query("x=%FE"));
 /// assert_eq!(canonical_query(""), "");
 /// ```
 pub fn canonical_query(query: &str) -> String {
-    let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
-        .into_owned()
-        .filter(|(name, value)| !(name.is_empty() && value.is_empty()))
+    let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = query
+        .as_bytes()
+        .split(|&b| b == b'&')
+        .filter(|piece| !piece.is_empty())
+        .map(|piece| match piece.iter().position(|&b| b == b'=') {
+            Some(at) => (form_decode(&piece[..at]), form_decode(&piece[at + 1..])),
+            None => (form_decode(piece), Vec::new()),
+        })
         .collect();
-    pairs.sort();
-    form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(pairs)
-        .finish()
+    // Stable: the values of one name keep their order (a handler can see it).
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = String::with_capacity(query.len());
+    for (i, (name, value)) in pairs.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        out.extend(form_urlencoded::byte_serialize(name));
+        out.push('=');
+        out.extend(form_urlencoded::byte_serialize(value));
+    }
+    out
+}
+
+/// `application/x-www-form-urlencoded` decoding of one name or value to bytes: `+` is a
+/// space, `%XX` (either case) is that byte, and a `%` not followed by two hex digits stays
+/// literal (as `form_urlencoded::parse` does).
+fn form_decode(input: &[u8]) -> Vec<u8> {
+    fn hex_value(b: u8) -> Option<u8> {
+        match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            b'A'..=b'F' => Some(b - b'A' + 10),
+            _ => None,
+        }
+    }
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        match input[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let high = input.get(i + 1).copied().and_then(hex_value);
+                let low = input.get(i + 2).copied().and_then(hex_value);
+                if let (Some(high), Some(low)) = (high, low) {
+                    out.push(high << 4 | low);
+                    i += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -335,17 +392,126 @@ mod tests {
         );
     }
 
+    /// The query's equivalence classes, for a handler reading the query as
+    /// `application/x-www-form-urlencoded` pairs (axum's `Query`, `serde_urlencoded`).
     #[test]
     fn canonical_query_cases() {
-        for (a, b) in [
-            ("a=1&b=2", "b=2&a=1"),
-            ("q=hello+world", "q=hello%20world"),
-            ("a=1&&b=2", "b=2&a=1"),
-            ("x=%7e", "x=~"),
-        ] {
-            assert_eq!(canonical_query(a), canonical_query(b), "{a} vs {b}");
+        let same = [
+            ("a=1&b=2", "b=2&a=1", "the order of different names"),
+            ("q=hello+world", "q=hello%20world", "`+` is a space"),
+            ("a=1&&b=2", "b=2&a=1", "empty pieces are not pairs"),
+            ("&a=1&", "a=1", "empty pieces at the ends"),
+            ("", "&&", "no pairs"),
+            ("x=%7e", "x=~", "percent-encoding an unreserved byte"),
+            ("x=%7e", "x=%7E", "hex digit case"),
+            ("x=%c3%a9", "x=%C3%A9", "hex digit case in UTF-8"),
+            ("%61=1", "a=1", "an encoded name"),
+            ("a", "a=", "a name without `=` has an empty value"),
+            ("x=%zz", "x=%25zz", "an invalid escape stays literal"),
+            ("x=%", "x=%25", "a trailing `%` stays literal"),
+            ("x=a=b", "x=a%3Db", "only the first `=` splits"),
+            (
+                "b=2&a=%41&a=1",
+                "a=A&a=1&b=2",
+                "names sorted, values kept in order",
+            ),
+        ];
+        for (a, b, why) in same {
+            assert_eq!(canonical_query(a), canonical_query(b), "{a} vs {b}: {why}");
         }
-        assert_ne!(canonical_query("a=1&a=2"), canonical_query("a=1"));
-        assert_ne!(canonical_query("a=1"), canonical_query("a=2"));
+        let different = [
+            ("x=%FF", "x=%FE", "invalid UTF-8 is kept exactly"),
+            ("x=%FF", "x=%EF%BF%BD", "invalid UTF-8 is not U+FFFD"),
+            ("%FF=1", "%FE=1", "invalid UTF-8 in a name"),
+            ("x=%C3%A9", "x=e%CC%81", "no Unicode normalization"),
+            ("q=a+b", "q=a%2Bb", "`+` is a space, `%2B` a plus"),
+            ("a=1&a=2", "a=2&a=1", "the order of one name's values"),
+            ("a=1&a=2", "a=1", "a repeated name"),
+            ("a=1&a=1", "a=1", "a repeated pair"),
+            ("a=1;b=2", "a=1&b=2", "`;` does not separate pairs"),
+            (
+                "a=1&=",
+                "a=1",
+                "an empty name with an empty value is a pair",
+            ),
+            ("=", "", "an empty pair is a pair"),
+            ("x=%00", "x=", "NUL is a byte"),
+            ("x=%00", "x", "NUL is a byte"),
+            ("a%3Db=c", "a=b%3Dc", "an encoded `=` in a name"),
+            ("a%26b=c", "a&b=c", "an encoded `&` in a name"),
+            ("x=a%26b", "x=a&b", "an encoded `&` in a value"),
+            ("A=1", "a=1", "names are case-sensitive"),
+            ("a=1", "a=2", "values"),
+            ("a=", "a=%20", "an empty value and a space"),
+        ];
+        for (a, b, why) in different {
+            assert_ne!(canonical_query(a), canonical_query(b), "{a} vs {b}: {why}");
+        }
+    }
+
+    /// Queries the `v1` canonicalizer always told apart keep their canonical form (and so
+    /// their fingerprints); only the colliding ones above changed.
+    #[test]
+    fn canonical_forms_of_valid_queries_are_stable() {
+        for (query, canonical) in [
+            ("", ""),
+            ("b=2&a=1", "a=1&b=2"),
+            ("q=hello%20world&z=%7e", "q=hello+world&z=%7E"),
+            ("x=%C3%A9&a", "a=&x=%C3%A9"),
+            ("tag=a&tag=b", "tag=a&tag=b"),
+            ("a*b-c._=~!", "a*b-c._=%7E%21"),
+        ] {
+            assert_eq!(canonical_query(query), canonical, "{query}");
+        }
+    }
+
+    /// The `v1` canonicalizer before invalid UTF-8, repeated names and empty pairs were
+    /// told apart.
+    fn lossy_canonical_query(query: &str) -> String {
+        let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .filter(|(name, value)| !(name.is_empty() && value.is_empty()))
+            .collect();
+        pairs.sort();
+        form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(pairs)
+            .finish()
+    }
+
+    proptest::proptest! {
+        /// Every query the earlier canonicalizer did not collapse (valid UTF-8, no empty
+        /// pair, one name's values already in order) keeps its canonical form.
+        #[test]
+        fn only_queries_that_collided_change_their_canonical_form(
+            pieces in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "a", "b", "=", "&", "+", "%20", "%2B", "%41", "%7e", "%C3%A9", "%FF",
+                    "%", "%zz", ";", "%00", "%3D", "%26", "~", "*",
+                ]),
+                0..12,
+            )
+        ) {
+            let query: String = pieces.concat();
+            let new = canonical_query(&query);
+            let pairs: Vec<(Vec<u8>, Vec<u8>)> = query
+                .as_bytes()
+                .split(|&b| b == b'&')
+                .filter(|piece| !piece.is_empty())
+                .map(|piece| match piece.iter().position(|&b| b == b'=') {
+                    Some(at) => (form_decode(&piece[..at]), form_decode(&piece[at + 1..])),
+                    None => (form_decode(piece), Vec::new()),
+                })
+                .collect();
+            let valid = pairs
+                .iter()
+                .all(|(n, v)| std::str::from_utf8(n).is_ok() && std::str::from_utf8(v).is_ok());
+            let no_empty_pair = pairs.iter().all(|(n, v)| !(n.is_empty() && v.is_empty()));
+            let in_order = pairs.iter().enumerate().all(|(i, (n, v))| {
+                pairs[..i].iter().all(|(m, w)| m != n || w <= v)
+            });
+            if valid && no_empty_pair && in_order {
+                proptest::prop_assert_eq!(new, lossy_canonical_query(&query), "{}", query);
+            }
+        }
     }
 }

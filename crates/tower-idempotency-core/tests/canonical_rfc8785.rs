@@ -226,8 +226,8 @@ fn accepted_documents() {
             r#"{"a":{"b":[{},[]],"c":1}}"#,
         ),
         (
-            r#""\u0000\u001F\u007f\b\f\t""#,
-            "\"\\u0000\\u001f\u{7f}\\b\\f\\t\"",
+            r#""\u0001\u001F\u007f\b\f\t""#,
+            "\"\\u0001\\u001f\u{7f}\\b\\f\\t\"",
         ),
         (r#""\ud83d\ude00 \/ \u00E9""#, "\"😀 / é\""),
         (
@@ -266,6 +266,9 @@ fn rejections() {
         (br#""\ud83d\u0041""#, "lone-surrogate"),
         (br#""\ud83d\ud83d""#, "lone-surrogate"),
         (br#""\ud83dx""#, "lone-surrogate"),
+        (br#"{"note":"a\u0000b"}"#, "nul-character"),
+        (br#"{"\u0000":1}"#, "nul-character"),
+        (br#"["\u0000"]"#, "nul-character"),
         (b"9007199254740993", "imprecise-integer"),
         (b"-9007199254740993", "imprecise-integer"),
         (b"[18446744073709551617]", "imprecise-integer"),

@@ -85,3 +85,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The response body of [`McpIdempotency`].
 pub type McpBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;
+
+/// `docs/mcp.md`'s self-contained examples, compiled as doctests (its fragments of a whole
+/// server are marked `text`; `examples/mcp-demo` is that server, compiled).
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/mcp.md")]
+pub struct McpGuide;

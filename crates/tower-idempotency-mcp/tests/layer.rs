@@ -455,6 +455,41 @@ async fn non_i_json_arguments_no_actor_and_oversized_bodies_are_refused() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
+/// U+0000 anywhere in a guarded call — its arguments, a member name, a string id — is
+/// refused as invalid params (`invalid-json`) before anything is reserved: PostgreSQL
+/// cannot hold it, so every store refuses it alike.
+#[tokio::test]
+async fn a_nul_character_in_a_call_is_refused_before_anything_is_reserved() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::default();
+    let service = McpIdempotencyLayer::new(store.clone())
+        .with_tool("charge", ToolPolicy::guarded())
+        .layer(server(Answer::Json, Arc::clone(&runs)));
+    for message in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge","arguments":{"note":"a\u0000b"}}}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"charge","arguments":{"\u0000":1}}}"#,
+        r#"{"jsonrpc":"2.0","id":"x\u0000","method":"tools/call","params":{"name":"charge","arguments":{}}}"#,
+    ] {
+        let mut request = Request::post("/mcp")
+            .body(Full::new(Bytes::from(message)))
+            .unwrap();
+        request.extensions_mut().insert(Scope::new("alice"));
+        let (_, refused) = send(&service, request).await;
+        assert_eq!(refused["error"]["code"], INVALID_PARAMS_CODE, "{message}");
+        let detail = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            refused["error"]["data"]["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("invalid-json"),
+            "{refused}"
+        );
+        assert!(detail.contains("U+0000"), "{refused}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(store.len(), 0, "nothing reserved");
+}
+
 #[tokio::test]
 async fn derived_matching_never_uses_the_jsonrpc_id_or_meta() {
     let runs = Arc::new(AtomicUsize::new(0));

@@ -107,6 +107,13 @@ struct Cli {
     /// How long an approval request, and an approval not yet used, stays valid, in ms
     #[arg(long = "approval-ttl-ms", value_name = "N", default_value = "3600000", value_parser = positive_millis)]
     approval_ttl: Duration,
+    /// How long a client may take to send a request's head (request line and headers), in
+    /// ms; past it the connection is closed
+    #[arg(long = "header-read-timeout-ms", value_name = "N", default_value = "10000", value_parser = positive_millis)]
+    header_read_timeout: Duration,
+    /// Most connections served at once; further ones wait until one closes
+    #[arg(long = "max-connections", value_name = "N", default_value = "1024", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
 }
 
 /// The user who may approve when no `--approver` is given.
@@ -229,6 +236,10 @@ pub struct Config {
     /// How long an approval request, and an approval not yet used, stays valid
     /// (`--approval-ttl-ms`, default one hour).
     pub approval_ttl: Duration,
+    /// How the binary serves connections: the header-read timeout
+    /// (`--header-read-timeout-ms`, default 10 s) and the connection limit
+    /// (`--max-connections`, default 1024).
+    pub serve_limits: crate::serving::ServeLimits,
 }
 
 impl Config {
@@ -264,6 +275,7 @@ impl Default for Config {
             audit_journal: None,
             approvers: vec![DEFAULT_APPROVER.to_owned()],
             approval_ttl: Duration::from_secs(3600),
+            serve_limits: crate::serving::ServeLimits::default(),
         }
     }
 }
@@ -356,6 +368,10 @@ fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::
         audit_journal: cli.audit_journal,
         approvers: cli.approvers,
         approval_ttl: cli.approval_ttl,
+        serve_limits: crate::serving::ServeLimits {
+            header_read_timeout: cli.header_read_timeout,
+            max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
+        },
     })
 }
 

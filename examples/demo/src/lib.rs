@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod routes;
+pub mod serving;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -357,7 +358,8 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
         )
 }
 
-/// Serves the demo on `listener` until `shutdown` completes, then finishes in-flight
+/// Serves the demo on `listener` within `config.serve_limits` (header-read timeout,
+/// connection limit; see [`serving`]) until `shutdown` completes, then finishes in-flight
 /// requests and returns.
 pub async fn serve(
     config: &Config,
@@ -365,9 +367,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DemoError> {
     let router = app(config).await?;
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    serving::serve_bounded(listener, router, config.serve_limits, shutdown).await?;
     Ok(())
 }
 

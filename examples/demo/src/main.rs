@@ -42,9 +42,13 @@ async fn run(config: &demo::Config) -> Result<(), demo::DemoError> {
         records = ?config.records,
         "demo ready"
     );
-    axum::serve(listener, router)
-        .with_graceful_shutdown(demo::shutdown_signal())
-        .await?;
+    demo::serving::serve_bounded(
+        listener,
+        router,
+        config.serve_limits,
+        demo::shutdown_signal(),
+    )
+    .await?;
     tracing::info!("demo stopped");
     Ok(())
 }

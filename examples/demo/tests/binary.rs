@@ -390,3 +390,105 @@ async fn the_openapi_document_is_served_published_valid_and_complete() {
     assert_eq!(key["name"], "Idempotency-Key");
     assert_eq!(key["required"], true);
 }
+
+/// Starts the binary with `args` and returns it with its `host:port`.
+async fn started(args: &[&str]) -> (tokio::process::Child, String) {
+    let (child, base) = start_demo(args).await;
+    let addr = base
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("not an http base URL: {base}"))
+        .to_owned();
+    (child, addr)
+}
+
+/// Reads until the peer closes (or `limit` passes); what it sent.
+async fn read_to_close(stream: &mut tokio::net::TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(limit, async {
+        let mut buffer = [0u8; 1024];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    read.ok().map(|()| answer)
+}
+
+/// A client that stops in the middle of its request head is disconnected once
+/// `--header-read-timeout-ms` passes: it cannot hold a connection open.
+#[tokio::test]
+async fn a_half_sent_request_head_is_disconnected_after_the_header_read_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let (_child, addr) = started(&["--header-read-timeout-ms", "300"]).await;
+    for half in [
+        &b"POST /v1/tickets HTTP/1.1\r\nHost: localhost\r\nX-Slow: "[..],
+        &b"GET /healthz HTT"[..],
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stream.write_all(half).await.unwrap();
+        let started = std::time::Instant::now();
+        let answer = read_to_close(&mut stream, Duration::from_secs(10)).await;
+        let answer = answer.expect("the connection was still open after 10 s");
+        let elapsed = started.elapsed();
+        assert!(elapsed < Duration::from_secs(5), "closed after {elapsed:?}");
+        assert!(
+            answer.is_empty() || answer.starts_with(b"HTTP/1.1 408"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    // A whole request is still served.
+    let health = reqwest::get(format!("http://{addr}/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
+
+/// Past `--max-connections`, a new connection is not served until one of the open ones
+/// closes.
+#[tokio::test]
+async fn connections_past_the_limit_wait_until_one_closes() {
+    use tokio::io::AsyncWriteExt;
+    let (_child, addr) = started(&[
+        "--max-connections",
+        "2",
+        "--header-read-timeout-ms",
+        "30000",
+    ])
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    // Give the server time to take both.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut third = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        read_to_close(&mut third, Duration::from_millis(1000))
+            .await
+            .is_none(),
+        "the third connection was served past the limit"
+    );
+    drop(held.pop());
+    let answer = read_to_close(&mut third, DEADLINE)
+        .await
+        .expect("the third connection was not served after one closed");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+}

@@ -36,6 +36,13 @@ struct Args {
     /// <actor>:<user>`) on `/approvals`; repeat the flag for several.
     #[arg(long = "approver", value_name = "NAME", action = clap::ArgAction::Append, default_value = mcp_demo::DEFAULT_APPROVER)]
     approvers: Vec<String>,
+    /// How long a client may take to send a request's head (request line and headers), in
+    /// milliseconds; past it the connection is closed.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout_ms: u64,
+    /// Most connections served at once; further ones wait until one closes.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
 }
 
 #[tokio::main]
@@ -76,10 +83,11 @@ async fn main() {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    if let Err(error) = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
+    let limits = demo::serving::ServeLimits {
+        header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+    };
+    if let Err(error) = demo::serving::serve_bounded(listener, router, limits, shutdown).await {
         eprintln!("mcp-demo: {error}");
         std::process::exit(1);
     }

@@ -255,3 +255,34 @@ async fn an_amount_written_with_a_fraction_is_refused_before_anything_is_stored(
     assert!(!corrected.is_replay());
     assert_eq!(client.list("payments").await.len(), 1);
 }
+
+/// A command with U+0000 in a string (which PostgreSQL's `text` and `jsonb` cannot hold) is
+/// `422 invalid-json` (`reason: nul-character`) before anything is stored, on the memory and
+/// the PostgreSQL demo alike: the key stays free for the corrected command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_with_a_nul_character_is_422_and_leaves_the_key_free() {
+    let server = super::demo_server(demo_config()).await;
+    let client = server.client(&new_account());
+    for (path, hostile, clean) in [
+        (
+            "/v1/tickets",
+            r#"{"project":"ops","title":"Rotate\u0000 the cert"}"#.to_owned(),
+            r#"{"project":"ops","title":"Rotate the cert"}"#.to_owned(),
+        ),
+        (
+            "/v1/tickets",
+            r#"{"project":"ops","title":"x","\u0000":1}"#.to_owned(),
+            r#"{"project":"ops","title":"y"}"#.to_owned(),
+        ),
+        ("/v1/payments", payment("INV-\u{0}"), payment("INV-NUL")),
+    ] {
+        let key = new_key();
+        let refused = client.post(path, Some(&key), hostile.as_str()).await;
+        let problem = refused.assert_problem(422, "invalid-json");
+        assert_eq!(problem["reason"], "nul-character", "{problem}");
+        let corrected = client.post(path, Some(&key), clean.as_str()).await;
+        assert_eq!(corrected.status, 201, "{path}: {}", corrected.text());
+        assert!(!corrected.is_replay());
+    }
+    assert_eq!(client.list("tickets").await.len(), 2);
+}

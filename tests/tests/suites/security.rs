@@ -857,3 +857,80 @@ async fn unauthenticated_requests_are_401_and_leave_nothing() {
         .assert_problem(401, "missing-scope");
     assert_eq!(s.runs.count(), 0);
 }
+
+/// Queries a handler can tell apart (`%FF` and `%FE` after decoding; the order of one
+/// name's values, which decides what a map keeps) are different commands under one key;
+/// spellings of one query (`+` and `%20`, the order of different names) replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_a_handler_can_tell_apart_are_never_replayed_for_each_other() {
+    let s = setup().await;
+    let account = new_account();
+    for (first, second) in [
+        ("x=%FF", "x=%FE"),
+        ("x=%FF", "x=%EF%BF%BD"),
+        ("a=1&a=2", "a=2&a=1"),
+        ("a=1&=", "a=1"),
+        ("q=a+b", "q=a%2Bb"),
+    ] {
+        let key = new_key();
+        let path = |query: &str| format!("/v1/payments?{query}");
+        let done = post(&s.server, &path(first), &account, Some(&key), PAYMENT).await;
+        assert_eq!(done.status, 201, "{first}: {}", done.text());
+        post(&s.server, &path(second), &account, Some(&key), PAYMENT)
+            .await
+            .assert_problem(409, "fingerprint-mismatch");
+        assert!(
+            post(&s.server, &path(first), &account, Some(&key), PAYMENT)
+                .await
+                .is_replay(),
+            "{first}"
+        );
+    }
+    for (first, second) in [("q=a+b&z=1", "z=1&q=a%20b"), ("x=%7e&y", "y=&x=~")] {
+        let key = new_key();
+        let done = post(
+            &s.server,
+            &format!("/v1/payments?{first}"),
+            &account,
+            Some(&key),
+            PAYMENT,
+        )
+        .await;
+        assert_eq!(done.status, 201);
+        let again = post(
+            &s.server,
+            &format!("/v1/payments?{second}"),
+            &account,
+            Some(&key),
+            PAYMENT,
+        )
+        .await;
+        assert!(again.is_replay(), "{first} vs {second}: {}", again.text());
+    }
+    assert_eq!(s.runs.count(), 7);
+}
+
+/// U+0000 in a command's strings or member names — which PostgreSQL's `text` and `jsonb`
+/// cannot hold — is `422 invalid-json` with `reason: nul-character` on every store alike:
+/// nothing stored, the handler not run, and the key free for the corrected command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_character_in_a_command_is_422_on_every_store_and_stores_nothing() {
+    let s = setup().await;
+    let account = new_account();
+    for body in [
+        r#"{"amount_minor":500,"currency":"EUR","note":"a\u0000b"}"#,
+        r#"{"amount_minor":500,"currency":"EUR","\u0000":1}"#,
+        r#"{"amount_minor":500,"currency":"EUR","tags":[["\u0000"]]}"#,
+    ] {
+        for path in ["/v1/payments", "/v1/api-keys"] {
+            let key = new_key();
+            let refused = post(&s.server, path, &account, Some(&key), body).await;
+            let problem = refused.assert_problem(422, "invalid-json");
+            assert_eq!(problem["reason"], "nul-character", "{problem}");
+            assert!(record(&s.store, &account, &key).await.is_none(), "{body}");
+            let corrected = post(&s.server, path, &account, Some(&key), PAYMENT).await;
+            assert_eq!(corrected.status, 201, "{}", corrected.text());
+        }
+    }
+    assert_eq!(s.runs.count(), 6);
+}

@@ -1,7 +1,8 @@
 //! The canonical encoding of a sealed event and its hash.
 //!
-//! An event is a JSON object canonicalized by RFC 8785 (JCS, through [`canonicalize_json`]):
-//! members sorted, no whitespace, one spelling per value. Its hash is the RFC 6962 leaf hash
+//! An event is a JSON object canonicalized by RFC 8785 (JCS, as
+//! [`canonicalize_json`](crate::canonicalize_json) does, U+0000 included): members sorted,
+//! no whitespace, one spelling per value. Its hash is the RFC 6962 leaf hash
 //! `SHA-256(0x00 || canonical bytes)`, and the object holds the previous event's hash in
 //! `prev`, so every hash covers the whole history before it.
 //!
@@ -19,9 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use super::event::{AuditEvent, AuditEventKind, Correlation, SealedEvent};
 use super::merkle::{Sha256Hash, leaf_hash};
-use crate::{
-    CanonicalizeError, Fingerprint, IdempotencyKey, OperationId, Scope, canonicalize_json,
-};
+use crate::canonical::canonicalize_json_text;
+use crate::{CanonicalizeError, Fingerprint, IdempotencyKey, OperationId, Scope};
 
 /// Why an event could not be encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,7 +105,7 @@ pub fn truncate_to_micros(time: SystemTime) -> SystemTime {
 ///
 /// Written member by member in JCS order (every member name is ASCII, so sorting by UTF-16
 /// code units is a fixed order) with JCS string escaping, without a parse; a test checks it
-/// byte for byte against serializing and then canonicalizing with [`canonicalize_json`].
+/// byte for byte against serializing and then canonicalizing with [`canonicalize_json`](crate::canonicalize_json).
 pub fn encode_event(
     seq: u64,
     prev: &Sha256Hash,
@@ -155,7 +155,7 @@ pub(crate) fn encode_by_canonicalizing(
     let wire = to_wire(seq, prev, event);
     // Serializing plain strings and integers into memory cannot fail.
     let json = serde_json::to_vec(&wire).expect("an event serializes");
-    Ok(canonicalize_json(&json)?)
+    Ok(canonicalize_json_text(&json)?)
 }
 
 /// Gives `event` its place: position `seq`, chained to `prev`, hashed.
@@ -178,7 +178,7 @@ pub fn seal_event(
 
 /// Reads an encoded event back, recomputing its hash from the canonical form of `json`.
 pub fn decode_event(json: &[u8]) -> Result<SealedEvent, DecodeError> {
-    decode_canonical(&canonicalize_json(json)?)
+    decode_canonical(&canonicalize_json_text(json)?)
 }
 
 /// [`decode_event`] of bytes already in canonical form.

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use super::encoding::{DecodeError, EncodeError, decode_canonical, encode_event};
 use super::event::SealedEvent;
 use super::merkle::Sha256Hash;
-use crate::canonicalize_json;
+use crate::canonical::canonicalize_json_text;
 
 /// One parsed line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +94,8 @@ pub fn parse_line(line: &str) -> Result<JournalLine, LineError> {
     let wire: WireLine<'_> = serde_json::from_str(line).map_err(|err| shape(err.to_string()))?;
     match (wire.kind.as_str(), wire.event, wire.note) {
         ("event", Some(event), None) => {
-            let canonical = canonicalize_json(event.get().as_bytes()).map_err(DecodeError::from)?;
+            let canonical =
+                canonicalize_json_text(event.get().as_bytes()).map_err(DecodeError::from)?;
             let stored_hash = wire
                 .hash
                 .map(|hash| {

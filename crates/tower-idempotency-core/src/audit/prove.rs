@@ -18,7 +18,7 @@ use super::event::SealedEvent;
 use super::merkle::Sha256Hash;
 use super::note::NoteVerifyingKey;
 use super::proof::{ProofError, verify_inclusion};
-use crate::canonicalize_json;
+use crate::canonical::canonicalize_json_text;
 
 /// Why an event proof was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,7 +116,7 @@ impl EventProof {
         key: &NoteVerifyingKey,
     ) -> Result<(SealedEvent, Checkpoint), EventProofError> {
         let checkpoint = SignedCheckpoint::verify(&self.checkpoint, key)?.checkpoint;
-        let canonical = canonicalize_json(self.event.as_bytes()).map_err(DecodeError::from)?;
+        let canonical = canonicalize_json_text(self.event.as_bytes()).map_err(DecodeError::from)?;
         let event = decode_canonical(&canonical)?;
         verify_inclusion(
             event.seq,

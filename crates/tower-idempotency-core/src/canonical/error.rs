@@ -35,6 +35,15 @@ pub enum CanonicalizeError {
         /// Where the escape starts.
         offset: usize,
     },
+    /// A `\u0000` escape: U+0000 (NUL) in a string or member name. Valid JSON, but no
+    /// PostgreSQL `text` or `jsonb` value can hold it, nor many other stores and languages'
+    /// strings, so a command carrying it could be fingerprinted and then fail wherever it is
+    /// written; it is refused up front, alike on every store.
+    #[error("U+0000 (NUL) in a string at byte {offset}")]
+    NulCharacter {
+        /// Where the escape starts.
+        offset: usize,
+    },
     /// A plain integer literal that a double cannot hold exactly, e.g. `9007199254740993`.
     #[error("integer {literal} at byte {offset} is not exactly representable as a double")]
     ImpreciseInteger {
@@ -67,14 +76,15 @@ pub enum CanonicalizeError {
 
 impl CanonicalizeError {
     /// A stable kebab-case code for this kind of error, suitable for problem bodies and metrics:
-    /// `syntax`, `invalid-utf8`, `duplicate-member`, `lone-surrogate`, `imprecise-integer`,
-    /// `out-of-range`, `too-deep` or `trailing-data`.
+    /// `syntax`, `invalid-utf8`, `duplicate-member`, `lone-surrogate`, `nul-character`,
+    /// `imprecise-integer`, `out-of-range`, `too-deep` or `trailing-data`.
     pub fn code(&self) -> &'static str {
         match self {
             Self::Syntax { .. } => "syntax",
             Self::InvalidUtf8 { .. } => "invalid-utf8",
             Self::DuplicateMember { .. } => "duplicate-member",
             Self::LoneSurrogate { .. } => "lone-surrogate",
+            Self::NulCharacter { .. } => "nul-character",
             Self::ImpreciseInteger { .. } => "imprecise-integer",
             Self::OutOfRange { .. } => "out-of-range",
             Self::TooDeep { .. } => "too-deep",
@@ -89,6 +99,7 @@ impl CanonicalizeError {
             | Self::InvalidUtf8 { offset }
             | Self::DuplicateMember { offset, .. }
             | Self::LoneSurrogate { offset }
+            | Self::NulCharacter { offset }
             | Self::ImpreciseInteger { offset, .. }
             | Self::OutOfRange { offset }
             | Self::TooDeep { offset, .. }

@@ -18,7 +18,10 @@
 //!   (checked before recursing, so hostile input cannot overflow the stack).
 //! * Strings: escapes are decoded, `\uD83D\uDE00` pairs combine, an escaped lone surrogate is
 //!   [`CanonicalizeError::LoneSurrogate`]. Member names that are equal after decoding
-//!   (`{"a":1,"\u0061":2}`) are [`CanonicalizeError::DuplicateMember`].
+//!   (`{"a":1,"\u0061":2}`) are [`CanonicalizeError::DuplicateMember`]. A `\u0000` escape
+//!   (U+0000, the only way NUL can appear: raw control characters are refused) is
+//!   [`CanonicalizeError::NulCharacter`]: PostgreSQL's `text` and `jsonb` cannot hold it, so
+//!   a command carrying it would be accepted by one store and fail in another.
 //! * Numbers are rounded to the nearest double (`str::parse::<f64>`, correctly rounded), then:
 //!   - a literal whose value rounds to ±infinity is [`CanonicalizeError::OutOfRange`];
 //!   - a literal with a non-zero digit that rounds to zero (`1e-400`) is also `OutOfRange`:
@@ -79,7 +82,18 @@ pub const MAX_DEPTH: usize = 128;
 /// assert_eq!(err.code(), "duplicate-member");
 /// ```
 pub fn canonicalize_json(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
-    let node = parse_document(bytes)?;
+    canonicalize(bytes, false)
+}
+
+/// [`canonicalize_json`] that also accepts U+0000 in strings: the audit journal's own
+/// events, which record whatever the store held (the memory store holds any text), must
+/// always verify.
+pub(crate) fn canonicalize_json_text(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
+    canonicalize(bytes, true)
+}
+
+fn canonicalize(bytes: &[u8], allow_nul: bool) -> Result<Vec<u8>, CanonicalizeError> {
+    let node = parse_document(bytes, allow_nul)?;
     // Canonical output is almost never longer than the input (numbers like `1e20` are the
     // exception), so one allocation of the input's size usually suffices.
     let mut out = Vec::with_capacity(bytes.len());
@@ -93,7 +107,7 @@ pub fn canonicalize_json(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
 /// Plain integer literals that fit `i64`/`u64` become integer numbers, every other number
 /// an `f64` (the double the literal rounds to).
 pub fn parse_json(bytes: &[u8]) -> Result<Value, CanonicalizeError> {
-    parse_document(bytes).map(node_into_value)
+    parse_document(bytes, false).map(node_into_value)
 }
 
 /// The RFC 8785 canonical form of an already-built value (typically a normalizer's output).

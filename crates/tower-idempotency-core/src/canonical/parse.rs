@@ -8,7 +8,7 @@ use super::MAX_DEPTH;
 use super::error::{CanonicalizeError, excerpt};
 use super::node::{Member, Node, cmp_utf16};
 
-pub(super) fn parse_document(bytes: &[u8]) -> Result<Node<'_>, CanonicalizeError> {
+pub(super) fn parse_document(bytes: &[u8], allow_nul: bool) -> Result<Node<'_>, CanonicalizeError> {
     let text = std::str::from_utf8(bytes).map_err(|e| CanonicalizeError::InvalidUtf8 {
         offset: e.valid_up_to(),
     })?;
@@ -16,6 +16,7 @@ pub(super) fn parse_document(bytes: &[u8]) -> Result<Node<'_>, CanonicalizeError
         text,
         bytes,
         pos: 0,
+        allow_nul,
     };
     parser.skip_whitespace();
     let node = parser.parse_value(0)?;
@@ -30,6 +31,9 @@ pub(super) struct Parser<'a> {
     pub(super) text: &'a str,
     pub(super) bytes: &'a [u8],
     pub(super) pos: usize,
+    /// Whether a `\u0000` escape is accepted (the audit journal's own events) or refused
+    /// (commands: [`CanonicalizeError::NulCharacter`]).
+    pub(super) allow_nul: bool,
 }
 
 impl<'a> Parser<'a> {
@@ -272,6 +276,7 @@ impl<'a> Parser<'a> {
                 return Ok(at + 12);
             }
             0xDC00..=0xDFFF => return Err(lone),
+            0 if !self.allow_nul => return Err(CanonicalizeError::NulCharacter { offset: at }),
             _ => u32::from(unit),
         };
         out.push(char::from_u32(scalar).ok_or(lone)?);
