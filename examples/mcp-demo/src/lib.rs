@@ -197,65 +197,66 @@ pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Stor
 /// The whole application, its store and its audit journal's public key.
 pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
     let mut audit_key = None;
-    let (store, effects, journal): (Arc<dyn Store>, Effects, Option<AuditJournal>) =
-        match &config.database_url {
-            None => {
-                let journal = match &config.journal {
-                    Some(journal) => Some(journal.clone()),
-                    None if config.audit => {
-                        let key = audit::signing_key(config.audit_key.as_deref())?;
-                        audit_key = Some(key.verifying_key());
-                        Some(AuditJournal::memory(
-                            key,
-                            config.audit_journal.as_deref(),
-                            config.audit_anchor.as_deref(),
-                        )?)
-                    }
-                    None => None,
-                };
-                let store = match &journal {
-                    Some(journal) => {
-                        MemoryStore::with_journal(MemoryStoreConfig::default(), journal.clone())
-                    }
-                    None => MemoryStore::default(),
-                };
-                (
-                    Arc::new(store),
-                    Effects::memory(),
-                    journal.map(AuditJournal::Memory),
-                )
-            }
-            Some(url) => {
-                if config.audit_journal.is_some() {
-                    return Err(StartError::Config(
-                        "--audit-journal is the in-memory journal's file: with a database URL the journal lives in the database",
-                    ));
-                }
-                let postgres = |e: &dyn std::fmt::Display| StartError::Postgres(e.to_string());
-                let store = PostgresStore::from_config(&PostgresStoreConfig {
-                    audit: config.audit,
-                    ..PostgresStoreConfig::new(url.as_str())
-                })
-                .map_err(|e| postgres(&e))?;
-                store.ping().await.map_err(|e| postgres(&e))?;
-                store.migrate().await.map_err(|e| postgres(&e))?;
-                let effects = Effects::postgres(store.pool().clone())
-                    .await
-                    .map_err(|e| postgres(&e))?;
-                let journal = if config.audit {
+    let (store, effects, journal): (Arc<dyn Store>, Effects, Option<AuditJournal>) = match &config
+        .database_url
+    {
+        None => {
+            let journal = match &config.journal {
+                Some(journal) => Some(journal.clone()),
+                None if config.audit => {
                     let key = audit::signing_key(config.audit_key.as_deref())?;
                     audit_key = Some(key.verifying_key());
-                    Some(AuditJournal::postgres(
-                        &store,
+                    Some(AuditJournal::memory(
                         key,
+                        config.audit_journal.as_deref(),
                         config.audit_anchor.as_deref(),
                     )?)
-                } else {
-                    None
-                };
-                (Arc::new(store), effects, journal)
+                }
+                None => None,
+            };
+            let store = match &journal {
+                Some(journal) => {
+                    MemoryStore::with_journal(MemoryStoreConfig::default(), journal.clone())
+                }
+                None => MemoryStore::default(),
+            };
+            (
+                Arc::new(store),
+                Effects::memory(),
+                journal.map(AuditJournal::Memory),
+            )
+        }
+        Some(url) => {
+            if config.audit_journal.is_some() {
+                return Err(StartError::Config(
+                    "--audit-journal is the in-memory journal's file: with a database URL the journal lives in the database",
+                ));
             }
-        };
+            let postgres = |e: &dyn std::fmt::Display| StartError::Postgres(e.to_string());
+            let store = PostgresStore::from_config(&PostgresStoreConfig {
+                audit: config.audit,
+                ..PostgresStoreConfig::new(url.as_str())
+            })
+            .map_err(|e| postgres(&e))?;
+            store.ping().await.map_err(|e| postgres(&e))?;
+            store.migrate().await.map_err(|e| postgres(&e))?;
+            let effects = Effects::postgres(store.pool().clone())
+                .await
+                .map_err(|e| postgres(&e))?;
+            let journal = if config.audit {
+                let key = audit::signing_key(config.audit_key.as_deref())?;
+                audit_key = Some(key.verifying_key());
+                Some(AuditJournal::postgres(
+                    &store,
+                    key,
+                    config.audit_anchor.as_deref(),
+                )?)
+            } else {
+                None
+            };
+            (Arc::new(store), effects, journal)
+        }
+    };
     let tools = DemoTools::new(
         effects.clone(),
         config.pre_dispatch_delay,

@@ -63,3 +63,15 @@ async fn the_status_tool_answers_only_the_callers_executions() {
     let (demo, _db) = demo(0).await;
     scenarios::status_tool(&demo.base(), "alice", "bob").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ids_written_as_floats_are_one_id_and_others_are_refused() {
+    let (demo, _db) = demo(0).await;
+    scenarios::float_ids(&demo.base(), "alice").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sequences_and_ticket_ids_count_per_actor() {
+    let (demo, _db) = demo(0).await;
+    scenarios::sequences_are_per_actor(&demo.base(), "alice", "bob").await;
+}

@@ -109,6 +109,13 @@ impl DemoProcess {
         }
     }
 
+    /// The next line the process prints (after `listening on`: the audit public key).
+    pub fn next_line(&mut self) -> String {
+        let mut line = String::new();
+        self._stdout.read_line(&mut line).unwrap();
+        line.trim_end().to_owned()
+    }
+
     /// SIGKILL now, and reap.
     pub fn kill(mut self) {
         self.child.kill().unwrap();
@@ -299,6 +306,28 @@ impl RawSession {
             request = request.header(*name, *value);
         }
         request.body(message.to_string()).send().await.unwrap()
+    }
+
+    /// Posts `body` as written (so that a JSON-RPC id keeps its spelling, `5.0` or `6e0`)
+    /// as `actor`, which need not be the session's own.
+    pub async fn post_text_as(&self, actor: &str, body: &str) -> reqwest::Response {
+        self.http
+            .post(&self.url)
+            .bearer_auth(actor)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &self.session)
+            .header("mcp-protocol-version", "2025-06-18")
+            .timeout(DEADLINE)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Posts `body` as written, as the session's actor.
+    pub async fn post_text(&self, body: &str) -> reqwest::Response {
+        self.post_text_as(&self.actor, body).await
     }
 
     /// Sends a `tools/call` and returns the JSON-RPC answer (from JSON or SSE).
