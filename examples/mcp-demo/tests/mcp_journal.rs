@@ -152,7 +152,7 @@ async fn the_binary_journals_to_a_file_that_verifies_offline() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut demo = DemoProcess::start(&args).await;
     assert_eq!(
-        demo.next_line(),
+        demo.next_line().await,
         format!("audit public key: {}", key.verifying_key().to_text())
     );
     support::audit_shows_a_calls_history(&demo.base).await;
@@ -170,7 +170,7 @@ async fn the_binary_journals_to_a_file_that_verifies_offline() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_makes_a_key_at_start_and_no_audit_keeps_no_journal() {
     let mut demo = DemoProcess::start(&[]).await;
-    let line = demo.next_line();
+    let line = demo.next_line().await;
     let key = line.strip_prefix("audit public key: ").unwrap();
     let key = tower_idempotency_core::audit::NoteVerifyingKey::from_text(key).unwrap();
     assert_eq!(key.name(), "tower-idempotency.dev/mcp-demo");

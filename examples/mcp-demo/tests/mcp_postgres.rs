@@ -88,7 +88,7 @@ async fn the_binary_journals_in_the_database_and_it_verifies() {
         anchor.to_str().unwrap(),
     ])
     .await;
-    let line = demo.next_line();
+    let line = demo.next_line().await;
     let key = line.strip_prefix("audit public key: ").unwrap();
     let key = tower_idempotency_core::audit::NoteVerifyingKey::from_text(key).unwrap();
     support::audit_shows_a_calls_history(&demo.base).await;

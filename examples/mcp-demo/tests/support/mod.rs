@@ -68,7 +68,7 @@ impl Demo {
 /// A running `mcp-demo` process, killed (SIGKILL) and reaped when dropped.
 pub struct DemoProcess {
     child: Child,
-    _stdout: BufReader<ChildStdout>,
+    stdout: Option<BufReader<ChildStdout>>,
     pub base: String,
 }
 
@@ -104,15 +104,28 @@ impl DemoProcess {
             .to_owned();
         Self {
             child,
-            _stdout: reader,
+            stdout: Some(reader),
             base,
         }
     }
 
-    /// The next line the process prints (after `listening on`: the audit public key).
-    pub fn next_line(&mut self) -> String {
-        let mut line = String::new();
-        self._stdout.read_line(&mut line).unwrap();
+    /// The next line the process prints (after `listening on`: the audit public key),
+    /// waiting at most [`DEADLINE`].
+    pub async fn next_line(&mut self) -> String {
+        let mut reader = self
+            .stdout
+            .take()
+            .expect("stdout is read by one caller at a time");
+        let read = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            reader.read_line(&mut line).map(|_| (reader, line))
+        });
+        let (reader, line) = tokio::time::timeout(DEADLINE, read)
+            .await
+            .expect("mcp-demo printed no further line in time")
+            .unwrap()
+            .unwrap();
+        self.stdout = Some(reader);
         line.trim_end().to_owned()
     }
 
