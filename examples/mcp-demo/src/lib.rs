@@ -96,6 +96,7 @@ impl Default for DemoConfig {
 
 /// Why the demo could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// PostgreSQL could not be reached or migrated.
     #[error("PostgreSQL: {0}")]
