@@ -16,6 +16,10 @@ use tower_idempotency_core::{Approval, Operation, OperationId, OperationState, p
 use crate::McpBody;
 use crate::jsonrpc::{self, META_EXECUTION};
 
+/// JSON-RPC "invalid request", for a guarded `tools/call` whose id has no normal form (a
+/// number that is not an integer, or one the layer cannot hold exactly).
+pub const INVALID_REQUEST_CODE: i64 = -32600;
+
 /// Base of the problem `type` URIs (the HTTP layer's base); the slug is appended.
 pub const PROBLEM_BASE: &str = "https://tower-idempotency.dev/problems/";
 
@@ -134,6 +138,17 @@ pub(crate) fn invalid_params(id: &Value, slug: &str, message: &str) -> Value {
     jsonrpc::error(
         id,
         INVALID_PARAMS_CODE,
+        message,
+        json!({"type": problem_type(slug)}),
+    )
+}
+
+/// An invalid-request JSON-RPC error of kind `slug` (a request the layer cannot address:
+/// its id has no normal form).
+pub(crate) fn invalid_request(id: &Value, slug: &str, message: &str) -> Value {
+    jsonrpc::error(
+        id,
+        INVALID_REQUEST_CODE,
         message,
         json!({"type": problem_type(slug)}),
     )

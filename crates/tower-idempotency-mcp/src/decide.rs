@@ -22,12 +22,12 @@ use tower_idempotency_core::{
 
 use crate::answer::{self, ApprovalRefusal, Uncertain};
 use crate::drive::{Run, drive};
+use crate::inflight::Caller;
 use crate::intent::Intent;
 use crate::journal::Decided;
 use crate::jsonrpc::ToolCall;
 use crate::layer::Config;
 use crate::policy::{OnDisconnect, ToolPolicy};
-use crate::service::SESSION_HEADER;
 use crate::{BoxError, McpBody};
 use crate::{attach, attempt};
 
@@ -501,17 +501,17 @@ impl CallContext {
             attempt = operation.attempts,
             "tool call accepted as a new execution"
         );
-        let inflight = (self.policy.on_disconnect == OnDisconnect::Complete).then(|| {
-            let session = parts
-                .headers
-                .get(SESSION_HEADER)
-                .and_then(|value| value.to_str().ok());
-            self.config.inflight.enter(
-                session,
-                self.intent.actor.as_str(),
-                &self.call.id.to_string(),
-            )
-        });
+        // Registered whatever the policy: a cancellation is matched to its call by session
+        // and normalised id, then allowed by the call's caller and policy.
+        let inflight = Some(self.config.inflight.enter(
+            self.session.as_deref(),
+            &self.call.id,
+            Caller {
+                actor: self.intent.actor.as_str().to_owned(),
+                principal: self.principal.clone(),
+                complete: self.policy.on_disconnect == OnDisconnect::Complete,
+            },
+        ));
         parts.extensions.insert(execution.clone());
         let request = Request::from_parts(parts, Full::new(bytes));
         let run = Run {

@@ -67,7 +67,9 @@ mod service;
 mod sse;
 mod status;
 
-pub use answer::{FINGERPRINT_MISMATCH_CODE, INVALID_PARAMS_CODE, PROBLEM_BASE};
+pub use answer::{
+    FINGERPRINT_MISMATCH_CODE, INVALID_PARAMS_CODE, INVALID_REQUEST_CODE, PROBLEM_BASE,
+};
 pub use jsonrpc::{META_EXECUTION, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE};
 pub use layer::{McpIdempotencyLayer, PrincipalFn, ScopeFn};
 pub use policy::{KeyRequirement, Normalizer, OnDisconnect, ToolPolicy};

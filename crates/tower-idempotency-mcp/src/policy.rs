@@ -39,8 +39,14 @@ pub enum OnDisconnect {
 }
 
 /// Rewrites a tool's arguments into the command the tool will execute (apply defaults,
-/// drop fields the tool ignores) before they are fingerprinted; `Err` refuses the call
-/// with a JSON-RPC `-32602` error carrying the message.
+/// drop fields the tool ignores, trim and case-fold spellings) before they are
+/// fingerprinted; `Err` refuses the call with a JSON-RPC `-32602` error carrying the
+/// message, before anything is reserved.
+///
+/// The command it returns is the one the tool runs: when it changes the arguments, the
+/// layer forwards the request with `params.arguments` replaced by the normalised arguments,
+/// so what was fingerprinted, what an approval condition looked at, what the approver's
+/// summary shows and what the tool receives are one value.
 pub type Normalizer = Arc<dyn Fn(&mut Value) -> Result<(), String> + Send + Sync>;
 
 /// How one tool's calls are treated.

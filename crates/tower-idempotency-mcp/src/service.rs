@@ -21,6 +21,7 @@ use tower_idempotency_core::{
 
 use crate::answer;
 use crate::decide::{CallContext, Carrier, Decision, store_failed};
+use crate::inflight::Cancellation;
 use crate::intent::intent;
 use crate::jsonrpc::{self, Classified, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE, ToolCall};
 use crate::layer::Config;
@@ -179,16 +180,42 @@ where
     }
     match jsonrpc::classify(&bytes) {
         Classified::Cancelled { request_id } => {
-            let running = (config.scope)(&parts).is_some_and(|actor| {
-                config
-                    .inflight
-                    .is_running(session.as_deref(), actor.as_str(), &request_id)
-            });
-            if running {
-                tracing::info!(%request_id, "cancellation of a call that runs to completion: not forwarded");
-                return Ok(answer::empty(StatusCode::ACCEPTED));
+            let Some(request_id) = request_id else {
+                // No call runs under an id without a normal form (tool calls with one are
+                // refused): nothing to cancel, and no server should guess.
+                return Ok(answer::problem(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-request-id",
+                    "notifications/cancelled names a requestId that is not a JSON-RPC id: a string, or a number that is an integer",
+                ));
+            };
+            let actor = (config.scope)(&parts);
+            let principal = config
+                .principal
+                .as_ref()
+                .and_then(|principal| principal(&parts));
+            match config.inflight.cancellation(
+                session.as_deref(),
+                &request_id,
+                actor.as_ref().map(Scope::as_str),
+                principal.as_deref(),
+            ) {
+                Cancellation::Forward => {
+                    forward(inner, Request::from_parts(parts, Full::new(bytes))).await
+                }
+                Cancellation::Hold => {
+                    tracing::info!(%request_id, "cancellation of a call that runs to completion: not forwarded");
+                    Ok(answer::empty(StatusCode::ACCEPTED))
+                }
+                Cancellation::Forbidden => {
+                    tracing::warn!(%request_id, "cancellation of another caller's call: refused");
+                    Ok(answer::problem(
+                        StatusCode::FORBIDDEN,
+                        "cancellation-forbidden",
+                        "only the caller of a tool call may cancel it",
+                    ))
+                }
             }
-            forward(inner, Request::from_parts(parts, Full::new(bytes))).await
         }
         Classified::Other => forward(inner, Request::from_parts(parts, Full::new(bytes))).await,
         Classified::ToolsList { first_page } => {
@@ -299,6 +326,18 @@ where
             "rejected",
         ))
     };
+    if !call.id_normal {
+        // The server could not answer this id in a form the layer recognises, so the
+        // result could never be stored: refused before anything is reserved.
+        return Ok((
+            answer::json_response(&answer::invalid_request(
+                &call.id,
+                "invalid-request-id",
+                "the JSON-RPC id must be a string or an integer (5, 5.0 and 5e0 are one id; 5.5 is none; written with a fraction or an exponent, below 1e15 in magnitude)",
+            )),
+            "rejected",
+        ));
+    }
     // I-JSON check on the bytes as sent: duplicate names, lone surrogates and imprecise
     // integers are refused, never collapsed into another command.
     if let Err(error) = canonicalize_json(&bytes) {
@@ -344,6 +383,22 @@ where
         if let Err(message) = normalizer(&mut arguments) {
             return refuse("invalid-command", &message);
         }
+    }
+    // The tool receives what was fingerprinted, approved and summarised: the normalised
+    // arguments, under the id in its normal form.
+    let normalized = arguments != call.arguments;
+    let (mut parts, mut bytes) = (parts, bytes);
+    if normalized || call.id_respelled {
+        let Some(rewritten) = jsonrpc::rewrite(&bytes, &call.id, normalized.then_some(&arguments))
+        else {
+            return refuse("invalid-params", "params must be an object");
+        };
+        bytes = Bytes::from(rewritten);
+        parts.headers.remove(http::header::TRANSFER_ENCODING);
+        parts.headers.insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from(bytes.len()),
+        );
     }
     let intent = match intent(
         &config.fingerprinter,

@@ -1057,3 +1057,317 @@ async fn a_store_that_ignores_replace_delivered_is_refused_rather_than_replaying
         true
     );
 }
+
+/// What [`recording_server`] received: each request's method, JSON-RPC id (as sent) and
+/// arguments.
+type Received = Arc<std::sync::Mutex<Vec<(String, Value, Value)>>>;
+
+/// A server that answers as rmcp does: a numeric id is read as rmcp's `NumberOrString`
+/// reads it (`5.0` and `5e0` are `5`; a number that is no integer is refused with a
+/// JSON-RPC error whose id is null), and tool calls answer with the id so read, after
+/// `delay`, echoing the arguments the tool received. Notifications get `202`.
+fn recording_server(
+    received: Received,
+    delay: std::time::Duration,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
++ Send
++ 'static {
+    service_fn(move |request: Request<Full<Bytes>>| {
+        let received = Arc::clone(&received);
+        async move {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let message: Value = serde_json::from_slice(&body).unwrap();
+            let method = message["method"].as_str().unwrap_or("").to_owned();
+            let arguments = message["params"]["arguments"].clone();
+            received.lock().unwrap().push((
+                method.clone(),
+                message["id"].clone(),
+                arguments.clone(),
+            ));
+            let json = |reply: Value| {
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(reply.to_string())))
+                    .unwrap()
+            };
+            if message.get("id").is_none() {
+                return Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(202)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                );
+            }
+            let id = match &message["id"] {
+                Value::Number(number) => match number.as_i64().or_else(|| {
+                    number
+                        .as_f64()
+                        .filter(|f| f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0)
+                        .map(|f| f as i64)
+                }) {
+                    Some(id) => json!(id),
+                    None => {
+                        return Ok(json(json!({"jsonrpc": "2.0", "id": null,
+                            "error": {"code": -32600, "message": "Expected an integer"}})));
+                    }
+                },
+                other => other.clone(),
+            };
+            tokio::time::sleep(delay).await;
+            Ok(json(json!({"jsonrpc": "2.0", "id": id, "result": {
+                "content": [], "structuredContent": {"arguments": arguments}}})))
+        }
+    })
+}
+
+/// A POST of `body` as written (so that ids keep their spelling), from `actor` in session
+/// `session`.
+fn post_text(actor: Option<&str>, session: Option<&str>, body: &str) -> Request<Full<Bytes>> {
+    let mut request = post(actor, &Value::Null);
+    *request.body_mut() = Full::new(Bytes::from(body.to_owned()));
+    if let Some(session) = session {
+        request
+            .headers_mut()
+            .insert("mcp-session-id", session.parse().unwrap());
+    }
+    request
+}
+
+fn keyed_call_text(id: &str, tool: &str, key: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"v":"1"}},"_meta":{{"dev.tower-idempotency/idempotency-key":"{key}"}}}}}}"#
+    )
+}
+
+#[tokio::test]
+async fn an_id_written_as_a_float_is_recognised_stored_and_replayed() {
+    let received: Received = Arc::default();
+    let service = layer().layer(recording_server(
+        Arc::clone(&received),
+        std::time::Duration::ZERO,
+    ));
+    for (n, (first, retry, normal)) in [("5.0", "6e0", 5), ("5.00", "5", 5), ("-0", "0.0", 0)]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("float-id-{n}");
+        let (status, answer) = send(
+            &service,
+            post_text(Some("alice"), None, &keyed_call_text(first, "charge", &key)),
+        )
+        .await;
+        assert_eq!(status, 200);
+        // The id in its normal form, as the server answered it.
+        assert_eq!(answer["id"], normal, "{answer}");
+        assert_eq!(answer["result"]["_meta"][EXECUTION]["state"], "completed");
+        let (_, again) = send(
+            &service,
+            post_text(Some("alice"), None, &keyed_call_text(retry, "charge", &key)),
+        )
+        .await;
+        assert_eq!(
+            again["result"]["_meta"][EXECUTION]["replayed"], true,
+            "{first} then {retry}: {again}"
+        );
+        assert_eq!(
+            again["result"]["_meta"][EXECUTION]["execution_id"],
+            answer["result"]["_meta"][EXECUTION]["execution_id"]
+        );
+    }
+    let calls = received.lock().unwrap().len();
+    assert_eq!(calls, 3, "one run per key");
+    // The server was handed the id in its normal form.
+    assert!(
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(_, id, _)| id.is_i64())
+    );
+}
+
+#[tokio::test]
+async fn an_id_without_a_normal_form_is_refused_before_anything_is_reserved() {
+    let received: Received = Arc::default();
+    let store = MemoryStore::default();
+    let service = McpIdempotencyLayer::new(store.clone()).layer(recording_server(
+        Arc::clone(&received),
+        std::time::Duration::ZERO,
+    ));
+    for (n, id) in [
+        "5.5",
+        "1e300",
+        "-2.5e-3",
+        "1e15",
+        "9007199254740992.0",
+        "9223372036854775808",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("bad-id-{n}");
+        let (status, answer) = send(
+            &service,
+            post_text(Some("alice"), None, &keyed_call_text(id, "charge", &key)),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            answer["error"]["code"],
+            tower_idempotency_mcp::INVALID_REQUEST_CODE,
+            "{id}: {answer}"
+        );
+        assert!(
+            answer["error"]["data"]["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("/invalid-request-id")
+        );
+        let record = tower_idempotency_core::Store::get(
+            &store,
+            &Scope::new("alice"),
+            &tower_idempotency_core::IdempotencyKey::new(&key).unwrap(),
+        )
+        .await
+        .unwrap();
+        assert!(record.is_none(), "{id}: a record was stored: {record:?}");
+    }
+    assert!(
+        received.lock().unwrap().is_empty(),
+        "no call reached the tool"
+    );
+    // String ids are ids as they are: "5" and 5 are two ids.
+    let (_, answer) = send(
+        &service,
+        post_text(
+            Some("alice"),
+            None,
+            &keyed_call_text(r#""5.0""#, "charge", "string-id"),
+        ),
+    )
+    .await;
+    assert_eq!(answer["id"], "5.0");
+    assert_eq!(answer["result"]["_meta"][EXECUTION]["state"], "completed");
+}
+
+#[tokio::test]
+async fn the_tool_receives_the_normalised_arguments() {
+    let received: Received = Arc::default();
+    let service = layer().layer(recording_server(
+        Arc::clone(&received),
+        std::time::Duration::ZERO,
+    ));
+    let key = json!({"dev.tower-idempotency/idempotency-key": "norm-1"});
+    let (_, answer) = send(
+        &service,
+        post(
+            Some("alice"),
+            &call(1, "deploy", json!({"v": "1"}), Some(key)),
+        ),
+    )
+    .await;
+    // What was fingerprinted (the default region applied) is what the tool ran.
+    let normalised = json!({"v": "1", "region": "us-east-1"});
+    assert_eq!(
+        answer["result"]["structuredContent"]["arguments"],
+        normalised
+    );
+    assert_eq!(received.lock().unwrap()[0].2, normalised);
+    // Arguments the normalizer leaves alone reach the tool as they were sent.
+    send(
+        &service,
+        post(
+            Some("alice"),
+            &call(2, "charge", json!({"b": 2.50, "a": "x"}), None),
+        ),
+    )
+    .await;
+    assert_eq!(received.lock().unwrap()[1].2, json!({"b": 2.5, "a": "x"}));
+}
+
+#[tokio::test]
+async fn a_cancellation_is_matched_by_normal_id_and_session_and_only_its_caller_may_send_it() {
+    let received: Received = Arc::default();
+    let service = layer()
+        .with_tool(
+            "rotate",
+            ToolPolicy::guarded().with_on_disconnect(tower_idempotency_mcp::OnDisconnect::Cancel),
+        )
+        .layer(recording_server(
+            Arc::clone(&received),
+            std::time::Duration::from_millis(1500),
+        ));
+    let cancellations = || {
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(method, _, _)| method == "notifications/cancelled")
+            .count()
+    };
+    let cancel = |actor: &str, id: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{id}}}}}"#
+        );
+        let service = service.clone();
+        let request = post_text(Some(actor), Some("s1"), &body);
+        async move { service.oneshot(request).await.unwrap().status() }
+    };
+    let running = |id: &str, tool: &str| {
+        let request = post_text(
+            Some("alice"),
+            Some("s1"),
+            &keyed_call_text(id, tool, &format!("cancel-{tool}")),
+        );
+        let service = service.clone();
+        tokio::spawn(async move { send(&service, request).await })
+    };
+    let started = |n: usize| {
+        let received = Arc::clone(&received);
+        async move {
+            for _ in 0..200 {
+                let calls = received
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(method, _, _)| method == "tools/call")
+                    .count();
+                if calls >= n {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            panic!("the call never reached the server");
+        }
+    };
+
+    // A call that runs to completion: no spelling of its id stops it, nor another actor.
+    let complete = running("701", "charge");
+    started(1).await;
+    for id in ["701", "701.0", "7.01e2", r#""701""#] {
+        assert_eq!(cancel("alice", id).await, StatusCode::ACCEPTED, "{id}");
+    }
+    assert_eq!(cancel("bob", "701").await, StatusCode::FORBIDDEN);
+    assert_eq!(cancel("bob", "701.0").await, StatusCode::FORBIDDEN);
+    assert_eq!(cancellations(), 0, "no cancellation reached the server");
+
+    // A cancellable call: another actor who knows the session cannot cancel it; its own
+    // caller can, in any spelling of its id.
+    let cancellable = running("702.0", "rotate");
+    started(2).await;
+    assert_eq!(cancel("bob", "702").await, StatusCode::FORBIDDEN);
+    assert_eq!(cancellations(), 0);
+    assert_eq!(cancel("alice", "7.02e2").await, StatusCode::ACCEPTED);
+    assert_eq!(cancellations(), 1);
+    // An id nothing could run under is refused, not guessed at.
+    assert_eq!(cancel("alice", "701.5").await, StatusCode::BAD_REQUEST);
+
+    let (_, answer) = complete.await.unwrap();
+    assert_eq!(answer["result"]["_meta"][EXECUTION]["state"], "completed");
+    let _ = cancellable.await.unwrap();
+}

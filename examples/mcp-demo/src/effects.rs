@@ -1,5 +1,8 @@
 //! Where the demo's side effects happen and are counted: tickets, charges and deploys per
 //! actor, in memory or in a PostgreSQL table (so counts survive a restart or a kill -9).
+//!
+//! Sequence numbers (and the ticket ids made from them) count per actor: an actor learns
+//! nothing from them about what other actors do.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,15 +20,30 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS mcp_demo_effects (
     execution_id text NOT NULL,
     detail jsonb NOT NULL,
     at timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE mcp_demo_effects ADD COLUMN IF NOT EXISTS actor_seq bigint;
+CREATE TABLE IF NOT EXISTS mcp_demo_actor_sequences (
+    actor text PRIMARY KEY,
+    last bigint NOT NULL
 )";
+
+/// One statement: the actor's next sequence number and the effect that takes it.
+const RECORD: &str = "WITH next AS (
+    INSERT INTO mcp_demo_actor_sequences (actor, last) VALUES ($1, 1)
+    ON CONFLICT (actor) DO UPDATE SET last = mcp_demo_actor_sequences.last + 1
+    RETURNING last
+)
+INSERT INTO mcp_demo_effects (actor, tool, execution_id, detail, actor_seq)
+SELECT $1, $2, $3, $4, last FROM next
+RETURNING actor_seq";
 
 /// A backend failure while recording or reading effects.
 #[derive(Debug, thiserror::Error)]
 #[error("the effects table failed: {0}")]
 pub struct EffectsError(String);
 
-/// One recorded effect: actor, tool, execution id, detail.
-type EffectRow = (String, String, String, Value);
+/// One recorded effect: actor, tool, execution id, detail, the actor's sequence number.
+type EffectRow = (String, String, String, Value, i64);
 
 /// The effects ledger.
 #[derive(Debug, Clone)]
@@ -52,7 +70,8 @@ impl Effects {
         Ok(Self::Postgres(pool))
     }
 
-    /// Performs one effect: appends it to the ledger and returns its sequence number.
+    /// Performs one effect: appends it to the ledger and returns its sequence number among
+    /// the actor's effects (1, 2, …).
     pub async fn record(
         &self,
         actor: &str,
@@ -63,17 +82,20 @@ impl Effects {
         match self {
             Self::Memory(rows) => {
                 let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
-                rows.push((actor.into(), tool.into(), execution_id.into(), detail));
-                Ok(rows.len() as i64)
+                let sequence = rows.iter().filter(|row| row.0 == actor).count() as i64 + 1;
+                rows.push((
+                    actor.into(),
+                    tool.into(),
+                    execution_id.into(),
+                    detail,
+                    sequence,
+                ));
+                Ok(sequence)
             }
             Self::Postgres(pool) => {
                 let client = pool.get().await.map_err(|e| EffectsError(e.to_string()))?;
                 let row = client
-                    .query_one(
-                        "INSERT INTO mcp_demo_effects (actor, tool, execution_id, detail) \
-                         VALUES ($1, $2, $3, $4) RETURNING id",
-                        &[&actor, &tool, &execution_id, &detail],
-                    )
+                    .query_one(RECORD, &[&actor, &tool, &execution_id, &detail])
                     .await
                     .map_err(|e| EffectsError(e.to_string()))?;
                 Ok(row.get(0))
@@ -88,7 +110,7 @@ impl Effects {
         match self {
             Self::Memory(rows) => {
                 let rows = rows.lock().unwrap_or_else(|e| e.into_inner());
-                for (who, tool, _, _) in rows.iter() {
+                for (who, tool, _, _, _) in rows.iter() {
                     if who == actor {
                         *counts.entry(tool.clone()).or_default() += 1;
                     }
@@ -118,16 +140,15 @@ impl Effects {
                 let rows = rows.lock().unwrap_or_else(|e| e.into_inner());
                 Ok(rows
                     .iter()
-                    .enumerate()
-                    .filter(|(_, (who, tool, _, _))| who == actor && tool == "create_ticket")
-                    .map(|(n, (_, _, _, detail))| ticket(n as i64 + 1, detail))
+                    .filter(|(who, tool, _, _, _)| who == actor && tool == "create_ticket")
+                    .map(|(_, _, _, detail, sequence)| ticket(*sequence, detail))
                     .collect())
             }
             Self::Postgres(pool) => {
                 let client = pool.get().await.map_err(|e| EffectsError(e.to_string()))?;
                 let rows = client
                     .query(
-                        "SELECT id, detail FROM mcp_demo_effects \
+                        "SELECT coalesce(actor_seq, id), detail FROM mcp_demo_effects \
                          WHERE actor = $1 AND tool = 'create_ticket' ORDER BY id",
                         &[&actor],
                     )

@@ -1,7 +1,8 @@
 //! A demo MCP server (tickets, payments, deploys) whose tool calls are guarded by
 //! `tower-idempotency-mcp`: `/mcp` (rmcp's Streamable HTTP service, both protocol eras),
-//! `GET /healthz`, `GET /effects`, and the approvals routes at `/approvals`. The bearer token is the actor (`<actor>:<user>` names
-//! the user too). Deploys to `production` and charges of 100000 minor units or more need a
+//! `GET /healthz`, `GET /effects`, the approvals routes at `/approvals`, and `GET /audit`
+//! (the actor's journaled events of one execution, unless the journal is off). The bearer
+//! token is the actor (`<actor>:<user>` names the user too). Deploys to `production` and charges of 100000 minor units or more need a
 //! person's approval.
 //!
 //! `README.md` beside this crate documents the command line and the routes; tests and
@@ -9,9 +10,11 @@
 
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod effects;
 pub mod tools;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,11 +29,13 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 use tower::Layer;
 use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::audit::NoteVerifyingKey;
 use tower_idempotency_core::audit::Journal;
 use tower_idempotency_core::{MemoryStore, MemoryStoreConfig, Scope, Store};
 use tower_idempotency_mcp::{ApprovalPolicy, ApprovalSummary, McpIdempotencyLayer, ToolPolicy};
-use tower_idempotency_postgres::PostgresStore;
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
 
+use crate::audit::AuditJournal;
 use crate::effects::Effects;
 use crate::tools::DemoTools;
 
@@ -51,11 +56,20 @@ pub struct DemoConfig {
     pub approval_ttl: Duration,
     /// The users who may decide approvals in their own account (`--approver`).
     pub approvers: Vec<String>,
-    /// In memory, an audit journal for the memory store to write (`MemoryStore::with_journal`:
-    /// its state changes and the MCP layer's decisions); `None`, the default: no journal.
-    /// No flag sets it yet; with `database_url` the database's journal applies instead
-    /// (`docs/audit.md`).
+    /// In memory, a journal of the caller's for the memory store to write
+    /// (`MemoryStore::with_journal`: its state changes and the MCP layer's decisions), used
+    /// instead of the one [`DemoConfig::audit`] would make; `GET /audit` reads it. With
+    /// `database_url` the database's journal applies instead (`docs/audit.md`).
     pub journal: Option<Journal>,
+    /// Whether the audit journal is kept (`--no-audit` turns it off): in memory, the memory
+    /// store's journal; with `database_url`, the database's, sealed by this process.
+    pub audit: bool,
+    /// The journal's signing key file (`--audit-key`); `None` makes an ephemeral key.
+    pub audit_key: Option<PathBuf>,
+    /// Where checkpoints are anchored (`--audit-anchor`).
+    pub audit_anchor: Option<PathBuf>,
+    /// In memory, the journal's append-only file (`--audit-journal`).
+    pub audit_journal: Option<PathBuf>,
 }
 
 /// The user who may approve when no `--approver` is given.
@@ -72,16 +86,39 @@ impl Default for DemoConfig {
             approval_ttl: ApprovalPolicy::DEFAULT_TTL,
             approvers: vec![DEFAULT_APPROVER.to_owned()],
             journal: None,
+            audit: true,
+            audit_key: None,
+            audit_anchor: None,
+            audit_journal: None,
         }
     }
 }
 
 /// Why the demo could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// PostgreSQL could not be reached or migrated.
     #[error("PostgreSQL: {0}")]
     Postgres(String),
+    /// The audit journal's key, file or anchor could not be used.
+    #[error("audit journal: {0}")]
+    Audit(String),
+    /// The flags contradict each other.
+    #[error("{0}")]
+    Config(&'static str),
+}
+
+/// The running application: its router, the store of its execution records, and the public
+/// key of its audit journal when it made one.
+#[derive(Debug)]
+pub struct App {
+    /// Every route.
+    pub router: Router,
+    /// The store the execution records live in (tests decide approvals through it).
+    pub store: Arc<dyn Store>,
+    /// The journal's public key (`None`: no journal, or one the caller brought).
+    pub audit_key: Option<NoteVerifyingKey>,
 }
 
 /// The whole application.
@@ -194,28 +231,72 @@ fn text(value: &serde_json::Value) -> &str {
 /// The whole application and the store it keeps execution records in (tests decide
 /// approvals through it).
 pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Store>), StartError> {
-    let (store, effects): (Arc<dyn Store>, Effects) = match &config.database_url {
+    app_with_audit(config)
+        .await
+        .map(|app| (app.router, app.store))
+}
+
+/// The whole application, its store and its audit journal's public key.
+pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
+    let mut audit_key = None;
+    let (store, effects, journal): (Arc<dyn Store>, Effects, Option<AuditJournal>) = match &config
+        .database_url
+    {
         None => {
-            let store = match &config.journal {
+            let journal = match &config.journal {
+                Some(journal) => Some(journal.clone()),
+                None if config.audit => {
+                    let key = audit::signing_key(config.audit_key.as_deref())?;
+                    audit_key = Some(key.verifying_key());
+                    Some(AuditJournal::memory(
+                        key,
+                        config.audit_journal.as_deref(),
+                        config.audit_anchor.as_deref(),
+                    )?)
+                }
+                None => None,
+            };
+            let store = match &journal {
                 Some(journal) => {
                     MemoryStore::with_journal(MemoryStoreConfig::default(), journal.clone())
                 }
                 None => MemoryStore::default(),
             };
-            (Arc::new(store), Effects::memory())
+            (
+                Arc::new(store),
+                Effects::memory(),
+                journal.map(AuditJournal::Memory),
+            )
         }
         Some(url) => {
-            let store = PostgresStore::connect(url)
-                .await
-                .map_err(|e| StartError::Postgres(e.to_string()))?;
-            store
-                .migrate()
-                .await
-                .map_err(|e| StartError::Postgres(e.to_string()))?;
+            if config.audit_journal.is_some() {
+                return Err(StartError::Config(
+                    "--audit-journal is the in-memory journal's file: with a database URL the journal lives in the database",
+                ));
+            }
+            let postgres = |e: &dyn std::fmt::Display| StartError::Postgres(e.to_string());
+            let store = PostgresStore::from_config(&PostgresStoreConfig {
+                audit: config.audit,
+                ..PostgresStoreConfig::new(url.as_str())
+            })
+            .map_err(|e| postgres(&e))?;
+            store.ping().await.map_err(|e| postgres(&e))?;
+            store.migrate().await.map_err(|e| postgres(&e))?;
             let effects = Effects::postgres(store.pool().clone())
                 .await
-                .map_err(|e| StartError::Postgres(e.to_string()))?;
-            (Arc::new(store), effects)
+                .map_err(|e| postgres(&e))?;
+            let journal = if config.audit {
+                let key = audit::signing_key(config.audit_key.as_deref())?;
+                audit_key = Some(key.verifying_key());
+                Some(AuditJournal::postgres(
+                    &store,
+                    key,
+                    config.audit_anchor.as_deref(),
+                )?)
+            } else {
+                None
+            };
+            (Arc::new(store), effects, journal)
         }
     };
     let tools = DemoTools::new(
@@ -272,12 +353,39 @@ pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Stor
                 let actor = request.extensions().get::<Scope>().cloned();
                 async move { effects_route(&effects, actor).await }
             }),
-        )
-        .layer(middleware::from_fn(authenticate));
+        );
+    // Without a journal there is no route (`--no-audit`), as in the HTTP demo.
+    let authenticated = match journal {
+        Some(journal) => {
+            let journal = Arc::new(journal);
+            authenticated.route(
+                "/audit",
+                get(move |request: Request| {
+                    let journal = Arc::clone(&journal);
+                    let actor = request.extensions().get::<Scope>().cloned();
+                    let query = request.uri().query().map(str::to_owned);
+                    async move {
+                        match actor {
+                            Some(actor) => {
+                                audit::audit_events(&journal, &actor, query.as_deref()).await
+                            }
+                            None => unauthorized(),
+                        }
+                    }
+                }),
+            )
+        }
+        None => authenticated,
+    }
+    .layer(middleware::from_fn(authenticate));
     let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(authenticated);
-    Ok((router, store))
+    Ok(App {
+        router,
+        store,
+        audit_key,
+    })
 }
 
 async fn effects_route(effects: &Effects, actor: Option<Scope>) -> Response {
@@ -338,7 +446,7 @@ fn unauthorized() -> Response {
     response
 }
 
-fn problem(status: StatusCode, slug: &str, detail: &str) -> Response {
+pub(crate) fn problem(status: StatusCode, slug: &str, detail: &str) -> Response {
     let body = json!({
         "type": format!("https://tower-idempotency.dev/problems/{slug}"),
         "title": status.canonical_reason(),

@@ -1,10 +1,11 @@
 //! `mcp-demo`: the demo MCP server. `--help` lists the flags.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use mcp_demo::{DemoConfig, app};
+use mcp_demo::{DemoConfig, app_with_audit};
 
 /// A demo MCP server whose tool calls are guarded by tower-idempotency-mcp.
 #[derive(Debug, Parser)]
@@ -43,6 +44,23 @@ struct Args {
     /// Most connections served at once; further ones wait until one closes.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// The audit journal's signing key: a file made by `tower-idempotency audit keygen
+    /// --out FILE`. Without it a key is made at start (and lost at exit); its public key is
+    /// printed either way, after the `listening on` line.
+    #[arg(long = "audit-key", value_name = "FILE")]
+    audit_key: Option<PathBuf>,
+    /// A directory where every signed checkpoint of the audit journal is also appended
+    /// (checkpoints.jsonl), for shipping elsewhere.
+    #[arg(long = "audit-anchor", value_name = "DIR")]
+    audit_anchor: Option<PathBuf>,
+    /// Records in memory: the audit journal's append-only file (fsynced per batch), which
+    /// keeps its history across restarts and is what `tower-idempotency audit verify FILE`
+    /// checks; without it the journal lives in memory only.
+    #[arg(long = "audit-journal", value_name = "FILE")]
+    audit_journal: Option<PathBuf>,
+    /// No audit journal: nothing journaled, no GET /audit (for comparison).
+    #[arg(long, conflicts_with_all = ["audit_key", "audit_anchor", "audit_journal"])]
+    no_audit: bool,
 }
 
 #[tokio::main]
@@ -63,9 +81,13 @@ async fn main() {
         approval_ttl: Duration::from_millis(args.approval_ttl_ms),
         approvers: args.approvers,
         journal: None,
+        audit: !args.no_audit,
+        audit_key: args.audit_key,
+        audit_anchor: args.audit_anchor,
+        audit_journal: args.audit_journal,
     };
-    let router = match app(&config).await {
-        Ok(router) => router,
+    let app = match app_with_audit(&config).await {
+        Ok(app) => app,
         Err(error) => {
             eprintln!("mcp-demo: {error}");
             std::process::exit(1);
@@ -80,6 +102,11 @@ async fn main() {
     };
     let address = listener.local_addr().unwrap_or(args.listen);
     println!("listening on http://{address}");
+    if let Some(key) = &app.audit_key {
+        // Second, so that tools reading the first line still find the address there.
+        println!("{}", mcp_demo::audit::public_key_line(key));
+    }
+    let router = app.router;
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };

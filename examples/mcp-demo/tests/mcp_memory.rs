@@ -88,3 +88,21 @@ async fn a_cancellation_notification_does_not_stop_a_complete_call() {
     let demo = Demo::start(config(600)).await;
     scenarios::cancellation_does_not_stop_a_complete_call(&demo.base(), "alice").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ids_written_as_floats_are_one_id_and_others_are_refused() {
+    let demo = Demo::start(config(0)).await;
+    scenarios::float_ids(&demo.base(), "alice").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_respelled_or_foreign_cancellation_does_not_stop_a_complete_call() {
+    let demo = Demo::start(config(600)).await;
+    scenarios::respelled_and_foreign_cancellations(&demo.base(), "alice", "mallory").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sequences_and_ticket_ids_count_per_actor() {
+    let demo = Demo::start(config(0)).await;
+    scenarios::sequences_are_per_actor(&demo.base(), "alice", "bob").await;
+}

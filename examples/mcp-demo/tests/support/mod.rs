@@ -68,7 +68,7 @@ impl Demo {
 /// A running `mcp-demo` process, killed (SIGKILL) and reaped when dropped.
 pub struct DemoProcess {
     child: Child,
-    _stdout: BufReader<ChildStdout>,
+    stdout: Option<BufReader<ChildStdout>>,
     pub base: String,
 }
 
@@ -104,9 +104,29 @@ impl DemoProcess {
             .to_owned();
         Self {
             child,
-            _stdout: reader,
+            stdout: Some(reader),
             base,
         }
+    }
+
+    /// The next line the process prints (after `listening on`: the audit public key),
+    /// waiting at most [`DEADLINE`].
+    pub async fn next_line(&mut self) -> String {
+        let mut reader = self
+            .stdout
+            .take()
+            .expect("stdout is read by one caller at a time");
+        let read = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            reader.read_line(&mut line).map(|_| (reader, line))
+        });
+        let (reader, line) = tokio::time::timeout(DEADLINE, read)
+            .await
+            .expect("mcp-demo printed no further line in time")
+            .unwrap()
+            .unwrap();
+        self.stdout = Some(reader);
+        line.trim_end().to_owned()
     }
 
     /// SIGKILL now, and reap.
@@ -215,6 +235,118 @@ pub async fn effects(base: &str, actor: &str) -> Value {
         .unwrap()
 }
 
+/// `GET /audit{query}` as `actor`: the status and the JSON body (`null` when it is none).
+pub async fn audit(base: &str, actor: Option<&str>, query: &str) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .get(format!("{base}/audit{query}"))
+        .timeout(DEADLINE);
+    if let Some(actor) = actor {
+        request = request.bearer_auth(actor);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.bytes().await.unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// The journaled events of execution `operation` that `actor` sees on `GET /audit`, once
+/// one of them is of type `last`.
+pub async fn audit_events_until(
+    base: &str,
+    actor: &str,
+    operation: &str,
+    last: &str,
+) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, body) = audit(base, Some(actor), &format!("?operation_id={operation}")).await;
+        if status == 200 {
+            let events = body["events"].as_array().unwrap().clone();
+            if events.iter().any(|line| line["event"]["type"] == last) {
+                return events;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {last} event for {operation}: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What every journal mode shows on `GET /audit`: a keyed call and its retry (a new
+/// JSON-RPC id) in journal order, to the calling actor only, and the route's refusals. The
+/// execution id.
+pub async fn audit_shows_a_calls_history(base: &str) -> String {
+    let raw = RawSession::open(base, "alice").await;
+    let meta = json!({"dev.tower-idempotency/idempotency-key": "audit-key-1"});
+    let first = raw
+        .call(
+            11,
+            "charge",
+            charge("inv-audit", 700),
+            Some(meta.clone()),
+            &[],
+        )
+        .await;
+    assert_eq!(first["result"]["isError"], false, "{first}");
+    let operation = execution_id(&first["result"]);
+    let retry = raw
+        .call(12, "charge", charge("inv-audit", 700), Some(meta), &[])
+        .await;
+    assert_eq!(execution(&retry["result"])["replayed"], true, "{retry}");
+    let events = audit_events_until(base, "alice", &operation, "replayed").await;
+    let mut kinds: Vec<&str> = events
+        .iter()
+        .map(|line| line["event"]["type"].as_str().unwrap())
+        .filter(|kind| *kind != "delivered")
+        .collect();
+    assert_eq!(kinds[0], "accepted", "{events:?}");
+    // The layer's `correlated` is journaled beside the store's events, in its own batch.
+    kinds.sort_unstable();
+    assert_eq!(
+        kinds,
+        [
+            "accepted",
+            "completed",
+            "correlated",
+            "dispatched",
+            "replayed"
+        ],
+        "{events:?}"
+    );
+    for line in &events {
+        assert_eq!(line["event"]["scope"], "alice");
+        assert!(line["hash"].is_string(), "{line}");
+    }
+    let text = serde_json::to_string(&events).unwrap();
+    assert!(
+        !text.contains("inv-audit"),
+        "no argument in the journal: {text}"
+    );
+    // Another actor sees nothing of it; bad queries and missing credentials are refused.
+    let (status, body) = audit(base, Some("bob"), &format!("?operation_id={operation}")).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/operation-not-found")
+    );
+    assert_eq!(audit(base, Some("alice"), "").await.0, 400);
+    assert_eq!(
+        audit(base, Some("alice"), "?operation_id=nope").await.0,
+        400
+    );
+    assert_eq!(
+        audit(base, None, &format!("?operation_id={operation}"))
+            .await
+            .0,
+        401
+    );
+    operation
+}
+
 /// Polls `/effects` until `tool` ran `count` times for `actor`.
 pub async fn wait_for_effect(base: &str, actor: &str, tool: &str, count: i64) {
     let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -299,6 +431,28 @@ impl RawSession {
             request = request.header(*name, *value);
         }
         request.body(message.to_string()).send().await.unwrap()
+    }
+
+    /// Posts `body` as written (so that a JSON-RPC id keeps its spelling, `5.0` or `6e0`)
+    /// as `actor`, which need not be the session's own.
+    pub async fn post_text_as(&self, actor: &str, body: &str) -> reqwest::Response {
+        self.http
+            .post(&self.url)
+            .bearer_auth(actor)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &self.session)
+            .header("mcp-protocol-version", "2025-06-18")
+            .timeout(DEADLINE)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Posts `body` as written, as the session's actor.
+    pub async fn post_text(&self, body: &str) -> reqwest::Response {
+        self.post_text_as(&self.actor, body).await
     }
 
     /// Sends a `tools/call` and returns the JSON-RPC answer (from JSON or SSE).

@@ -301,3 +301,127 @@ pub async fn cancellation_does_not_stop_a_complete_call(base: &str, actor: &str)
     assert_eq!(answer["result"]["structuredContent"]["title"], "Keep going");
     assert_eq!(effects(base, actor).await["create_ticket"], 1);
 }
+
+/// A `tools/call` as text, so that its id keeps the spelling `id` (`5.0`, `6e0`).
+fn call_text(id: &str, tool: &str, arguments: &Value, key: Option<&str>) -> String {
+    let mut params = json!({"name": tool, "arguments": arguments});
+    if let Some(key) = key {
+        params["_meta"] = json!({"dev.tower-idempotency/idempotency-key": key});
+    }
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#)
+}
+
+/// A JSON-RPC id written as a float or with an exponent is one id with its integer: the
+/// tool's result is recognised, stored and replayed to a retry spelled another way; an id
+/// that is no integer is refused before anything is reserved (the key stays free).
+pub async fn float_ids(base: &str, actor: &str) {
+    let raw = RawSession::open(base, actor).await;
+    let arguments = ticket("Float id");
+    let body = call_text("5.0", "create_ticket", &arguments, Some("float-id-1"));
+    let response = raw.post_text(&body).await;
+    assert_eq!(response.status(), 200);
+    let first = answer_of(&response.text().await.unwrap(), 5);
+    assert_eq!(first["id"], 5, "{first}");
+    let result = &first["result"];
+    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(execution(result)["state"], "completed", "{result}");
+    for retry in ["6e0", "6.000"] {
+        let body = call_text(retry, "create_ticket", &arguments, Some("float-id-1"));
+        let again = answer_of(&raw.post_text(&body).await.text().await.unwrap(), 6);
+        let again = &again["result"];
+        assert_eq!(execution(again)["replayed"], true, "{retry}: {again}");
+        assert_eq!(
+            again["structuredContent"]["ticket_id"],
+            result["structuredContent"]["ticket_id"]
+        );
+    }
+    assert_eq!(effects(base, actor).await["create_ticket"], 1);
+
+    for (n, id) in ["5.5", "1e300", "1e15", "-0.25"].into_iter().enumerate() {
+        let key = format!("float-id-bad-{n}");
+        let body = call_text(id, "create_ticket", &ticket("Bad id"), Some(&key));
+        let response = raw.post_text(&body).await;
+        assert_eq!(response.status(), 200, "{id}");
+        let answer: Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        assert_eq!(
+            answer["error"]["code"],
+            tower_idempotency_mcp::INVALID_REQUEST_CODE,
+            "{id}: {answer}"
+        );
+        // Nothing was reserved: the key is free for another command.
+        let other = raw
+            .call(
+                40 + n as u64,
+                "create_ticket",
+                ticket(&format!("Good id {n}")),
+                Some(json!({"dev.tower-idempotency/idempotency-key": key})),
+                &[],
+            )
+            .await;
+        assert_eq!(other["result"]["isError"], false, "{id}: {other}");
+        assert_eq!(execution(&other["result"])["replayed"], false);
+    }
+    assert_eq!(effects(base, actor).await["create_ticket"], 5);
+}
+
+/// `notifications/cancelled` naming a running `complete` call by another spelling of its
+/// id (`701.0`, `7.01e2`) does not stop it, nor does one from another actor who knows the
+/// session id (refused `403`): the call finishes and its retry gets the result.
+pub async fn respelled_and_foreign_cancellations(base: &str, actor: &str, other: &str) {
+    let raw = RawSession::open(base, actor).await;
+    raw.call_and_cut(base, 701, "create_ticket", ticket("Still going"), None, &[])
+        .await;
+    for id in ["701.0", "7.01e2"] {
+        let cancel = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{id}}}}}"#
+        );
+        assert_eq!(raw.post_text(&cancel).await.status(), 202, "{id}");
+    }
+    let cancel =
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":701}}"#;
+    assert_eq!(raw.post_text_as(other, cancel).await.status(), 403);
+    let answer = raw
+        .call(702, "create_ticket", ticket("Still going"), None, &[])
+        .await;
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["title"],
+        "Still going"
+    );
+    assert_eq!(effects(base, actor).await["create_ticket"], 1);
+}
+
+/// Sequence numbers and ticket ids count per actor: what one actor sees says nothing about
+/// how much another one does.
+pub async fn sequences_are_per_actor(base: &str, actor: &str, other: &str) {
+    let mine = client(base, actor, Era::Stateless).await;
+    let theirs = client(base, other, Era::Stateless).await;
+    let first = call(&mine, "create_ticket", ticket("Mine 1"), None).await;
+    for n in 0..3 {
+        call(
+            &theirs,
+            "create_ticket",
+            ticket(&format!("Theirs {n}")),
+            None,
+        )
+        .await;
+        call(&theirs, "charge", charge(&format!("inv-s{n}"), 10), None).await;
+    }
+    let second = call(&mine, "create_ticket", ticket("Mine 2"), None).await;
+    assert_eq!(first["structuredContent"]["sequence"], 1, "{first}");
+    assert_eq!(first["structuredContent"]["ticket_id"], "T-1");
+    assert_eq!(second["structuredContent"]["sequence"], 2, "{second}");
+    assert_eq!(second["structuredContent"]["ticket_id"], "T-2");
+    let listed = call(&mine, "list_tickets", json!({}), None).await;
+    let ids: Vec<&Value> = listed["structuredContent"]["tickets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ticket| &ticket["ticket_id"])
+        .collect();
+    assert_eq!(ids, [&json!("T-1"), &json!("T-2")]);
+    let charged = call(&theirs, "charge", charge("inv-s9", 10), None).await;
+    assert_eq!(charged["structuredContent"]["sequence"], 7, "{charged}");
+    mine.cancel().await.unwrap();
+    theirs.cancel().await.unwrap();
+}
