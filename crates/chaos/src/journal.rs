@@ -53,8 +53,11 @@ pub async fn check(
     key: &NoteSigningKey,
     anchors: &[PathBuf],
 ) -> Result<JournalFindings, String> {
-    let store = PostgresStore::from_config(&PostgresStoreConfig::new(url))
-        .map_err(|e| format!("journal check: {e}"))?;
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        audit: true,
+        ..PostgresStoreConfig::new(url)
+    })
+    .map_err(|e| format!("journal check: {e}"))?;
     let sealer = PostgresJournal::new(&store, key.clone(), PostgresJournalConfig::default())
         .map_err(|e| format!("journal check: {e}"))?;
     // Instances may still be sealing: a seal that found the journal busy is repeated.

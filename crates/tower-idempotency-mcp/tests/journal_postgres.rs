@@ -87,7 +87,11 @@ fn timeline(events: &[SealedEvent]) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layers_decisions_come_out_of_the_database_journal_in_order() {
     let database = pg::test_database().await;
-    let store = PostgresStore::from_config(&PostgresStoreConfig::new(database.url())).unwrap();
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        audit: true,
+        ..PostgresStoreConfig::new(database.url())
+    })
+    .unwrap();
     store.migrate().await.unwrap();
     let key = NoteSigningKey::generate("mcp.test/postgres-journal").unwrap();
     let journal = PostgresJournal::new(

@@ -73,11 +73,18 @@ pub struct PostgresStoreConfig {
     /// their parameter types, which a connection pooler in transaction mode (PgBouncer
     /// before 1.21) requires. See [`StatementMode`].
     pub statement_mode: StatementMode,
-    /// Whether this store's writes are journaled (default `true`): the database's audit
-    /// triggers record every state change with the change (`docs/audit.md`), and the store
-    /// appends the decisions that change no record (replays, conflicts, refusals) in
-    /// background batches. `false` turns both off for this store's connections only: a pool
-    /// built by [`PostgresStore::from_config`](crate::PostgresStore::from_config) opens its
+    /// Whether this store's writes are journaled (default `false`: the journal is off until
+    /// it is configured, because a journal that nothing seals only grows). `true` turns it
+    /// on: the database's audit triggers record every state change with the change
+    /// (`docs/audit.md`), and the store appends the decisions that change no record
+    /// (replays, conflicts, refusals) in background batches. Run a sealer with it —
+    /// [`PostgresJournal::spawn_sealer`](crate::PostgresJournal::spawn_sealer) in one
+    /// process, or `tower-idempotency audit seal` — or the pending events wait forever; a
+    /// journaled store warns (`tracing`) when its oldest pending event has waited past
+    /// [`UNSEALED_WARNING_AGE`](crate::UNSEALED_WARNING_AGE).
+    ///
+    /// `false` keeps this store's connections out of the journal: a pool built by
+    /// [`PostgresStore::from_config`](crate::PostgresStore::from_config) opens its
     /// connections with `tower_idempotency.audit = off`; with
     /// [`PostgresStore::new`](crate::PostgresStore::new), set that on the pool's
     /// connections yourself (or on the role: `ALTER ROLE app SET tower_idempotency.audit =
@@ -149,7 +156,7 @@ impl Default for PostgresStoreConfig {
             poll_max: Duration::from_millis(100),
             scope_quota: DEFAULT_SCOPE_QUOTA,
             statement_mode: StatementMode::Prepared,
-            audit: true,
+            audit: false,
             replay_cache: 4096,
         }
     }

@@ -90,6 +90,7 @@ mod usage;
 #[doc(inline)]
 pub use audit::{
     AuditError, ExportSummary, JournalStatus, PostgresJournal, PostgresJournalConfig, SealReport,
+    UNSEALED_WARNING_AGE,
 };
 #[doc(inline)]
 pub use config::{DEFAULT_SCOPE_QUOTA, PostgresConfigError, PostgresStoreConfig, StatementMode};

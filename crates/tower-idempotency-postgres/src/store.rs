@@ -95,6 +95,24 @@ pub(crate) struct Inner {
     quota: (i64, i64),
 }
 
+impl Inner {
+    /// How long the oldest event waiting to be sealed has waited, by the database's clock.
+    pub(crate) async fn oldest_pending_age(&self) -> Result<Option<Duration>> {
+        let rows = self
+            .executor
+            .query(
+                "audit_oldest_pending",
+                &self.queries.audit.oldest_pending_age,
+                &[],
+            )
+            .await?;
+        Ok(rows.first().and_then(|row| {
+            let seconds: f64 = row.try_get(0).ok()?;
+            Duration::try_from_secs_f64(seconds.max(0.0)).ok()
+        }))
+    }
+}
+
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let status = self.inner.executor.pool.status();
@@ -155,7 +173,7 @@ impl PostgresStore {
         let queries = Queries::new(&config.schema);
         let executor = Executor::new(pool, config.query_timeout, config.statement_mode);
         names::register_purge_counter("postgres");
-        Ok(Self {
+        let store = Self {
             inner: Arc::new(Inner {
                 delivered: DeliveryMarks::new(
                     executor.clone(),
@@ -182,7 +200,11 @@ impl PostgresStore {
                     i64::try_from(config.scope_quota.max_bytes).unwrap_or(i64::MAX),
                 ),
             }),
-        })
+        };
+        if config.audit {
+            crate::audit::unsealed::spawn(Arc::downgrade(&store.inner));
+        }
+        Ok(store)
     }
 
     /// Builds the pool described by `config` (without TLS) and a store over it. Opens no

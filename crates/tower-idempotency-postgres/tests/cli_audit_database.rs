@@ -15,7 +15,7 @@ use tower_idempotency_core::conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, OperationId, Reservation, Scope, Store, StoredResponse,
 };
-use tower_idempotency_postgres::PostgresStore;
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tower-idempotency");
 
@@ -39,7 +39,11 @@ impl Fixture {
     async fn new(name: &str) -> Self {
         let database = pg::test_database().await;
         let url = database.url().to_owned();
-        let store = PostgresStore::connect(&url).await.unwrap();
+        let store = PostgresStore::from_config(&PostgresStoreConfig {
+            audit: true,
+            ..PostgresStoreConfig::new(&url)
+        })
+        .unwrap();
         store.migrate().await.unwrap();
         let dir = std::env::temp_dir().join(format!("cli-audit-db-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

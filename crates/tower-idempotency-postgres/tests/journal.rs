@@ -526,3 +526,34 @@ async fn dispatch_marks_cancellations_and_approvals_are_journaled() {
         .unwrap()
         .unwrap();
 }
+
+/// The journal is off until configured: a store with the default configuration writes
+/// nothing to the journal, so nothing waits for a sealer that nobody started. A journaled
+/// store's pending events are visible to a health check by their age until a sealer runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_is_off_until_configured_and_its_unsealed_age_is_visible() {
+    let database = pg::test_database().await;
+    let default = PostgresStore::from_config(&PostgresStoreConfig::new(database.url())).unwrap();
+    default.migrate().await.unwrap();
+    assert!(!PostgresStoreConfig::default().audit);
+    let scope = Scope::new("acme");
+    let lease = acquire(&default, &scope, "off-1").await;
+    default.complete(&lease, response(201)).await.unwrap();
+    assert_eq!(default.journal_status().await.unwrap().pending, 0);
+    assert_eq!(default.journal_unsealed_age().await.unwrap(), None);
+
+    let journaled = store(&database, true).await;
+    let lease = acquire(&journaled, &scope, "on-1").await;
+    journaled.complete(&lease, response(201)).await.unwrap();
+    assert_eq!(journaled.journal_status().await.unwrap().pending, 2);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let age = journaled
+        .journal_unsealed_age()
+        .await
+        .unwrap()
+        .expect("events wait");
+    assert!(age >= Duration::from_millis(50), "{age:?}");
+    let key = NoteSigningKey::generate("journal.test/unsealed").unwrap();
+    journal(&journaled, &key).seal().await.unwrap();
+    assert_eq!(journaled.journal_unsealed_age().await.unwrap(), None);
+}

@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,11 @@ pub struct JournalConfig {
     pub max_retained_events: usize,
 }
 
+/// How many events may wait in a journal that has never been sealed before it warns
+/// (`tracing`) that nothing seals it: a journal needs [`Journal::spawn_sealer`] (or
+/// [`Journal::seal`] called by hand), or its pending events only grow.
+pub const UNSEALED_WARNING_EVENTS: usize = 1_000;
+
 /// The default [`JournalConfig::max_retained_events`]: 262,144 events, on the order of
 /// 100 MB (a retained event is a few hundred bytes).
 pub const DEFAULT_MAX_RETAINED_EVENTS: usize = 262_144;
@@ -112,6 +118,10 @@ struct Inner {
     config: JournalConfig,
     pending: Mutex<Vec<AuditEvent>>,
     state: Mutex<State>,
+    /// Whether [`Journal::seal`] ever ran, and whether the journal already warned that
+    /// nothing seals it.
+    sealed_once: AtomicBool,
+    warned_unsealed: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -229,6 +239,8 @@ impl Journal {
                 config,
                 pending: Mutex::new(Vec::new()),
                 state: Mutex::new(state),
+                sealed_once: AtomicBool::new(false),
+                warned_unsealed: AtomicBool::new(false),
             }),
         })
     }
@@ -239,9 +251,24 @@ impl Journal {
     }
 
     /// Queues `event` behind every event appended before it. Holds a lock for one push: safe
-    /// to call inside a store's critical section.
+    /// to call inside a store's critical section. A journal that was never sealed warns once
+    /// when [`UNSEALED_WARNING_EVENTS`] events wait (nothing seals it).
     pub fn append(&self, event: AuditEvent) {
-        lock(&self.inner.pending).push(event);
+        let waiting = {
+            let mut pending = lock(&self.inner.pending);
+            pending.push(event);
+            pending.len()
+        };
+        if waiting >= UNSEALED_WARNING_EVENTS
+            && !self.inner.sealed_once.load(Ordering::Relaxed)
+            && !self.inner.warned_unsealed.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                pending = waiting,
+                "audit events are journaled and nothing seals them: call Journal::spawn_sealer \
+                 (or Journal::seal), or build the store without a journal"
+            );
+        }
     }
 
     /// How many appended events wait to be sealed.
@@ -252,6 +279,7 @@ impl Journal {
     /// Seals every pending event, signs the checkpoints that are due, and writes the batch
     /// to the file sink (fsynced) and the checkpoints to the anchor. Returns the journal size.
     pub fn seal(&self) -> Result<u64, JournalError> {
+        self.inner.sealed_once.store(true, Ordering::Relaxed);
         let mut state = lock(&self.inner.state);
         // Taken under the sealer's lock: batches are sealed in the order they were appended.
         // The list left behind keeps the batch's capacity, so appends do not grow it again.

@@ -431,3 +431,51 @@ fn proofs_are_served_from_the_window_and_older_ones_are_refused_clearly() {
         Err(tower_idempotency_core::audit::ProofError::OutsideWindow { .. })
     ));
 }
+
+/// Everything a thread-local TRACE subscriber captured while `work` ran.
+fn logs_of(work: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, work);
+    let bytes = capture.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// A journal nothing seals only grows: it says so once, when
+/// [`UNSEALED_WARNING_EVENTS`](tower_idempotency_core::audit::UNSEALED_WARNING_EVENTS)
+/// events wait; a journal that a sealer has sealed never does.
+#[test]
+fn a_journal_that_nothing_seals_warns_once() {
+    use tower_idempotency_core::audit::UNSEALED_WARNING_EVENTS;
+    let warning = "nothing seals them";
+    let limit = UNSEALED_WARNING_EVENTS as u64;
+
+    let unsealed = Journal::open(key(), config(100)).unwrap();
+    let before = logs_of(|| append(&unsealed, 0..limit - 1));
+    assert!(!before.contains(warning), "{before}");
+    let after = logs_of(|| append(&unsealed, limit - 1..3 * limit));
+    assert_eq!(after.matches(warning).count(), 1, "{after}");
+    assert!(after.contains("WARN"), "{after}");
+
+    let sealed = Journal::open(key(), config(100)).unwrap();
+    let logs = logs_of(|| {
+        sealed.seal().unwrap();
+        append(&sealed, 0..3 * limit);
+    });
+    assert!(!logs.contains(warning), "{logs}");
+}

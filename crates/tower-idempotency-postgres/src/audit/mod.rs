@@ -16,6 +16,9 @@ pub(crate) mod decisions;
 mod pending;
 mod read;
 mod seal;
+pub(crate) mod unsealed;
+
+pub use unsealed::UNSEALED_WARNING_AGE;
 
 use std::io;
 use std::path::PathBuf;

@@ -72,6 +72,14 @@ impl PostgresStore {
         })
     }
 
+    /// How long the oldest event waiting to be sealed has waited, by the database's clock;
+    /// `None` when nothing waits. A health check for the sealer: past a few sealer
+    /// intervals, nothing seals this journal (a journaled store also warns by itself past
+    /// [`UNSEALED_WARNING_AGE`](crate::UNSEALED_WARNING_AGE)).
+    pub async fn journal_unsealed_age(&self) -> Result<Option<std::time::Duration>, AuditError> {
+        Ok(self.inner.oldest_pending_age().await?)
+    }
+
     /// Writes the journal as JSON lines (the format `tower-idempotency audit verify`
     /// reads): every sealed event from `since` on, in `seq` order, each checkpoint larger
     /// than `since` right after the last event it covers, all read in one snapshot. With

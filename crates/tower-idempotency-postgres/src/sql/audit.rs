@@ -40,6 +40,9 @@ pub(crate) struct AuditQueries {
     pub(crate) leaf_hashes: String,
     /// The journal's size by the sealer, and how many events wait.
     pub(crate) status: String,
+    /// How long, in seconds by the database's clock, the oldest event has waited to be
+    /// sealed (no row when none waits): one read of the pending table's primary key.
+    pub(crate) oldest_pending_age: String,
 }
 
 impl AuditQueries {
@@ -110,6 +113,10 @@ impl AuditQueries {
                 "SELECT h.size, h.checkpoint_size, (SELECT count(*) FROM {pending}) AS pending, \
                      (SELECT coalesce(max(seq) + 1, 0) FROM {events}) AS stored \
                  FROM {head} AS h WHERE h.journal = 1"
+            ),
+            oldest_pending_age: format!(
+                "SELECT EXTRACT(EPOCH FROM clock_timestamp() - at)::float8 \
+                 FROM {pending} ORDER BY id LIMIT 1"
             ),
         }
     }
