@@ -41,6 +41,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
+use axum::response::Redirect;
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store};
@@ -265,9 +266,21 @@ fn build(
         // `GET`s pass through the layer untouched; only writes are guarded. A route layer
         // wraps the routes' handlers only: the router's answers to an unknown path (`404`)
         // or method (`405`) stay outside it and reserve nothing.
+        // The console (`docs/console.md`): the same authentication, scope and approvers.
+        let console = match &journal {
+            Some(journal) => idempotency
+                .console()
+                .with_journal(audit::ConsoleAudit::new(journal.clone())),
+            None => idempotency.console(),
+        };
         api.route_layer(idempotency.clone())
             .merge(idempotency.status_router())
             .merge(idempotency.approvals_router())
+            .nest("/console/", console.router())
+            .route(
+                "/console",
+                get(|| async { Redirect::permanent("/console/") }),
+            )
     } else {
         api
     };

@@ -1,6 +1,6 @@
 //! A demo MCP server (tickets, payments, deploys) whose tool calls are guarded by
 //! `tower-idempotency-mcp`: `/mcp` (rmcp's Streamable HTTP service, both protocol eras),
-//! `GET /healthz`, `GET /effects`, and the approvals routes at `/approvals`. The bearer token is the actor (`<actor>:<user>` names
+//! `GET /healthz`, `GET /effects`, the approvals routes at `/approvals`, and the console at `/console/`. The bearer token is the actor (`<actor>:<user>` names
 //! the user too). Deploys to `production` and charges of 100000 minor units or more need a
 //! person's approval.
 //!
@@ -19,7 +19,7 @@ use axum::Router;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -220,6 +220,12 @@ pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Stor
     let authenticated = Router::new()
         .route_service("/mcp", guard.layer(mcp))
         .merge(approvals.approvals_router())
+        // The console (`docs/console.md`) over the same store, scope and approvers.
+        .nest("/console/", console(&approvals, config.journal.as_ref()))
+        .route(
+            "/console",
+            get(|| async { Redirect::permanent("/console/") }),
+        )
         .route(
             "/effects",
             get(move |request: Request| {
@@ -233,6 +239,14 @@ pub async fn app_with_store(config: &DemoConfig) -> Result<(Router, Arc<dyn Stor
         .route("/healthz", get(|| async { "ok" }))
         .merge(authenticated);
     Ok((router, store))
+}
+
+/// The console's pages, with the memory store's journal when there is one.
+fn console(approvals: &IdempotencyLayer, journal: Option<&Journal>) -> Router {
+    match journal {
+        Some(journal) => approvals.console().with_journal(journal.clone()).router(),
+        None => approvals.console_router(),
+    }
 }
 
 async fn effects_route(effects: &Effects, actor: Option<Scope>) -> Response {
