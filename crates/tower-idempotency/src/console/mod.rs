@@ -177,7 +177,7 @@ impl Console {
 /// The headers every console response carries.
 async fn secure_headers(mut response: Response) -> Response {
     let csp = format!(
-        "default-src 'none'; style-src {}; img-src 'self'; form-action 'self'; \
+        "default-src 'none'; style-src {}; img-src 'self' data:; form-action 'self'; \
          frame-ancestors 'none'; base-uri 'none'",
         &*pages::STYLE_HASH
     );

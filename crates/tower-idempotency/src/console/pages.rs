@@ -71,6 +71,8 @@ pub(crate) fn layout(viewer: Option<&Viewer>, title: &str, content: Markup) -> M
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 meta name="referrer" content="same-origin";
+                // No icon request (it would be a 404 outside the console's routes).
+                link rel="icon" href="data:,";
                 title { (title) " · console" }
                 style { (PreEscaped(STYLE)) }
             }
