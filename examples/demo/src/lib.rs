@@ -302,6 +302,10 @@ fn build(
         .route("/healthz", get(routes::healthz))
         .route("/metrics", get(metrics::render))
         .route("/openapi.json", get(openapi::serve).with_state(document))
+        .route(
+            "/console/login",
+            get(auth::console_login_form).post(auth::console_login),
+        )
         .merge(api)
 }
 

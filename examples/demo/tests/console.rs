@@ -300,6 +300,26 @@ async fn walk(demo: &DemoProcess, shots: bool) {
         "{seen}"
     );
 
+    // A person without a header signs in once through the demo's form: a cookie for the
+    // console only (the API still needs the header).
+    let seen = person(
+        "login",
+        json!({"base": base, "token": approver, "approval_id": id}),
+    )
+    .await;
+    assert_eq!(seen["before"], 401, "{seen}");
+    assert_eq!(seen["h1"], "Pending approvals", "{seen}");
+    assert_eq!(seen["listed"], 1, "{seen}");
+    assert_eq!(
+        seen["cookies"],
+        json!([{"name": "demo_console", "path": "/console/", "httpOnly": true, "sameSite": "Strict"}]),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["api"], 401,
+        "the cookie is not a credential of the API: {seen}"
+    );
+
     // Forged posts are refused and change nothing; another account's id is a 404.
     let seen = person("forgery", json!({"base": base, "token": approver, "other_token": "intruder:approver", "approval_id": id})).await;
     assert_eq!(seen["cross_origin"], 403, "{seen}");

@@ -205,7 +205,35 @@ def forgery(pw, p):
     return out
 
 
+def login(pw, p):
+    """Without a header: the demo's login form sets the console's cookie."""
+    if not os.access(CHROMIUM, os.X_OK):
+        sys.exit(f"Chromium not found at {CHROMIUM}: install Debian's chromium (scripts/test does)")
+    browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+    page = browser.new_page()
+    before = page.goto(f"{p['base']}/console/").status
+    page.goto(f"{p['base']}/console/login")
+    page.get_by_label("Demo token").fill(p["token"])
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    cookies = [
+        {k: c[k] for k in ("name", "path", "httpOnly", "sameSite")}
+        for c in page.context.cookies()
+    ]
+    out = {
+        "before": before,
+        "url": page.url,
+        "h1": page.locator("h1").inner_text(),
+        "listed": page.locator(f"a[href='/console/approvals/{p['approval_id']}']").count(),
+        "cookies": cookies,
+        "api": page.request.get(f"{p['base']}/v1/deploys").status,
+    }
+    browser.close()
+    return out
+
+
 STEPS = {
+    "login": login,
     "approve": approve,
     "operation": operation,
     "stale": stale,
