@@ -200,4 +200,5 @@ pub use tower_idempotency_core::audit;
 #[doc = include_str!("../../../docs/memory-store.md")]
 #[doc = include_str!("../../../docs/security.md")]
 #[doc = include_str!("../../../docs/openapi.md")]
+#[cfg_attr(feature = "console", doc = include_str!("../../../docs/console.md"))]
 pub struct DocsExamples;
