@@ -319,12 +319,22 @@ async fn decided(
             reason: text_member(&body, "reason", MAX_REASON_CHARS)?,
         },
     };
-    if verb == Verb::Approve {
-        forbid_self_approval(shared, &scope, id, &approver).await?;
+    apply_decision(shared, &scope, id, decision, &approver).await
+}
+
+/// Makes `approver`'s `decision` on approval `id` of `scope`, one atomic step in the store
+/// (after the self-approval rule): what the JSON routes and the console share.
+pub(crate) async fn apply_decision(
+    shared: &Shared,
+    scope: &Scope,
+    id: ApprovalId,
+    decision: ApprovalDecision,
+    approver: &str,
+) -> Result<Approval, Rejection> {
+    if matches!(decision, ApprovalDecision::Approve { .. }) {
+        forbid_self_approval(shared, scope, id, approver).await?;
     }
-    let deciding = shared
-        .store
-        .decide_approval(&scope, id, decision, &approver);
+    let deciding = shared.store.decide_approval(scope, id, decision, approver);
     let outcome = store_call("decide_approval", deciding)
         .await
         .map_err(|error| store_failure(&error))?

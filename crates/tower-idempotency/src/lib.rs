@@ -99,6 +99,9 @@
 //!   transactional routes ([`OperationTx`]). The rest of core (its modules, the
 //!   conformance suite) is reached through `tower-idempotency-core` itself.
 //!
+//! - [`console`] (feature `console`): the approver's and investigator's HTML pages,
+//!   [`IdempotencyLayer::console_router`]. See `docs/console.md`.
+//!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
 //! [`IdempotencyLayer::status_router`], [`IdempotencyLayer::approvals_router`], the
 //! `ValidatedJson` extractor and `IntoResponse` for problems.
@@ -113,6 +116,8 @@ pub mod body;
 mod buffer;
 mod command;
 mod config;
+#[cfg(feature = "console")]
+pub mod console;
 mod detach;
 mod encryption;
 mod error;
@@ -199,4 +204,5 @@ pub use tower_idempotency_core::audit;
 #[doc = include_str!("../../../docs/memory-store.md")]
 #[doc = include_str!("../../../docs/security.md")]
 #[doc = include_str!("../../../docs/openapi.md")]
+#[cfg_attr(feature = "console", doc = include_str!("../../../docs/console.md"))]
 pub struct DocsExamples;

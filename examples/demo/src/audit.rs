@@ -17,8 +17,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tower_idempotency::audit::{
-    Journal, JournalConfig, NoteKeyError, NoteSigningKey, SealedEvent, event_line,
+    Journal, JournalConfig, NoteKeyError, NoteSigningKey, NoteVerifyingKey, SealedEvent, event_line,
 };
+use tower_idempotency::console::{ConsoleJournal, ConsoleJournalError, JournalEvidence};
 use tower_idempotency::{OperationId, Scope};
 use tower_idempotency_postgres::{PostgresJournal, PostgresJournalConfig, PostgresStore};
 
@@ -157,6 +158,56 @@ impl AuditJournal {
                 })
             })
             .collect()
+    }
+}
+
+/// The journal as the console reads it (`/console/operations/{id}`): the operation's sealed
+/// events and their proofs against the newest checkpoint, which the console verifies.
+#[derive(Debug, Clone)]
+pub struct ConsoleAudit {
+    journal: Arc<AuditJournal>,
+    key: NoteVerifyingKey,
+}
+
+impl ConsoleAudit {
+    /// The console's view of `journal`, checked with the public key of its signer.
+    pub fn new(journal: Arc<AuditJournal>) -> Self {
+        let key = match &*journal {
+            AuditJournal::Memory(journal) => journal.verifying_key(),
+            AuditJournal::Postgres { journal, .. } => journal.verifying_key(),
+        };
+        Self { journal, key }
+    }
+}
+
+#[async_trait::async_trait]
+impl ConsoleJournal for ConsoleAudit {
+    async fn evidence(
+        &self,
+        operation: OperationId,
+    ) -> Result<JournalEvidence, ConsoleJournalError> {
+        match &*self.journal {
+            AuditJournal::Memory(journal) => journal.evidence(operation).await,
+            AuditJournal::Postgres { store, journal } => {
+                journal
+                    .seal()
+                    .await
+                    .map_err(ConsoleJournalError::unavailable)?;
+                let events = store
+                    .journal_events(operation)
+                    .await
+                    .map_err(ConsoleJournalError::unavailable)?;
+                let proofs = store
+                    .prove_journal(operation)
+                    .await
+                    .map_err(ConsoleJournalError::unavailable)?;
+                Ok(JournalEvidence::new(events, proofs))
+            }
+        }
+    }
+
+    fn verifying_key(&self) -> NoteVerifyingKey {
+        self.key.clone()
     }
 }
 

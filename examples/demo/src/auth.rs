@@ -54,11 +54,21 @@ impl User {
 /// Middleware: turns `Authorization: Bearer <account>[:<user>]` into [`Account`], [`User`]
 /// and [`Scope`] extensions, or answers `401` problem `unauthorized`.
 pub async fn authenticate(mut request: Request, next: Next) -> Response {
-    let (account, user) = match request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(|v| v.to_str())
-    {
+    // The console's pages also take the token from the login cookie (`console_login`); the
+    // API never does, so no cross-site form can write with a browser's cookie.
+    let cookie = request
+        .uri()
+        .path()
+        .starts_with("/console/")
+        .then(|| console_cookie(request.headers()))
+        .flatten();
+    let authorization = request.headers().get(header::AUTHORIZATION);
+    let presented = match (authorization, &cookie) {
+        (Some(value), _) => Some(value.to_str().map(str::to_owned)),
+        (None, Some(token)) => Some(Ok(format!("Bearer {token}"))),
+        (None, None) => None,
+    };
+    let (account, user) = match presented.as_ref().map(|v| v.as_deref()) {
         None => {
             return Problem::unauthorized("send `Authorization: Bearer <account>`").into_response();
         }
@@ -82,6 +92,98 @@ pub async fn authenticate(mut request: Request, next: Next) -> Response {
     request.extensions_mut().insert(Account(account));
     request.extensions_mut().insert(User(user));
     next.run(request).await
+}
+
+/// The cookie the console's login form sets: the bearer token, for `/console/` only.
+pub const CONSOLE_COOKIE: &str = "demo_console";
+
+fn console_cookie(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == CONSOLE_COOKIE)
+        .map(|(_, token)| token.to_owned())
+}
+
+/// `GET /console/login`: a form that asks for the demo's bearer token once.
+pub async fn console_login_form() -> Response {
+    console_login_page(axum::http::StatusCode::OK, "")
+}
+
+fn console_login_page(status: axum::http::StatusCode, error: &str) -> Response {
+    let error = if error.is_empty() {
+        String::new()
+    } else {
+        format!("<p role=\"alert\">{error}</p>")
+    };
+    let body = format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>Sign in · console</title></head><body><main>\
+         <h1>Sign in to the console</h1>{error}\
+         <form method=\"post\" action=\"/console/login\">\
+         <label for=\"token\">Demo token (<code>account:user</code>, e.g. <code>acme:approver</code>)</label><br>\
+         <input id=\"token\" name=\"token\" required autocomplete=\"off\"> \
+         <button type=\"submit\">Sign in</button></form></main></body></html>"
+    );
+    let mut response = (status, axum::response::Html(body)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(
+            "default-src 'none'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("same-origin"),
+    );
+    response
+}
+
+/// `POST /console/login` (form `token`): sets the console's `HttpOnly`, `SameSite=Strict`
+/// cookie, scoped to `/console/`, and goes to the console. Demo only: the token is the
+/// credential, as in the `Authorization` header.
+pub async fn console_login(request: Request) -> Response {
+    let cross_site = request
+        .headers()
+        .get("sec-fetch-site")
+        .is_some_and(|site| site.as_bytes() != b"same-origin");
+    if cross_site {
+        return console_login_page(axum::http::StatusCode::FORBIDDEN, "Sign in from this page.");
+    }
+    let body = axum::body::to_bytes(request.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let token = form_value(&body, "token");
+    let valid = token
+        .as_deref()
+        .and_then(|token| parse_bearer(&format!("Bearer {token}")).map(str::to_owned));
+    let Some(token) = valid else {
+        return console_login_page(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "Not a demo token: account or account:user, each of A–Z a–z 0–9 - . _ ~ + / =.",
+        );
+    };
+    let cookie = format!("{CONSOLE_COOKIE}={token}; Path=/console/; HttpOnly; SameSite=Strict");
+    let mut response = axum::response::Redirect::to("/console/").into_response();
+    if let Ok(cookie) = header::HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+fn form_value(body: &[u8], name: &str) -> Option<String> {
+    form_urlencoded::parse(body)
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.trim().to_owned())
 }
 
 /// The token of a `Bearer` credential: `<account>` or `<account>:<user>`, each part in

@@ -42,6 +42,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
+use axum::response::Redirect;
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store};
@@ -266,6 +267,13 @@ fn build(
         // `GET`s pass through the layer untouched; only writes are guarded. A route layer
         // wraps the routes' handlers only: the router's answers to an unknown path (`404`)
         // or method (`405`) stay outside it and reserve nothing.
+        // The console (`docs/console.md`): the same authentication, scope and approvers.
+        let console = match &journal {
+            Some(journal) => idempotency
+                .console()
+                .with_journal(audit::ConsoleAudit::new(journal.clone())),
+            None => idempotency.console(),
+        };
         let api = api.route_layer(idempotency.clone());
         // Fail closed on a route policy whose route string names no route (it would
         // match nothing, and its route would run under the default policy).
@@ -274,6 +282,11 @@ fn build(
         }
         api.merge(idempotency.status_router())
             .merge(idempotency.approvals_router())
+            .nest("/console/", console.router())
+            .route(
+                "/console",
+                get(|| async { Redirect::permanent("/console/") }),
+            )
     } else {
         api
     };
@@ -295,6 +308,10 @@ fn build(
         .route("/healthz", get(routes::healthz))
         .route("/metrics", get(metrics::render))
         .route("/openapi.json", get(openapi::serve).with_state(document))
+        .route(
+            "/console/login",
+            get(auth::console_login_form).post(auth::console_login),
+        )
         .merge(api)
 }
 

@@ -5,6 +5,7 @@ mod support;
 
 mod audit;
 mod binary;
+mod console;
 mod metrics;
 mod pgbouncer;
 mod processes;

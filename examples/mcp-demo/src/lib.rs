@@ -1,8 +1,9 @@
 //! A demo MCP server (tickets, payments, deploys) whose tool calls are guarded by
 //! `tower-idempotency-mcp`: `/mcp` (rmcp's Streamable HTTP service, both protocol eras),
-//! `GET /healthz`, `GET /effects`, the approvals routes at `/approvals`, and `GET /audit`
-//! (the actor's journaled events of one execution, unless the journal is off). The bearer
-//! token is the actor (`<actor>:<user>` names the user too). Deploys to `production` and charges of 100000 minor units or more need a
+//! `GET /healthz`, `GET /effects`, the approvals routes at `/approvals`, `GET /audit`
+//! (the actor's journaled events of one execution, unless the journal is off) and the console
+//! at `/console/`. The bearer token is the actor (`<actor>:<user>` names the user too).
+//! Deploys to `production` and charges of 100000 minor units or more need a
 //! person's approval.
 //!
 //! `README.md` beside this crate documents the command line and the routes; tests and
@@ -22,7 +23,7 @@ use axum::Router;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -346,6 +347,12 @@ pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
     let authenticated = Router::new()
         .route_service("/mcp", guard.layer(mcp))
         .merge(approvals.approvals_router())
+        // The console (`docs/console.md`) over the same store, scope and approvers.
+        .nest("/console/", console(&approvals, config.journal.as_ref()))
+        .route(
+            "/console",
+            get(|| async { Redirect::permanent("/console/") }),
+        )
         .route(
             "/effects",
             get(move |request: Request| {
@@ -386,6 +393,14 @@ pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
         store,
         audit_key,
     })
+}
+
+/// The console's pages, with the memory store's journal when there is one.
+fn console(approvals: &IdempotencyLayer, journal: Option<&Journal>) -> Router {
+    match journal {
+        Some(journal) => approvals.console().with_journal(journal.clone()).router(),
+        None => approvals.console_router(),
+    }
 }
 
 async fn effects_route(effects: &Effects, actor: Option<Scope>) -> Response {
