@@ -440,6 +440,47 @@ impl ApprovalPolicy {
         self
     }
 
+    /// What the approver is shown, built from the typed command `T` (the form to use, as
+    /// [`ApprovalPolicy::when_command`] is for conditions): the summary reads fields that
+    /// exist, with the types the handler executes — an enumeration's normal spelling, a
+    /// validated amount — so a misspelled field name does not compile. The validated JSON
+    /// command is deserialized as `T`; a command that is not a `T` cannot be shown and is
+    /// refused (`422 invalid-command` on HTTP, an invalid-params error on MCP) before
+    /// anything is stored.
+    ///
+    /// ```
+    /// use serde::Deserialize;
+    /// use serde_json::json;
+    /// use tower_idempotency_core::approval::{ApprovalPolicy, ApprovalSummary};
+    ///
+    /// #[derive(Deserialize)]
+    /// struct Payment { amount_minor: u64, currency: String, payee: String }
+    ///
+    /// let policy = ApprovalPolicy::when_command(|p: &Payment| p.amount_minor >= 100_000)
+    ///     .with_command_summary(|p: &Payment| {
+    ///         ApprovalSummary::new("payment")
+    ///             .text("payee", &p.payee)
+    ///             .amount("amount", i64::try_from(p.amount_minor).unwrap_or(i64::MAX), &p.currency)
+    ///     });
+    /// let shown = policy
+    ///     .summary(&json!({"amount_minor": 250000, "currency": "EUR", "payee": "ACME"}))
+    ///     .unwrap();
+    /// assert_eq!(shown["amount"], json!({"minor_units": 250000, "currency": "EUR"}));
+    /// assert!(policy.summary(&json!({"amount_minor": "lots"})).is_err());
+    /// ```
+    pub fn with_command_summary<T, F>(self, summary: F) -> Self
+    where
+        T: serde::de::DeserializeOwned + 'static,
+        F: Fn(&T) -> ApprovalSummary + Send + Sync + 'static,
+    {
+        self.with_summary(move |command| match T::deserialize(command) {
+            Ok(typed) => Ok(summary(&typed)),
+            Err(_) => Err(SummaryError::NotTheCommandType {
+                command_type: std::any::type_name::<T>(),
+            }),
+        })
+    }
+
     /// The bounds on what the approver is shown (default [`SummaryLimits::DEFAULT`]: 200
     /// characters of text per field, 32 fields, 4096 bytes).
     pub fn with_summary_limits(mut self, limits: SummaryLimits) -> Self {

@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use tower_idempotency::{ApprovalPolicy, ApprovalSummary};
 
 use crate::commands::{Environment, NewDeploy, NewPayment};
@@ -30,16 +29,15 @@ pub fn deploy_needs_approval(deploy: &NewDeploy) -> bool {
     deploy.environment == APPROVAL_ENVIRONMENT
 }
 
-/// What the approver of a deploy sees: the service and artifact (identifiers: visible
-/// ASCII, anything else refuses the command), the environment (a label) and that it can be
-/// undone (by deploying the previous artifact). Typed fields only: no sentence is built
-/// from the command's text.
-pub fn deploy_summary(command: &Value) -> ApprovalSummary {
-    let text = |name: &str| command[name].as_str().unwrap_or_default();
+/// What the approver of a deploy sees, built from the typed command the handler executes:
+/// the service and artifact (identifiers: visible ASCII, anything else refuses the command),
+/// the environment in its normal spelling and that it can be undone (by deploying the
+/// previous artifact). Typed fields only: no sentence is built from the command's text.
+pub fn deploy_summary(deploy: &NewDeploy) -> ApprovalSummary {
     ApprovalSummary::new("deploy")
-        .identifier("service", text("service"))
-        .label("environment", text("environment"))
-        .identifier("artifact", text("artifact"))
+        .identifier("service", &deploy.service)
+        .label("environment", deploy.environment.as_str())
+        .identifier("artifact", &deploy.artifact)
         .flag("reversible", true)
 }
 
@@ -48,31 +46,34 @@ pub fn payment_needs_approval(payment: &NewPayment) -> bool {
     payment.amount_minor >= APPROVAL_AMOUNT_MINOR
 }
 
-/// What the approver of a payment sees: the payee (free text, neutralised: invisible and
-/// control characters shown as `[U+XXXX]`, whitespace runs collapsed), the amount in minor
-/// units with its currency, the invoice reference (free text) and that it cannot be undone.
-/// Typed fields only: no sentence is built from the command's text.
-pub fn payment_summary(command: &Value) -> ApprovalSummary {
-    let text = |name: &str| command[name].as_str().unwrap_or_default();
-    let amount = command["amount_minor"].as_i64().unwrap_or_default();
+/// What the approver of a payment sees, built from the typed command: the payee (free text,
+/// neutralised: invisible and control characters shown as `[U+XXXX]`, whitespace runs
+/// collapsed), the amount in minor units with its currency, the invoice reference (free
+/// text) and that it cannot be undone. Typed fields only: no sentence is built from the
+/// command's text.
+pub fn payment_summary(payment: &NewPayment) -> ApprovalSummary {
     ApprovalSummary::new("payment")
-        .text("payee", text("payee"))
-        .amount("amount", amount, text("currency"))
-        .text("invoice_ref", text("invoice_ref"))
+        .text("payee", &payment.payee)
+        .amount(
+            "amount",
+            i64::try_from(payment.amount_minor).unwrap_or(i64::MAX),
+            &payment.currency,
+        )
+        .text("invoice_ref", &payment.invoice_ref)
         .flag("reversible", false)
 }
 
 /// The approval rule of `POST /v1/deploys`, valid for `ttl`.
 pub fn deploy_policy(ttl: Duration) -> ApprovalPolicy {
     ApprovalPolicy::when_command(deploy_needs_approval)
-        .with_summary(deploy_summary)
+        .with_command_summary(deploy_summary)
         .with_ttl(ttl)
 }
 
 /// The approval rule of `POST /v1/payments`, valid for `ttl`.
 pub fn payment_policy(ttl: Duration) -> ApprovalPolicy {
     ApprovalPolicy::when_command(payment_needs_approval)
-        .with_summary(payment_summary)
+        .with_command_summary(payment_summary)
         .with_ttl(ttl)
 }
 
@@ -80,21 +81,23 @@ pub fn payment_policy(ttl: Duration) -> ApprovalPolicy {
 mod tests {
     use super::*;
     use serde_json::json;
-    use tower_idempotency::SummaryLimits;
 
     #[test]
     fn summaries_are_typed_fields() {
-        let limits = SummaryLimits::default();
         let deploy =
             json!({"service": "api", "environment": "production", "artifact": "sha256:ab"});
-        let summary = deploy_summary(&deploy).into_json(&limits).unwrap();
+        let summary = deploy_policy(Duration::from_secs(60))
+            .summary(&deploy)
+            .unwrap();
         assert_eq!(
             summary,
             json!({"operation": "deploy", "service": "api", "environment": "production",
                    "artifact": "sha256:ab", "reversible": true})
         );
         let payment = json!({"amount_minor": 250000, "currency": "EUR", "invoice_ref": "INV-9", "payee": "ACME GmbH"});
-        let summary = payment_summary(&payment).into_json(&limits).unwrap();
+        let summary = payment_policy(Duration::from_secs(60))
+            .summary(&payment)
+            .unwrap();
         assert_eq!(
             summary,
             json!({"operation": "payment", "payee": "ACME GmbH",

@@ -199,34 +199,30 @@ pub fn approval_policy(tool: &str, ttl: Duration) -> Option<ApprovalPolicy> {
         "deploy_release" => ApprovalPolicy::when_command(|deploy: &tools::DeployRelease| {
             deploy.environment == "production"
         })
-        .with_summary(|arguments| {
+        .with_command_summary(|deploy: &tools::DeployRelease| {
             ApprovalSummary::new("deploy a release")
-                .identifier("service", text(&arguments["service"]))
-                .label("environment", text(&arguments["environment"]))
-                .identifier("version", text(&arguments["version"]))
+                .identifier("service", &deploy.service)
+                .label("environment", &deploy.environment)
+                .identifier("version", &deploy.version)
                 .flag("reversible", true)
         }),
         "charge" => {
             ApprovalPolicy::when_command(|charge: &tools::Charge| charge.amount_minor >= 100_000)
-                .with_summary(|arguments| {
+                .with_command_summary(|charge: &tools::Charge| {
                     ApprovalSummary::new("charge a payment")
-                        .text("payee", text(&arguments["payee"]))
+                        .text("payee", &charge.payee)
                         .amount(
                             "amount",
-                            arguments["amount_minor"].as_i64().unwrap_or_default(),
-                            text(&arguments["currency"]),
+                            i64::try_from(charge.amount_minor).unwrap_or(i64::MAX),
+                            &charge.currency,
                         )
-                        .text("invoice_ref", text(&arguments["invoice_ref"]))
+                        .text("invoice_ref", &charge.invoice_ref)
                         .flag("reversible", false)
                 })
         }
         _ => return None,
     };
     Some(policy.with_ttl(ttl))
-}
-
-fn text(value: &serde_json::Value) -> &str {
-    value.as_str().unwrap_or_default()
 }
 
 /// The whole application and the store it keeps execution records in (tests decide

@@ -134,6 +134,13 @@ pub enum SummaryError {
         /// The field.
         field: String,
     },
+    /// The command is not of the type its summary is built from
+    /// ([`ApprovalPolicy::with_command_summary`](super::ApprovalPolicy::with_command_summary)).
+    #[error("the command is not a `{command_type}`, the type its approval summary is built from")]
+    NotTheCommandType {
+        /// The command type's Rust name.
+        command_type: &'static str,
+    },
     /// A currency that is not three uppercase ASCII letters.
     #[error("the currency of `{field}` must be three uppercase letters (ISO 4217)")]
     InvalidCurrency {
