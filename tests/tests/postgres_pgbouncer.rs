@@ -79,6 +79,9 @@ fn store(url: &str, mode: StatementMode) -> PostgresStore {
     PostgresStore::from_config(&PostgresStoreConfig {
         max_connections: 24,
         statement_mode: mode,
+        // Journaled, with no startup option for PgBouncer to refuse (the store's default
+        // `audit: false` sends one in the prepared mode).
+        audit: true,
         ..PostgresStoreConfig::new(url)
     })
     .unwrap()

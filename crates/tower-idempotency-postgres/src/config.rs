@@ -85,7 +85,9 @@ pub struct PostgresStoreConfig {
     ///
     /// `false` keeps this store's connections out of the journal: a pool built by
     /// [`PostgresStore::from_config`](crate::PostgresStore::from_config) opens its
-    /// connections with `tower_idempotency.audit = off`; with
+    /// connections with `tower_idempotency.audit = off` — except in
+    /// [`StatementMode::Unnamed`], the mode for a transaction pooler, which cannot pass a
+    /// startup option: there set it on the role (below); with
     /// [`PostgresStore::new`](crate::PostgresStore::new), set that on the pool's
     /// connections yourself (or on the role: `ALTER ROLE app SET tower_idempotency.audit =
     /// off`). Every other session — the operator CLI's, an administrator's — is journaled.

@@ -201,7 +201,7 @@ impl PostgresStore {
                 ),
             }),
         };
-        if config.audit {
+        if config.audit || config.statement_mode == StatementMode::Unnamed {
             crate::audit::unsealed::spawn(Arc::downgrade(&store.inner));
         }
         Ok(store)
@@ -229,7 +229,10 @@ impl PostgresStore {
         if pg_config.get_application_name().is_none() {
             pg_config.application_name("tower-idempotency");
         }
-        if !config.audit {
+        // Behind a transaction pooler (the unnamed statement mode) a startup option cannot
+        // pass (PgBouncer refuses the connection), so the setting must come from the role
+        // there (`docs/postgres.md`); the store then watches for events nothing seals.
+        if !config.audit && config.statement_mode == StatementMode::Prepared {
             // The audit triggers skip sessions that set this (migration 0007).
             let options = match pg_config.get_options() {
                 Some(options) => format!("{options} -c tower_idempotency.audit=off"),
