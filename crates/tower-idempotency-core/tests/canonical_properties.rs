@@ -5,14 +5,16 @@ use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
 use tower_idempotency_core::canonical::{canonicalize_json, canonicalize_value, parse_json};
 
+/// Strings of every kind but one: U+0000 is refused by the canonicalizer (a command must not
+/// carry it: `canonical_rfc8785.rs` pins the refusal), so it is left out here.
 fn string_strategy() -> impl Strategy<Value = String> {
     let ch = prop_oneof![
         4 => prop::char::range('a', 'e'),
-        1 => prop::char::range('\u{0}', '\u{1f}'),
+        1 => prop::char::range('\u{1}', '\u{1f}'),
         1 => prop::sample::select(vec!['"', '\\', '/', '\u{7f}', 'é', '€']),
         1 => prop::char::range('\u{e000}', '\u{ffff}'),
         1 => prop::char::range('\u{10000}', '\u{10ffff}'),
-        1 => any::<char>(),
+        1 => any::<char>().prop_filter("U+0000 is refused", |c| *c != '\u{0}'),
     ];
     prop::collection::vec(ch, 0..8).prop_map(|chars| chars.into_iter().collect())
 }
