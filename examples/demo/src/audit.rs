@@ -118,8 +118,13 @@ impl AuditJournal {
         })
     }
 
-    /// The sealed events of `operation` in `scope`, sealing what is pending first.
-    async fn events(&self, scope: &Scope, operation: OperationId) -> Result<Vec<Value>, String> {
+    /// The sealed events of `operation` in `scope`, sealing what is pending first, each as
+    /// the export has it (`{"hash", "event"}`).
+    pub async fn events(
+        &self,
+        scope: &Scope,
+        operation: OperationId,
+    ) -> Result<Vec<Value>, String> {
         let events: Vec<SealedEvent> = match self {
             Self::Memory(journal) => {
                 let journal = journal.clone();

@@ -110,6 +110,13 @@ pub enum StartError {
     Config(&'static str),
 }
 
+/// The HTTP demo's audit journal refusing to open (`AuditJournal::memory`/`postgres`).
+impl From<demo::DemoError> for StartError {
+    fn from(error: demo::DemoError) -> Self {
+        Self::Audit(error.to_string())
+    }
+}
+
 /// The running application: its router, the store of its execution records, and the public
 /// key of its audit journal when it made one.
 #[derive(Debug)]
