@@ -232,15 +232,7 @@ fn hex(bytes: &[u8]) -> String {
 /// assert_eq!(canonical_query(""), "");
 /// ```
 pub fn canonical_query(query: &str) -> String {
-    let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = query
-        .as_bytes()
-        .split(|&b| b == b'&')
-        .filter(|piece| !piece.is_empty())
-        .map(|piece| match piece.iter().position(|&b| b == b'=') {
-            Some(at) => (form_decode(&piece[..at]), form_decode(&piece[at + 1..])),
-            None => (form_decode(piece), Vec::new()),
-        })
-        .collect();
+    let mut pairs = decoded_pairs(query);
     // Stable: the values of one name keep their order (a handler can see it).
     pairs.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = String::with_capacity(query.len());
@@ -255,38 +247,29 @@ pub fn canonical_query(query: &str) -> String {
     out
 }
 
-/// `application/x-www-form-urlencoded` decoding of one name or value to bytes: `+` is a
-/// space, `%XX` (either case) is that byte, and a `%` not followed by two hex digits stays
-/// literal (as `form_urlencoded::parse` does).
+/// A query's `application/x-www-form-urlencoded` pairs, decoded to their exact bytes: split
+/// on `&` (empty pieces are not pairs), each on its first `=` (none: an empty value).
+fn decoded_pairs(query: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    query
+        .as_bytes()
+        .split(|&b| b == b'&')
+        .filter(|piece| !piece.is_empty())
+        .map(|piece| match piece.iter().position(|&b| b == b'=') {
+            Some(at) => (form_decode(&piece[..at]), form_decode(&piece[at + 1..])),
+            None => (form_decode(piece), Vec::new()),
+        })
+        .collect()
+}
+
+/// One name or value decoded to bytes: `+` is a space, `%XX` (either case) is that byte,
+/// and a `%` not followed by two hex digits stays literal (as `form_urlencoded::parse`
+/// does, without its lossy step to text).
 fn form_decode(input: &[u8]) -> Vec<u8> {
-    fn hex_value(b: u8) -> Option<u8> {
-        match b {
-            b'0'..=b'9' => Some(b - b'0'),
-            b'a'..=b'f' => Some(b - b'a' + 10),
-            b'A'..=b'F' => Some(b - b'A' + 10),
-            _ => None,
-        }
-    }
-    let mut out = Vec::with_capacity(input.len());
-    let mut i = 0;
-    while i < input.len() {
-        match input[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let high = input.get(i + 1).copied().and_then(hex_value);
-                let low = input.get(i + 2).copied().and_then(hex_value);
-                if let (Some(high), Some(low)) = (high, low) {
-                    out.push(high << 4 | low);
-                    i += 3;
-                    continue;
-                }
-                out.push(b'%');
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    out
+    let spaced: Vec<u8> = input
+        .iter()
+        .map(|&b| if b == b'+' { b' ' } else { b })
+        .collect();
+    percent_encoding::percent_decode(&spaced).collect()
 }
 
 #[cfg(test)]
@@ -493,15 +476,7 @@ mod tests {
         ) {
             let query: String = pieces.concat();
             let new = canonical_query(&query);
-            let pairs: Vec<(Vec<u8>, Vec<u8>)> = query
-                .as_bytes()
-                .split(|&b| b == b'&')
-                .filter(|piece| !piece.is_empty())
-                .map(|piece| match piece.iter().position(|&b| b == b'=') {
-                    Some(at) => (form_decode(&piece[..at]), form_decode(&piece[at + 1..])),
-                    None => (form_decode(piece), Vec::new()),
-                })
-                .collect();
+            let pairs = decoded_pairs(&query);
             let valid = pairs
                 .iter()
                 .all(|(n, v)| std::str::from_utf8(n).is_ok() && std::str::from_utf8(v).is_ok());

@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
+use crate::support::DemoProcess;
+
 const DEADLINE: Duration = Duration::from_secs(30);
 
 fn demo() -> Command {
@@ -241,31 +243,6 @@ async fn the_approval_flags_name_who_approves_and_for_how_long() {
     child.kill().await.unwrap();
 }
 
-/// Starts the demo binary with `args` (records in memory) and returns it with its base URL.
-async fn start_demo(args: &[&str]) -> (tokio::process::Child, String) {
-    let mut child = demo()
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(DEADLINE, lines.next_line())
-        .await
-        .expect("the demo printed nothing in time")
-        .unwrap()
-        .expect("the demo closed stdout without printing its address");
-    let base = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    // Keep reading, so the demo never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, base)
-}
-
 /// `docs/openapi.json`, the demo's document as published.
 const OPENAPI_DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
 
@@ -294,7 +271,8 @@ fn validator_python() -> std::path::PathBuf {
 /// used by some answer, besides the status, approvals and audit routes.
 #[tokio::test]
 async fn the_openapi_document_is_served_published_valid_and_complete() {
-    let (mut child, base) = start_demo(&[]).await;
+    let demo = DemoProcess::start_in_memory(&[]).await;
+    let base = &demo.base;
     let client = reqwest::Client::builder()
         .timeout(DEADLINE)
         .build()
@@ -310,7 +288,7 @@ async fn the_openapi_document_is_served_published_valid_and_complete() {
         "/openapi.json needs no authentication"
     );
     let served: serde_json::Value = response.json().await.unwrap();
-    child.kill().await.unwrap();
+    drop(demo);
     let pretty = format!("{}\n", serde_json::to_string_pretty(&served).unwrap());
 
     if std::env::var_os("UPDATE_OPENAPI").is_some_and(|v| v == "1") {
@@ -391,14 +369,11 @@ async fn the_openapi_document_is_served_published_valid_and_complete() {
     assert_eq!(key["required"], true);
 }
 
-/// Starts the binary with `args` and returns it with its `host:port`.
-async fn started(args: &[&str]) -> (tokio::process::Child, String) {
-    let (child, base) = start_demo(args).await;
-    let addr = base
-        .strip_prefix("http://")
-        .unwrap_or_else(|| panic!("not an http base URL: {base}"))
-        .to_owned();
-    (child, addr)
+/// Starts the binary with `args` (records in memory) and returns it with its `host:port`.
+async fn started(args: &[&str]) -> (DemoProcess, String) {
+    let demo = DemoProcess::start_in_memory(args).await;
+    let addr = demo.base.trim_start_matches("http://").to_owned();
+    (demo, addr)
 }
 
 /// Reads until the peer closes (or `limit` passes); what it sent.
