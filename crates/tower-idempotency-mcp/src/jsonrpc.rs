@@ -93,9 +93,8 @@ pub(crate) fn classify(body: &[u8]) -> Classified {
             let normal = normal_id(id);
             Classified::ToolCall(ToolCall {
                 id_normal: normal.is_some(),
-                id_respelled: normal.as_ref().is_some_and(|normal| {
-                    serde_json::to_string(normal).ok() != serde_json::to_string(id).ok()
-                }),
+                // serde_json keeps `5` and `5.0` apart (`Number` is an integer or a float).
+                id_respelled: normal.as_ref().is_some_and(|normal| normal != id),
                 id: normal.unwrap_or_else(|| id.clone()),
                 name: name.to_owned(),
                 arguments: params

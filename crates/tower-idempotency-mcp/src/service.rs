@@ -378,18 +378,24 @@ where
             );
         }
     };
-    let mut arguments = call.arguments.clone();
-    if let Some(normalizer) = &policy.normalizer {
-        if let Err(message) = normalizer(&mut arguments) {
-            return refuse("invalid-command", &message);
+    // Only a tool with a normalizer pays for a copy of its arguments.
+    let normalized_arguments = match &policy.normalizer {
+        Some(normalizer) => {
+            let mut arguments = call.arguments.clone();
+            if let Err(message) = normalizer(&mut arguments) {
+                return refuse("invalid-command", &message);
+            }
+            Some(arguments).filter(|arguments| *arguments != call.arguments)
         }
-    }
+        None => None,
+    };
+    let arguments = normalized_arguments.as_ref().unwrap_or(&call.arguments);
     // The tool receives what was fingerprinted, approved and summarised: the normalised
     // arguments, under the id in its normal form.
-    let normalized = arguments != call.arguments;
+    let normalized = normalized_arguments.is_some();
     let (mut parts, mut bytes) = (parts, bytes);
     if normalized || call.id_respelled {
-        let Some(rewritten) = jsonrpc::rewrite(&bytes, &call.id, normalized.then_some(&arguments))
+        let Some(rewritten) = jsonrpc::rewrite(&bytes, &call.id, normalized_arguments.as_ref())
         else {
             return refuse("invalid-params", "params must be an object");
         };
@@ -404,7 +410,7 @@ where
         &config.fingerprinter,
         &actor,
         &call.name,
-        &arguments,
+        arguments,
         intent_scope.as_deref(),
         call.task,
     ) {
@@ -423,11 +429,11 @@ where
     let approval = match policy
         .approval
         .as_ref()
-        .filter(|approval| approval.applies_to(&arguments))
+        .filter(|approval| approval.applies_to(arguments))
     {
         None => None,
         // A summary an approver cannot be shown refuses the call before anything is stored.
-        Some(approval) => match approval.summary(&arguments) {
+        Some(approval) => match approval.summary(arguments) {
             Ok(summary) => Some(ApprovalRequest {
                 requested_by: principal
                     .clone()

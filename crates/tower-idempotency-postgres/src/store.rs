@@ -202,7 +202,7 @@ impl PostgresStore {
             }),
         };
         if config.audit || config.statement_mode == StatementMode::Unnamed {
-            crate::audit::unsealed::spawn(Arc::downgrade(&store.inner));
+            crate::audit::unsealed::spawn(Arc::downgrade(&store.inner), config.audit);
         }
         Ok(store)
     }

@@ -21,7 +21,10 @@ const CHECK_EVERY: Duration = Duration::from_secs(60);
 const REPEAT_EVERY: Duration = Duration::from_secs(600);
 
 /// Starts the watch when a Tokio runtime is at hand; it ends with the store.
-pub(crate) fn spawn(store: Weak<Inner>) {
+/// `journaled`: whether the store was configured to journal (`PostgresStoreConfig::audit`);
+/// when it was not (a pooler mode, which cannot switch its sessions off), the advice is the
+/// role setting.
+pub(crate) fn spawn(store: Weak<Inner>, journaled: bool) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -46,11 +49,18 @@ pub(crate) fn spawn(store: Weak<Inner>) {
                 continue;
             }
             warned = Some(tokio::time::Instant::now());
+            let advice = if journaled {
+                "Run a sealer (PostgresJournal::spawn_sealer in one process, or \
+                 `tower-idempotency audit seal`), or set PostgresStoreConfig::audit = false"
+            } else {
+                "The store is not to be journaled, but behind a transaction pooler it cannot \
+                 switch its sessions off: set it on the role (ALTER ROLE … SET \
+                 tower_idempotency.audit = off), or run a sealer"
+            };
             tracing::warn!(
                 waited_secs = age.as_secs(),
                 "audit events are journaled and nothing seals them: the oldest has waited {}s. \
-                 Run a sealer (PostgresJournal::spawn_sealer in one process, or \
-                 `tower-idempotency audit seal`), or set PostgresStoreConfig::audit = false",
+                 {advice}",
                 age.as_secs()
             );
         }
