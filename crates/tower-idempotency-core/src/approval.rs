@@ -286,10 +286,30 @@ type Condition = std::sync::Arc<
     dyn Fn(&serde_json::Value, Option<&(dyn std::any::Any + Send)>) -> bool + Send + Sync,
 >;
 type Summary = std::sync::Arc<
-    dyn Fn(&serde_json::Value, &SummaryLimits) -> Result<serde_json::Value, SummaryError>
+    dyn Fn(
+            &serde_json::Value,
+            Option<&(dyn std::any::Any + Send)>,
+            &SummaryLimits,
+        ) -> Result<serde_json::Value, SummaryError>
         + Send
         + Sync,
 >;
+
+/// Runs `use_typed` on the command as a `T`: the typed command the layer built when it is
+/// one (no second deserialization), else the validated JSON deserialized as `T`.
+fn with_typed<T, R>(
+    command: &serde_json::Value,
+    typed: Option<&(dyn std::any::Any + Send)>,
+    use_typed: impl FnOnce(&T) -> R,
+) -> Result<R, serde_json::Error>
+where
+    T: serde::de::DeserializeOwned + 'static,
+{
+    if let Some(typed) = typed.and_then(|typed| typed.downcast_ref::<T>()) {
+        return Ok(use_typed(typed));
+    }
+    T::deserialize(command).map(|typed| use_typed(&typed))
+}
 
 /// A route's (or a tool's) rule for which commands need a person's approval, and what the
 /// approver is shown.
@@ -396,20 +416,17 @@ impl ApprovalPolicy {
         T: serde::de::DeserializeOwned + 'static,
         F: Fn(&T) -> bool + Send + Sync + 'static,
     {
-        Self::with_condition(std::sync::Arc::new(move |command, typed| {
-            if let Some(typed) = typed.and_then(|typed| typed.downcast_ref::<T>()) {
-                return condition(typed);
-            }
-            match T::deserialize(command) {
-                Ok(typed) => condition(&typed),
-                Err(error) => {
-                    tracing::warn!(
-                        command_type = std::any::type_name::<T>(),
-                        error = %error,
-                        "a command does not fit its approval condition's type: it needs approval"
-                    );
-                    true
-                }
+        Self::with_condition(std::sync::Arc::new(move |command, typed| match with_typed(
+            command, typed, &condition,
+        ) {
+            Ok(applies) => applies,
+            Err(error) => {
+                tracing::warn!(
+                    command_type = std::any::type_name::<T>(),
+                    error = %error,
+                    "a command does not fit its approval condition's type: it needs approval"
+                );
+                true
             }
         }))
     }
@@ -417,7 +434,9 @@ impl ApprovalPolicy {
     fn with_condition(condition: Condition) -> Self {
         Self {
             condition,
-            summary: std::sync::Arc::new(|command, limits| command.clone().into_summary(limits)),
+            summary: std::sync::Arc::new(|command, _typed, limits| {
+                summary::json_summary(command, limits)
+            }),
             summary_limits: SummaryLimits::DEFAULT,
             ttl: Self::DEFAULT_TTL,
             wait: Duration::ZERO,
@@ -435,8 +454,9 @@ impl ApprovalPolicy {
         F: Fn(&serde_json::Value) -> S + Send + Sync + 'static,
         S: IntoApprovalSummary,
     {
-        self.summary =
-            std::sync::Arc::new(move |command, limits| summary(command).into_summary(limits));
+        self.summary = std::sync::Arc::new(move |command, _typed, limits| {
+            summary(command).into_summary(limits)
+        });
         self
     }
 
@@ -468,17 +488,19 @@ impl ApprovalPolicy {
     /// assert_eq!(shown["amount"], json!({"minor_units": 250000, "currency": "EUR"}));
     /// assert!(policy.summary(&json!({"amount_minor": "lots"})).is_err());
     /// ```
-    pub fn with_command_summary<T, F>(self, summary: F) -> Self
+    pub fn with_command_summary<T, F>(mut self, summary: F) -> Self
     where
         T: serde::de::DeserializeOwned + 'static,
         F: Fn(&T) -> ApprovalSummary + Send + Sync + 'static,
     {
-        self.with_summary(move |command| match T::deserialize(command) {
-            Ok(typed) => Ok(summary(&typed)),
-            Err(_) => Err(SummaryError::NotTheCommandType {
-                command_type: std::any::type_name::<T>(),
-            }),
-        })
+        self.summary = std::sync::Arc::new(move |command, typed, limits| {
+            with_typed(command, typed, &summary)
+                .map_err(|_| SummaryError::NotTheCommandType {
+                    command_type: std::any::type_name::<T>(),
+                })?
+                .into_json(limits)
+        });
+        self
     }
 
     /// The bounds on what the approver is shown (default [`SummaryLimits::DEFAULT`]: 200
@@ -527,7 +549,17 @@ impl ApprovalPolicy {
     /// What the approver of `command` is shown (neutralised and bounded), or why it cannot
     /// be shown — the command is then refused.
     pub fn summary(&self, command: &serde_json::Value) -> Result<serde_json::Value, SummaryError> {
-        (self.summary)(command, &self.summary_limits)
+        (self.summary)(command, None, &self.summary_limits)
+    }
+
+    /// [`ApprovalPolicy::summary`], given also the typed command built from `command` (for
+    /// [`ApprovalPolicy::with_command_summary`], which then does not deserialize it again).
+    pub fn summary_typed(
+        &self,
+        command: &serde_json::Value,
+        typed: &(dyn std::any::Any + Send),
+    ) -> Result<serde_json::Value, SummaryError> {
+        (self.summary)(command, Some(typed), &self.summary_limits)
     }
 
     /// The bounds on what the approver is shown.

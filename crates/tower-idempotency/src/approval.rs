@@ -50,7 +50,11 @@ pub(crate) fn request_for(
     if !applies {
         return Ok(None);
     }
-    let summary = approval.summary(command).map_err(|error| {
+    let summary = match typed {
+        Some(typed) => approval.summary_typed(command, typed),
+        None => approval.summary(command),
+    };
+    let summary = summary.map_err(|error| {
         Rejection::InvalidCommand(CommandRejection::new(format!(
             "the command cannot be shown to an approver: {error}"
         )))

@@ -141,7 +141,7 @@ fn scope_of(shared: &Shared, parts: &Parts) -> Result<Scope, Rejection> {
         .ok_or(Rejection::MissingScope)
 }
 
-fn store_failure(error: &StoreError) -> Rejection {
+pub(crate) fn store_failure(error: &StoreError) -> Rejection {
     match error {
         StoreError::Unsupported { feature } => {
             tracing::error!(

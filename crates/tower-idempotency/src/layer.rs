@@ -94,6 +94,7 @@ impl IdempotencyLayer {
                 max_detached: DEFAULT_MAX_DETACHED,
                 #[cfg(feature = "axum")]
                 route_check: Arc::default(),
+                metrics_registered: Default::default(),
             }),
         }
     }
@@ -302,7 +303,10 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        crate::telemetry::register(&self.shared);
+        let shared = &self.shared;
+        shared
+            .metrics_registered
+            .once(|| crate::telemetry::register(shared));
         IdempotencyService::new(inner, self.shared.clone())
     }
 }

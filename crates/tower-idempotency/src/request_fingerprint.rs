@@ -23,7 +23,7 @@ pub(crate) fn is_json(essence: &str) -> bool {
 
 /// The media type without parameters, as sent (JSON bodies, the common case, never need
 /// it lowercased; raw bodies lowercase it for the fingerprint).
-fn content_type_essence(parts: &Parts) -> &str {
+pub(crate) fn content_type_essence(parts: &Parts) -> &str {
     parts
         .headers
         .get(header::CONTENT_TYPE)

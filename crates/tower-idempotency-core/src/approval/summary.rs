@@ -342,11 +342,17 @@ impl IntoApprovalSummary for Result<ApprovalSummary, SummaryError> {
 
 impl IntoApprovalSummary for Value {
     fn into_summary(self, limits: &SummaryLimits) -> Result<Value, SummaryError> {
-        let mut fields = 0;
-        let summary = sanitise(&self, "summary", 0, &mut fields, limits)?;
-        within_bytes(&summary, limits)?;
-        Ok(summary)
+        json_summary(&self, limits)
     }
+}
+
+/// A plain-JSON summary as shown: every string neutralised, within the limits (a new value;
+/// `value` is only read).
+pub(crate) fn json_summary(value: &Value, limits: &SummaryLimits) -> Result<Value, SummaryError> {
+    let mut fields = 0;
+    let summary = sanitise(value, "summary", 0, &mut fields, limits)?;
+    within_bytes(&summary, limits)?;
+    Ok(summary)
 }
 
 /// A plain-JSON summary with every string neutralised, within the limits.

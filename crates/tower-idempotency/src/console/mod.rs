@@ -42,11 +42,12 @@ pub use journal::{ConsoleJournal, ConsoleJournalError, JournalEvidence};
 
 use self::csrf::CsrfKey;
 use self::pages::{ApprovalContext, AuditView, Notice, Viewer};
-use crate::approvals::{MAX_REASON_CHARS, apply_decision};
+use crate::approvals::{MAX_REASON_CHARS, apply_decision, store_failure};
 use crate::buffer::read_body;
 use crate::config::Shared;
 use crate::layer::IdempotencyLayer;
 use crate::problem::Rejection;
+use crate::request_fingerprint::content_type_essence;
 use crate::telemetry::store_call;
 
 /// Largest decision form read.
@@ -345,16 +346,6 @@ impl Console {
     }
 }
 
-fn store_failure(error: &tower_idempotency_core::StoreError) -> Rejection {
-    match error {
-        tower_idempotency_core::StoreError::Unsupported { .. } => Rejection::ApprovalsUnsupported,
-        error => {
-            tracing::error!(error = %error, "console: store call failed");
-            Rejection::StoreUnavailable
-        }
-    }
-}
-
 async fn list(console: &Console, request: Request) -> Response {
     let (parts, _) = request.into_parts();
     let (scope, viewer) = match console.viewer(&parts) {
@@ -544,13 +535,7 @@ async fn decide(console: &Console, id: &str, verb: Verb, request: Request) -> Re
 
 /// The posted form's fields: `application/x-www-form-urlencoded`, within the limit.
 async fn form_body(parts: &Parts, body: Body) -> Result<Vec<(String, String)>, String> {
-    let essence = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .map(|value| value.trim().to_ascii_lowercase());
-    if essence.as_deref() != Some("application/x-www-form-urlencoded") {
+    if !content_type_essence(parts).eq_ignore_ascii_case("application/x-www-form-urlencoded") {
         return Err("Decisions are posted by the console's own forms.".to_owned());
     }
     let bytes = read_body(body, parts, FORM_LIMIT)
