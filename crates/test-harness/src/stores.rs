@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_idempotency_core::store::Result;
+use tower_idempotency_core::error::Result;
 use tower_idempotency_core::{
     IdempotencyKey, Lease, MemoryStore, Operation, OperationId, Reservation, ReserveRequest, Scope,
     Store, StoredResponse,

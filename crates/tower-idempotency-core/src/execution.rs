@@ -170,7 +170,15 @@ impl Execution {
         if self.is_dispatched() {
             return Ok(());
         }
-        match inner.store.mark_dispatched(&inner.lease, inner.renew).await {
+        // The layers refuse `marks_dispatch` over a store without dispatch marks when they
+        // are built; an `Execution` made by hand over one fails here, before the effect.
+        let Some(marks) = inner.store.dispatch() else {
+            let missing = crate::capability::MissingCapability {
+                capability: crate::capability::Capability::Dispatch,
+            };
+            return Err(DispatchError::Store(StoreError::Backend(missing.into())));
+        };
+        match marks.mark_dispatched(&inner.lease, inner.renew).await {
             Ok(_) => {
                 inner.dispatched.store(true, Ordering::Release);
                 Ok(())

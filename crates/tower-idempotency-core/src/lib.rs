@@ -12,9 +12,11 @@
 pub mod approval;
 pub mod audit;
 pub mod canonical;
+pub mod capability;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
+pub mod error;
 pub mod execution;
 pub mod fingerprint;
 pub mod key;
@@ -22,6 +24,7 @@ pub mod memory;
 pub mod metrics;
 pub mod operation;
 pub mod problem_types;
+pub mod protocol;
 pub mod purge;
 pub mod quota;
 pub mod scope;
@@ -40,7 +43,10 @@ pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
 pub use quota::ScopeQuota;
 pub use scope::Scope;
-pub use store::{
-    Reservation, ReserveRequest, Store, StoreError, TransactionalReservation, reserve_then_begin,
+pub use capability::{
+    ApprovalStore, Capabilities, Capability, DecisionJournal, DispatchStore, MissingCapability,
+    TransactionStore, TransactionalReservation, reserve_then_begin,
 };
+pub use error::{BoxError, StoreError};
+pub use store::{Reservation, ReserveRequest, Store};
 pub use transaction::{OperationTransaction, OperationTx, TransactionAccessError};

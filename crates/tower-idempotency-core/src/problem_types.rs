@@ -1,4 +1,4 @@
-//! The slugs of the problem types the layers share for approvals: the last path segment of
+//! The slugs of the problem types the layers share (the protocol's refusals and approvals): the last path segment of
 //! an RFC 9457 problem `type` URI (`…/problems/approval-required`).
 //!
 //! The HTTP layer renders them as `application/problem+json` under its problem base; the
@@ -38,3 +38,21 @@ pub const NOT_AN_APPROVER: &str = "not-an-approver";
 /// `500`: the route requires approval and the store does not implement approvals; nothing
 /// ran and nothing is kept.
 pub const APPROVALS_UNSUPPORTED: &str = "approvals-unsupported";
+
+/// `409`: the key is held by a different command.
+pub const FINGERPRINT_MISMATCH: &str = "fingerprint-mismatch";
+
+/// `409`: the original still runs; retry after `Retry-After`.
+pub const REQUEST_IN_PROGRESS: &str = "request-in-progress";
+
+/// `409`: the original's outcome is unknown and may not be re-run.
+pub const OUTCOME_UNKNOWN: &str = "outcome-unknown";
+
+/// `429`: the scope's idempotency quota is spent; retry after `Retry-After`.
+pub const SCOPE_QUOTA_EXCEEDED: &str = "scope-quota-exceeded";
+
+/// `503`: the store is at its capacity or byte budget.
+pub const STORE_FULL: &str = "store-full";
+
+/// `503`: the store failed; nothing ran.
+pub const STORE_UNAVAILABLE: &str = "store-unavailable";

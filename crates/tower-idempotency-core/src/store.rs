@@ -5,77 +5,27 @@
 //! (replay, waiting, fencing, expiry) builds on that. Stores decide lease and retention
 //! expiry by their own clock (a durable store uses the database's `now()`), never by the
 //! caller's.
+//!
+//! The base trait is what every store implements; approvals, transactions, dispatch marks,
+//! the decision journal and derived matching are capabilities a store declares through
+//! [`Store::approvals`], [`Store::transactions`], [`Store::dispatch`], [`Store::journal`] and
+//! [`Store::derived_matching`] ([`capability`](crate::capability)). The layers check the
+//! capabilities their policies need when they are built, never per request.
 
 use std::fmt::Debug;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::approval::ApprovalCursor;
-use crate::audit::DecisionEvent;
-use crate::transaction::OperationTransaction;
-use crate::{
-    Approval, ApprovalDecision, ApprovalId, ApprovalRequest, ApprovalState, DecisionOutcome,
-    Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Scope, StoredResponse,
+use crate::approval::ApprovalRequest;
+use crate::capability::{
+    ApprovalStore, Capabilities, DecisionJournal, DispatchStore, TransactionStore,
 };
-
-/// Boxed error used as the source of store errors.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// Result type of [`Store`] methods.
-pub type Result<T, E = StoreError> = std::result::Result<T, E>;
-
-/// What a store can fail with.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// The store cannot be reached (connection refused, pool exhausted, timeout). The layer
-    /// answers `503 store-unavailable` and does not run the handler.
-    #[error("the idempotency store is unavailable")]
-    Unavailable(#[source] BoxError),
-    /// The caller's lease is no longer current: it expired and another worker took the
-    /// operation over, or the record was resolved or released. The caller must not act as
-    /// the owner.
-    #[error("the lease on operation {operation_id} is no longer held")]
-    LeaseLost {
-        /// The operation whose lease was lost.
-        operation_id: OperationId,
-    },
-    /// The store is at its configured capacity and every record in it is still live.
-    #[error("the idempotency store is full ({capacity} live records)")]
-    CapacityExhausted {
-        /// The configured capacity.
-        capacity: usize,
-    },
-    /// The store's byte budget is spent by live records (the memory store's
-    /// `max_bytes`). The layer answers `503 store-full`, as for a full record capacity.
-    #[error("the idempotency store is full ({max_bytes} bytes of live records)")]
-    BytesExhausted {
-        /// The configured byte budget.
-        max_bytes: u64,
-    },
-    /// The request's scope holds as many live records, or as many stored bytes, as its
-    /// [`ScopeQuota`](crate::ScopeQuota) allows; nothing was stored. Only new keys are
-    /// refused: keys the scope already holds are still answered. The layer answers
-    /// `429 scope-quota-exceeded` with `Retry-After`.
-    #[error("the scope's idempotency quota is exhausted; retry after {retry_after:?}")]
-    ScopeQuotaExceeded {
-        /// When a record of the scope is expected to leave (its oldest live record's expiry),
-        /// clamped by [`quota_retry_after`](crate::quota::quota_retry_after).
-        retry_after: Duration,
-    },
-    /// The store does not implement a capability the request needs (for example
-    /// approvals, or dispatch marks, on a third-party store that predates them). The layer
-    /// answers `500` and runs nothing.
-    #[error("the idempotency store does not support {feature}")]
-    Unsupported {
-        /// What is missing, for the log.
-        feature: &'static str,
-    },
-    /// Any other backend failure.
-    #[error("the idempotency store failed")]
-    Backend(#[source] BoxError),
-}
+use crate::error::Result;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::operation::{Lease, Operation, OperationId, StoredResponse};
+use crate::scope::Scope;
 
 /// Everything a store needs to reserve `(scope, key)`.
 #[derive(Debug, Clone)]
@@ -158,81 +108,15 @@ pub enum Reservation {
     ApprovalRequested(Operation),
 }
 
-/// The answer to [`Store::reserve_transaction`]: [`Reservation`] for a transactional route,
-/// whose acquisition comes with the operation's transaction already open.
-#[derive(Debug)]
-#[must_use]
-pub enum TransactionalReservation {
-    /// The caller owns the operation and its open transaction: it runs the handler in the
-    /// transaction, then commits it with [`OperationTransaction::complete`] or rolls it
-    /// back with [`OperationTransaction::abort`].
-    Acquired {
-        /// The record as reserved (state `in_progress`).
-        operation: Operation,
-        /// The fencing token the transaction's completion is fenced by.
-        lease: Lease,
-        /// `true` when an `unknown` record was taken over (a re-execution).
-        takeover: bool,
-        /// The operation's open transaction.
-        transaction: Box<dyn OperationTransaction>,
-    },
-    /// A record already holds the key, as [`Reservation::Existing`]; no transaction is
-    /// left open.
-    Existing(Operation),
-    /// As [`Reservation::ApprovalRequested`]; no transaction is left open.
-    ApprovalRequested(Operation),
-}
-
-/// What [`Store::reserve_transaction`] does unless a store does better: [`Store::reserve`],
-/// then, when it acquired, [`Store::begin_transaction`] — two steps, the reservation
-/// committed before the transaction opens. When the transaction cannot be opened, the
-/// reservation is released (fenced by its lease) and the error returned; a store without
-/// transactions answers [`StoreError::Unsupported`] with feature `"transactions"`.
-pub async fn reserve_then_begin<S: Store + ?Sized>(
-    store: &S,
-    request: ReserveRequest,
-) -> Result<TransactionalReservation> {
-    let (operation, lease, takeover) = match store.reserve(request).await? {
-        Reservation::Acquired {
-            operation,
-            lease,
-            takeover,
-        } => (operation, lease, takeover),
-        Reservation::Existing(operation) => {
-            return Ok(TransactionalReservation::Existing(operation));
-        }
-        Reservation::ApprovalRequested(operation) => {
-            return Ok(TransactionalReservation::ApprovalRequested(operation));
-        }
-    };
-    let failure = match store.begin_transaction(&lease).await {
-        Ok(Some(transaction)) => {
-            return Ok(TransactionalReservation::Acquired {
-                operation,
-                lease,
-                takeover,
-                transaction,
-            });
-        }
-        Ok(None) => StoreError::Unsupported {
-            feature: TRANSACTIONS,
-        },
-        Err(error) => error,
-    };
-    // Nothing ran under the reservation: give the key back, so that a retry executes.
-    if let Err(error) = store.release(&lease).await {
-        tracing::error!(operation_id = %lease.operation_id, error = %error, "could not release a reservation whose transaction did not open; it reads unknown once its lease runs out");
-    }
-    Err(failure)
-}
-
-/// The [`StoreError::Unsupported`] feature of a store without transactions.
-pub const TRANSACTIONS: &str = "transactions";
-
 /// Durable (or not) home of operation records.
 ///
 /// Implementations must pass the conformance suite in
 /// [`conformance`](crate::conformance) (feature `conformance`).
+
+/// Durable (or not) home of operation records: the base every store implements.
+///
+/// Implementations must pass the conformance suite (the `tower-idempotency-conformance`
+/// crate) for the base trait and for every capability they declare.
 #[async_trait]
 pub trait Store: Send + Sync + Debug + 'static {
     /// Atomically reserves `(scope, key)` in state `in_progress` (or, with
@@ -253,25 +137,6 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// approval is used up). An `unknown` one only with `take_over_unknown`. Any other record
     /// is [`Reservation::Existing`]; a different fingerprint always is.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation>;
-
-    /// [`reserve`](Store::reserve) for a transactional route: when this call acquires the
-    /// operation, it also opens the operation's transaction
-    /// ([`begin_transaction`](Store::begin_transaction)) and hands it over with the lease,
-    /// so that a store can do both in fewer round trips (the PostgreSQL store reserves on the
-    /// connection that then holds the transaction, with `BEGIN` in the same round trip).
-    ///
-    /// The reservation is visible to other callers and to the status route before the
-    /// transaction commits, exactly as after `reserve`: duplicates wait for it or replay,
-    /// and its lease is fenced and renewed as usual. When no transaction can be opened, the
-    /// store releases what it reserved and fails: [`StoreError::Unsupported`] (feature
-    /// [`TRANSACTIONS`]) for a store without transactions, the cause otherwise. The default
-    /// is [`reserve_then_begin`].
-    async fn reserve_transaction(
-        &self,
-        request: ReserveRequest,
-    ) -> Result<TransactionalReservation> {
-        reserve_then_begin(self, request).await
-    }
 
     /// Stores the response and marks the operation `completed`, fenced by the lease.
     ///
@@ -320,103 +185,6 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// transport, and when ([`Operation::delivered_at`], the first mark's time).
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()>;
 
-    /// Marks the operation dispatched now (its handler is about to cross the effect
-    /// boundary) and renews the lease by `renew`, in one step, fenced by the lease: a
-    /// worker whose lease was taken over never crosses the boundary. Idempotent for the
-    /// current lease (a second mark renews and keeps the first time). Like
-    /// [`extend_lease`](Store::extend_lease), it also renews a lease that ran out but was not
-    /// taken over. Returns the record as it now stands.
-    ///
-    /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
-    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
-        let _ = (lease, renew);
-        Err(StoreError::Unsupported {
-            feature: "dispatch marks",
-        })
-    }
-
-    /// Cancels the attempt, fenced by the lease: `cancelled` when it had not dispatched
-    /// (lease cleared, kept for `retention`; a retry of the same command takes it over and
-    /// executes, another command conflicts), `unknown` when it had (as
-    /// [`abandon`](Store::abandon)). Wakes the record's waiters. Returns the record as it now
-    /// stands.
-    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
-        let _ = lease;
-        Err(StoreError::Unsupported {
-            feature: "cancellation",
-        })
-    }
-
-    /// Decides the approval `id` of `scope`, atomically and finally: of concurrent
-    /// decisions exactly one is [`DecisionOutcome::Decided`] by its own call. Approving
-    /// moves the operation `awaiting_approval → authorized`, denying `→ denied` (kept for
-    /// its retention after the decision). `Ok(None)` when there is no such approval **in
-    /// this scope**.
-    ///
-    /// Nothing changes unless the approval is pending and not expired and, to approve, the
-    /// decision names the bound fingerprint. Otherwise, in this order: an expired approval
-    /// answers [`Expired`](DecisionOutcome::Expired); an approval with another fingerprint
-    /// [`FingerprintMismatch`](DecisionOutcome::FingerprintMismatch); a decided one
-    /// [`Decided`](DecisionOutcome::Decided), unchanged (first time, approver and reason),
-    /// for the same decision again and [`AlreadyDecided`](DecisionOutcome::AlreadyDecided)
-    /// for the opposite.
-    async fn decide_approval(
-        &self,
-        scope: &Scope,
-        id: ApprovalId,
-        decision: ApprovalDecision,
-        decided_by: &str,
-    ) -> Result<Option<DecisionOutcome>> {
-        let _ = (scope, id, decision, decided_by);
-        Err(StoreError::Unsupported {
-            feature: "approvals",
-        })
-    }
-
-    /// Loads the approval `id`, its state as read (a pending request, or an approval not yet
-    /// used, past its `expires_at` is `expired`); `None` when it does not exist or belongs to
-    /// another scope.
-    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
-        let _ = (scope, id);
-        Err(StoreError::Unsupported {
-            feature: "approvals",
-        })
-    }
-
-    /// The scope's approvals in `state` as read (all states when `None`), oldest request
-    /// first (in `(requested_at, id)` order), only those after `after` when given, at most
-    /// `limit`.
-    async fn list_approvals(
-        &self,
-        scope: &Scope,
-        state: Option<ApprovalState>,
-        after: Option<ApprovalCursor>,
-        limit: usize,
-    ) -> Result<Vec<Approval>> {
-        let _ = (scope, state, after, limit);
-        Err(StoreError::Unsupported {
-            feature: "approvals",
-        })
-    }
-
-    /// Journals a decision that changes no record — a replay, an attachment to a running
-    /// operation, a conflict, a refusal while in progress, a quota refusal — in the store's
-    /// audit journal, when it keeps one (state changes are journaled by the store itself,
-    /// with the change). Called on the request path, so it must neither block nor fail: a
-    /// store queues the event and writes it in the background, and a crash may lose the last
-    /// batch of these (never the event of a state change). The default keeps nothing.
-    fn record_decision(&self, event: DecisionEvent) {
-        let _ = event;
-    }
-
-    /// Whether [`record_decision`](Store::record_decision) keeps anything: `false` tells the
-    /// caller it need not build the events (a replay then pays nothing for the journal). The
-    /// default is `true`, which is always correct; a store that journals only when
-    /// configured to answers whether it is.
-    fn journals(&self) -> bool {
-        true
-    }
-
     /// Loads the record of `(scope, key)`.
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>>;
 
@@ -440,20 +208,48 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// approval's expiry plus the retention).
     async fn purge_expired(&self, batch: usize) -> Result<usize>;
 
-    /// Opens a database transaction for the operation `lease` holds, for a transactional
-    /// route: the handler writes in it, and [`OperationTransaction::complete`] commits those
-    /// writes together with the stored response and the completion.
-    ///
-    /// `Ok(None)` (the default) means the store has no transactions; the layer then refuses
-    /// transactional routes with `500 transactions-unsupported` instead of running them
-    /// without one. Opening must not lock the operation's record: lease extensions and
-    /// take-overs go on while the handler runs, and the fence is checked at completion.
-    async fn begin_transaction(
-        &self,
-        lease: &Lease,
-    ) -> Result<Option<Box<dyn OperationTransaction>>> {
-        let _ = lease;
-        Ok(None)
+    /// The store's approvals ([`ApprovalStore`]), when it keeps them: `None` (the default)
+    /// refuses routes and tools that require approval when the layer is built.
+    fn approvals(&self) -> Option<&dyn ApprovalStore> {
+        None
+    }
+
+    /// The store's operation transactions ([`TransactionStore`]), when it has them: `None`
+    /// (the default) refuses transactional routes when the layer is built.
+    fn transactions(&self) -> Option<&dyn TransactionStore> {
+        None
+    }
+
+    /// The store's dispatch marks and cancellation ([`DispatchStore`]), when it has them:
+    /// `None` (the default) refuses policies whose handlers mark their own dispatch, and the
+    /// MCP layer, when they are built.
+    fn dispatch(&self) -> Option<&dyn DispatchStore> {
+        None
+    }
+
+    /// The store's decision journal ([`DecisionJournal`]) when it keeps one now: `None`
+    /// (the default) tells the layers not to build decision events at all, so that a replay
+    /// pays nothing for a journal that is off.
+    fn journal(&self) -> Option<&dyn DecisionJournal> {
+        None
+    }
+
+    /// Whether [`reserve`](Store::reserve) honours [`ReserveRequest::replace_delivered`]
+    /// (derived matching: the MCP layer's calls without a key). `false` (the default)
+    /// refuses the MCP layer when it is built.
+    fn derived_matching(&self) -> bool {
+        false
+    }
+
+    /// Everything above at once, for a check when a layer is built.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            approvals: self.approvals().is_some(),
+            transactions: self.transactions().is_some(),
+            dispatch: self.dispatch().is_some(),
+            journal: self.journal().is_some(),
+            derived_matching: self.derived_matching(),
+        }
     }
 }
 
@@ -461,12 +257,6 @@ pub trait Store: Send + Sync + Debug + 'static {
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
         (**self).reserve(request).await
-    }
-    async fn reserve_transaction(
-        &self,
-        request: ReserveRequest,
-    ) -> Result<TransactionalReservation> {
-        (**self).reserve_transaction(request).await
     }
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
         (**self).complete(lease, response).await
@@ -493,41 +283,6 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
         (**self).mark_delivered(scope, id).await
     }
-    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
-        (**self).mark_dispatched(lease, renew).await
-    }
-    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
-        (**self).cancel(lease).await
-    }
-    async fn decide_approval(
-        &self,
-        scope: &Scope,
-        id: ApprovalId,
-        decision: ApprovalDecision,
-        decided_by: &str,
-    ) -> Result<Option<DecisionOutcome>> {
-        (**self)
-            .decide_approval(scope, id, decision, decided_by)
-            .await
-    }
-    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
-        (**self).get_approval(scope, id).await
-    }
-    async fn list_approvals(
-        &self,
-        scope: &Scope,
-        state: Option<ApprovalState>,
-        after: Option<ApprovalCursor>,
-        limit: usize,
-    ) -> Result<Vec<Approval>> {
-        (**self).list_approvals(scope, state, after, limit).await
-    }
-    fn record_decision(&self, event: DecisionEvent) {
-        (**self).record_decision(event);
-    }
-    fn journals(&self) -> bool {
-        (**self).journals()
-    }
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         (**self).get(scope, key).await
     }
@@ -545,10 +300,19 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
         (**self).purge_expired(batch).await
     }
-    async fn begin_transaction(
-        &self,
-        lease: &Lease,
-    ) -> Result<Option<Box<dyn OperationTransaction>>> {
-        (**self).begin_transaction(lease).await
+    fn approvals(&self) -> Option<&dyn ApprovalStore> {
+        (**self).approvals()
+    }
+    fn transactions(&self) -> Option<&dyn TransactionStore> {
+        (**self).transactions()
+    }
+    fn dispatch(&self) -> Option<&dyn DispatchStore> {
+        (**self).dispatch()
+    }
+    fn journal(&self) -> Option<&dyn DecisionJournal> {
+        (**self).journal()
+    }
+    fn derived_matching(&self) -> bool {
+        (**self).derived_matching()
     }
 }

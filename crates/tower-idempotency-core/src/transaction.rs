@@ -15,7 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
-use crate::store::Result;
+use crate::error::Result;
 use crate::{Operation, OperationId, StoredResponse};
 
 /// An open database transaction that belongs to one reserved operation.

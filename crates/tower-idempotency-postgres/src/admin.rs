@@ -11,7 +11,7 @@
 //! with the operator recorded as `decided_by`.
 
 use tokio_postgres::types::ToSql;
-use tower_idempotency_core::store::Result;
+use tower_idempotency_core::error::Result;
 use tower_idempotency_core::{
     Approval, ApprovalId, ApprovalState, DecisionOutcome, Fingerprint, Operation, OperationId,
     OperationState, StoreError,

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower_idempotency_core::StoreError;
-use tower_idempotency_core::store::Result;
+use tower_idempotency_core::error::Result;
 
 /// The default budget for a pool of `pool_size`: a quarter of the pool (at least one
 /// connection) is kept for short statements, the rest may hold transactions; a pool of

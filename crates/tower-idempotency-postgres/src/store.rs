@@ -16,7 +16,10 @@ use tokio_postgres::types::ToSql;
 use tower_idempotency_core::approval::ApprovalCursor;
 use tower_idempotency_core::audit::DecisionEvent;
 use tower_idempotency_core::metrics as names;
-use tower_idempotency_core::store::Result;
+use tower_idempotency_core::error::Result;
+use tower_idempotency_core::{
+    ApprovalStore, DecisionJournal, DispatchStore, TransactionStore,
+};
 use tower_idempotency_core::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
     Operation, OperationId, OperationState, OperationTransaction, Reservation, ReserveRequest,
@@ -123,6 +126,219 @@ impl fmt::Debug for PostgresStore {
             .field("transaction_connections", &self.inner.transactions.size())
             .field("query_timeout", &self.inner.executor.query_timeout)
             .finish_non_exhaustive()
+    }
+
+    fn approvals(&self) -> Option<&dyn ApprovalStore> {
+        Some(self)
+    }
+
+    fn transactions(&self) -> Option<&dyn TransactionStore> {
+        Some(self)
+    }
+
+    fn dispatch(&self) -> Option<&dyn DispatchStore> {
+        Some(self)
+    }
+
+    /// `Some` only when the store journals (`PostgresStoreConfig::audit`).
+    fn journal(&self) -> Option<&dyn DecisionJournal> {
+        self.inner
+            .decisions
+            .is_some()
+            .then_some(self as &dyn DecisionJournal)
+    }
+
+    fn derived_matching(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait]
+impl TransactionStore for PostgresStore {
+    /// With a free place in the transaction budget: the reservation on a connection of
+    /// its own, pipelined with `BEGIN` (see [`PostgresTransaction::reserve`]) — one
+    /// checkout and one round trip, after which the connection holds the operation's
+    /// transaction if the reservation was won, and goes back to the pool otherwise. With
+    /// the budget full: the reservation takes a connection of the short statements' share
+    /// and waits for a place (up to `wait_timeout`) only once it has won, so that replays
+    /// and duplicates of transactional routes never wait for the budget (see
+    /// [`reserve_then_wait_for_a_place`](Self::reserve_then_wait_for_a_place)).
+    async fn reserve_transaction(
+        &self,
+        request: ReserveRequest,
+    ) -> Result<TransactionalReservation> {
+        // A replay or a duplicate needs neither a place nor `BEGIN`.
+        if let Some(operation) = self.settled(&request).await? {
+            return Ok(TransactionalReservation::Existing(operation));
+        }
+        // A command that needs approval: its reservation may create the approval request,
+        // which must be committed whatever the handler later does, so it is reserved on its
+        // own (two steps; rare: once per approval, and once for the approved attempt).
+        if request.approval.is_some() {
+            return reserve_then_begin(self, request).await;
+        }
+        let Some(permit) = self.inner.transactions.try_acquire() else {
+            return self.reserve_then_wait_for_a_place(request).await;
+        };
+        // Reserved by the new-key statement: a key that has a row goes the plain path.
+        let mut proposal = ReserveParams::new(&request, self.inner.quota);
+        proposal.check_quota = self
+            .inner
+            .usage
+            .must_check(&request.scope, self.inner.quota);
+        let (sql, params) = (
+            &self.inner.queries.operations.reserve_new_before_transaction,
+            &proposal.new_key_params()[..],
+        );
+        let reserved = PostgresTransaction::reserve(
+            &self.inner.executor,
+            &self.inner.queries,
+            (&request, &proposal),
+            sql,
+            params,
+            permit,
+        )
+        .await?;
+        let Some((Reserved { row, usage }, transaction)) = reserved else {
+            // A new key of a scope at its quota: the plain path purges and decides.
+            return self.reserve_then_wait_for_a_place(request).await;
+        };
+        if let Some(usage) = usage {
+            self.inner.usage.read(&request.scope, usage);
+        }
+        if !proposal.won(&row) && !settles(&request, &row) {
+            // Not a new key, and its record needs the reservation statement.
+            transaction.not_needed();
+            return self.reserve_then_wait_for_a_place(request).await;
+        }
+        self.inner.recent.remember(&request.scope, &request.key);
+        Ok(match proposal.reservation(&request, row) {
+            Reservation::Acquired {
+                operation,
+                lease,
+                takeover,
+            } => TransactionalReservation::Acquired {
+                operation,
+                transaction: Box::new(transaction.owned_by(lease.clone())),
+                lease,
+                takeover,
+            },
+            Reservation::Existing(operation) => {
+                transaction.not_needed();
+                self.count_if_replay(&request, &operation);
+                TransactionalReservation::Existing(operation)
+            }
+            Reservation::ApprovalRequested(operation) => {
+                transaction.not_needed();
+                TransactionalReservation::ApprovalRequested(operation)
+            }
+        })
+    }
+
+    /// Opens a transaction on a connection of its own (see [`PostgresTransaction`]) within
+    /// the transaction budget (`transaction_connections`; past it, waits up to
+    /// `wait_timeout`, then fails as unavailable): the reservation is already committed, so
+    /// duplicates and the status route see the operation while the handler runs.
+    async fn begin_transaction(
+        &self,
+        lease: &Lease,
+    ) -> Result<Box<dyn OperationTransaction>> {
+        let permit = self.inner.transactions.acquire().await?;
+        let transaction =
+            PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease, permit)
+                .await?;
+        Ok(Box::new(transaction))
+    }
+}
+
+#[async_trait]
+impl DispatchStore for PostgresStore {
+    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
+        let renew = micros(renew);
+        self.fenced_row(
+            "mark_dispatched",
+            &self.inner.queries.operations.mark_dispatched,
+            lease,
+            &[&renew],
+        )
+        .await
+    }
+
+    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
+        self.fenced_row("cancel", &self.inner.queries.operations.cancel, lease, &[])
+            .await
+    }
+
+    /// One statement (see `OperationQueries::decide_approval`): the row is locked and read as
+    /// it stands, and changed only if the decision holds.
+}
+
+#[async_trait]
+impl ApprovalStore for PostgresStore {
+    async fn decide_approval(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        decision: ApprovalDecision,
+        decided_by: &str,
+    ) -> Result<Option<DecisionOutcome>> {
+        let (approves, fingerprint, reason) = match &decision {
+            ApprovalDecision::Approve { fingerprint } => (true, Some(fingerprint.as_str()), None),
+            ApprovalDecision::Deny { reason } => (false, None, Some(reason.as_str())),
+        };
+        self.decide(scope, id, approves, fingerprint, decided_by, reason)
+            .await
+    }
+
+    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
+        let uuid = id.as_uuid();
+        Ok(self
+            .read_one(
+                "get_approval",
+                &self.inner.queries.operations.get_approval,
+                &[&scope.as_str(), &uuid],
+            )
+            .await?
+            .and_then(|row| row.operation.approval.map(|approval| *approval)))
+    }
+
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        state: Option<ApprovalState>,
+        after: Option<ApprovalCursor>,
+        limit: usize,
+    ) -> Result<Vec<Approval>> {
+        let state = state.map(|state| state.as_str());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after_time = after.map(|after| after.requested_at);
+        let after_id = after.map(|after| after.id.as_uuid());
+        (self.inner.executor)
+            .query(
+                "list_approvals",
+                &self.inner.queries.operations.list_approvals,
+                &[&scope.as_str(), &state, &limit, &after_time, &after_id],
+            )
+            .await?
+            .iter()
+            .map(|found| {
+                let operation = row::operation(found)?.operation;
+                operation
+                    .approval
+                    .map(|approval| *approval)
+                    .ok_or_else(|| StoreError::Backend("list_approvals read no approval".into()))
+            })
+            .collect()
+    }
+}
+
+impl DecisionJournal for PostgresStore {
+    /// Queued for a background batch (see `audit/decisions.rs`); nothing when the store
+    /// does not journal.
+    fn record_decision(&self, event: DecisionEvent) {
+        if let Some(decisions) = &self.inner.decisions {
+            decisions.push(event);
+        }
     }
 }
 
@@ -604,86 +820,6 @@ impl Store for PostgresStore {
         self.reserve_on_pool(request, Commit::Synchronous).await
     }
 
-    /// With a free place in the transaction budget: the reservation on a connection of
-    /// its own, pipelined with `BEGIN` (see [`PostgresTransaction::reserve`]) — one
-    /// checkout and one round trip, after which the connection holds the operation's
-    /// transaction if the reservation was won, and goes back to the pool otherwise. With
-    /// the budget full: the reservation takes a connection of the short statements' share
-    /// and waits for a place (up to `wait_timeout`) only once it has won, so that replays
-    /// and duplicates of transactional routes never wait for the budget (see
-    /// [`reserve_then_wait_for_a_place`](Self::reserve_then_wait_for_a_place)).
-    async fn reserve_transaction(
-        &self,
-        request: ReserveRequest,
-    ) -> Result<TransactionalReservation> {
-        // A replay or a duplicate needs neither a place nor `BEGIN`.
-        if let Some(operation) = self.settled(&request).await? {
-            return Ok(TransactionalReservation::Existing(operation));
-        }
-        // A command that needs approval: its reservation may create the approval request,
-        // which must be committed whatever the handler later does, so it is reserved on its
-        // own (two steps; rare: once per approval, and once for the approved attempt).
-        if request.approval.is_some() {
-            return reserve_then_begin(self, request).await;
-        }
-        let Some(permit) = self.inner.transactions.try_acquire() else {
-            return self.reserve_then_wait_for_a_place(request).await;
-        };
-        // Reserved by the new-key statement: a key that has a row goes the plain path.
-        let mut proposal = ReserveParams::new(&request, self.inner.quota);
-        proposal.check_quota = self
-            .inner
-            .usage
-            .must_check(&request.scope, self.inner.quota);
-        let (sql, params) = (
-            &self.inner.queries.operations.reserve_new_before_transaction,
-            &proposal.new_key_params()[..],
-        );
-        let reserved = PostgresTransaction::reserve(
-            &self.inner.executor,
-            &self.inner.queries,
-            (&request, &proposal),
-            sql,
-            params,
-            permit,
-        )
-        .await?;
-        let Some((Reserved { row, usage }, transaction)) = reserved else {
-            // A new key of a scope at its quota: the plain path purges and decides.
-            return self.reserve_then_wait_for_a_place(request).await;
-        };
-        if let Some(usage) = usage {
-            self.inner.usage.read(&request.scope, usage);
-        }
-        if !proposal.won(&row) && !settles(&request, &row) {
-            // Not a new key, and its record needs the reservation statement.
-            transaction.not_needed();
-            return self.reserve_then_wait_for_a_place(request).await;
-        }
-        self.inner.recent.remember(&request.scope, &request.key);
-        Ok(match proposal.reservation(&request, row) {
-            Reservation::Acquired {
-                operation,
-                lease,
-                takeover,
-            } => TransactionalReservation::Acquired {
-                operation,
-                transaction: Box::new(transaction.owned_by(lease.clone())),
-                lease,
-                takeover,
-            },
-            Reservation::Existing(operation) => {
-                transaction.not_needed();
-                self.count_if_replay(&request, &operation);
-                TransactionalReservation::Existing(operation)
-            }
-            Reservation::ApprovalRequested(operation) => {
-                transaction.not_needed();
-                TransactionalReservation::ApprovalRequested(operation)
-            }
-        })
-    }
-
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
         let completion = Completion::new(lease, &response);
         match self
@@ -780,92 +916,6 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
-        let renew = micros(renew);
-        self.fenced_row(
-            "mark_dispatched",
-            &self.inner.queries.operations.mark_dispatched,
-            lease,
-            &[&renew],
-        )
-        .await
-    }
-
-    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
-        self.fenced_row("cancel", &self.inner.queries.operations.cancel, lease, &[])
-            .await
-    }
-
-    /// One statement (see `OperationQueries::decide_approval`): the row is locked and read as
-    /// it stands, and changed only if the decision holds.
-    async fn decide_approval(
-        &self,
-        scope: &Scope,
-        id: ApprovalId,
-        decision: ApprovalDecision,
-        decided_by: &str,
-    ) -> Result<Option<DecisionOutcome>> {
-        let (approves, fingerprint, reason) = match &decision {
-            ApprovalDecision::Approve { fingerprint } => (true, Some(fingerprint.as_str()), None),
-            ApprovalDecision::Deny { reason } => (false, None, Some(reason.as_str())),
-        };
-        self.decide(scope, id, approves, fingerprint, decided_by, reason)
-            .await
-    }
-
-    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
-        let uuid = id.as_uuid();
-        Ok(self
-            .read_one(
-                "get_approval",
-                &self.inner.queries.operations.get_approval,
-                &[&scope.as_str(), &uuid],
-            )
-            .await?
-            .and_then(|row| row.operation.approval.map(|approval| *approval)))
-    }
-
-    async fn list_approvals(
-        &self,
-        scope: &Scope,
-        state: Option<ApprovalState>,
-        after: Option<ApprovalCursor>,
-        limit: usize,
-    ) -> Result<Vec<Approval>> {
-        let state = state.map(|state| state.as_str());
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let after_time = after.map(|after| after.requested_at);
-        let after_id = after.map(|after| after.id.as_uuid());
-        (self.inner.executor)
-            .query(
-                "list_approvals",
-                &self.inner.queries.operations.list_approvals,
-                &[&scope.as_str(), &state, &limit, &after_time, &after_id],
-            )
-            .await?
-            .iter()
-            .map(|found| {
-                let operation = row::operation(found)?.operation;
-                operation
-                    .approval
-                    .map(|approval| *approval)
-                    .ok_or_else(|| StoreError::Backend("list_approvals read no approval".into()))
-            })
-            .collect()
-    }
-
-    /// Queued for a background batch (see `audit/decisions.rs`); nothing when the store
-    /// does not journal.
-    fn record_decision(&self, event: DecisionEvent) {
-        if let Some(decisions) = &self.inner.decisions {
-            decisions.push(event);
-        }
-    }
-
-    fn journals(&self) -> bool {
-        self.inner.decisions.is_some()
-    }
-
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         Ok(self.get_row(scope, key).await?.map(|row| row.operation))
     }
@@ -941,20 +991,7 @@ impl Store for PostgresStore {
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
-    /// Opens a transaction on a connection of its own (see [`PostgresTransaction`]) within
-    /// the transaction budget (`transaction_connections`; past it, waits up to
-    /// `wait_timeout`, then fails as unavailable): the reservation is already committed, so
-    /// duplicates and the status route see the operation while the handler runs.
-    async fn begin_transaction(
-        &self,
-        lease: &Lease,
-    ) -> Result<Option<Box<dyn OperationTransaction>>> {
-        let permit = self.inner.transactions.acquire().await?;
-        let transaction =
-            PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease, permit)
-                .await?;
-        Ok(Some(Box::new(transaction)))
-    }
+
 }
 
 impl PostgresStore {

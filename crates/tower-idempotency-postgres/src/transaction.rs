@@ -25,7 +25,7 @@ use tokio::sync::{MappedMutexGuard, OwnedSemaphorePermit};
 use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tower_idempotency_core::store::Result;
+use tower_idempotency_core::error::Result;
 use tower_idempotency_core::{
     Lease, Operation, OperationId, OperationTransaction, OperationTx, Reservation, ReserveRequest,
     Scope, StoreError, StoredResponse, TransactionAccessError,

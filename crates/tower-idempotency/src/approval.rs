@@ -1,28 +1,25 @@
 //! Approvals in a guarded request's flow: what a route whose policy requires approval asks
 //! the store for ([`request_for`]), and how a record that waits for, was refused or lost a
-//! person's approval is answered ([`refusal`], [`wait_for_decision`]).
+//! person's approval is answered ([`refusal`]). Waiting for a decision is the protocol
+//! engine's (`tower_idempotency_core::protocol`).
 //!
 //! Invariants: the handler of a command that needs approval runs only once the store hands
 //! out the reservation of its authorized operation (`Acquired`), which it does once, in the
 //! same step that marks the approval used; every other answer on such a record is a refusal
 //! (`approval-required`, `approval-denied`, `approval-expired`), never a second approval
-//! request under the same key. A store that ignores the approval request is caught before
-//! the handler runs ([`ignored_by_store`]).
+//! request under the same key. A store that ignores the approval request is caught by the
+//! engine before the handler runs.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::request::Parts;
 use tower_idempotency_core::{
-    ApprovalId, ApprovalRequest, ApprovalState, Operation, OperationState, ReserveRequest,
+    ApprovalId, ApprovalRequest, ApprovalState, Operation, OperationState,
 };
 
 use crate::config::Shared;
 use crate::policy::{CommandRejection, RoutePolicy};
 use crate::problem::Rejection;
-use crate::telemetry::store_call;
-
-/// How often a retry that waits for a decision reads the record again.
-const DECISION_POLL: Duration = Duration::from_millis(200);
 
 /// Longest a retry waits for a decision, whatever the policy says.
 const MAX_DECISION_WAIT: Duration = Duration::from_secs(3600);
@@ -78,27 +75,7 @@ pub(crate) fn approval_url(shared: &Shared, id: ApprovalId) -> String {
     format!("{}/{id}", shared.approvals_path)
 }
 
-/// Whether the store handed out a reservation for a request that asked for an approval
-/// without creating or using one: a store that predates approvals. The handler must not
-/// run.
-pub(crate) fn ignored_by_store(
-    request: &ReserveRequest,
-    operation: &Operation,
-    takeover: bool,
-) -> bool {
-    // An authorized operation is acquired with its (now used) approval; a take-over
-    // continues an attempt that already had whatever approval it needed.
-    request.approval.is_some() && !takeover && operation.approval.is_none()
-}
 
-/// Whether the record still waits for a person's decision.
-fn pending(operation: &Operation) -> bool {
-    operation.state == OperationState::AwaitingApproval
-        && operation
-            .approval
-            .as_ref()
-            .is_some_and(|approval| approval.state == ApprovalState::Pending)
-}
 
 /// The answer to a request that found (or created) a record in an approval state:
 /// `awaiting_approval`, `authorized` whose approval expired unused, or `denied`.
@@ -140,32 +117,3 @@ pub(crate) fn refusal(shared: &Shared, operation: &Operation) -> Rejection {
     }
 }
 
-/// Waits, until `deadline`, for a person to decide the approval of `operation` (reading the
-/// record every [`DECISION_POLL`]). `Ok` once it changed (ask the store again: an approved
-/// operation is acquired there); the refusal it still deserves at the deadline.
-pub(crate) async fn wait_for_decision(
-    shared: &Shared,
-    request: &ReserveRequest,
-    mut operation: Operation,
-    deadline: Instant,
-) -> Result<(), Rejection> {
-    loop {
-        if !pending(&operation) {
-            return Ok(());
-        }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
-            return Err(refusal(shared, &operation));
-        }
-        tokio::time::sleep(remaining.min(DECISION_POLL)).await;
-        match store_call("get", shared.store.get(&request.scope, &request.key)).await {
-            Ok(Some(current)) if current.id == operation.id => operation = current,
-            // Gone (purged) or replaced: the store decides afresh.
-            Ok(_) => return Ok(()),
-            Err(error) => {
-                tracing::error!(error = %error, "idempotency store failed while waiting for an approval");
-                return Err(Rejection::StoreUnavailable);
-            }
-        }
-    }
-}

@@ -20,6 +20,7 @@ use serde_json::{Map, Value, json};
 use tower_idempotency_core::approval::ApprovalCursor;
 use tower_idempotency_core::canonical::parse_json;
 use tower_idempotency_core::{
+    ApprovalStore,
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, Fingerprint, Scope,
     StoreError,
 };
@@ -142,19 +143,8 @@ fn scope_of(shared: &Shared, parts: &Parts) -> Result<Scope, Rejection> {
 }
 
 pub(crate) fn store_failure(error: &StoreError) -> Rejection {
-    match error {
-        StoreError::Unsupported { feature } => {
-            tracing::error!(
-                feature,
-                "the idempotency store does not implement approvals"
-            );
-            Rejection::ApprovalsUnsupported
-        }
-        error => {
-            tracing::error!(error = %error, source = ?std::error::Error::source(error), "approval store call failed");
-            Rejection::StoreUnavailable
-        }
-    }
+    tracing::error!(error = %error, source = ?std::error::Error::source(error), "approval store call failed");
+    Rejection::StoreUnavailable
 }
 
 async fn list(shared: &Arc<Shared>, request: Request) -> Response {
@@ -227,9 +217,7 @@ async fn listed(shared: &Shared, parts: &Parts) -> Result<(Vec<Value>, Option<St
     let mut after = query.cursor;
     loop {
         let batch = (query.limit - page.len()).min(STORE_BATCH);
-        let listing = shared
-            .store
-            .list_approvals(&scope, query.state, after, batch + 1);
+        let listing = approvals(shared)?.list_approvals(&scope, query.state, after, batch + 1);
         let mut found = store_call("list_approvals", listing)
             .await
             .map_err(|error| store_failure(&error))?;
@@ -272,7 +260,7 @@ async fn show(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
         let id = id
             .parse::<ApprovalId>()
             .map_err(|_| Rejection::ApprovalNotFound)?;
-        let lookup = shared.store.get_approval(&scope, id);
+        let lookup = approvals(shared)?.get_approval(&scope, id);
         store_call("get_approval", lookup)
             .await
             .map_err(|error| store_failure(&error))?
@@ -334,7 +322,7 @@ pub(crate) async fn apply_decision(
     if matches!(decision, ApprovalDecision::Approve { .. }) {
         forbid_self_approval(shared, scope, id, approver).await?;
     }
-    let deciding = shared.store.decide_approval(scope, id, decision, approver);
+    let deciding = approvals(shared)?.decide_approval(scope, id, decision, approver);
     let outcome = store_call("decide_approval", deciding)
         .await
         .map_err(|error| store_failure(&error))?
@@ -375,7 +363,7 @@ async fn forbid_self_approval(
     id: ApprovalId,
     approver: &str,
 ) -> Result<(), Rejection> {
-    let lookup = shared.store.get_approval(scope, id);
+    let lookup = approvals(shared)?.get_approval(scope, id);
     let Some(approval) = store_call("get_approval", lookup)
         .await
         .map_err(|error| store_failure(&error))?
@@ -489,4 +477,14 @@ fn render(status: StatusCode, body: &Value) -> Response {
         HeaderValue::from_static("application/json"),
     );
     response
+}
+
+/// The store's approvals: `500 approvals-unsupported` from the approvals routes of a layer
+/// over a store without them (no route policy can require approval on such a store: the
+/// layer refuses it when it is built).
+pub(crate) fn approvals(shared: &Shared) -> Result<&dyn ApprovalStore, Rejection> {
+    shared
+        .store
+        .approvals()
+        .ok_or(Rejection::ApprovalsUnsupported)
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, request::Parts};
+use tower_idempotency_core::protocol::Engine;
 use tower_idempotency_core::{Fingerprinter, OperationId, Scope, Store};
 
 use crate::detach::Detached;
@@ -41,6 +42,8 @@ pub const ANONYMOUS_PRINCIPAL: &str = "anonymous";
 #[derive(Clone)]
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
+    /// The protocol over `store`.
+    pub(crate) engine: Engine,
     pub(crate) scope: ScopeFn,
     /// Behind an `Arc` each, so that a request takes its route's policy with one reference
     /// count.

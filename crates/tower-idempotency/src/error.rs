@@ -52,4 +52,13 @@ pub enum ConfigError {
         /// The status the probe was answered with, if it was answered at once.
         status: Option<u16>,
     },
+    /// A policy needs a capability the store does not declare (approvals, transactions,
+    /// dispatch marks): refused when it is set, so that no request ever meets it.
+    #[error("{} needs {capability}, which the idempotency store does not support", route.as_deref().unwrap_or("the default policy"))]
+    MissingCapability {
+        /// `METHOD /route` of the policy; `None` for the default policy.
+        route: Option<String>,
+        /// What the store lacks.
+        capability: tower_idempotency_core::Capability,
+    },
 }

@@ -159,14 +159,14 @@ where
 /// not cross its boundary, so a retry executes), `unknown` when it was. Otherwise the
 /// outcome is unknown, unless a rollback undoes it.
 async fn fail(shared: &Shared, execution: &Execution, sink: Sink, why: &'static str) {
-    if matches!(sink, Sink::Store) && execution.marks_dispatch() {
-        match store_call("cancel", shared.store.cancel(execution.lease())).await {
+    // A route that marks its own dispatch was built over a store with dispatch marks.
+    let marks = shared.store.dispatch().filter(|_| execution.marks_dispatch());
+    if let (Sink::Store, Some(marks)) = (&sink, marks) {
+        match store_call("cancel", marks.cancel(execution.lease())).await {
             Ok(operation) => {
                 tracing::error!(operation_id = %execution.id(), why, state = %operation.state, "handler failed; recorded as its dispatch mark says");
                 return;
             }
-            // A store that predates cancellation: abandon, as on any route.
-            Err(StoreError::Unsupported { .. }) => {}
             Err(error) => {
                 tracing::error!(error = %error, why, "handler failed and could not be settled; its lease runs out instead");
                 return;

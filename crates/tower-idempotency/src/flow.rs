@@ -14,18 +14,16 @@
 //! refusal in [`refusal`](crate::refusal).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::audit::AuditEventKind;
-use tower_idempotency_core::store::TRANSACTIONS;
-use tower_idempotency_core::{
-    IdempotencyKey, Lease, Operation, OperationState, OperationTransaction, Reservation,
-    ReserveRequest, Scope, StoreError, TransactionalReservation,
+use tower_idempotency_core::protocol::{
+    Acquired, Attempt, Next, NotReserved, Refusal, ReserveMode, Reserved, Waits,
 };
+use tower_idempotency_core::{IdempotencyKey, Operation, ReserveRequest, Scope};
 use tracing::{Instrument, Span, field};
 
 use crate::approval;
@@ -36,13 +34,11 @@ use crate::config::{IDEMPOTENT_REPLAYED, OPERATION_ID, Shared, operation_id_head
 use crate::detach::{ClientLeft, DetachOnDrop, Panicked};
 use crate::encryption::{Binding, SEALED_WITH, open_stored};
 use crate::execute::{Answer, Run, execute, execution_handle};
-use crate::journal;
 use crate::policy::{KeyRequirement, RoutePolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::problem::Rejection;
-use crate::record::Sink;
 use crate::refusal::refuse;
 use crate::request_fingerprint::fingerprint;
-use crate::telemetry::{self, Decision, Tally, store_call};
+use crate::telemetry::{self, Decision, Tally};
 
 pub(crate) async fn run<S, B, ResB>(
     shared: Arc<Shared>,
@@ -323,10 +319,10 @@ struct Held<S> {
     body: Bytes,
 }
 
-/// Reserves the key, then follows what the store answers: execute when this request
-/// won, otherwise replay, wait, or refuse. Each round asks the store again, so a replay
-/// after waiting is counted, and a reservation that was released while we waited is won
-/// afresh.
+/// Reserves the key, then follows what the protocol engine decides: execute when this
+/// request won, otherwise replay, wait, or refuse. Each round asks the store again, so a
+/// replay after waiting is counted, and a reservation that was released while we waited is
+/// won afresh.
 ///
 /// Only a round's reservation and, when it is won, the execution and recording run
 /// under [`DetachOnDrop`]: once reserved, the handler must run and its result be stored
@@ -336,7 +332,7 @@ async fn decide<S, B, ResB>(
     shared: Arc<Shared>,
     policy: Arc<RoutePolicy>,
     mut held: Held<S>,
-    mut request: ReserveRequest,
+    request: ReserveRequest,
     tally: Arc<Tally>,
 ) -> Answer<ResB, S::Error>
 where
@@ -347,12 +343,13 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
-    let started = Instant::now();
-    let mut deadline = started.checked_add(policy.wait).unwrap_or(started);
-    let decision_deadline = started
-        .checked_add(approval::decision_wait(&policy))
-        .unwrap_or(started);
-    let mut waited = false;
+    let waits = Waits {
+        in_progress: policy.wait,
+        decision: approval::decision_wait(&policy),
+        lease: policy.lease,
+    };
+    let reexecute = matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute);
+    let mut attempt = Attempt::new(request, waits, reexecute);
     loop {
         // Checked before every reservation: past the bound nothing is reserved, so a
         // refused request leaves nothing behind.
@@ -373,7 +370,7 @@ where
         let round = Box::pin(reserve_and_execute(
             shared.clone(),
             policy.clone(),
-            (held, request),
+            (held, attempt),
             left.clone(),
         ));
         let round = tally.clone().scope(round).instrument(Span::current());
@@ -382,7 +379,7 @@ where
             Ok(Round::Answered(answer)) => return answer,
             Ok(Round::Existing(operation, returned, asked)) => {
                 held = returned;
-                request = asked;
+                attempt = asked;
                 *operation
             }
             Ok(Round::FailOpen(held)) => {
@@ -396,21 +393,20 @@ where
                 return Ok(refuse(&shared, Rejection::StoreUnavailable));
             }
         };
-        let deadlines = Deadlines {
-            in_progress: deadline,
-            decision: decision_deadline,
-        };
-        match existing(&shared, &policy, &request, operation, deadlines, waited).await {
-            Ok(Next::Replayed(replayed)) => return Ok(replayed),
-            Ok(Next::Again) => waited = true,
-            Ok(Next::Decided) => {
-                // A decision came while this retry waited for it: an execution it now meets
-                // gets the usual wait, counted from here.
-                let now = Instant::now();
-                deadline = now.checked_add(policy.wait).unwrap_or(now);
-                waited = true;
+        Span::current().record("operation_id", field::display(operation.id));
+        match shared.engine.settle(&mut attempt, operation).await {
+            Next::Replay { operation, waited } => {
+                let id = operation.id;
+                return match replay(&shared, *operation, waited) {
+                    Ok(replayed) => {
+                        shared.engine.replayed(&attempt, id);
+                        Ok(replayed)
+                    }
+                    Err(rejection) => Ok(refuse(&shared, rejection)),
+                };
             }
-            Err(rejection) => return Ok(refuse(&shared, rejection)),
+            Next::Again => {}
+            Next::Refuse(refusal) => return Ok(refuse(&shared, rejection(&shared, refusal))),
         }
     }
 }
@@ -422,9 +418,9 @@ where
 enum Round<S, A> {
     /// This request won the reservation and ran the handler: its answer.
     Answered(A),
-    /// The key is held by this record; what the request held, and what it asked the store,
-    /// are handed back.
-    Existing(Box<Operation>, Held<S>, ReserveRequest),
+    /// The key is held by this record; what the request held, and its attempt, are handed
+    /// back.
+    Existing(Box<Operation>, Held<S>, Attempt),
     /// The store is down and the route fails open.
     FailOpen(Held<S>),
     /// The store refused the reservation.
@@ -435,7 +431,7 @@ enum Round<S, A> {
 async fn reserve_and_execute<S, B, ResB>(
     shared: Arc<Shared>,
     policy: Arc<RoutePolicy>,
-    (held, request): (Held<S>, ReserveRequest),
+    (held, attempt): (Held<S>, Attempt),
     left: ClientLeft,
 ) -> Round<S, Answer<ResB, S::Error>>
 where
@@ -446,39 +442,21 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send + 'static,
 {
-    let reserved = if policy.transactional {
-        reserve_transaction(&shared, &request).await
-    } else {
-        reserve(&shared, &policy, &request)
-            .await
-            .map(Reserved::from)
+    let mode = ReserveMode {
+        transactional: policy.transactional,
+        fail_open: policy.store_failure == StoreFailurePolicy::FailOpen,
     };
+    let asked = Instant::now();
+    let reserved = shared.engine.reserve(&attempt, mode).await;
+    Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
     match reserved {
-        Ok(Reserved::Acquired {
+        Ok(Reserved::Acquired(Acquired {
             operation,
             lease,
             takeover,
             transaction,
-        }) => {
+        })) => {
             Span::current().record("operation_id", field::display(operation.id));
-            if approval::ignored_by_store(&request, &operation, takeover) {
-                tracing::error!(
-                    "the route requires approval and the store reserved the key without one; handler not run"
-                );
-                match transaction {
-                    Some(transaction) => {
-                        if let Err(error) = transaction.abort().await {
-                            tracing::warn!(%error, "could not roll back the reservation's transaction");
-                        }
-                    }
-                    None => {
-                        Sink::Store
-                            .release(&shared, &lease, "the store does not implement approvals")
-                            .await;
-                    }
-                }
-                return Round::Refused(Rejection::ApprovalsUnsupported);
-            }
             let Held { inner, parts, body } = held;
             let run = Run {
                 execution: execution_handle(&shared, &policy, lease, &operation),
@@ -497,285 +475,40 @@ where
             }
             Round::Refused(approval::refusal(&shared, &operation))
         }
-        Ok(Reserved::Existing(operation)) => Round::Existing(operation, held, request),
+        Ok(Reserved::Existing(operation)) => Round::Existing(operation, held, attempt),
         Err(NotReserved::FailOpen) => Round::FailOpen(held),
-        Err(NotReserved::Refused(rejection)) => Round::Refused(rejection),
+        Err(NotReserved::Refused(refusal)) => Round::Refused(rejection(&shared, refusal)),
     }
 }
 
-/// A reservation as this round follows it up.
-enum Reserved {
-    /// Won: run the handler (in `transaction` on a transactional route).
-    Acquired {
-        operation: Box<Operation>,
-        lease: Lease,
-        takeover: bool,
-        transaction: Option<Box<dyn OperationTransaction>>,
-    },
-    /// The key is held by this record.
-    Existing(Box<Operation>),
-    /// The key was new and its command needs approval: the record awaits a decision.
-    ApprovalRequested(Box<Operation>),
-}
-
-impl From<Reservation> for Reserved {
-    fn from(reservation: Reservation) -> Self {
-        match reservation {
-            Reservation::Acquired {
-                operation,
-                lease,
-                takeover,
-            } => Self::Acquired {
-                operation: Box::new(operation),
-                lease,
-                takeover,
-                transaction: None,
-            },
-            Reservation::Existing(operation) => Self::Existing(Box::new(operation)),
-            Reservation::ApprovalRequested(operation) => {
-                Self::ApprovalRequested(Box::new(operation))
-            }
-        }
-    }
-}
-
-/// The reservation of a transactional route, which comes with the operation's open
-/// transaction when it is won. Such a route never fails open: its handler is written to
-/// rely on a rollback, and is never run without its transaction.
-async fn reserve_transaction(
-    shared: &Shared,
-    request: &ReserveRequest,
-) -> Result<Reserved, NotReserved> {
-    let asked = Instant::now();
-    let reservation =
-        store_call("reserve", shared.store.reserve_transaction(request.clone())).await;
-    Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
-    match reservation {
-        Ok(TransactionalReservation::Acquired {
-            operation,
-            lease,
-            takeover,
-            transaction,
-        }) => Ok(Reserved::Acquired {
-            operation: Box::new(operation),
-            lease,
-            takeover,
-            transaction: Some(transaction),
-        }),
-        Ok(TransactionalReservation::Existing(operation)) => {
-            Ok(Reserved::Existing(Box::new(operation)))
-        }
-        Ok(TransactionalReservation::ApprovalRequested(operation)) => {
-            Ok(Reserved::ApprovalRequested(Box::new(operation)))
-        }
-        Err(StoreError::Unsupported {
-            feature: TRANSACTIONS,
-        }) => {
-            tracing::error!(
-                "the route is transactional but the idempotency store has no transactions; handler not run"
-            );
-            Err(NotReserved::Refused(Rejection::TransactionsUnsupported))
-        }
-        Err(error) => Err(not_reserved(
-            shared,
-            request,
-            error,
-            StoreFailurePolicy::FailClosed,
-        )),
-    }
-}
-
-/// Why the store gave no reservation.
-enum NotReserved {
-    /// The store is down and the route fails open: run the handler unprotected.
-    FailOpen,
-    /// Refuse the request; the handler does not run.
-    Refused(Rejection),
-}
-
-async fn reserve(
-    shared: &Shared,
-    policy: &RoutePolicy,
-    request: &ReserveRequest,
-) -> Result<Reservation, NotReserved> {
-    let asked = Instant::now();
-    let reservation = store_call("reserve", shared.store.reserve(request.clone())).await;
-    Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
-    // Never fail open for a command that needs approval: unprotected, nothing would check it.
-    let store_failure = if request.approval.is_some() {
-        StoreFailurePolicy::FailClosed
-    } else {
-        policy.store_failure
-    };
-    reservation.map_err(|error| not_reserved(shared, request, error, store_failure))
-}
-
-/// What a store error on reserving `request` means for it (a quota refusal is journaled).
-fn not_reserved(
-    shared: &Shared,
-    request: &ReserveRequest,
-    error: StoreError,
-    store_failure: StoreFailurePolicy,
-) -> NotReserved {
-    match error {
-        StoreError::CapacityExhausted { capacity } => {
-            tracing::warn!(capacity, "idempotency store full");
-            NotReserved::Refused(Rejection::StoreFull)
-        }
-        StoreError::BytesExhausted { max_bytes } => {
-            tracing::warn!(max_bytes, "idempotency store full (byte budget)");
-            NotReserved::Refused(Rejection::StoreFull)
-        }
-        StoreError::ScopeQuotaExceeded { retry_after } => {
-            tracing::info!(?retry_after, "scope's idempotency quota exhausted");
-            journal::decision(shared, request, None, |_| AuditEventKind::QuotaRefused {
-                quota: "scope".to_owned(),
-            });
-            NotReserved::Refused(Rejection::ScopeQuotaExceeded {
-                retry_after: retry_after.as_secs().max(1),
-            })
-        }
-        StoreError::Unavailable(error) if store_failure == StoreFailurePolicy::FailOpen => {
-            tracing::warn!(error = %error, "idempotency store unavailable; running the handler unprotected (fail-open route)");
-            NotReserved::FailOpen
-        }
-        error => {
-            tracing::error!(error = %error, source = ?std::error::Error::source(&error), "idempotency store failed; handler not run");
-            NotReserved::Refused(Rejection::StoreUnavailable)
-        }
-    }
-}
-
-/// Until when a request waits: for a running original, and for a person's decision.
-#[derive(Debug, Clone, Copy)]
-struct Deadlines {
-    in_progress: Instant,
-    decision: Instant,
-}
-
-/// What [`existing`] found to do.
-enum Next<R> {
-    /// Answer with this replay.
-    Replayed(R),
-    /// The original changed state while this request waited: ask the store again.
-    Again,
-    /// The approval was decided while this request waited: ask the store again.
-    Decided,
-}
-
-/// What to do with a record that already holds the key: replay, ask the store again after
-/// waiting for the original or for a decision, or refuse.
-async fn existing<ResB: Body>(
-    shared: &Shared,
-    policy: &RoutePolicy,
-    request: &ReserveRequest,
-    operation: Operation,
-    deadlines: Deadlines,
-    waited: bool,
-) -> Result<Next<Response<ResponseBody<ResB>>>, Rejection> {
-    Span::current().record("operation_id", field::display(operation.id));
-    let id = operation.id;
-    if operation.fingerprint != request.fingerprint {
-        journal::decision(shared, request, Some(id), |correlation| {
-            AuditEventKind::Conflict {
-                correlation: Some(correlation),
-            }
-        });
-        return Err(Rejection::FingerprintMismatch {
-            operation_id: id,
-            state: operation.state,
-        });
-    }
-    match operation.state {
-        OperationState::Completed => {
-            let replayed = replay(shared, operation, waited)?;
-            journal::decision(shared, request, Some(id), |correlation| {
-                AuditEventKind::Replayed {
-                    correlation: Some(correlation),
-                }
-            });
-            Ok(Next::Replayed(replayed))
-        }
-        OperationState::InProgress => {
-            if !waited {
-                journal::decision(shared, request, Some(id), |correlation| {
-                    AuditEventKind::Attached {
-                        correlation: Some(correlation),
-                    }
-                });
-            }
-            let waiting =
-                wait_for(shared, policy, request, &operation, deadlines.in_progress).await;
-            if let Err(Rejection::RequestInProgress { .. }) = &waiting {
-                journal::decision(shared, request, Some(id), |correlation| {
-                    AuditEventKind::RefusedInProgress {
-                        correlation: Some(correlation),
-                    }
-                });
-            }
-            waiting?;
-            Ok(Next::Again)
-        }
-        OperationState::AwaitingApproval | OperationState::Authorized | OperationState::Denied => {
-            match approval::refusal(shared, &operation) {
-                Rejection::ApprovalRequired { .. } if Instant::now() < deadlines.decision => {
-                    approval::wait_for_decision(shared, request, operation, deadlines.decision)
-                        .await?;
-                    Ok(Next::Decided)
-                }
-                rejection => Err(rejection),
-            }
-        }
-        _ => Err(Rejection::OutcomeUnknown {
+/// The HTTP answer to a refusal of the protocol.
+fn rejection(shared: &Shared, refusal: Refusal) -> Rejection {
+    match refusal {
+        Refusal::Conflict(operation) => Rejection::FingerprintMismatch {
             operation_id: operation.id,
-        }),
-    }
-}
-
-/// Waits, until `deadline`, for the running original to change state.
-async fn wait_for(
-    shared: &Shared,
-    policy: &RoutePolicy,
-    request: &ReserveRequest,
-    operation: &Operation,
-    deadline: Instant,
-) -> Result<(), Rejection> {
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    if remaining.is_zero() {
-        return Err(in_progress(operation, policy.lease));
-    }
-    let waiting = shared.store.wait(&request.scope, &request.key, remaining);
-    match store_call("wait", waiting).await {
-        Ok(Some(current))
-            if current.state == OperationState::InProgress && Instant::now() >= deadline =>
-        {
-            Err(in_progress(&current, policy.lease))
-        }
-        // Completed, unknown, released, or replaced by a new attempt: ask again.
-        Ok(_) => Ok(()),
-        Err(error) => {
-            tracing::error!(error = %error, "idempotency store failed while waiting");
-            Err(Rejection::StoreUnavailable)
-        }
+            state: operation.state,
+        },
+        Refusal::InProgress {
+            operation,
+            retry_after,
+        } => Rejection::RequestInProgress {
+            operation_id: operation.id,
+            retry_after,
+        },
+        Refusal::OutcomeUnknown(operation) => Rejection::OutcomeUnknown {
+            operation_id: operation.id,
+        },
+        Refusal::Approval { operation, .. } => approval::refusal(shared, &operation),
+        Refusal::QuotaExceeded { retry_after } => Rejection::ScopeQuotaExceeded { retry_after },
+        Refusal::StoreFull => Rejection::StoreFull,
+        Refusal::ApprovalsUnsupported => Rejection::ApprovalsUnsupported,
+        _ => Rejection::StoreUnavailable,
     }
 }
 
 /// `duration` in whole seconds, rounded up.
 fn whole_seconds(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
-}
-
-/// `409 request-in-progress`, with the original's remaining lease as `Retry-After`. The
-/// lease's expiry comes from the store's clock (PostgreSQL's `now()`) and is read against
-/// this server's: the answer is clamped to `1..=lease` seconds, so clock skew between the
-/// two can neither tell a client to hammer nor to wait past the longest a lease can last.
-fn in_progress(operation: &Operation, lease: Duration) -> Rejection {
-    let remaining = operation.lease_remaining(SystemTime::now()).min(lease);
-    let seconds = whole_seconds(remaining);
-    Rejection::RequestInProgress {
-        operation_id: operation.id,
-        retry_after: seconds.max(1),
-    }
 }
 
 /// The stored response of a completed operation, as it was first sent, marked replayed.
@@ -842,61 +575,7 @@ fn replay<ResB: Body>(
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime};
-
-    use tower_idempotency_core::{
-        Fingerprint, IdempotencyKey, Operation, OperationId, OperationState, Scope,
-    };
-
-    use super::in_progress;
-    use crate::problem::Rejection;
-
-    fn running_until(lease_expires_at: SystemTime) -> Operation {
-        Operation {
-            id: OperationId::new(),
-            scope: Scope::new("acct"),
-            key: IdempotencyKey::new("k").unwrap(),
-            fingerprint: Fingerprint::from_stored("v1:x"),
-            method: "POST".into(),
-            route: "/v1/x".into(),
-            state: OperationState::InProgress,
-            attempts: 1,
-            created_at: SystemTime::now(),
-            dispatched_at: None,
-            completed_at: None,
-            lease_expires_at: Some(lease_expires_at),
-            expires_at: None,
-            retention: Duration::from_secs(60),
-            response: None,
-            delivered: false,
-            delivered_at: None,
-            approval: None,
-            replays: 0,
-        }
-    }
-
-    fn retry_after(operation: &Operation) -> u64 {
-        match in_progress(operation, Duration::from_secs(30)) {
-            Rejection::RequestInProgress { retry_after, .. } => retry_after,
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn retry_after_is_the_lease_left_clamped_against_clock_skew() {
-        let now = SystemTime::now();
-        assert_eq!(
-            retry_after(&running_until(now + Duration::from_millis(2_500))),
-            3
-        );
-        // The store's clock runs ahead (a lease "ending" in an hour) or behind (already
-        // ended): never past the lease, never 0.
-        assert_eq!(
-            retry_after(&running_until(now + Duration::from_secs(3_600))),
-            30
-        );
-        assert_eq!(retry_after(&running_until(now - Duration::from_secs(5))), 1);
-    }
+    use tower_idempotency_core::Scope;
 
     #[tokio::test]
     async fn guarded_requests_carry_the_layers_problem_base() {

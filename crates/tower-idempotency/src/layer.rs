@@ -14,6 +14,7 @@ use tower_idempotency_core::{Fingerprinter, Scope, Store};
 use crate::config::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, Shared};
 use crate::detach::Detached;
 use crate::error::ConfigError;
+use tower_idempotency_core::protocol::Engine;
 use crate::headers::{DEFAULT_STORED_HEADERS, NEVER_STORED};
 use crate::policy::{RoutePolicy, header_names};
 use crate::problem::ProblemBase;
@@ -69,6 +70,7 @@ impl IdempotencyLayer {
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
         Self {
             shared: Arc::new(Shared {
+                engine: Engine::new(Arc::clone(&store)),
                 store,
                 scope: Arc::new(|parts: &Parts| parts.extensions.get::<Scope>().cloned()),
                 default_policy: Arc::new(RoutePolicy::required()),
@@ -154,8 +156,29 @@ impl IdempotencyLayer {
     }
 
     /// The policy for guarded routes that have none of their own.
-    pub fn with_default_policy(self, policy: RoutePolicy) -> Self {
-        self.edit(|s| s.default_policy = Arc::new(policy))
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MissingCapability`] when the policy needs a capability the store does
+    /// not declare (approvals, transactions, dispatch marks): refused here, so that no
+    /// request ever meets it.
+    pub fn with_default_policy(self, policy: RoutePolicy) -> Result<Self, ConfigError> {
+        self.check_capabilities(&policy, None)?;
+        Ok(self.edit(|s| s.default_policy = Arc::new(policy)))
+    }
+
+    fn check_capabilities(
+        &self,
+        policy: &RoutePolicy,
+        route: Option<(&Method, &str)>,
+    ) -> Result<(), ConfigError> {
+        let capabilities = self.shared.store.capabilities();
+        capabilities
+            .require(policy.needs())
+            .map_err(|missing| ConfigError::MissingCapability {
+                route: route.map(|(method, route)| format!("{method} {route}")),
+                capability: missing.capability,
+            })
     }
 
     /// The policy for one method on one route. `route` is the route template as
@@ -165,12 +188,24 @@ impl IdempotencyLayer {
     /// default policy: check them at start with
     /// [`verify_routes`](IdempotencyLayer::verify_routes) (feature `axum`), which refuses
     /// such a policy with [`ConfigError::UnregisteredRoute`].
-    pub fn with_route_policy(self, method: Method, route: &str, policy: RoutePolicy) -> Self {
-        self.edit(|s| {
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MissingCapability`] when the policy needs a capability the store does
+    /// not declare (approvals, transactions, dispatch marks): refused here, so that no
+    /// request ever meets it.
+    pub fn with_route_policy(
+        self,
+        method: Method,
+        route: &str,
+        policy: RoutePolicy,
+    ) -> Result<Self, ConfigError> {
+        self.check_capabilities(&policy, Some((&method, route)))?;
+        Ok(self.edit(|s| {
             let entry = s.routes.entry(route.to_owned()).or_default();
             entry.retain(|(m, _)| *m != method);
             entry.push((method, Arc::new(policy)));
-        })
+        }))
     }
 
     /// Largest request body accepted on guarded requests (default 1 MiB); larger ones

@@ -124,7 +124,6 @@ mod error;
 mod execute;
 mod flow;
 mod headers;
-mod journal;
 mod layer;
 pub mod openapi;
 mod policy;

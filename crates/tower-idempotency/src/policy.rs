@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
+use tower_idempotency_core::Capability;
 use tower_idempotency_core::ApprovalPolicy;
 
 use crate::error::ConfigError;
@@ -216,6 +217,19 @@ const NEVER_FINGERPRINTED: &[&str] = &[
 ];
 
 impl RoutePolicy {
+    /// The store capabilities this policy needs: approvals for a policy with an approval
+    /// rule, transactions for a transactional one, dispatch marks when its handler marks its
+    /// own dispatch. The layer checks them against its store when the policy is set.
+    pub fn needs(&self) -> impl Iterator<Item = Capability> + use<> {
+        [
+            self.approval.is_some().then_some(Capability::Approvals),
+            self.transactional.then_some(Capability::Transactions),
+            self.marks_dispatch.then_some(Capability::Dispatch),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
     /// Key required; retention 24 h, lease 60 s renewed by a heartbeat, wait 10 s, unknown
     /// outcomes kept 7 days; `5xx` stored; unknown outcomes answered with `409`; fail
     /// closed.

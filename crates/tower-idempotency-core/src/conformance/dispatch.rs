@@ -10,6 +10,7 @@ use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 use super::fixture::{
+    dispatch,
     Fixture, acquire, assert_close, bounded, existing, expect_lost, fresh_fingerprint, get,
     join_wait, must, response, spawn_wait, take_over,
 };
@@ -56,7 +57,7 @@ pub async fn mark_dispatched_sets_the_time_once_and_renews<S: Store>(store: &S) 
     let marked = must(
         CHECK,
         "mark_dispatched",
-        store.mark_dispatched(&lease, RENEW).await,
+        dispatch(store).mark_dispatched(&lease, RENEW).await,
     );
     assert_eq!(
         marked.id, op.id,
@@ -83,7 +84,7 @@ pub async fn mark_dispatched_sets_the_time_once_and_renews<S: Store>(store: &S) 
     let again = must(
         CHECK,
         "mark_dispatched again",
-        store.mark_dispatched(&lease, RENEW).await,
+        dispatch(store).mark_dispatched(&lease, RENEW).await,
     );
     assert_eq!(
         again.dispatched_at,
@@ -132,13 +133,13 @@ pub async fn mark_dispatched_with_a_stale_lease_is_lost<S: Store>(store: &S) {
         CHECK,
         "mark_dispatched with a stale lease",
         op.id,
-        store.mark_dispatched(&stale, RENEW).await,
+        dispatch(store).mark_dispatched(&stale, RENEW).await,
     );
     expect_lost(
         CHECK,
         "cancel with a stale lease",
         op.id,
-        store.cancel(&stale).await,
+        dispatch(store).cancel(&stale).await,
     );
     let after = get(CHECK, store, &fixture.scope, &fixture.key).await;
     assert_eq!(
@@ -226,7 +227,7 @@ pub async fn lapse_after_dispatch_is_unknown<S: Store>(store: &S) {
     must(
         CHECK,
         "mark_dispatched",
-        store.mark_dispatched(&lease, SHORT).await,
+        dispatch(store).mark_dispatched(&lease, SHORT).await,
     );
     tokio::time::sleep(PAST_SHORT).await;
     let read = get(CHECK, store, &fixture.scope, &fixture.key).await;
@@ -346,7 +347,7 @@ pub async fn cancel_before_dispatch_is_cancelled<S: Store + Clone>(store: &S) {
     let (op, lease) = acquire(CHECK, store, fixture.undispatched()).await;
     let waiter = spawn_wait(store, &fixture.scope, &fixture.key, WAIT_LONG);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let cancelled = must(CHECK, "cancel", store.cancel(&lease).await);
+    let cancelled = must(CHECK, "cancel", dispatch(store).cancel(&lease).await);
     assert_eq!(
         (cancelled.id, cancelled.state, cancelled.lease_expires_at),
         (op.id, OperationState::Cancelled, None),
@@ -374,7 +375,7 @@ pub async fn cancel_before_dispatch_is_cancelled<S: Store + Clone>(store: &S) {
         CHECK,
         "mark_dispatched after cancel",
         op.id,
-        store.mark_dispatched(&lease, LONG).await,
+        dispatch(store).mark_dispatched(&lease, LONG).await,
     );
     let conflict = ReserveRequest {
         fingerprint: fresh_fingerprint(),
@@ -403,9 +404,9 @@ pub async fn cancel_after_dispatch_is_unknown<S: Store>(store: &S) {
     must(
         CHECK,
         "mark_dispatched",
-        store.mark_dispatched(&lease, LONG).await,
+        dispatch(store).mark_dispatched(&lease, LONG).await,
     );
-    let cancelled = must(CHECK, "cancel", store.cancel(&lease).await);
+    let cancelled = must(CHECK, "cancel", dispatch(store).cancel(&lease).await);
     assert_eq!(
         (cancelled.id, cancelled.state),
         (op.id, OperationState::Unknown),
@@ -429,7 +430,7 @@ pub async fn cancel_after_dispatch_is_unknown<S: Store>(store: &S) {
 
     let at_once = Fixture::new();
     let (_, lease) = acquire(CHECK, store, at_once.request()).await;
-    let cancelled = must(CHECK, "cancel", store.cancel(&lease).await);
+    let cancelled = must(CHECK, "cancel", dispatch(store).cancel(&lease).await);
     assert_eq!(
         cancelled.state,
         OperationState::Unknown,

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::{KEEP, LONG, SHORT, WAKE_BOUND};
-use crate::store::Result;
+use crate::error::Result;
+use crate::{ApprovalStore, DispatchStore, TransactionStore};
 use crate::{
     ApprovalRequest, Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation,
     ReserveRequest, Scope, Store, StoreError, StoredResponse,
@@ -325,4 +326,25 @@ pub(super) async fn join_wait(
     let result =
         joined.unwrap_or_else(|error| panic!("{check}: {what}: the waiting task failed: {error}"));
     must(check, "wait", result)
+}
+
+/// The store's approvals; a check of approvals runs only on a store that declares them.
+pub(super) fn approvals<S: Store + ?Sized>(store: &S) -> &dyn ApprovalStore {
+    store
+        .approvals()
+        .unwrap_or_else(|| panic!("an approvals check ran on a store without approvals"))
+}
+
+/// The store's transactions; a check of transactions runs only on a store that has them.
+pub(super) fn transactions<S: Store + ?Sized>(store: &S) -> &dyn TransactionStore {
+    store
+        .transactions()
+        .unwrap_or_else(|| panic!("a transactions check ran on a store without transactions"))
+}
+
+/// The store's dispatch marks; a check of them runs only on a store that declares them.
+pub(super) fn dispatch<S: Store + ?Sized>(store: &S) -> &dyn DispatchStore {
+    store
+        .dispatch()
+        .unwrap_or_else(|| panic!("a dispatch check ran on a store without dispatch marks"))
 }

@@ -33,13 +33,13 @@
 //! - An `in_progress` record whose lease ran out after its dispatch reads as `unknown`; only
 //!   a reservation with `take_over_unknown` and the same fingerprint takes it over.
 //! - A reservation is dispatched at once unless its request says the handler marks the
-//!   dispatch ([`Store::mark_dispatched`]: fenced, the first time kept, the lease renewed). A
+//!   dispatch ([`DispatchStore::mark_dispatched`](crate::DispatchStore::mark_dispatched): fenced, the first time kept, the lease renewed). A
 //!   lease that lapses before the mark reads `in_progress` (lease in the past), wakes its
 //!   waiters, and is taken over by the next reservation of the same command, exactly once,
 //!   whatever `take_over_unknown` says. [`Store::cancel`] before the mark leaves a
 //!   `cancelled` record a retry takes over; after it, `unknown`.
 //! - A new key that needs approval is created `awaiting_approval` with a pending approval
-//!   bound to its fingerprint; [`Store::decide_approval`] decides exactly once (approving
+//!   bound to its fingerprint; [`ApprovalStore::decide_approval`](crate::ApprovalStore::decide_approval) decides exactly once (approving
 //!   needs the bound fingerprint; a repeat of the winning decision reports it, the opposite
 //!   is refused); an authorized operation is acquired by exactly one reservation; pending
 //!   requests and unused approvals expire; approvals are seen by their own scope only.
@@ -52,11 +52,10 @@
 //! - Waiters return when the record leaves `in_progress` (including by its lease running
 //!   out), or at their timeout, never earlier.
 //! - Purging removes only records whose retention ended, never `in_progress` ones.
-//! - A transactional reservation ([`Store::reserve_transaction`]) acquires like a plain one,
+//! - A transactional reservation ([`TransactionStore::reserve_transaction`](crate::TransactionStore::reserve_transaction)) acquires like a plain one,
 //!   with the operation's transaction open; the reservation is visible while it is, a
 //!   commit completes the operation, an abort releases it, and a lease taken over fences
-//!   the commit. A store without transactions refuses it with `Unsupported` and keeps
-//!   nothing.
+//!   the commit (checked on a store that declares transactions).
 //! - A completion that reads nothing back ([`Store::complete_delivered`]) is fenced like
 //!   `complete` and records the delivery with the completion when asked to.
 //! - Scopes are isolated, by key and by operation id.
@@ -164,28 +163,45 @@ pub async fn run_all<S: Store + Clone>(store: &S) {
     scopes_are_isolated(store).await;
     mark_delivered_sets_flag(store).await;
     get_by_id_finds_operation(store).await;
-    reserve_transaction_acquires_once_and_commits(store).await;
-    reserve_transaction_abort_releases(store).await;
-    reserve_transaction_commit_is_fenced(store).await;
     complete_delivered_records_the_delivery(store).await;
-    transaction_complete_delivered_says_what_it_recorded(store).await;
+    mark_delivered_records_its_time_once(store).await;
+    if store.transactions().is_some() {
+        reserve_transaction_acquires_once_and_commits(store).await;
+        reserve_transaction_abort_releases(store).await;
+        reserve_transaction_commit_is_fenced(store).await;
+        transaction_complete_delivered_says_what_it_recorded(store).await;
+    }
     run_lifecycle(store).await;
 }
 
-/// Runs the lifecycle checks — dispatch marks, cancellation, delivery times, approvals and
-/// derived matching's replacement of delivered records —
-/// against `store`, one after the other (part of [`run_all`]).
+/// Runs the checks of the capabilities `store` declares — dispatch marks and cancellation,
+/// approvals, derived matching's replacement of delivered records — one after the other
+/// (part of [`run_all`]). A capability the store does not declare is not checked: the
+/// layers refuse the policies that need it when they are built.
 pub async fn run_lifecycle<S: Store + Clone>(store: &S) {
     reserve_without_mark_is_dispatched(store).await;
-    mark_dispatched_sets_the_time_once_and_renews(store).await;
-    mark_dispatched_with_a_stale_lease_is_lost(store).await;
-    lapse_before_dispatch_is_taken_over(store).await;
-    lapse_after_dispatch_is_unknown(store).await;
-    lapsed_before_dispatch_is_taken_over_once(store).await;
-    wait_returns_when_an_undispatched_lease_lapses(store).await;
-    cancel_before_dispatch_is_cancelled(store).await;
-    cancel_after_dispatch_is_unknown(store).await;
-    mark_delivered_records_its_time_once(store).await;
+    if store.dispatch().is_some() {
+        mark_dispatched_sets_the_time_once_and_renews(store).await;
+        mark_dispatched_with_a_stale_lease_is_lost(store).await;
+        lapse_before_dispatch_is_taken_over(store).await;
+        lapse_after_dispatch_is_unknown(store).await;
+        lapsed_before_dispatch_is_taken_over_once(store).await;
+        wait_returns_when_an_undispatched_lease_lapses(store).await;
+        cancel_before_dispatch_is_cancelled(store).await;
+        cancel_after_dispatch_is_unknown(store).await;
+    }
+    if store.approvals().is_some() {
+        run_approvals(store).await;
+    }
+    if store.derived_matching() {
+        replace_delivered_starts_a_new_operation(store).await;
+        replace_delivered_keeps_open_records(store).await;
+        replace_delivered_is_atomic_under_concurrency(store).await;
+    }
+}
+
+/// The approval checks (part of [`run_lifecycle`], for a store that declares approvals).
+async fn run_approvals<S: Store + Clone>(store: &S) {
     approval_is_requested_for_a_new_key(store).await;
     approval_authorizes_its_fingerprint_only(store).await;
     denied_approval_answers_with_the_denial(store).await;
@@ -196,7 +212,4 @@ pub async fn run_lifecycle<S: Store + Clone>(store: &S) {
     approvals_are_scoped(store).await;
     list_approvals_filters_orders_and_limits(store).await;
     purge_keeps_approvals_until_they_expire(store).await;
-    replace_delivered_starts_a_new_operation(store).await;
-    replace_delivered_keeps_open_records(store).await;
-    replace_delivered_is_atomic_under_concurrency(store).await;
 }

@@ -16,7 +16,7 @@ use super::fixture::{
 };
 use super::{PAST_SHORT, SHORT, SLACK};
 use crate::quota::{QUOTA_RETRY_MAX, QUOTA_RETRY_MIN};
-use crate::store::Result;
+use crate::error::Result;
 use crate::{
     IdempotencyKey, Reservation, ReserveRequest, Scope, ScopeQuota, Store, StoreError,
     StoredResponse,

@@ -1,47 +1,35 @@
 //! Transactional reservations ([`Store::reserve_transaction`]): of concurrent ones exactly
 //! one acquires, with its transaction open, and the reservation is visible while that
 //! transaction is; committing completes the operation, aborting releases it, and a lease
-//! taken over fences the commit. A store without transactions refuses them and keeps
-//! nothing.
+//! taken over fences the commit. Run only on a store that declares transactions.
 
 use std::sync::Arc;
 
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use super::fixture::{Fixture, expect_lost, get, must, response};
+use super::fixture::{
+    transactions,Fixture, expect_lost, get, must, response};
 use super::{LONG, PAST_SHORT};
-use crate::store::{Result, TRANSACTIONS};
+use crate::error::Result;
 use crate::{
     Lease, Operation, OperationState, OperationTransaction, Reservation, ReserveRequest, Store,
-    StoreError, TransactionalReservation,
+    TransactionalReservation,
 };
 
-/// The transaction of a fresh key; `None` for a store without transactions (after checking
-/// that it refused as the trait says and kept nothing).
+/// The transaction of a fresh key.
 async fn acquire_transaction<S: Store>(
     check: &str,
     store: &S,
     request: ReserveRequest,
 ) -> Option<(Operation, Lease, Box<dyn OperationTransaction>)> {
-    let (scope, key) = (request.scope.clone(), request.key.clone());
-    match store.reserve_transaction(request).await {
+    match transactions(store).reserve_transaction(request).await {
         Ok(TransactionalReservation::Acquired {
             operation,
             lease,
             takeover: false,
             transaction,
         }) => Some((operation, lease, transaction)),
-        Err(StoreError::Unsupported {
-            feature: TRANSACTIONS,
-        }) => {
-            let kept = must(check, "get", store.get(&scope, &key).await);
-            assert!(
-                kept.is_none(),
-                "{check}: a store without transactions kept a record of a refused transactional reservation: {kept:?}"
-            );
-            None
-        }
         other => {
             panic!("{check}: a fresh key must be acquired with its transaction, got {other:?}")
         }
@@ -69,12 +57,11 @@ pub async fn reserve_transaction_acquires_once_and_commits<S: Store + Clone>(sto
         let (store, barrier, request) = (store.clone(), Arc::clone(&barrier), fixture.request());
         tasks.spawn(async move {
             barrier.wait().await;
-            store.reserve_transaction(request).await
+            transactions(&store).reserve_transaction(request).await
         });
     }
     let mut won = Vec::new();
     let mut seen = Vec::new();
-    let mut unsupported = false;
     while let Some(joined) = tasks.join_next().await {
         match joined.unwrap_or_else(|error| panic!("{CHECK}: a reserve task failed: {error}")) {
             Ok(TransactionalReservation::Acquired {
@@ -84,25 +71,8 @@ pub async fn reserve_transaction_acquires_once_and_commits<S: Store + Clone>(sto
                 ..
             }) => won.push((operation, lease, transaction)),
             Ok(TransactionalReservation::Existing(operation)) => seen.push(operation),
-            Err(StoreError::Unsupported {
-                feature: TRANSACTIONS,
-            }) => unsupported = true,
             other => panic!("{CHECK}: unexpected answer {other:?}"),
         }
-    }
-    if unsupported {
-        // Every call has answered (a concurrent one may have held the key for a moment,
-        // which is why this is read only now): nothing is kept.
-        assert!(
-            won.is_empty(),
-            "{CHECK}: a store without transactions opened one"
-        );
-        let kept = must(CHECK, "get", store.get(&fixture.scope, &fixture.key).await);
-        assert!(
-            kept.is_none(),
-            "{CHECK}: a store without transactions kept {kept:?}"
-        );
-        return;
     }
     assert_eq!(won.len(), 1, "{CHECK}: exactly one reservation acquires");
     let (operation, lease, transaction) = won.pop().unwrap_or_else(|| unreachable!());
@@ -149,7 +119,7 @@ pub async fn reserve_transaction_acquires_once_and_commits<S: Store + Clone>(sto
         "{CHECK}: after commit"
     );
     assert_eq!(read.response, Some(response("committed")), "{CHECK}");
-    let replay = existing(CHECK, store.reserve_transaction(fixture.request()).await);
+    let replay = existing(CHECK, transactions(store).reserve_transaction(fixture.request()).await);
     assert_eq!(
         (replay.id, replay.state),
         (operation.id, OperationState::Completed),
@@ -202,7 +172,7 @@ pub async fn reserve_transaction_commit_is_fenced<S: Store>(store: &S) {
     let takeover = match must(
         CHECK,
         "reserve_transaction",
-        store.reserve_transaction(fixture.take_over()).await,
+        transactions(store).reserve_transaction(fixture.take_over()).await,
     ) {
         TransactionalReservation::Acquired {
             operation: taken,

@@ -14,7 +14,7 @@ use super::shard::{
     shard_of_id,
 };
 use crate::audit::AuditEventKind;
-use crate::store::Result;
+use crate::error::Result;
 use crate::{
     ApprovalId, ApprovalRequest, ApprovalState, IdempotencyKey, Lease, Operation, OperationId,
     OperationState, Reservation, ReserveRequest, Scope, ScopeQuota, StoreError, StoredResponse,

@@ -13,7 +13,8 @@ use super::entry::Entry;
 use super::inner::{Inner, Refusal, response_bytes};
 use super::shard::RecordKey;
 use crate::audit::{AuditEventKind, DecisionEvent};
-use crate::store::Result;
+use crate::error::Result;
+use crate::{ApprovalStore, DecisionJournal, DispatchStore};
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
     Operation, OperationId, OperationState, Reservation, ReserveRequest, Scope, Store,
@@ -127,78 +128,6 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    /// Also puts an operation whose lease ran out back `in_progress`, as a late heartbeat
-    /// does, when nobody took it over: its worker is evidently alive.
-    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
-        let inner = &self.inner;
-        inner.with_lease(lease, |entry, record_key, now, clock| {
-            if entry.dispatched().is_never() {
-                entry.set_dispatched(now);
-                inner.journal(entry, now, || AuditEventKind::Dispatched);
-            }
-            entry.state = OperationState::InProgress;
-            entry.lease_expires = clock.later(now, renew);
-            entry.expires = Tick::NEVER;
-            (entry.operation(record_key, clock, None), false)
-        })
-    }
-
-    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
-        let inner = &self.inner;
-        inner.with_lease(lease, |entry, record_key, now, clock| {
-            entry.end_lease();
-            entry.lease_expires = Tick::NEVER;
-            let was = entry.state;
-            if entry.dispatched().is_never() {
-                // No effect can have happened: kept for the retention, for the retry that
-                // takes it over.
-                entry.state = OperationState::Cancelled;
-                entry.expires = clock.later(now, entry.retention());
-                inner.journal(entry, now, || AuditEventKind::Abandoned);
-            } else {
-                entry.state = OperationState::Unknown;
-                entry.expires = clock.later(now, entry.unknown_retention());
-                if was != OperationState::Unknown {
-                    inner.journal(entry, now, || AuditEventKind::Unknown);
-                }
-            }
-            inner.charge(&record_key.scope, 0, entry.expires);
-            (entry.operation(record_key, clock, None), false)
-        })
-    }
-
-    async fn decide_approval(
-        &self,
-        scope: &Scope,
-        id: ApprovalId,
-        decision: ApprovalDecision,
-        decided_by: &str,
-    ) -> Result<Option<DecisionOutcome>> {
-        Ok(self.inner.decide_approval(scope, id, decision, decided_by))
-    }
-
-    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
-        Ok(self.inner.get_approval(scope, id))
-    }
-
-    async fn list_approvals(
-        &self,
-        scope: &Scope,
-        state: Option<ApprovalState>,
-        after: Option<crate::approval::ApprovalCursor>,
-        limit: usize,
-    ) -> Result<Vec<Approval>> {
-        Ok(self.inner.list_approvals(scope, state, after, limit))
-    }
-
-    fn record_decision(&self, event: DecisionEvent) {
-        self.inner.record_decision(event);
-    }
-
-    fn journals(&self) -> bool {
-        self.inner.journal.is_some()
-    }
-
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
         Ok(self.inner.read(&self.inner.record_key(scope, key)))
     }
@@ -260,6 +189,99 @@ impl Store for MemoryStore {
         metrics::counter!(crate::metrics::PURGE_DELETED, crate::metrics::STORE => "memory")
             .increment(deleted as u64);
         Ok(deleted)
+    }
+
+    fn approvals(&self) -> Option<&dyn ApprovalStore> {
+        Some(self)
+    }
+
+    fn dispatch(&self) -> Option<&dyn DispatchStore> {
+        Some(self)
+    }
+
+    /// `Some` only when the store was built with a journal.
+    fn journal(&self) -> Option<&dyn DecisionJournal> {
+        self.inner.journal.is_some().then_some(self as &dyn DecisionJournal)
+    }
+
+    fn derived_matching(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait]
+impl DispatchStore for MemoryStore {
+    /// Also puts an operation whose lease ran out back `in_progress`, as a late heartbeat
+    /// does, when nobody took it over: its worker is evidently alive.
+    async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
+        let inner = &self.inner;
+        inner.with_lease(lease, |entry, record_key, now, clock| {
+            if entry.dispatched().is_never() {
+                entry.set_dispatched(now);
+                inner.journal(entry, now, || AuditEventKind::Dispatched);
+            }
+            entry.state = OperationState::InProgress;
+            entry.lease_expires = clock.later(now, renew);
+            entry.expires = Tick::NEVER;
+            (entry.operation(record_key, clock, None), false)
+        })
+    }
+
+    async fn cancel(&self, lease: &Lease) -> Result<Operation> {
+        let inner = &self.inner;
+        inner.with_lease(lease, |entry, record_key, now, clock| {
+            entry.end_lease();
+            entry.lease_expires = Tick::NEVER;
+            let was = entry.state;
+            if entry.dispatched().is_never() {
+                // No effect can have happened: kept for the retention, for the retry that
+                // takes it over.
+                entry.state = OperationState::Cancelled;
+                entry.expires = clock.later(now, entry.retention());
+                inner.journal(entry, now, || AuditEventKind::Abandoned);
+            } else {
+                entry.state = OperationState::Unknown;
+                entry.expires = clock.later(now, entry.unknown_retention());
+                if was != OperationState::Unknown {
+                    inner.journal(entry, now, || AuditEventKind::Unknown);
+                }
+            }
+            inner.charge(&record_key.scope, 0, entry.expires);
+            (entry.operation(record_key, clock, None), false)
+        })
+    }
+}
+
+#[async_trait]
+impl ApprovalStore for MemoryStore {
+    async fn decide_approval(
+        &self,
+        scope: &Scope,
+        id: ApprovalId,
+        decision: ApprovalDecision,
+        decided_by: &str,
+    ) -> Result<Option<DecisionOutcome>> {
+        Ok(self.inner.decide_approval(scope, id, decision, decided_by))
+    }
+
+    async fn get_approval(&self, scope: &Scope, id: ApprovalId) -> Result<Option<Approval>> {
+        Ok(self.inner.get_approval(scope, id))
+    }
+
+    async fn list_approvals(
+        &self,
+        scope: &Scope,
+        state: Option<ApprovalState>,
+        after: Option<crate::approval::ApprovalCursor>,
+        limit: usize,
+    ) -> Result<Vec<Approval>> {
+        Ok(self.inner.list_approvals(scope, state, after, limit))
+    }
+}
+
+impl DecisionJournal for MemoryStore {
+    fn record_decision(&self, event: DecisionEvent) {
+        self.inner.record_decision(event);
     }
 }
 

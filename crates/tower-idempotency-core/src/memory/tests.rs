@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::conformance::reserve_request;
-use crate::store::Result;
+use crate::ApprovalStore;
+use crate::error::Result;
 use crate::{
     Fingerprint, IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest,
     Scope, ScopeQuota, Store, StoreError, StoredResponse,

@@ -7,7 +7,7 @@
 //! did not expect, a missing table — is [`StoreError::Backend`].
 
 use tokio_postgres::error::SqlState;
-use tower_idempotency_core::store::BoxError;
+use tower_idempotency_core::error::BoxError;
 use tower_idempotency_core::{Lease, StoreError};
 
 /// SQLSTATE classes and codes that mean the server cannot serve us now.

@@ -20,7 +20,7 @@ use bytes::BytesMut;
 use deadpool_postgres::{ClientWrapper, Pool};
 use tokio_postgres::Statement;
 use tokio_postgres::types::{ToSql, Type};
-use tower_idempotency_core::store::Result;
+use tower_idempotency_core::error::Result;
 use tower_idempotency_core::{Lease, StoreError};
 
 use crate::config::StatementMode;

@@ -280,7 +280,8 @@ impl Console {
     }
 
     async fn approval(&self, scope: &Scope, id: ApprovalId) -> Result<Approval, Rejection> {
-        store_call("get_approval", self.shared.store.get_approval(scope, id))
+        let approvals = crate::approvals::approvals(&self.shared)?;
+        store_call("get_approval", approvals.get_approval(scope, id))
             .await
             .map_err(|error| store_failure(&error))?
             .ok_or(Rejection::ApprovalNotFound)
@@ -369,7 +370,10 @@ async fn newest_pending(console: &Console, scope: &Scope) -> Result<Vec<Approval
     let mut newest: Vec<Approval> = Vec::new();
     let mut after = None;
     for _ in 0..MAX_PENDING_PAGES {
-        let listing = console.shared.store.list_approvals(
+        let Some(approvals) = console.shared.store.approvals() else {
+            return Ok(Vec::new());
+        };
+        let listing = approvals.list_approvals(
             scope,
             Some(ApprovalState::Pending),
             after,
