@@ -493,15 +493,15 @@ fn layer(session: &Session, store: MemoryStore) -> IdempotencyLayer {
                 .and_then(|v| v.to_str().ok())
                 .map(Scope::new)
         })
-        .with_default_policy(default)
-        .with_route_policy(Method::POST, "/v1/things", things)
-        .with_route_policy(Method::POST, "/v1/commands", commands.clone())
-        .with_route_policy(Method::PUT, "/v1/commands", commands)
+        .with_default_policy(default).expect("the store has what the policy needs")
+        .with_route_policy(Method::POST, "/v1/things", things).expect("the store has what the policy needs")
+        .with_route_policy(Method::POST, "/v1/commands", commands.clone()).expect("the store has what the policy needs")
+        .with_route_policy(Method::PUT, "/v1/commands", commands).expect("the store has what the policy needs")
         .with_route_policy(
             Method::POST,
             "/v1/release",
             RoutePolicy::required().with_server_errors(ServerErrorPolicy::Release),
-        )
+        ).expect("the store has what the policy needs")
         .with_body_limit(if session.small_body_limit {
             SMALL_BODY_LIMIT
         } else {

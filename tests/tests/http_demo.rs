@@ -22,7 +22,8 @@ async fn replays_never_resend_set_cookie_or_unlisted_headers() {
     let executions = Arc::new(AtomicUsize::new(0));
     let idempotency = IdempotencyLayer::new(MemoryStore::default())
         .with_scope(|_| Some(Scope::new("tenant-1")))
-        .with_default_policy(RoutePolicy::required());
+        .with_default_policy(RoutePolicy::required())
+        .expect("the store has what the policy needs");
     let handler = {
         let executions = executions.clone();
         move || async move {

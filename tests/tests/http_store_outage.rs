@@ -50,7 +50,8 @@ async fn store_outage_fails_closed_then_recovers() {
             Method::POST,
             "/v1/best-effort",
             RoutePolicy::required().with_store_failure(StoreFailurePolicy::FailOpen),
-        );
+        )
+        .expect("the store has what the policy needs");
     let app = Router::new()
         .route("/v1/charges", post(handler.clone()))
         .route("/v1/best-effort", post(handler))

@@ -25,7 +25,8 @@ async fn instance(url: &str, executions: Arc<AtomicUsize>) -> Router {
     store.migrate().await.unwrap();
     let idempotency = IdempotencyLayer::new(store)
         .with_scope(|_| Some(Scope::new("acct_race")))
-        .with_default_policy(RoutePolicy::required().with_wait(Duration::from_secs(20)));
+        .with_default_policy(RoutePolicy::required().with_wait(Duration::from_secs(20)))
+        .expect("the store has what the policy needs");
     Router::new()
         .route(
             "/v1/tickets",

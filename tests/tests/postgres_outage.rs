@@ -27,7 +27,8 @@ const ANSWER_BOUND: Duration = Duration::from_secs(20);
 fn app(store: PostgresStore, executions: Arc<AtomicUsize>) -> Router {
     let idempotency = IdempotencyLayer::new(store)
         .with_scope(|_| Some(Scope::new("acct_outage")))
-        .with_default_policy(RoutePolicy::required());
+        .with_default_policy(RoutePolicy::required())
+        .expect("the store has what the policy needs");
     Router::new()
         .route(
             "/v1/payments",

@@ -12,6 +12,7 @@ use std::time::Duration;
 use integration_tests::pg::{TestDatabase, test_database};
 use test_harness::pgbouncer::{self, Pgbouncer, PgbouncerOptions};
 use tokio_postgres::error::SqlState;
+use tower_idempotency::TransactionStore;
 use tower_idempotency::{
     Fingerprint, IdempotencyKey, OperationTx, Reservation, ReserveRequest, Scope, Store,
     StoreError, StoredResponse,
@@ -240,7 +241,7 @@ async fn operation_transactions_and_the_outbox_work_through_pgbouncer() {
             else {
                 panic!("fresh key")
             };
-            let transaction = store.begin_transaction(&lease).await.unwrap().unwrap();
+            let transaction = store.begin_transaction(&lease).await.unwrap();
             let handle = OperationTx::new(lease.operation_id, transaction);
             {
                 let tx = PostgresTx::new(handle.clone());

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use integration_tests::app::{TestServer, demo_config, new_account, new_key};
 use integration_tests::pg::test_database;
+use tower_idempotency::TransactionStore;
 use tower_idempotency::{
     Fingerprint, IdempotencyKey, Reservation, ReserveRequest, Scope, Store, StoreError,
     StoredResponse,
@@ -99,8 +100,8 @@ async fn past_the_budget_begin_waits_then_fails_and_short_statements_never_wait(
         };
         leases.push(lease);
     }
-    let first = store.begin_transaction(&leases[0]).await.unwrap().unwrap();
-    let second = store.begin_transaction(&leases[1]).await.unwrap().unwrap();
+    let first = store.begin_transaction(&leases[0]).await.unwrap();
+    let second = store.begin_transaction(&leases[1]).await.unwrap();
     assert_eq!(store.open_transactions(), 2);
 
     // The third waits its bound, then fails the way an outage does.
@@ -155,7 +156,7 @@ async fn past_the_budget_begin_waits_then_fails_and_short_statements_never_wait(
     // A finished transaction gives its place back.
     first.complete(response()).await.unwrap();
     assert_eq!(store.open_transactions(), 1);
-    let third = store.begin_transaction(&leases[2]).await.unwrap().unwrap();
+    let third = store.begin_transaction(&leases[2]).await.unwrap();
     assert_eq!(store.open_transactions(), 2);
     // So does one dropped unfinished (its connection is closed, PostgreSQL rolls back).
     drop(second);

@@ -74,7 +74,8 @@ async fn harness() -> Harness {
         .layer(
             IdempotencyLayer::new(store.clone())
                 .with_scope(|_| Some(Scope::new(SCOPE)))
-                .with_default_policy(RoutePolicy::transactional()),
+                .with_default_policy(RoutePolicy::transactional())
+                .expect("the store has what the policy needs"),
         )
         .with_state(());
     Harness {

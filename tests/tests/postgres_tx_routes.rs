@@ -101,7 +101,8 @@ async fn harness(policy: RoutePolicy, script: Script) -> Harness {
     .await;
     let layer = IdempotencyLayer::new(store.clone())
         .with_scope(|_| Some(Scope::new(SCOPE)))
-        .with_default_policy(policy);
+        .with_default_policy(policy)
+        .expect("the store has what the policy needs");
     let app = Router::new()
         .route("/v1/things", post(create_thing))
         .layer(layer)
@@ -362,7 +363,8 @@ async fn a_plain_tower_service_reaches_the_transaction_through_extensions() {
     });
     let layer = IdempotencyLayer::new(store)
         .with_scope(|_| Some(Scope::new(SCOPE)))
-        .with_default_policy(RoutePolicy::transactional());
+        .with_default_policy(RoutePolicy::transactional())
+        .expect("the store has what the policy needs");
     let service = tower::Layer::layer(&layer, service);
     let request = || {
         Request::post("/notes")
@@ -398,7 +400,8 @@ async fn a_store_without_transactions_refuses_the_route_and_runs_nothing() {
         .layer(
             IdempotencyLayer::new(store.clone())
                 .with_scope(|_| Some(Scope::new(SCOPE)))
-                .with_default_policy(RoutePolicy::transactional()),
+                .with_default_policy(RoutePolicy::transactional())
+                .expect("the store has what the policy needs"),
         );
     for _ in 0..2 {
         let reply = send(&app, "k-memory").await;
@@ -440,7 +443,8 @@ async fn a_response_too_large_to_store_still_commits_and_is_not_replayed() {
             IdempotencyLayer::new(store)
                 .with_scope(|_| Some(Scope::new(SCOPE)))
                 .with_response_limit(16)
-                .with_default_policy(RoutePolicy::transactional()),
+                .with_default_policy(RoutePolicy::transactional())
+                .expect("the store has what the policy needs"),
         );
     let first = send(&app, "k-large").await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -476,7 +480,8 @@ async fn a_handle_kept_past_the_answer_finds_the_transaction_finished() {
         .layer(
             IdempotencyLayer::new(store)
                 .with_scope(|_| Some(Scope::new(SCOPE)))
-                .with_default_policy(RoutePolicy::transactional()),
+                .with_default_policy(RoutePolicy::transactional())
+                .expect("the store has what the policy needs"),
         );
     assert_eq!(send(&app, "k-kept").await.status, StatusCode::CREATED);
     let tx = later.recv().await.unwrap();

@@ -106,6 +106,11 @@ pub struct MissingCapability {
     pub capability: Capability,
 }
 
+/// Derived matching as a compile-time promise: the store's [`Store::reserve`] honours
+/// [`ReserveRequest::replace_delivered`], and [`Store::derived_matching`] answers `true`. The
+/// MCP layer requires it of its store's type.
+pub trait DerivedMatching: Store {}
+
 /// Approvals: operations created `awaiting_approval` by [`Store::reserve`] (a
 /// [`ReserveRequest::approval`]) and decided here. A store that declares it must also honour
 /// `ReserveRequest::approval` in `reserve`.

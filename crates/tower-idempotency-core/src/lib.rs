@@ -36,6 +36,11 @@ pub use approval::{
     ApprovalSummary, DecisionOutcome, IntoApprovalSummary, SummaryError, SummaryLimits,
 };
 pub use canonical::{CanonicalizeError, canonicalize_json};
+pub use capability::{
+    ApprovalStore, Capabilities, Capability, DecisionJournal, DerivedMatching, DispatchStore,
+    MissingCapability, TransactionStore, TransactionalReservation, reserve_then_begin,
+};
+pub use error::{BoxError, StoreError};
 pub use execution::{DispatchError, Execution};
 pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
 pub use key::{IdempotencyKey, KeyError};
@@ -43,10 +48,5 @@ pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
 pub use quota::ScopeQuota;
 pub use scope::Scope;
-pub use capability::{
-    ApprovalStore, Capabilities, Capability, DecisionJournal, DispatchStore, MissingCapability,
-    TransactionStore, TransactionalReservation, reserve_then_begin,
-};
-pub use error::{BoxError, StoreError};
 pub use store::{Reservation, ReserveRequest, Store};
 pub use transaction::{OperationTransaction, OperationTx, TransactionAccessError};

@@ -108,15 +108,10 @@ pub enum Reservation {
     ApprovalRequested(Operation),
 }
 
-/// Durable (or not) home of operation records.
-///
-/// Implementations must pass the conformance suite in
-/// [`conformance`](crate::conformance) (feature `conformance`).
-
 /// Durable (or not) home of operation records: the base every store implements.
 ///
-/// Implementations must pass the conformance suite (the `tower-idempotency-conformance`
-/// crate) for the base trait and for every capability they declare.
+/// Implementations must pass the conformance suite (`conformance::run_all`, feature
+/// `conformance`), which checks the base trait and every capability a store declares.
 #[async_trait]
 pub trait Store: Send + Sync + Debug + 'static {
     /// Atomically reserves `(scope, key)` in state `in_progress` (or, with

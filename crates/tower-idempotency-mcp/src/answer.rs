@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Map, Value, json};
+use tower_idempotency_core::protocol::ApprovalRefusal;
 use tower_idempotency_core::{Approval, Operation, OperationId, OperationState, problem_types};
 
 use crate::McpBody;
@@ -207,17 +208,6 @@ pub(crate) fn uncertain(
         jsonrpc::result(id, result),
         execution_member(operation.id, state, false, true),
     )
-}
-
-/// Which approval refusal a call gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ApprovalRefusal {
-    /// Undecided: a person must approve first.
-    Required,
-    /// A person denied it.
-    Denied,
-    /// The request, or an approval not used in time, expired.
-    Expired,
 }
 
 /// A tool result with `isError: true` for a call that needs, was refused, or outlived

@@ -1,51 +1,39 @@
-//! The decision for one guarded `tools/call`: a new execution, the stored result, an
-//! attach to the running execution (bounded wait), a take-over of one that lapsed before
-//! dispatch, or a refusal — and running the accepted execution.
+//! The MCP adapter of the protocol engine (`tower_idempotency_core::protocol`) for one
+//! guarded `tools/call`: the call becomes an [`Attempt`], the engine's decision a tool
+//! result — a new execution, the stored result, an attach to the running execution
+//! (bounded wait), a take-over of one nobody drives, or a refusal — and the accepted
+//! execution runs.
 //!
 //! Every decision is made from the execution record; the JSON-RPC id only addresses the
 //! answer.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
-use tokio::time::Instant;
 use tower::Service;
+use tower_idempotency_core::audit::{AuditEventKind, Correlation};
+use tower_idempotency_core::protocol::{
+    Acquired, ApprovalRefusal, Attempt, Next, NotReserved, Refusal, ReserveMode, Reserved, Waits,
+};
 use tower_idempotency_core::{
-    ApprovalPolicy, ApprovalRequest, ApprovalState, Execution, IdempotencyKey, Lease, Operation,
-    OperationState, Reservation, ReserveRequest, StoreError, problem_types,
+    ApprovalPolicy, ApprovalRequest, Execution, IdempotencyKey, Lease, Operation, ReserveRequest,
+    problem_types,
 };
 
-use crate::answer::{self, ApprovalRefusal, Uncertain};
+use crate::answer::{self, Uncertain};
 use crate::drive::{Run, drive};
 use crate::inflight::Caller;
 use crate::intent::Intent;
-use crate::journal::Decided;
 use crate::jsonrpc::ToolCall;
 use crate::layer::Config;
 use crate::policy::{OnDisconnect, ToolPolicy};
 use crate::{BoxError, McpBody};
 use crate::{attach, attempt};
-
-/// Rounds of the decision loop before a call is answered `request-in-progress`: each
-/// round is one reservation, so this bounds the work one call can cause.
-const MAX_ROUNDS: usize = 64;
-
-/// The `replace_delivered` window of a derived-key call that must not replace the
-/// execution it already waited on: longer than any retention.
-const NEVER_REPLACE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-
-/// How far this host's clock may be ahead of the store's before a delivered execution that
-/// was not replaced is taken for a store that ignores `replace_delivered`.
-const CLOCK_MARGIN: Duration = Duration::from_secs(60);
-
-/// How often a re-call that waits for an approval decision (the tool's approval `wait`)
-/// looks at the record again.
-const APPROVAL_POLL: Duration = Duration::from_millis(200);
 
 /// Where the key of a call came from, or that there is none.
 #[derive(Debug)]
@@ -54,51 +42,38 @@ pub(crate) enum Carrier {
     Derived,
 }
 
-/// The answer to a store failure on a tool call, and its decision label: `500
-/// approvals-unsupported` (the HTTP layer's problem) for a tool that requires approval on a
-/// store that predates approvals, `500 store-unsupported` for another capability the store
-/// lacks, `429 scope-quota-exceeded` with `Retry-After` for an actor at its quota (as the
-/// HTTP layer answers), `503 store-unavailable` otherwise. The tool is not run.
-pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static str) {
-    match error {
-        StoreError::Unsupported { feature } => {
-            tracing::error!(%error, "the idempotency store lacks a capability this tool needs");
-            let slug = if *feature == "approvals" {
-                problem_types::APPROVALS_UNSUPPORTED
-            } else {
-                "store-unsupported"
-            };
-            let response = answer::problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                slug,
-                &format!("the idempotency store does not support {feature}; the tool was not run"),
-            );
-            (response, "store_unavailable")
-        }
-        StoreError::ScopeQuotaExceeded { retry_after } => {
-            // The HTTP layer's answer to the same refusal: this actor only, nothing stored.
-            let mut response = answer::problem(
-                StatusCode::TOO_MANY_REQUESTS,
-                "scope-quota-exceeded",
-                "this actor's idempotency quota is exhausted; the tool was not run",
-            );
-            response.headers_mut().insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from(retry_after.as_secs().max(1)),
-            );
-            (response, "quota_exceeded")
-        }
-        _ => (store_unavailable(error), "store_unavailable"),
+/// The answer to a refusal of the protocol that is not about an execution, and its decision
+/// label: `500 approvals-unsupported` for a store that ignored an approval, `429
+/// scope-quota-exceeded` with `Retry-After` for an actor at its quota (as the HTTP layer
+/// answers), `503 store-unavailable` otherwise. The tool is not run.
+pub(crate) fn store_refusal(refusal: &Refusal) -> (Response<McpBody>, &'static str) {
+    let (status, detail) = match refusal {
+        Refusal::ApprovalsUnsupported => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the idempotency store does not support approvals; the tool was not run",
+        ),
+        Refusal::QuotaExceeded { .. } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "this actor's idempotency quota is exhausted; the tool was not run",
+        ),
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the idempotency store is unavailable; the tool was not run",
+        ),
+    };
+    // A full store answers as an unavailable one, as it always has on tool calls.
+    let slug = match refusal {
+        Refusal::StoreFull => problem_types::STORE_UNAVAILABLE,
+        refusal => refusal.slug(),
+    };
+    let mut response = answer::problem(status, slug, detail);
+    if let Refusal::QuotaExceeded { retry_after } = refusal {
+        response.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from(*retry_after),
+        );
     }
-}
-
-pub(crate) fn store_unavailable(error: &StoreError) -> Response<McpBody> {
-    tracing::error!(%error, "idempotency store failed on a tool call");
-    answer::problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "store-unavailable",
-        "the idempotency store is unavailable; the tool was not run",
-    )
+    (response, refusal.label())
 }
 
 pub(crate) struct CallContext {
@@ -126,46 +101,44 @@ pub(crate) enum Decision {
 }
 
 impl CallContext {
-    /// The reservation of this call under `key`. `replace`: a derived key's execution that
-    /// was delivered (and is past the tool's attach window) is closed, and the reservation
-    /// starts a new one in its place; a call that has already waited on an execution asks
-    /// without it, so that it receives the result it waited for.
-    fn reserve_request(
-        &self,
-        key: IdempotencyKey,
-        take_over: bool,
-        replace: bool,
-    ) -> ReserveRequest {
-        ReserveRequest {
+    /// The protocol attempt of this call: its key (explicit or derived from the intent), a
+    /// derived key's replacement of a delivered execution past the tool's attach window, its
+    /// waits and its MCP correlation.
+    pub(crate) fn attempt(&self) -> Attempt {
+        let request = ReserveRequest {
             scope: self.intent.actor.clone(),
-            key,
+            key: self.key(),
             fingerprint: self.intent.fingerprint.clone(),
             method: "tools/call".to_owned(),
             route: self.intent.tool.clone(),
             lease: self.policy.lease,
             retention: self.policy.retention,
             unknown_retention: self.policy.unknown_retention,
-            take_over_unknown: take_over,
+            take_over_unknown: false,
             marks_dispatch: self.policy.marks_dispatch,
             approval: self.approval.clone(),
-            // Derived matching always says so, replacing or not: a store may answer other
-            // requests from what it remembers of completed records, which cannot tell one
-            // execution of an intent from the next.
-            replace_delivered: matches!(self.carrier, Carrier::Derived).then_some(if replace {
-                self.policy.attach_window
-            } else {
-                NEVER_REPLACE
-            }),
-        }
-    }
-
-    /// Whether a derived-key reservation that asked to replace `operation` found it
-    /// delivered so long ago that the store must have ignored the request: past the
-    /// window by more than [`CLOCK_MARGIN`] on this host's clock.
-    fn ignored_replacement(&self, operation: &Operation) -> bool {
-        matches!(self.carrier, Carrier::Derived)
-            && operation
-                .delivered_before(self.policy.attach_window + CLOCK_MARGIN, SystemTime::now())
+            // Derived matching always says so: a store may answer other requests from what
+            // it remembers of completed records, which cannot tell one execution of an
+            // intent from the next.
+            replace_delivered: matches!(self.carrier, Carrier::Derived)
+                .then_some(self.policy.attach_window),
+        };
+        let waits = Waits {
+            in_progress: self.policy.wait,
+            decision: self
+                .policy
+                .approval
+                .as_ref()
+                .map_or(Duration::ZERO, ApprovalPolicy::wait),
+            lease: self.policy.lease,
+        };
+        Attempt::new(request, waits, self.policy.reexecute_safe)
+            .with_correlation(Correlation::Mcp {
+                tool: self.call.name.clone(),
+                jsonrpc_id: self.call.id.to_string(),
+                session: self.session.clone(),
+            })
+            .with_principal(self.principal.clone())
     }
 
     pub(crate) fn key(&self) -> IdempotencyKey {
@@ -191,10 +164,6 @@ impl CallContext {
         response
     }
 
-    fn answer(&self, message: &Value, decision: &'static str) -> Result<Decision, StoreError> {
-        Ok(Decision::Answer(answer::json_response(message), decision))
-    }
-
     /// Records this call among the ones attached to `operation`, for the status tool. A
     /// failure costs the status record one entry, never the answer.
     async fn note_attached(&self, operation: &Operation) {
@@ -206,44 +175,24 @@ impl CallContext {
         }
     }
 
-    pub(crate) async fn decide(&self) -> Result<Decision, StoreError> {
-        let store = &*self.config.store;
-        let started = Instant::now();
-        let deadline = started + self.policy.wait;
-        let approval_deadline = started
-            + self
-                .policy
-                .approval
-                .as_ref()
-                .map_or(Duration::ZERO, ApprovalPolicy::wait);
-        let mut attached = false;
-        let mut last_seen: Option<Operation> = None;
-        let key = self.key();
-        for _ in 0..MAX_ROUNDS {
-            let replace = last_seen.is_none();
-            match store
-                .reserve(self.reserve_request(key.clone(), false, replace))
-                .await?
-            {
-                Reservation::Acquired {
+    /// The protocol's rounds for this call, each one reservation: a new execution, the
+    /// stored result, an attach to the running execution, or a refusal.
+    pub(crate) async fn decide(&self, attempt: &mut Attempt) -> Decision {
+        let engine = &self.config.engine;
+        loop {
+            let operation = match engine.reserve(attempt, ReserveMode::default()).await {
+                Ok(Reserved::Acquired(Acquired {
                     operation,
                     lease,
                     takeover,
-                } => {
-                    if self.approval.is_some() && !takeover && operation.approval.is_none() {
-                        // A store that predates approvals reserved the key as if no
-                        // approval were asked for: never run the tool unapproved.
-                        let _ = store.release(&lease).await;
-                        return Err(StoreError::Unsupported {
-                            feature: "approvals",
-                        });
+                    ..
+                })) => {
+                    if takeover {
+                        tracing::info!(execution_id = %operation.id, attempt = operation.attempts, "taking over an execution nobody drives");
                     }
-                    return Ok(Decision::Execute {
-                        operation: Box::new(operation),
-                        lease,
-                    });
+                    return Decision::Execute { operation, lease };
                 }
-                Reservation::ApprovalRequested(operation) => {
+                Ok(Reserved::ApprovalRequested(operation)) => {
                     tracing::info!(
                         execution_id = %operation.id,
                         jsonrpc_id = %self.call.id,
@@ -251,173 +200,89 @@ impl CallContext {
                         "tool call awaits a person's approval"
                     );
                     return self
-                        .approval_refusal(ApprovalRefusal::Required, &operation, false)
+                        .approval_refusal(attempt, ApprovalRefusal::Required, &operation, false)
                         .await;
                 }
-                Reservation::Existing(operation) => {
-                    // A derived key names the intent, fingerprint included, so only an
-                    // explicit key can meet another command; refused either way.
-                    if operation.fingerprint != self.intent.fingerprint
-                        || operation.method != "tools/call"
-                    {
-                        self.journal(Decided::Conflict, &operation);
-                        return self
-                            .answer(&answer::mismatch(&self.call.id, &operation), "conflict");
-                    }
-                    let approval_expired = operation
-                        .approval
-                        .as_ref()
-                        .is_some_and(|approval| approval.state == ApprovalState::Expired);
-                    match operation.state {
-                        // Not delivered, inside the attach window, or the execution this
-                        // call waited on (delivered to another caller or not): its result.
-                        // (A delivered one past the window was replaced by the store.)
-                        OperationState::Completed
-                            if replace && self.ignored_replacement(&operation) =>
-                        {
-                            // A store that predates `replace_delivered` would replay this
-                            // execution to every deliberate repeat until its retention ends.
-                            return Err(StoreError::Unsupported {
-                                feature: "replace_delivered",
-                            });
-                        }
-                        OperationState::Completed => {
-                            tracing::info!(
-                                execution_id = %operation.id,
-                                jsonrpc_id = %self.call.id,
-                                tool = %self.intent.tool,
-                                attached,
-                                "tool call answered with the stored result"
-                            );
-                            self.note_attached(&operation).await;
-                            return match answer::replay(&operation, &self.call.id, attached) {
-                                Some(message) => {
-                                    self.journal(Decided::Replayed, &operation);
-                                    Ok(Decision::Answer(
-                                        self.delivering(&message, &operation),
-                                        if attached { "waited" } else { "replayed" },
-                                    ))
-                                }
-                                None => self.uncertain(Uncertain::OutcomeUnknown, &operation).await,
-                            };
-                        }
-                        OperationState::InProgress => {
-                            let now = Instant::now();
-                            if now >= deadline {
-                                if !attached {
-                                    self.journal(Decided::Attached, &operation);
-                                }
-                                return self.uncertain(Uncertain::InProgress, &operation).await;
-                            }
-                            if !attached {
-                                self.journal(Decided::Attached, &operation);
-                            }
-                            attached = true;
-                            last_seen = Some(operation.clone());
-                            // Returns when the execution settles, or when its lease lapses
-                            // (before dispatch, the next reservation takes it over).
-                            store.wait(&self.intent.actor, &key, deadline - now).await?;
-                        }
-                        OperationState::AwaitingApproval if !approval_expired => {
-                            let decided = Instant::now() < approval_deadline
-                                && self.wait_for_decision(&key, approval_deadline).await?;
-                            if !decided {
-                                return self
-                                    .approval_refusal(ApprovalRefusal::Required, &operation, true)
-                                    .await;
-                            }
-                        }
-                        OperationState::AwaitingApproval | OperationState::Authorized
-                            if approval_expired =>
-                        {
-                            return self
-                                .approval_refusal(ApprovalRefusal::Expired, &operation, true)
-                                .await;
-                        }
-                        OperationState::Denied => {
-                            return self
-                                .approval_refusal(ApprovalRefusal::Denied, &operation, true)
-                                .await;
-                        }
-                        OperationState::Unknown
-                            if operation.dispatched_at.is_some() && !self.policy.reexecute_safe =>
-                        {
-                            return self.uncertain(Uncertain::OutcomeUnknown, &operation).await;
-                        }
-                        OperationState::Unknown => {
-                            // Never dispatched, or re-execution is safe: take over.
-                            if let Reservation::Acquired {
-                                operation, lease, ..
-                            } = store
-                                .reserve(self.reserve_request(key.clone(), true, false))
-                                .await?
-                            {
-                                tracing::info!(
-                                    execution_id = %operation.id,
-                                    attempt = operation.attempts,
-                                    "taking over an execution whose outcome is unknown (re-execution is safe)"
-                                );
-                                return Ok(Decision::Execute {
-                                    operation: Box::new(operation),
-                                    lease,
-                                });
-                            }
-                        }
-                        // `authorized` (another call is taking it right now) or `cancelled`
-                        // (the next reservation takes it over): ask again.
-                        _ => {}
-                    }
+                Ok(Reserved::Existing(operation)) => operation,
+                // Tool calls never fail open.
+                Err(NotReserved::FailOpen) => {
+                    return self.refused(Refusal::StoreUnavailable, attempt).await;
                 }
+                Err(NotReserved::Refused(refusal)) => return self.refused(refusal, attempt).await,
+            };
+            match engine.settle(attempt, *operation).await {
+                Next::Replay { operation, waited } => {
+                    tracing::info!(
+                        execution_id = %operation.id,
+                        jsonrpc_id = %self.call.id,
+                        tool = %self.intent.tool,
+                        attached = waited,
+                        "tool call answered with the stored result"
+                    );
+                    self.note_attached(&operation).await;
+                    return match answer::replay(&operation, &self.call.id, waited) {
+                        Some(message) => {
+                            engine.replayed(attempt, operation.id);
+                            Decision::Answer(
+                                self.delivering(&message, &operation),
+                                if waited { "waited" } else { "replayed" },
+                            )
+                        }
+                        None => self.uncertain(Uncertain::OutcomeUnknown, &operation).await,
+                    };
+                }
+                Next::Again => {}
+                Next::Refuse(refusal) => return self.refused(refusal, attempt).await,
             }
-        }
-        match last_seen {
-            Some(operation) => self.uncertain(Uncertain::InProgress, &operation).await,
-            None => Err(StoreError::Backend(
-                "the tool call found no reservable execution record".into(),
-            )),
         }
     }
 
-    /// Waits until `deadline` for the undecided approval of the record under `key` to be
-    /// decided (or to expire, or the record to change); `true` when it was. The store has
-    /// no signal for a decision, so the record is looked at every [`APPROVAL_POLL`].
-    async fn wait_for_decision(
-        &self,
-        key: &IdempotencyKey,
-        deadline: Instant,
-    ) -> Result<bool, StoreError> {
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
+    async fn refused(&self, refusal: Refusal, attempt: &Attempt) -> Decision {
+        match refusal {
+            Refusal::Conflict(operation) => Decision::Answer(
+                answer::json_response(&answer::mismatch(&self.call.id, &operation)),
+                "conflict",
+            ),
+            Refusal::InProgress { operation, .. } => {
+                self.uncertain(Uncertain::InProgress, &operation).await
             }
-            tokio::time::sleep((deadline - now).min(APPROVAL_POLL)).await;
-            let current = self.config.store.get(&self.intent.actor, key).await?;
-            let undecided = current.is_some_and(|operation| {
-                operation.state == OperationState::AwaitingApproval
-                    && operation
-                        .approval
-                        .is_some_and(|approval| approval.state == ApprovalState::Pending)
-            });
-            if !undecided {
-                return Ok(true);
+            Refusal::OutcomeUnknown(operation) => {
+                self.uncertain(Uncertain::OutcomeUnknown, &operation).await
+            }
+            Refusal::Approval {
+                kind,
+                operation,
+                attached,
+            } => {
+                self.approval_refusal(attempt, kind, &operation, attached)
+                    .await
+            }
+            refusal => {
+                let (response, label) = store_refusal(&refusal);
+                Decision::Answer(response, label)
             }
         }
     }
 
     async fn approval_refusal(
         &self,
+        attempt: &Attempt,
         kind: ApprovalRefusal,
         operation: &Operation,
         attached: bool,
-    ) -> Result<Decision, StoreError> {
+    ) -> Decision {
         let Some(approval) = operation.approval.as_deref() else {
-            return Err(StoreError::Backend(
-                "an execution in an approval state has no approval".into(),
-            ));
+            let (response, label) = store_refusal(&Refusal::ApprovalsUnsupported);
+            return Decision::Answer(response, label);
         };
         if attached {
-            self.journal(Decided::Attached, operation);
+            self.config
+                .engine
+                .journal(attempt, Some(operation.id), |correlation| {
+                    AuditEventKind::Attached {
+                        correlation: Some(correlation),
+                    }
+                });
             self.note_attached(operation).await;
         }
         let decision = match kind {
@@ -425,47 +290,39 @@ impl CallContext {
             ApprovalRefusal::Denied => "approval_denied",
             ApprovalRefusal::Expired => "approval_expired",
         };
-        self.answer(
-            &answer::approval(
-                &self.call.id,
-                kind,
-                operation,
-                approval,
-                attached,
-                self.config.status_tool.as_deref(),
-                self.config.approvals_url.as_deref(),
-            ),
-            decision,
-        )
+        let message = answer::approval(
+            &self.call.id,
+            kind,
+            operation,
+            approval,
+            attached,
+            self.config.status_tool.as_deref(),
+            self.config.approvals_url.as_deref(),
+        );
+        Decision::Answer(answer::json_response(&message), decision)
     }
 
-    async fn uncertain(
-        &self,
-        kind: Uncertain,
-        operation: &Operation,
-    ) -> Result<Decision, StoreError> {
-        if let Uncertain::InProgress = kind {
-            // An outcome-unknown refusal is not an event: the store's `unknown` is.
-            self.journal(Decided::RefusedInProgress, operation);
-        }
+    /// An answer about an execution that is still running or whose outcome is unknown (the
+    /// engine journaled the in-progress refusal; an outcome-unknown refusal is not an event:
+    /// the store's `unknown` is).
+    async fn uncertain(&self, kind: Uncertain, operation: &Operation) -> Decision {
         self.note_attached(operation).await;
         let decision = match kind {
             Uncertain::InProgress => "in_progress",
             Uncertain::OutcomeUnknown => "unknown",
         };
-        self.answer(
-            &answer::uncertain(
-                &self.call.id,
-                kind,
-                operation,
-                self.config.status_tool.as_deref(),
-            ),
-            decision,
-        )
+        let message = answer::uncertain(
+            &self.call.id,
+            kind,
+            operation,
+            self.config.status_tool.as_deref(),
+        );
+        Decision::Answer(answer::json_response(&message), decision)
     }
 
     pub(crate) async fn execute<S, ResBody>(
         &self,
+        attempt: &Attempt,
         inner: S,
         mut parts: http::request::Parts,
         bytes: Bytes,
@@ -481,7 +338,7 @@ impl CallContext {
     {
         // The store journaled the attempt as `accepted` with the record's method and route;
         // the call's MCP correlation follows it.
-        self.journal(Decided::Correlated, &operation);
+        self.config.engine.correlated(attempt, &operation);
         let store = Arc::clone(&self.config.store);
         let retention = self.policy.retention.max(self.policy.unknown_retention);
         if let Err(error) = attempt::note(&*store, &operation, &self.call.id, retention).await {

@@ -365,13 +365,14 @@ impl Task {
     /// The client went away and the policy is `cancel`: the store decides from the record,
     /// `cancelled` before dispatch, `unknown` after.
     async fn cancel(&self) {
-        match self.store.cancel(self.execution.lease()).await {
+        // The layer's store declares dispatch marks and cancellation (checked when it is built).
+        let Some(marks) = self.store.dispatch() else {
+            self.settle_without_result("the client went away").await;
+            return;
+        };
+        match marks.cancel(self.execution.lease()).await {
             Ok(operation) => {
                 tracing::info!(execution_id = %self.execution.id(), state = %operation.state, "the client went away: execution cancelled");
-            }
-            Err(StoreError::Unsupported { .. }) => {
-                // A store that predates cancellation: release or abandon instead.
-                self.settle_without_result("the client went away").await;
             }
             Err(error) => {
                 tracing::warn!(%error, execution_id = %self.execution.id(), "could not cancel the execution");

@@ -8,6 +8,10 @@ use http::HeaderName;
 use http::request::Parts;
 use serde_json::Value;
 use tower::Layer;
+use tower_idempotency_core::protocol::Engine;
+use tower_idempotency_core::{
+    ApprovalStore, Capability, DerivedMatching, DispatchStore, MissingCapability,
+};
 use tower_idempotency_core::{FingerprintKey, Fingerprinter, Scope, Store};
 
 use crate::inflight::Inflight;
@@ -24,6 +28,8 @@ pub type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) store: Arc<dyn Store>,
+    /// The protocol over `store`.
+    pub(crate) engine: Engine,
     pub(crate) scope: ScopeFn,
     pub(crate) principal: Option<PrincipalFn>,
     pub(crate) fingerprinter: Fingerprinter,
@@ -80,10 +86,38 @@ impl McpIdempotencyLayer {
     /// the request extensions (put there by the authentication middleware) unless
     /// [`with_scope`](Self::with_scope) says otherwise; a call without one is refused with
     /// `401`.
-    pub fn new(store: impl Store) -> Self {
+    ///
+    /// The store must declare derived matching (calls without a key attach to the open
+    /// execution of their intent), dispatch marks (cancellation) and approvals: the compiler
+    /// checks it, so no call ever meets a store that cannot do what the layer needs.
+    pub fn new<S>(store: S) -> Self
+    where
+        S: DerivedMatching + DispatchStore + ApprovalStore,
+    {
+        Self::unchecked(Arc::new(store))
+    }
+
+    /// [`new`](Self::new) for a store shared as a trait object (chosen at run time): its
+    /// capabilities are checked here instead of by the compiler.
+    ///
+    /// # Errors
+    ///
+    /// [`MissingCapability`] when the store does not declare derived matching, dispatch
+    /// marks or approvals.
+    pub fn from_arc(store: Arc<dyn Store>) -> Result<Self, MissingCapability> {
+        store.capabilities().require([
+            Capability::DerivedMatching,
+            Capability::Dispatch,
+            Capability::Approvals,
+        ])?;
+        Ok(Self::unchecked(store))
+    }
+
+    fn unchecked(store: Arc<dyn Store>) -> Self {
         Self {
             config: Config {
-                store: Arc::new(store),
+                engine: Engine::new(Arc::clone(&store)),
+                store,
                 scope: Arc::new(|parts: &Parts| parts.extensions.get::<Scope>().cloned()),
                 principal: None,
                 fingerprinter: Fingerprinter::sha256(),

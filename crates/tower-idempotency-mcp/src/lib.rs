@@ -58,7 +58,6 @@ mod decide;
 mod drive;
 mod inflight;
 mod intent;
-mod journal;
 mod jsonrpc;
 mod layer;
 pub mod metrics;

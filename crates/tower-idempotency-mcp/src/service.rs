@@ -15,12 +15,10 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use serde_json::Value;
 use tower::{Service, ServiceExt};
-use tower_idempotency_core::{
-    ApprovalRequest, IdempotencyKey, Scope, StoreError, canonicalize_json,
-};
+use tower_idempotency_core::{ApprovalRequest, IdempotencyKey, Scope, canonicalize_json};
 
 use crate::answer;
-use crate::decide::{CallContext, Carrier, Decision, store_failed};
+use crate::decide::{CallContext, Carrier, Decision};
 use crate::inflight::Cancellation;
 use crate::intent::intent;
 use crate::jsonrpc::{self, Classified, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE, ToolCall};
@@ -463,18 +461,13 @@ where
             .map(str::to_owned),
         principal,
     };
-    match call_ctx.decide().await {
-        Ok(Decision::Answer(response, decision)) => Ok((response, decision)),
-        Ok(Decision::Execute { operation, lease }) => {
+    let mut attempt = call_ctx.attempt();
+    match call_ctx.decide(&mut attempt).await {
+        Decision::Answer(response, decision) => Ok((response, decision)),
+        Decision::Execute { operation, lease } => {
             call_ctx
-                .execute(inner, parts, bytes, *operation, lease)
+                .execute(&attempt, inner, parts, bytes, *operation, lease)
                 .await
-        }
-        Err(error) => {
-            if let StoreError::ScopeQuotaExceeded { .. } = error {
-                call_ctx.journal_quota_refused();
-            }
-            Ok(store_failed(&error))
         }
     }
 }

@@ -4,6 +4,8 @@
 //! and an expiry are replayed; a changed call under the key is a mismatch. Decisions are
 //! made through the store, as the approval routes do.
 
+use tower_idempotency_core::ApprovalStore;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +18,6 @@ use serde_json::{Value, json};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency_core::{
     ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, Fingerprint, MemoryStore, Scope,
-    Store,
 };
 use tower_idempotency_mcp::{
     ApprovalPolicy, FINGERPRINT_MISMATCH_CODE, McpBody, McpIdempotencyLayer, ToolPolicy,
@@ -520,50 +521,28 @@ async fn the_requester_defaults_to_the_actor() {
     assert_eq!(approval.requested_by, "alice");
 }
 
-/// A store that predates approvals: it reserves as if no approval were asked for (the
-/// field is new to it) and has none of the approval methods.
-fn predates_approvals() -> test_harness::stores::HookedStore {
-    test_harness::stores::HookedStore::default().on_reserve(|request| {
-        request.approval = None;
-        Ok(())
-    })
-}
-
-#[tokio::test]
-async fn a_store_that_predates_approvals_never_runs_the_tool_unapproved() {
-    let store = predates_approvals();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let service = McpIdempotencyLayer::new(store.clone())
-        .with_tool(
-            "deploy",
-            ToolPolicy::guarded().with_approval(ApprovalPolicy::always()),
-        )
-        .layer(server(Arc::clone(&runs), Duration::ZERO));
-    let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                         "params": {"name": "deploy", "arguments": {},
-                                    "_meta": {"dev.tower-idempotency/idempotency-key": "old-1"}}});
-    let mut request = Request::post("/mcp")
-        .body(Full::new(Bytes::from(message.to_string())))
-        .unwrap();
-    request.extensions_mut().insert(Scope::new("alice"));
-    let response = service.clone().oneshot(request).await.unwrap();
-    assert_eq!(response.status(), 500);
-    let body: Value =
-        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    assert_eq!(
-        body["type"],
-        "https://tower-idempotency.dev/problems/approvals-unsupported"
-    );
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
-    // Nothing is left under the key.
-    let key = tower_idempotency_core::IdempotencyKey::new("old-1").unwrap();
+/// A store that keeps no approvals (a base store: no capabilities declared) is refused when
+/// the layer is built, so no tool call can ever run a command that needs approval
+/// unapproved; over a store chosen by type the compiler refuses it.
+#[test]
+fn a_store_without_approvals_is_refused_when_the_layer_is_built() {
+    let store: Arc<dyn tower_idempotency_core::Store> =
+        Arc::new(test_harness::stores::HookedStore::default());
+    let Err(missing) = McpIdempotencyLayer::from_arc(store) else {
+        panic!("a base store served the MCP layer");
+    };
     assert!(
-        store
-            .get(&Scope::new("alice"), &key)
-            .await
-            .unwrap()
-            .is_none()
+        matches!(
+            missing.capability,
+            tower_idempotency_core::Capability::DerivedMatching
+                | tower_idempotency_core::Capability::Dispatch
+                | tower_idempotency_core::Capability::Approvals
+        ),
+        "{missing}"
     );
+    // The memory store declares all three.
+    let memory: Arc<dyn tower_idempotency_core::Store> = Arc::new(MemoryStore::default());
+    assert!(McpIdempotencyLayer::from_arc(memory).is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1001,60 +1001,23 @@ async fn an_actor_at_its_quota_gets_429_with_retry_after_and_others_go_on() {
     assert_eq!(runs.load(Ordering::SeqCst), executed + 1);
 }
 
-/// A store that predates `replace_delivered`: it reserves as if the field were not there,
-/// and its records read as delivered two hours ago (as they would on a store that has kept
-/// them that long), so a deliberate repeat meets a delivered execution far past its attach
-/// window that was not replaced.
-fn ignores_replace_delivered() -> test_harness::stores::HookedStore {
-    use tower_idempotency_core::Reservation;
-    test_harness::stores::HookedStore::default()
-        .on_reserve(|request| {
-            request.replace_delivered = None;
-            Ok(())
-        })
-        .on_answer(|reservation| match reservation {
-            Reservation::Existing(mut operation) => {
-                let hours_ago = |at| at - std::time::Duration::from_secs(7200);
-                operation.completed_at = operation.completed_at.map(hours_ago);
-                operation.delivered_at = operation.delivered_at.map(hours_ago);
-                Reservation::Existing(operation)
-            }
-            other => other,
-        })
-}
-
-#[tokio::test]
-async fn a_store_that_ignores_replace_delivered_is_refused_rather_than_replaying_forever() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let service = McpIdempotencyLayer::new(ignores_replace_delivered())
-        .with_tool("charge", ToolPolicy::guarded())
-        .layer(server(Answer::Json, Arc::clone(&runs)));
-    let charge = |id: u64| post(Some("alice"), &call(id, "charge", json!({"a": 1}), None));
-    let (status, first) = send(&service, charge(1)).await;
-    assert_eq!(status, StatusCode::OK, "{first}");
-    assert_eq!(first["result"]["structuredContent"]["run"], 1, "{first}");
-    let execution = first["result"]["_meta"][EXECUTION]["execution_id"].clone();
-    until_delivered(&service, &execution).await;
-    // A deliberate repeat: the store hands back the delivered execution instead of
-    // replacing it. Replaying it would answer every repeat with the first result for as
-    // long as the store keeps it; the layer refuses instead, and runs nothing.
-    let (status, repeat) = send(&service, charge(2)).await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{repeat}");
+/// A store that does not declare derived matching (it would replay a delivered execution to
+/// every deliberate repeat until its retention ends) cannot serve the layer: refused when the
+/// layer is built, never per call.
+#[test]
+fn a_store_without_derived_matching_is_refused_when_the_layer_is_built() {
+    let store: Arc<dyn tower_idempotency_core::Store> =
+        Arc::new(test_harness::stores::HookedStore::default());
+    let Err(missing) = McpIdempotencyLayer::from_arc(store) else {
+        panic!("a store without derived matching served the MCP layer");
+    };
     assert_eq!(
-        repeat["type"], "https://tower-idempotency.dev/problems/store-unsupported",
-        "{repeat}"
+        missing.capability,
+        tower_idempotency_core::Capability::DerivedMatching
     );
     assert!(
-        repeat["detail"]
-            .as_str()
-            .is_some_and(|detail| detail.contains("replace_delivered")),
-        "{repeat}"
-    );
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the repeat ran nothing");
-    // The delivered execution is still there as the store kept it.
-    assert_eq!(
-        status_of(&service, "alice", &execution).await["delivered"],
-        true
+        missing.to_string().contains("derived matching"),
+        "{missing}"
     );
 }
 

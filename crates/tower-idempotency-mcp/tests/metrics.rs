@@ -1,6 +1,8 @@
 //! The metrics the layer emits, seen by a `DebuggingRecorder` installed for this thread
 //! (a current-thread runtime, so the layer's own tasks run on it too).
 
+use tower_idempotency_core::ApprovalStore;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -231,7 +233,7 @@ fn a_fresh_call_counts_executed_and_its_retries_replayed_and_waited() {
 
 #[test]
 fn approvals_count_required_denied_and_executed() {
-    use tower_idempotency_core::{ApprovalDecision, ApprovalId, ApprovalPolicy, Store};
+    use tower_idempotency_core::{ApprovalDecision, ApprovalId, ApprovalPolicy};
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();

@@ -18,8 +18,8 @@ use std::time::Duration;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_postgres::types::ToSql;
 use tower_idempotency_core::OperationId;
+use tower_idempotency_core::error::{BoxError, Result};
 use tower_idempotency_core::metrics as names;
-use tower_idempotency_core::store::{BoxError, Result};
 use uuid::Uuid;
 
 use crate::executor::micros;

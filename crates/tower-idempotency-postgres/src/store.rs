@@ -15,17 +15,15 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 use tower_idempotency_core::approval::ApprovalCursor;
 use tower_idempotency_core::audit::DecisionEvent;
-use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::error::Result;
-use tower_idempotency_core::{
-    ApprovalStore, DecisionJournal, DispatchStore, TransactionStore,
-};
+use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
     Operation, OperationId, OperationState, OperationTransaction, Reservation, ReserveRequest,
     Scope, Store, StoreError, StoredResponse, TransactionalReservation, quota::quota_retry_after,
     reserve_then_begin,
 };
+use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore, TransactionStore};
 
 use crate::audit::decisions::DecisionQueue;
 use crate::budget::{self, TransactionBudget};
@@ -127,30 +125,6 @@ impl fmt::Debug for PostgresStore {
             .field("query_timeout", &self.inner.executor.query_timeout)
             .finish_non_exhaustive()
     }
-
-    fn approvals(&self) -> Option<&dyn ApprovalStore> {
-        Some(self)
-    }
-
-    fn transactions(&self) -> Option<&dyn TransactionStore> {
-        Some(self)
-    }
-
-    fn dispatch(&self) -> Option<&dyn DispatchStore> {
-        Some(self)
-    }
-
-    /// `Some` only when the store journals (`PostgresStoreConfig::audit`).
-    fn journal(&self) -> Option<&dyn DecisionJournal> {
-        self.inner
-            .decisions
-            .is_some()
-            .then_some(self as &dyn DecisionJournal)
-    }
-
-    fn derived_matching(&self) -> bool {
-        true
-    }
 }
 
 #[async_trait]
@@ -239,10 +213,7 @@ impl TransactionStore for PostgresStore {
     /// the transaction budget (`transaction_connections`; past it, waits up to
     /// `wait_timeout`, then fails as unavailable): the reservation is already committed, so
     /// duplicates and the status route see the operation while the handler runs.
-    async fn begin_transaction(
-        &self,
-        lease: &Lease,
-    ) -> Result<Box<dyn OperationTransaction>> {
+    async fn begin_transaction(&self, lease: &Lease) -> Result<Box<dyn OperationTransaction>> {
         let permit = self.inner.transactions.acquire().await?;
         let transaction =
             PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease, permit)
@@ -268,13 +239,12 @@ impl DispatchStore for PostgresStore {
         self.fenced_row("cancel", &self.inner.queries.operations.cancel, lease, &[])
             .await
     }
-
-    /// One statement (see `OperationQueries::decide_approval`): the row is locked and read as
-    /// it stands, and changed only if the decision holds.
 }
 
 #[async_trait]
 impl ApprovalStore for PostgresStore {
+    /// One statement (see `OperationQueries::decide_approval`): the row is locked and read as
+    /// it stands, and changed only if the decision holds.
     async fn decide_approval(
         &self,
         scope: &Scope,
@@ -331,6 +301,8 @@ impl ApprovalStore for PostgresStore {
             .collect()
     }
 }
+
+impl tower_idempotency_core::DerivedMatching for PostgresStore {}
 
 impl DecisionJournal for PostgresStore {
     /// Queued for a background batch (see `audit/decisions.rs`); nothing when the store
@@ -991,7 +963,29 @@ impl Store for PostgresStore {
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
+    fn approvals(&self) -> Option<&dyn ApprovalStore> {
+        Some(self)
+    }
 
+    fn transactions(&self) -> Option<&dyn TransactionStore> {
+        Some(self)
+    }
+
+    fn dispatch(&self) -> Option<&dyn DispatchStore> {
+        Some(self)
+    }
+
+    /// `Some` only when the store journals (`PostgresStoreConfig::audit`).
+    fn journal(&self) -> Option<&dyn DecisionJournal> {
+        self.inner
+            .decisions
+            .is_some()
+            .then_some(self as &dyn DecisionJournal)
+    }
+
+    fn derived_matching(&self) -> bool {
+        true
+    }
 }
 
 impl PostgresStore {

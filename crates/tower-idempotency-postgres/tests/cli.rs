@@ -1,6 +1,8 @@
 //! The `tower-idempotency` operator CLI, run as the built binary against a real PostgreSQL
 //! (the workspace's throwaway-cluster harness, or `DATABASE_URL`).
 
+use tower_idempotency_core::DispatchStore;
+
 use std::process::{Command, Output};
 use std::time::Duration;
 

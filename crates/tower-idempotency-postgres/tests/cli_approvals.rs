@@ -2,6 +2,8 @@
 //! workspace's throwaway-cluster harness): operators list, show, approve and deny approvals
 //! across scopes, with the operator recorded and the same outcomes an approver gets.
 
+use tower_idempotency_core::ApprovalStore;
+
 use std::process::{Command, Output};
 use std::time::Duration;
 

@@ -3,6 +3,8 @@
 //! sealer chains and signs them (alone or racing another sealer), and the export verifies
 //! and proves offline; a journal switched off writes nothing.
 
+use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore, TransactionStore};
+
 use std::time::Duration;
 
 use test_harness::pg;
@@ -304,12 +306,12 @@ async fn a_rolled_back_transaction_leaves_no_event() {
     let journal = journal(&store, &key);
     let scope = Scope::new("acme");
     let lease = acquire(&store, &scope, "tx").await;
-    let transaction = store.begin_transaction(&lease).await.unwrap().unwrap();
+    let transaction = store.begin_transaction(&lease).await.unwrap();
     // Dropped without completing: PostgreSQL rolls it back; the reservation stays.
     drop(transaction);
     store.release(&lease).await.unwrap();
     let lease = acquire(&store, &scope, "tx-2").await;
-    let transaction = store.begin_transaction(&lease).await.unwrap().unwrap();
+    let transaction = store.begin_transaction(&lease).await.unwrap();
     transaction.complete(response(201)).await.unwrap();
     let events = sealed_events(&store, &journal, lease.operation_id, 2).await;
     assert_eq!(kinds(&events), ["accepted", "completed"]);

@@ -45,7 +45,8 @@ fn guarded_router() -> Router {
     });
     let layer = IdempotencyLayer::new(store)
         .with_scope(|_| Some(Scope::new("acct_1")))
-        .with_default_policy(RoutePolicy::required());
+        .with_default_policy(RoutePolicy::required())
+        .expect("the store has what the policy needs");
     handler_router().layer(layer)
 }
 

@@ -75,8 +75,6 @@ pub(crate) fn approval_url(shared: &Shared, id: ApprovalId) -> String {
     format!("{}/{id}", shared.approvals_path)
 }
 
-
-
 /// The answer to a request that found (or created) a record in an approval state:
 /// `awaiting_approval`, `authorized` whose approval expired unused, or `denied`.
 pub(crate) fn refusal(shared: &Shared, operation: &Operation) -> Rejection {
@@ -116,4 +114,3 @@ pub(crate) fn refusal(shared: &Shared, operation: &Operation) -> Rejection {
         }
     }
 }
-

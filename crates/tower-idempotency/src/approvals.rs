@@ -20,9 +20,8 @@ use serde_json::{Map, Value, json};
 use tower_idempotency_core::approval::ApprovalCursor;
 use tower_idempotency_core::canonical::parse_json;
 use tower_idempotency_core::{
-    ApprovalStore,
-    Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, Fingerprint, Scope,
-    StoreError,
+    Approval, ApprovalDecision, ApprovalId, ApprovalState, ApprovalStore, DecisionOutcome,
+    Fingerprint, Scope, StoreError,
 };
 
 use crate::approval::approval_url;
@@ -85,7 +84,7 @@ impl IdempotencyLayer {
     /// use tower_idempotency::{ApprovalPolicy, IdempotencyLayer, MemoryStore, RoutePolicy};
     ///
     /// let idempotency = IdempotencyLayer::new(MemoryStore::default())
-    ///     .with_default_policy(RoutePolicy::required().with_approval(ApprovalPolicy::always()))
+    ///     .with_default_policy(RoutePolicy::required().with_approval(ApprovalPolicy::always())).expect("the store has what the policy needs")
     ///     .with_approver(|parts| parts.headers.get("x-approver")?.to_str().ok().map(str::to_owned));
     /// let app: Router = Router::new()
     ///     .route("/v1/deploys", post(|| async { "deployed" }))

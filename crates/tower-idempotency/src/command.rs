@@ -156,7 +156,7 @@ mod extract {
     /// # async fn main() {
     /// let idempotency = IdempotencyLayer::new(MemoryStore::default())
     ///     .with_scope(|_parts| Some(Scope::new("acct_1")))
-    ///     .with_default_policy(RoutePolicy::required().with_command::<NewPayment>());
+    ///     .with_default_policy(RoutePolicy::required().with_command::<NewPayment>()).expect("the store has what the policy needs");
     /// let app = Router::new()
     ///     .route(
     ///         "/v1/payments",

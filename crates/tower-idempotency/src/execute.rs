@@ -160,7 +160,10 @@ where
 /// outcome is unknown, unless a rollback undoes it.
 async fn fail(shared: &Shared, execution: &Execution, sink: Sink, why: &'static str) {
     // A route that marks its own dispatch was built over a store with dispatch marks.
-    let marks = shared.store.dispatch().filter(|_| execution.marks_dispatch());
+    let marks = shared
+        .store
+        .dispatch()
+        .filter(|_| execution.marks_dispatch());
     if let (Sink::Store, Some(marks)) = (&sink, marks) {
         match store_call("cancel", marks.cancel(execution.lease())).await {
             Ok(operation) => {

@@ -14,12 +14,12 @@ use tower_idempotency_core::{Fingerprinter, Scope, Store};
 use crate::config::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY, Shared};
 use crate::detach::Detached;
 use crate::error::ConfigError;
-use tower_idempotency_core::protocol::Engine;
 use crate::headers::{DEFAULT_STORED_HEADERS, NEVER_STORED};
 use crate::policy::{RoutePolicy, header_names};
 use crate::problem::ProblemBase;
 use crate::service::IdempotencyService;
 use crate::storage::ResponseEncryption;
+use tower_idempotency_core::protocol::Engine;
 
 /// A tower [`Layer`] that makes the wrapped write endpoints safe to retry.
 ///
@@ -31,7 +31,7 @@ use crate::storage::ResponseEncryption;
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore, RoutePolicy};
 ///
 /// let layer = IdempotencyLayer::new(MemoryStore::default())
-///     .with_default_policy(RoutePolicy::required().with_lease(Duration::from_secs(30)))
+///     .with_default_policy(RoutePolicy::required().with_lease(Duration::from_secs(30))).expect("the store has what the policy needs")
 ///     .with_body_limit(256 * 1024);
 /// # let _ = layer;
 /// ```

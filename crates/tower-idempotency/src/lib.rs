@@ -32,7 +32,7 @@
 //! let idempotency = IdempotencyLayer::new(MemoryStore::default())
 //!     // Production: the account your authentication middleware established.
 //!     .with_scope(|_parts| Some(Scope::new("acct_1")))
-//!     .with_default_policy(RoutePolicy::required());
+//!     .with_default_policy(RoutePolicy::required()).expect("the store has what the policy needs");
 //!
 //! let app = Router::new()
 //!     .route("/v1/payments", post(|| async { (StatusCode::CREATED, "pay_1") }))
@@ -159,6 +159,12 @@ pub use service::{IdempotencyService, ResponseFuture};
 pub use tower_idempotency_core::{
     MemoryStore, MemoryStoreConfig, Reservation, ReserveRequest, ScopeQuota, Store, StoreError,
     purge::spawn_purge_task,
+};
+// What a store declares beside the base trait (checked when a policy is set).
+#[doc(inline)]
+pub use tower_idempotency_core::{
+    ApprovalStore, Capabilities, Capability, DecisionJournal, DerivedMatching, DispatchStore,
+    MissingCapability, TransactionStore,
 };
 // The records a store keeps and the status routes show.
 #[doc(inline)]

@@ -593,11 +593,13 @@ mod tests {
     fn the_key_parameter_follows_the_route_policy() {
         let layer = IdempotencyLayer::new(MemoryStore::default())
             .with_default_policy(RoutePolicy::optional())
+            .expect("the store has what the policy needs")
             .with_route_policy(
                 Method::POST,
                 "/v1/deploys",
                 RoutePolicy::required().with_approval(ApprovalPolicy::always()),
-            );
+            )
+            .expect("the store has what the policy needs");
         let mut optional = json!({"responses": {"201": {"description": "made"}}});
         decorate_operation(&layer, &Method::POST, "/v1/notes", &mut optional);
         assert_eq!(
@@ -618,8 +620,9 @@ mod tests {
             "{forbidden}"
         );
         assert!(deploy["responses"]["409"]["headers"]["Retry-After"].is_object());
-        let layer =
-            layer.with_route_policy(Method::PUT, "/v1/ledger", RoutePolicy::transactional());
+        let layer = layer
+            .with_route_policy(Method::PUT, "/v1/ledger", RoutePolicy::transactional())
+            .expect("the store has what the policy needs");
         let mut ledger = json!({"responses": {"200": {"description": "ok"}}});
         decorate_operation(&layer, &Method::PUT, "/v1/ledger", &mut ledger);
         let unavailable = ledger["responses"]["503"].to_string();

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
-use tower_idempotency_core::Capability;
 use tower_idempotency_core::ApprovalPolicy;
+use tower_idempotency_core::Capability;
 
 use crate::error::ConfigError;
 use crate::storage::ResponseStorage;

@@ -134,7 +134,7 @@ impl IdempotencyLayer {
     ///     Method::POST,
     ///     "/v1/refund", // the router has `/v1/refunds`
     ///     RoutePolicy::required(),
-    /// );
+    /// ).expect("the store has what the policy needs");
     /// let router = Router::new()
     ///     .route("/v1/refunds", post(|| async { "refunded" }))
     ///     .route_layer(idempotency.clone());

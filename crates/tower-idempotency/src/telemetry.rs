@@ -508,11 +508,13 @@ mod tests {
         });
         let _service = IdempotencyLayer::new(MemoryStore::default())
             .with_route_policy(Method::POST, "/v1/plain", RoutePolicy::required())
+            .expect("the store has what the policy needs")
             .with_route_policy(
                 Method::POST,
                 "/v1/approved",
                 RoutePolicy::required().with_approval(ApprovalPolicy::always()),
             )
+            .expect("the store has what the policy needs")
             .layer(handler);
         let snapshot = snapshotter.snapshot().into_vec();
         for gauge in [

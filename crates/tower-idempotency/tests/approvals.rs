@@ -53,7 +53,8 @@ fn app(store: impl Store, approval: ApprovalPolicy) -> (Router, Arc<AtomicUsize>
         .with_scope(move |parts| header("x-account")(parts).map(Scope::new))
         .with_principal(header("x-user"))
         .with_approver(header("x-approver"))
-        .with_default_policy(RoutePolicy::required().with_approval(approval));
+        .with_default_policy(RoutePolicy::required().with_approval(approval))
+        .expect("the store has what the policy needs");
     let router = Router::new()
         .route(
             "/v1/deploys",
@@ -549,7 +550,8 @@ async fn neither_a_missing_key_nor_a_store_outage_skips_an_approval() {
             .route_layer(
                 IdempotencyLayer::new(store)
                     .with_scope(|_| Some(Scope::new("acme")))
-                    .with_default_policy(policy),
+                    .with_default_policy(policy)
+                    .expect("the store has what the policy needs"),
             )
     };
     // An optional key on a route with approvals is still required.

@@ -32,7 +32,8 @@ fn app(
                 .and_then(|v| v.to_str().ok())
                 .map(Scope::new)
         })
-        .with_default_policy(policy);
+        .with_default_policy(policy)
+        .expect("the store has what the policy needs");
     let counter = calls.clone();
     let router = Router::new()
         .route(
@@ -524,7 +525,8 @@ async fn safe_methods_and_optional_keys_pass_through() {
         .layer(
             IdempotencyLayer::new(MemoryStore::default())
                 .with_scope(|_| Some(Scope::global()))
-                .with_default_policy(RoutePolicy::optional()),
+                .with_default_policy(RoutePolicy::optional())
+                .expect("the store has what the policy needs"),
         );
     let get = app
         .clone()
@@ -581,7 +583,8 @@ async fn a_full_store_answers_503_without_running_the_handler() {
         Router::new().route("/x", post(|| async { "ran" })).layer(
             IdempotencyLayer::new(full.clone())
                 .with_scope(|_| Some(Scope::global()))
-                .with_default_policy(policy),
+                .with_default_policy(policy)
+                .expect("the store has what the policy needs"),
         )
     };
     let req = || {
@@ -629,7 +632,8 @@ async fn a_scope_over_its_quota_answers_429_for_new_keys_only() {
                             .and_then(|v| v.to_str().ok())
                             .map(Scope::new)
                     })
-                    .with_default_policy(RoutePolicy::required()),
+                    .with_default_policy(RoutePolicy::required())
+                    .expect("the store has what the policy needs"),
             )
     };
     let req = |account: &str, key: &str| {
@@ -732,7 +736,8 @@ async fn a_released_server_error_is_released_whatever_its_size() {
             .with_response_limit(1024)
             .with_default_policy(
                 RoutePolicy::required().with_server_errors(ServerErrorPolicy::Release),
-            ),
+            )
+            .expect("the store has what the policy needs"),
     );
     let req = || {
         Request::post("/export")
@@ -784,7 +789,8 @@ async fn a_custom_key_header_never_enters_the_fingerprint() {
         IdempotencyLayer::new(store.clone())
             .with_scope(|_| Some(Scope::new("a")))
             .with_header_name(http::HeaderName::from_static("x-key"))
-            .with_default_policy(policy),
+            .with_default_policy(policy)
+            .expect("the store has what the policy needs"),
     );
     let send = |key: &'static str, region: &'static str| {
         let request = Request::post("/v1/things")
@@ -850,7 +856,8 @@ async fn redacted_and_status_only_replays_carry_no_body_digest() {
             .with_scope(|_| Some(Scope::new("a")))
             .with_stored_headers(["etag", "content-digest", "location", "content-type"])
             .unwrap()
-            .with_default_policy(RoutePolicy::required().with_response_storage(storage.clone()));
+            .with_default_policy(RoutePolicy::required().with_response_storage(storage.clone()))
+            .expect("the store has what the policy needs");
         let app = Router::new().route("/v1/things", handler).layer(layer);
         let first = app
             .clone()
@@ -961,12 +968,14 @@ async fn a_route_policy_for_an_unregistered_route_is_refused_at_start() {
     };
     let base = IdempotencyLayer::new(store.clone())
         .with_scope(|_| Some(Scope::new("acct")))
-        .with_route_policy(Method::POST, "/v1/tickets/{id}", RoutePolicy::required());
+        .with_route_policy(Method::POST, "/v1/tickets/{id}", RoutePolicy::required())
+        .expect("the store has what the policy needs");
     let approval = || RoutePolicy::required().with_approval(ApprovalPolicy::always());
 
     let mistyped = base
         .clone()
-        .with_route_policy(Method::POST, "/v1/refund", approval());
+        .with_route_policy(Method::POST, "/v1/refund", approval())
+        .expect("the store has what the policy needs");
     assert_eq!(
         mistyped.verify_routes(&guarded(&mistyped)),
         Err(ConfigError::UnregisteredRoute {
@@ -978,11 +987,14 @@ async fn a_route_policy_for_an_unregistered_route_is_refused_at_start() {
     assert!(error.to_string().contains("POST /v1/refund "), "{error}");
 
     // Another template for the same paths is another route.
-    let other_template = base.clone().with_route_policy(
-        Method::POST,
-        "/v1/tickets/{ticket_id}",
-        RoutePolicy::required(),
-    );
+    let other_template = base
+        .clone()
+        .with_route_policy(
+            Method::POST,
+            "/v1/tickets/{ticket_id}",
+            RoutePolicy::required(),
+        )
+        .expect("the store has what the policy needs");
     let checked = other_template.verify_routes(&guarded(&other_template));
     assert!(
         matches!(&checked, Err(ConfigError::UnregisteredRoute { route, .. }) if route == "/v1/tickets/{ticket_id}"),
@@ -992,7 +1004,8 @@ async fn a_route_policy_for_an_unregistered_route_is_refused_at_start() {
     // A method the layer does not guard never applies.
     let unguarded = base
         .clone()
-        .with_route_policy(Method::GET, "/v1/refunds", approval());
+        .with_route_policy(Method::GET, "/v1/refunds", approval())
+        .expect("the store has what the policy needs");
     assert!(matches!(
         unguarded.verify_routes(&guarded(&unguarded)),
         Err(ConfigError::UnguardedRoutePolicy { .. })
@@ -1000,7 +1013,8 @@ async fn a_route_policy_for_an_unregistered_route_is_refused_at_start() {
 
     let correct = base
         .clone()
-        .with_route_policy(Method::POST, "/v1/refunds", approval());
+        .with_route_policy(Method::POST, "/v1/refunds", approval())
+        .expect("the store has what the policy needs");
     assert_eq!(correct.verify_routes(&guarded(&correct)), Ok(()));
 
     // Outer middleware that answers first: the check cannot pass.

@@ -303,13 +303,17 @@ fn layer(store: MemoryStore, key_optional: bool, small_body_limit: bool) -> Idem
         } else {
             RoutePolicy::required()
         })
+        .expect("the store has what the policy needs")
         .with_route_policy(Method::POST, "/v1/commands", commands.clone())
+        .expect("the store has what the policy needs")
         .with_route_policy(Method::PUT, "/v1/commands", commands)
+        .expect("the store has what the policy needs")
         .with_route_policy(
             Method::POST,
             "/v1/release",
             RoutePolicy::required().with_server_errors(ServerErrorPolicy::Release),
         )
+        .expect("the store has what the policy needs")
         .with_body_limit(if small_body_limit {
             SMALL_BODY_LIMIT
         } else {

@@ -74,7 +74,8 @@ async fn a_result_the_store_refused_is_recorded_once_it_is_back_and_then_replaye
         .layer(
             IdempotencyLayer::new(store.store.clone())
                 .with_scope(|_| Some(Scope::new("acct")))
-                .with_default_policy(RoutePolicy::required().with_wait(Duration::ZERO)),
+                .with_default_policy(RoutePolicy::required().with_wait(Duration::ZERO))
+                .expect("the store has what the policy needs"),
         );
 
     // The store refuses the result: the client still gets the handler's answer.
@@ -127,7 +128,8 @@ async fn a_response_body_that_panics_is_a_handler_failure_and_the_outcome_unknow
         .layer(
             IdempotencyLayer::new(store.clone())
                 .with_scope(|_| Some(Scope::new("acct")))
-                .with_default_policy(RoutePolicy::required()),
+                .with_default_policy(RoutePolicy::required())
+                .expect("the store has what the policy needs"),
         );
     let answer = app.clone().oneshot(request("k2")).await.unwrap();
     assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);

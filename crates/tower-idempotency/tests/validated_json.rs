@@ -68,7 +68,8 @@ fn guarded(policy: RoutePolicy, calls: &Arc<AtomicUsize>) -> Router {
     let layer = IdempotencyLayer::new(MemoryStore::default())
         .with_scope(|_| Some(Scope::new("acct_1")))
         .with_problem_base("https://example.com/problems/")
-        .with_default_policy(policy);
+        .with_default_policy(policy)
+        .expect("the store has what the policy needs");
     things(calls).route_layer(layer)
 }
 
@@ -205,7 +206,8 @@ async fn bad_bodies_get_the_layers_problems() {
     let layered = {
         let layer = IdempotencyLayer::new(MemoryStore::default())
             .with_scope(|_| Some(Scope::new("acct_1")))
-            .with_default_policy(RoutePolicy::required().with_command::<NewThing>());
+            .with_default_policy(RoutePolicy::required().with_command::<NewThing>())
+            .expect("the store has what the policy needs");
         things(&calls).route_layer(layer)
     };
     let cases = [
@@ -366,7 +368,8 @@ async fn the_handler_receives_the_layers_typed_command() {
     }
     let layer = IdempotencyLayer::new(MemoryStore::default())
         .with_scope(|_| Some(Scope::new("acct_1")))
-        .with_default_policy(RoutePolicy::required().with_command::<Counted>());
+        .with_default_policy(RoutePolicy::required().with_command::<Counted>())
+        .expect("the store has what the policy needs");
     let app = Router::new()
         .route(
             "/v1/things",

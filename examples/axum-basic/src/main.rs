@@ -13,7 +13,8 @@ async fn main() -> std::io::Result<()> {
         // keys must be scoped by the *authenticated* principal, or one client could
         // collide with, or read back, another client's operations.
         .with_scope(|_parts| Some(Scope::global()))
-        .with_default_policy(RoutePolicy::required());
+        .with_default_policy(RoutePolicy::required())
+        .expect("the store has what the policy needs");
 
     let app = Router::new()
         .route("/orders", post(create_order))

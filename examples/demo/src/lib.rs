@@ -354,11 +354,13 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
                 .then(|| user.to_owned())
         })
         .with_default_policy(policy.clone())
+        .expect("the store has what the policy needs")
         .with_route_policy(
             Method::POST,
             "/v1/tickets",
             written.clone().with_command::<NewTicket>(),
         )
+        .expect("the store has what the policy needs")
         .with_route_policy(
             Method::POST,
             "/v1/payments",
@@ -366,6 +368,7 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
                 .with_command::<NewPayment>()
                 .with_approval(approvals::payment_policy(config.approval_ttl)),
         )
+        .expect("the store has what the policy needs")
         .with_route_policy(
             Method::POST,
             "/v1/deploys",
@@ -373,6 +376,7 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
                 .with_command::<NewDeploy>()
                 .with_approval(approvals::deploy_policy(config.approval_ttl)),
         )
+        .expect("the store has what the policy needs")
 }
 
 /// Serves the demo on `listener` within `config.serve_limits` (header-read timeout,

@@ -108,6 +108,9 @@ pub enum StartError {
     /// The flags contradict each other.
     #[error("{0}")]
     Config(&'static str),
+    /// The store cannot serve the MCP layer.
+    #[error("{0}")]
+    Store(#[from] tower_idempotency_core::MissingCapability),
 }
 
 /// The HTTP demo's audit journal refusing to open (`AuditJournal::memory`/`postgres`).
@@ -314,7 +317,7 @@ pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
         .filter_map(|tool| serde_json::to_value(tool).ok())
         .collect();
     let (lease, wait, approval_ttl) = (config.lease, config.wait, config.approval_ttl);
-    let guard = McpIdempotencyLayer::new(Arc::clone(&store))
+    let guard = McpIdempotencyLayer::from_arc(Arc::clone(&store))?
         .with_principal(principal_of)
         .with_approvals_url(APPROVALS_PATH)
         .with_tool_definitions(&definitions, |name, policy: ToolPolicy| {

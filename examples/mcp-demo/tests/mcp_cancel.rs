@@ -73,7 +73,7 @@ fn slow_server(
 
 async fn cancelled_then_taken_over(store: Arc<dyn Store>) {
     let runs = Arc::new(AtomicUsize::new(0));
-    let layer = McpIdempotencyLayer::new(store).with_tool(
+    let layer = McpIdempotencyLayer::from_arc(store).unwrap().with_tool(
         "rotate_key",
         ToolPolicy::guarded()
             .with_on_disconnect(OnDisconnect::Cancel)

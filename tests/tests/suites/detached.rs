@@ -42,6 +42,7 @@ async fn gated(max_detached: usize) -> Gated {
                 .with_lease(Duration::from_secs(60))
                 .with_wait(Duration::from_secs(60)),
         )
+        .expect("the store has what the policy needs")
         .with_max_detached(max_detached);
     let gate = Arc::new(Semaphore::new(0));
     let calls = Arc::new(AtomicUsize::new(0));

@@ -117,6 +117,7 @@ async fn server(store: Arc<dyn Store>, seen: Arc<Seen>, stall: Stall) -> TestSer
             "/v1/flaky",
             RoutePolicy::required().with_marks_dispatch(true),
         )
+        .expect("the store has what the policy needs")
         .with_route_policy(
             http::Method::POST,
             "/v1/deploys",
@@ -126,7 +127,8 @@ async fn server(store: Arc<dyn Store>, seen: Arc<Seen>, stall: Stall) -> TestSer
                 .with_heartbeat(false)
                 .with_lease(LEASE)
                 .with_wait(Duration::from_secs(20)),
-        );
+        )
+        .expect("the store has what the policy needs");
     let app = Router::new()
         .route("/v1/deploys", post(marking))
         .route("/v1/tickets", post(plain))

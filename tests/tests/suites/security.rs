@@ -128,16 +128,19 @@ fn app(store: Arc<dyn Store>, runs: Arc<Executions>, keys: Option<ResponseEncryp
             "/v1/api-keys",
             RoutePolicy::required().with_response_storage(redacted.clone()),
         )
+        .expect("the store has what the policy needs")
         .with_route_policy(
             http::Method::POST,
             "/v1/sessions",
             RoutePolicy::required().with_response_storage(redacted),
         )
+        .expect("the store has what the policy needs")
         .with_route_policy(
             http::Method::POST,
             "/v1/exports",
             RoutePolicy::required().with_response_storage(ResponseStorage::status_only()),
-        );
+        )
+        .expect("the store has what the policy needs");
     if let Some(keys) = keys {
         layer = layer.with_response_encryption(keys);
     }

@@ -10,9 +10,8 @@ use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 use super::fixture::{
-    approvals,
-    Fixture, assert_close, existing, fresh_fingerprint, fresh_scope, get, must, request_approval,
-    response, settled_replays,
+    Fixture, approvals, assert_close, existing, fresh_fingerprint, fresh_scope, get, must,
+    request_approval, response, settled_replays,
 };
 use super::{KEEP, LONG, PAST_SHORT, SHORT, SLACK};
 use crate::approval::ApprovalCursor;
@@ -43,7 +42,9 @@ async fn decide<S: Store>(
     must(
         check,
         "decide_approval",
-        approvals(store).decide_approval(scope, id, decision, by).await,
+        approvals(store)
+            .decide_approval(scope, id, decision, by)
+            .await,
     )
     .unwrap_or_else(|| panic!("{check}: approval {id} was not found in its scope"))
 }
@@ -54,8 +55,12 @@ async fn fetch_approval<S: Store>(
     scope: &Scope,
     id: ApprovalId,
 ) -> Approval {
-    must(check, "get_approval", approvals(store).get_approval(scope, id).await)
-        .unwrap_or_else(|| panic!("{check}: approval {id} was not found in its scope"))
+    must(
+        check,
+        "get_approval",
+        approvals(store).get_approval(scope, id).await,
+    )
+    .unwrap_or_else(|| panic!("{check}: approval {id} was not found in its scope"))
 }
 
 fn approve(fixture: &Fixture) -> ApprovalDecision {
@@ -450,7 +455,9 @@ async fn decide_concurrently<S: Store + Clone>(store: &S) {
         tasks.spawn(async move {
             let by = format!("approver-{i}");
             barrier.wait().await;
-            let outcome = approvals(&store).decide_approval(&scope, id, decision, &by).await;
+            let outcome = approvals(&store)
+                .decide_approval(&scope, id, decision, &by)
+                .await;
             (by, approves, outcome)
         });
     }
@@ -687,19 +694,26 @@ pub async fn approvals_are_scoped<S: Store>(store: &S) {
     let op = request_approval(CHECK, store, fixture.with_approval(KEEP)).await;
     let id = approval_of(CHECK, &op).id;
     let other = fresh_scope();
-    let read = must(CHECK, "get_approval", approvals(store).get_approval(&other, id).await);
+    let read = must(
+        CHECK,
+        "get_approval",
+        approvals(store).get_approval(&other, id).await,
+    );
     assert_eq!(read, None, "{CHECK}: another scope read the approval");
     let decided = must(
         CHECK,
         "decide_approval",
-        approvals(store).decide_approval(&other, id, approve(&fixture), APPROVER)
+        approvals(store)
+            .decide_approval(&other, id, approve(&fixture), APPROVER)
             .await,
     );
     assert_eq!(decided, None, "{CHECK}: another scope decided the approval");
     let listed = must(
         CHECK,
         "list_approvals",
-        approvals(store).list_approvals(&other, None, None, 100).await,
+        approvals(store)
+            .list_approvals(&other, None, None, 100)
+            .await,
     );
     assert_eq!(listed, vec![], "{CHECK}: another scope listed the approval");
     let by_id = must(CHECK, "get_by_id", store.get_by_id(&other, op.id).await);
@@ -707,7 +721,9 @@ pub async fn approvals_are_scoped<S: Store>(store: &S) {
     let unknown = must(
         CHECK,
         "get_approval",
-        approvals(store).get_approval(&fixture.scope, ApprovalId::new()).await,
+        approvals(store)
+            .get_approval(&fixture.scope, ApprovalId::new())
+            .await,
     );
     assert_eq!(unknown, None, "{CHECK}: an unknown id found an approval");
     let still = fetch_approval(CHECK, store, &fixture.scope, id).await;
@@ -762,7 +778,9 @@ pub async fn list_approvals_filters_orders_and_limits<S: Store>(store: &S) {
             must(
                 CHECK,
                 "list_approvals",
-                approvals(store).list_approvals(scope, state, after, limit).await,
+                approvals(store)
+                    .list_approvals(scope, state, after, limit)
+                    .await,
             )
         }
     };

@@ -2,8 +2,7 @@
 //! response like `complete`, are fenced like it, and record the delivery with the
 //! completion when asked to — on the plain path and in an operation's transaction.
 
-use super::fixture::{
-    transactions,Fixture, acquire, expect_lost, get, must, response};
+use super::fixture::{Fixture, acquire, expect_lost, get, must, response, transactions};
 use crate::{OperationState, Store, TransactionalReservation};
 
 /// `complete_delivered(…, true)` completes the operation with its response and records its
@@ -55,7 +54,10 @@ pub async fn transaction_complete_delivered_says_what_it_recorded<S: Store>(stor
     const CHECK: &str = "transaction_complete_delivered_says_what_it_recorded";
     for delivered in [true, false] {
         let fixture = Fixture::new();
-        let transaction = match transactions(store).reserve_transaction(fixture.request()).await {
+        let transaction = match transactions(store)
+            .reserve_transaction(fixture.request())
+            .await
+        {
             Ok(TransactionalReservation::Acquired { transaction, .. }) => transaction,
             other => panic!("{CHECK}: a fresh key must be acquired, got {other:?}"),
         };

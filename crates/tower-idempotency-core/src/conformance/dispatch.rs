@@ -10,9 +10,8 @@ use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 use super::fixture::{
-    dispatch,
-    Fixture, acquire, assert_close, bounded, existing, expect_lost, fresh_fingerprint, get,
-    join_wait, must, response, spawn_wait, take_over,
+    Fixture, acquire, assert_close, bounded, dispatch, existing, expect_lost, fresh_fingerprint,
+    get, join_wait, must, response, spawn_wait, take_over,
 };
 use super::{LONG, PAST_SHORT, SHORT, SLACK, WAIT_LONG, WAKE_BOUND};
 use crate::{OperationState, Reservation, ReserveRequest, Store};

@@ -8,11 +8,11 @@ use uuid::Uuid;
 
 use super::{KEEP, LONG, SHORT, WAKE_BOUND};
 use crate::error::Result;
-use crate::{ApprovalStore, DispatchStore, TransactionStore};
 use crate::{
     ApprovalRequest, Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation,
     ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
+use crate::{ApprovalStore, DispatchStore, TransactionStore};
 
 /// A fresh `(scope, key, fingerprint)` and the requests checks make with it.
 pub(super) struct Fixture {

@@ -15,8 +15,8 @@ use super::fixture::{
     request_approval, reserve_request, response,
 };
 use super::{PAST_SHORT, SHORT, SLACK};
-use crate::quota::{QUOTA_RETRY_MAX, QUOTA_RETRY_MIN};
 use crate::error::Result;
+use crate::quota::{QUOTA_RETRY_MAX, QUOTA_RETRY_MIN};
 use crate::{
     IdempotencyKey, Reservation, ReserveRequest, Scope, ScopeQuota, Store, StoreError,
     StoredResponse,

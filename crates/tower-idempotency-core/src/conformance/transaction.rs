@@ -8,8 +8,7 @@ use std::sync::Arc;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use super::fixture::{
-    transactions,Fixture, expect_lost, get, must, response};
+use super::fixture::{Fixture, expect_lost, get, must, response, transactions};
 use super::{LONG, PAST_SHORT};
 use crate::error::Result;
 use crate::{
@@ -119,7 +118,12 @@ pub async fn reserve_transaction_acquires_once_and_commits<S: Store + Clone>(sto
         "{CHECK}: after commit"
     );
     assert_eq!(read.response, Some(response("committed")), "{CHECK}");
-    let replay = existing(CHECK, transactions(store).reserve_transaction(fixture.request()).await);
+    let replay = existing(
+        CHECK,
+        transactions(store)
+            .reserve_transaction(fixture.request())
+            .await,
+    );
     assert_eq!(
         (replay.id, replay.state),
         (operation.id, OperationState::Completed),
@@ -172,7 +176,9 @@ pub async fn reserve_transaction_commit_is_fenced<S: Store>(store: &S) {
     let takeover = match must(
         CHECK,
         "reserve_transaction",
-        transactions(store).reserve_transaction(fixture.take_over()).await,
+        transactions(store)
+            .reserve_transaction(fixture.take_over())
+            .await,
     ) {
         TransactionalReservation::Acquired {
             operation: taken,

@@ -14,12 +14,12 @@ use super::inner::{Inner, Refusal, response_bytes};
 use super::shard::RecordKey;
 use crate::audit::{AuditEventKind, DecisionEvent};
 use crate::error::Result;
-use crate::{ApprovalStore, DecisionJournal, DispatchStore};
 use crate::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
     Operation, OperationId, OperationState, Reservation, ReserveRequest, Scope, Store,
     StoredResponse,
 };
+use crate::{ApprovalStore, DecisionJournal, DispatchStore};
 
 #[async_trait]
 impl Store for MemoryStore {
@@ -201,7 +201,10 @@ impl Store for MemoryStore {
 
     /// `Some` only when the store was built with a journal.
     fn journal(&self) -> Option<&dyn DecisionJournal> {
-        self.inner.journal.is_some().then_some(self as &dyn DecisionJournal)
+        self.inner
+            .journal
+            .is_some()
+            .then_some(self as &dyn DecisionJournal)
     }
 
     fn derived_matching(&self) -> bool {
@@ -278,6 +281,8 @@ impl ApprovalStore for MemoryStore {
         Ok(self.inner.list_approvals(scope, state, after, limit))
     }
 }
+
+impl crate::DerivedMatching for MemoryStore {}
 
 impl DecisionJournal for MemoryStore {
     fn record_decision(&self, event: DecisionEvent) {

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::*;
-use crate::conformance::reserve_request;
 use crate::ApprovalStore;
+use crate::conformance::reserve_request;
 use crate::error::Result;
 use crate::{
     Fingerprint, IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest,

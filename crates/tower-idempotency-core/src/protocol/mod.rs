@@ -39,13 +39,13 @@ use std::time::{Duration, Instant, SystemTime};
 pub use attempt::{Attempt, Waits};
 pub use refusal::{ApprovalRefusal, NotReserved, Refusal};
 
+use crate::approval::ApprovalState;
 use crate::audit::{AuditEventKind, Correlation, DecisionEvent};
 use crate::capability::TransactionalReservation;
 use crate::error::StoreError;
 use crate::operation::{Lease, Operation, OperationId, OperationState};
 use crate::store::{Reservation, Store};
 use crate::transaction::OperationTransaction;
-use crate::approval::ApprovalState;
 
 /// Rounds of one attempt (each one reservation) before it is answered as in progress: this
 /// bounds the work one request can cause however the record keeps changing.
@@ -151,7 +151,9 @@ impl Engine {
         let fail_open = mode.fail_open && !mode.transactional && request.approval.is_none();
         let reserved = reserved.map_err(|error| self.not_reserved(attempt, error, fail_open))?;
         if let Reserved::Acquired(acquired) = &reserved {
-            if request.approval.is_some() && !acquired.takeover && acquired.operation.approval.is_none()
+            if request.approval.is_some()
+                && !acquired.takeover
+                && acquired.operation.approval.is_none()
             {
                 // A store that ignored the approval: never run the handler unapproved.
                 tracing::error!(operation_id = %acquired.operation.id, "the store reserved a command that needs approval without one; not run");
@@ -347,10 +349,8 @@ impl Engine {
     /// Journals the replay of the operation `id` to `attempt` (the adapter calls it once it
     /// has rendered the stored result).
     pub fn replayed(&self, attempt: &Attempt, id: OperationId) {
-        self.journal(attempt, Some(id), |correlation| {
-            AuditEventKind::Replayed {
-                correlation: Some(correlation),
-            }
+        self.journal(attempt, Some(id), |correlation| AuditEventKind::Replayed {
+            correlation: Some(correlation),
         });
     }
 
@@ -374,10 +374,13 @@ impl Engine {
             return;
         };
         let request = attempt.request();
-        let mut event =
-            DecisionEvent::new(request.scope.clone(), operation, kind(attempt.correlation()))
-                .with_key(request.key.clone())
-                .with_fingerprint(request.fingerprint.clone());
+        let mut event = DecisionEvent::new(
+            request.scope.clone(),
+            operation,
+            kind(attempt.correlation()),
+        )
+        .with_key(request.key.clone())
+        .with_fingerprint(request.fingerprint.clone());
         if let Some(principal) = attempt.principal() {
             event = event.with_principal(principal.to_owned());
         }
@@ -440,7 +443,6 @@ fn from_transactional(reservation: TransactionalReservation) -> Reserved {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -2,9 +2,9 @@
 //! that makes it (so a duplicate's decision can never precede the change it saw), decisions
 //! reported by the layer land in order, and the journal verifies.
 
-use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore};
 use std::io::Cursor;
 use std::time::Duration;
+use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore};
 
 use tower_idempotency_core::audit::{
     AuditEventKind, DecisionEvent, Journal, JournalConfig, NoteSigningKey, SealedEvent, Verifier,

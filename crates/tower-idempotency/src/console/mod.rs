@@ -373,12 +373,8 @@ async fn newest_pending(console: &Console, scope: &Scope) -> Result<Vec<Approval
         let Some(approvals) = console.shared.store.approvals() else {
             return Ok(Vec::new());
         };
-        let listing = approvals.list_approvals(
-            scope,
-            Some(ApprovalState::Pending),
-            after,
-            LIST_LIMIT,
-        );
+        let listing =
+            approvals.list_approvals(scope, Some(ApprovalState::Pending), after, LIST_LIMIT);
         let page = store_call("list_approvals", listing).await?;
         let full = page.len() == LIST_LIMIT;
         after = page.last().map(ApprovalCursor::after);

@@ -8,9 +8,10 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use serde_json::json;
 use tower::ServiceExt;
+use tower_idempotency_core::ApprovalStore;
 use tower_idempotency_core::audit::{Journal, JournalConfig, NoteSigningKey};
 use tower_idempotency_core::{
-    ApprovalPolicy, ApprovalState, MemoryStore, MemoryStoreConfig, Scope, Store,
+    ApprovalPolicy, ApprovalState, MemoryStore, MemoryStoreConfig, Scope,
 };
 
 use crate::{IdempotencyLayer, RoutePolicy};
@@ -39,7 +40,8 @@ fn app(journal: Option<Journal>) -> (Router, MemoryStore) {
         .with_scope(move |parts| x_account(parts).map(Scope::new))
         .with_principal(header("x-user"))
         .with_approver(header("x-approver"))
-        .with_default_policy(RoutePolicy::required().with_approval(policy));
+        .with_default_policy(RoutePolicy::required().with_approval(policy))
+        .expect("the store has what the policy needs");
     let console = match journal {
         Some(journal) => layer.console().with_journal(journal),
         None => layer.console(),

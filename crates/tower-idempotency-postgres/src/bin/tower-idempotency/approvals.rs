@@ -11,7 +11,7 @@ use std::num::NonZeroUsize;
 use clap::Subcommand;
 use serde_json::{Value, json};
 use tower_idempotency_core::{
-    Approval, ApprovalId, ApprovalState, DecisionOutcome, Fingerprint, Scope, Store,
+    Approval, ApprovalId, ApprovalState, ApprovalStore, DecisionOutcome, Fingerprint, Scope,
 };
 use tower_idempotency_postgres::PostgresStore;
 
