@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_idempotency_core::error::Result;
+use tower_idempotency_core::{ApprovalStore, OperationTransaction, StoreError, TransactionStore};
 use tower_idempotency_core::{
     IdempotencyKey, Lease, MemoryStore, Operation, OperationId, Reservation, ReserveRequest, Scope,
     Store, StoredResponse,
@@ -24,6 +25,8 @@ type CompleteHook = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 #[derive(Clone, Default)]
 pub struct HookedStore {
     store: MemoryStore,
+    transactions: bool,
+    approvals: bool,
     reserve: Option<ReserveHook>,
     answer: Option<AnswerHook>,
     complete: Option<CompleteHook>,
@@ -48,6 +51,21 @@ impl HookedStore {
         hook: impl Fn(Reservation) -> Reservation + Send + Sync + 'static,
     ) -> Self {
         self.answer = Some(Arc::new(hook));
+        self
+    }
+
+    /// Declares transactions whose opening always fails as unavailable: for the logic of a
+    /// layer built with a transactional route over a store that never reaches a database.
+    #[must_use]
+    pub fn with_failing_transactions(mut self) -> Self {
+        self.transactions = true;
+        self
+    }
+
+    /// Declares the memory store's approvals (without this, the store keeps none).
+    #[must_use]
+    pub fn with_approvals(mut self) -> Self {
+        self.approvals = true;
         self
     }
 
@@ -117,5 +135,20 @@ impl Store for HookedStore {
     }
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
         self.store.purge_expired(batch).await
+    }
+    fn approvals(&self) -> Option<&dyn ApprovalStore> {
+        self.approvals.then_some(&self.store as &dyn ApprovalStore)
+    }
+    fn transactions(&self) -> Option<&dyn TransactionStore> {
+        self.transactions.then_some(self as &dyn TransactionStore)
+    }
+}
+
+#[async_trait::async_trait]
+impl TransactionStore for HookedStore {
+    async fn begin_transaction(&self, _lease: &Lease) -> Result<Box<dyn OperationTransaction>> {
+        Err(StoreError::Unavailable(
+            "the hooked store's transactions always fail to open".into(),
+        ))
     }
 }

@@ -591,15 +591,19 @@ mod tests {
 
     #[test]
     fn the_key_parameter_follows_the_route_policy() {
-        let layer = IdempotencyLayer::new(MemoryStore::default())
-            .with_default_policy(RoutePolicy::optional())
-            .expect("the store has what the policy needs")
-            .with_route_policy(
-                Method::POST,
-                "/v1/deploys",
-                RoutePolicy::required().with_approval(ApprovalPolicy::always()),
-            )
-            .expect("the store has what the policy needs");
+        let layer = IdempotencyLayer::new(
+            test_harness::stores::HookedStore::default()
+                .with_approvals()
+                .with_failing_transactions(),
+        )
+        .with_default_policy(RoutePolicy::optional())
+        .expect("the store has what the policy needs")
+        .with_route_policy(
+            Method::POST,
+            "/v1/deploys",
+            RoutePolicy::required().with_approval(ApprovalPolicy::always()),
+        )
+        .expect("the store has what the policy needs");
         let mut optional = json!({"responses": {"201": {"description": "made"}}});
         decorate_operation(&layer, &Method::POST, "/v1/notes", &mut optional);
         assert_eq!(

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use test_harness::stores::HookedStore;
 use tower::ServiceExt;
 use tower_idempotency::{
-    ApprovalPolicy, IdempotencyKey, IdempotencyLayer, MemoryStore, RoutePolicy, Scope, Store,
-    StoreError,
+    ApprovalPolicy, Capability, ConfigError, IdempotencyKey, IdempotencyLayer, MemoryStore,
+    RoutePolicy, Scope, Store, StoreError,
 };
 
 const PRODUCTION: &str = r#"{"service":"api","environment":"production","version":"1.4.2"}"#;
@@ -488,38 +488,60 @@ async fn another_scope_sees_no_approval_and_bad_requests_are_precise() {
     assert_eq!(shown["state"], "pending");
 }
 
-/// A store that predates approvals: the memory store, with the approval request of every
-/// reservation ignored and the approval methods left at the trait's defaults.
-fn predates_approvals() -> HookedStore {
-    HookedStore::default().on_reserve(|request| {
-        request.approval = None;
-        Ok(())
-    })
-}
-
+/// A store without approvals (a base store: it declares no capability) is refused when a
+/// policy that requires approval is set — no request ever meets it — while policies that need
+/// nothing are taken; its approvals routes answer `500 approvals-unsupported`.
 #[tokio::test]
-async fn a_store_without_approvals_runs_nothing_that_needs_one() {
-    let store = predates_approvals();
-    let (app, runs) = app(store.clone(), deploy_approval());
-    let (status, problem, _) = send(&app, deploy("k-1", PRODUCTION)).await;
-    assert_eq!(
-        (status, slug(&problem)),
-        (StatusCode::INTERNAL_SERVER_ERROR, "approvals-unsupported")
+async fn a_policy_that_needs_approvals_is_refused_over_a_store_without_them() {
+    let policy = RoutePolicy::required().with_approval(deploy_approval());
+    let refused = IdempotencyLayer::new(HookedStore::default()).with_route_policy(
+        http::Method::POST,
+        "/v1/deploys",
+        policy.clone(),
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler did not run");
-    let key = IdempotencyKey::new("k-1").unwrap();
+    match refused {
+        Err(ConfigError::MissingCapability { route, capability }) => {
+            assert_eq!(route.as_deref(), Some("POST /v1/deploys"));
+            assert_eq!(capability, Capability::Approvals);
+        }
+        other => panic!(
+            "a policy that needs approvals was taken: {:?}",
+            other.map(|_| ())
+        ),
+    }
+    assert!(matches!(
+        IdempotencyLayer::new(HookedStore::default()).with_default_policy(policy.clone()),
+        Err(ConfigError::MissingCapability {
+            route: None,
+            capability: Capability::Approvals
+        })
+    ));
+    // Transactions, likewise: the memory store has none.
+    assert!(matches!(
+        IdempotencyLayer::new(MemoryStore::default()).with_route_policy(
+            http::Method::POST,
+            "/v1/deploys",
+            RoutePolicy::transactional()
+        ),
+        Err(ConfigError::MissingCapability {
+            capability: Capability::Transactions,
+            ..
+        })
+    ));
+    // The memory store keeps approvals; a policy that needs nothing is taken by any store.
     assert!(
-        store
-            .get(&Scope::new("acme"), &key)
-            .await
-            .unwrap()
-            .is_none(),
-        "the reservation was given back"
+        IdempotencyLayer::new(MemoryStore::default())
+            .with_route_policy(http::Method::POST, "/v1/deploys", policy)
+            .is_ok()
     );
-    // What needs no approval still runs.
-    let (status, _, _) = send(&app, deploy("k-2", STAGING)).await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let layer = IdempotencyLayer::new(HookedStore::default())
+        .with_scope(|parts| {
+            let account = parts.headers.get("x-account")?.to_str().ok()?;
+            Some(Scope::new(account))
+        })
+        .with_route_policy(http::Method::POST, "/v1/deploys", RoutePolicy::required())
+        .expect("a plain policy needs nothing");
+    let app: Router = layer.approvals_router();
     let (status, problem, _) = send(&app, get("/approvals", "acme")).await;
     assert_eq!(
         (status, slug(&problem)),
@@ -529,7 +551,9 @@ async fn a_store_without_approvals_runs_nothing_that_needs_one() {
 
 /// A store that is down: every reservation fails as if the database were unreachable.
 fn down() -> HookedStore {
-    HookedStore::default().on_reserve(|_| Err(StoreError::Unavailable("connection refused".into())))
+    HookedStore::default()
+        .with_approvals()
+        .on_reserve(|_| Err(StoreError::Unavailable("connection refused".into())))
 }
 
 #[tokio::test]
