@@ -17,6 +17,7 @@ pub mod canonical;
 pub mod conformance;
 pub mod execution;
 pub mod fingerprint;
+mod ids;
 pub mod key;
 pub mod memory;
 pub mod metrics;
@@ -35,7 +36,7 @@ pub use approval::{
 pub use canonical::{CanonicalizeError, canonicalize_json};
 pub use execution::{DispatchError, Execution};
 pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
-pub use key::{IdempotencyKey, KeyError};
+pub use key::{IdempotencyKey, KeyError, KeyRequirement};
 pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
 pub use quota::ScopeQuota;

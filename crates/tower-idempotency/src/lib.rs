@@ -114,6 +114,7 @@ mod approval;
 mod approvals;
 pub mod body;
 mod buffer;
+mod built_command;
 mod command;
 mod config;
 #[cfg(feature = "console")]
@@ -139,7 +140,10 @@ mod service;
 mod status;
 pub mod storage;
 mod telemetry;
+#[cfg(feature = "axum")]
+mod verify_routes;
 
+pub use built_command::CommandRejection;
 pub use command::JsonCommand;
 #[cfg(feature = "axum")]
 pub use command::{JsonCommandError, ValidatedJson, ValidatedJsonRejection};
@@ -149,10 +153,7 @@ pub use config::{
 };
 pub use error::ConfigError;
 pub use layer::IdempotencyLayer;
-pub use policy::{
-    CommandRejection, KeyRequirement, RoutePolicy, ServerErrorPolicy, StoreFailurePolicy,
-    UnknownOutcomePolicy,
-};
+pub use policy::{RoutePolicy, ServerErrorPolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 pub use service::{IdempotencyService, ResponseFuture};
 
 // The store: the trait, what it exchanges, and the in-memory implementation.
@@ -169,8 +170,8 @@ pub use tower_idempotency_core::{
 // What a request is identified by.
 #[doc(inline)]
 pub use tower_idempotency_core::{
-    CanonicalizeError, Fingerprint, FingerprintKey, Fingerprinter, IdempotencyKey, KeyError, Scope,
-    canonical::parse_json, canonicalize_json,
+    CanonicalizeError, Fingerprint, FingerprintKey, Fingerprinter, IdempotencyKey, KeyError,
+    KeyRequirement, Scope, canonical::parse_json, canonicalize_json,
 };
 // Human approvals bound to one exact request (see `RoutePolicy::with_approval`).
 #[doc(inline)]
@@ -179,7 +180,7 @@ pub use tower_idempotency_core::{
     ApprovalSummary, DecisionOutcome, IntoApprovalSummary, SummaryError, SummaryLimits,
     approval::ApprovalCursor,
 };
-// The problem type slugs the HTTP and MCP layers share for approvals.
+// The problem type URIs the HTTP and MCP layers share: their base and the approvals' slugs.
 #[doc(inline)]
 pub use tower_idempotency_core::problem_types;
 // The execution handle every guarded request carries (see `RoutePolicy::with_marks_dispatch`).
