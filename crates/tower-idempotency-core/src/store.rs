@@ -231,8 +231,8 @@ pub const TRANSACTIONS: &str = "transactions";
 
 /// Durable (or not) home of operation records.
 ///
-/// Implementations must pass the conformance suite in
-/// [`conformance`](crate::conformance) (feature `conformance`).
+/// Implementations must pass the conformance suite, the `tower-idempotency-conformance`
+/// crate (`docs/implementing-a-store.md`).
 #[async_trait]
 pub trait Store: Send + Sync + Debug + 'static {
     /// Atomically reserves `(scope, key)` in state `in_progress` (or, with

@@ -25,6 +25,18 @@
 //! JSON-RPC id and the session, beside the store's own events. `docs/mcp.md` documents the model,
 //! the states, the refusals and the disconnect policies.
 //!
+//! # Module stack
+//!
+//! What a request meets first on top; a module uses only those below it
+//! (`scripts/check-module-cycles`): [`McpIdempotencyLayer`] (`layer`), then the service
+//! ([`McpIdempotency`]), then the decision over a call (`decide`) and the status tool
+//! (`status`), then the run of a call to its stored result (`drive`), then [`metrics`], then
+//! the configuration (`config`) and the answers the layer writes (`answer`, `attach`,
+//! `attempt`), and at the bottom the vocabulary: JSON-RPC (`jsonrpc`), SSE (`sse`), intents
+//! (`intent`), [`ToolPolicy`], in-flight calls (`inflight`), bodies (`body`). The journal's
+//! decisions (`journal`) still read the decision's context: a cycle listed in
+//! `scripts/module-cycles.allow`.
+//!
 //! ```
 //! use std::convert::Infallible;
 //!

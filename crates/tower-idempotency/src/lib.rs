@@ -102,6 +102,25 @@
 //! - [`console`] (feature `console`): the approver's and investigator's HTML pages,
 //!   [`IdempotencyLayer::console_router`]. See `docs/console.md`.
 //!
+//! # Module stack
+//!
+//! What a request meets first on top; a module uses only those below it
+//! (`scripts/check-module-cycles`):
+//!
+//! - the routers and checks over a built layer: [`console`], the approvals and status
+//!   routers, [`openapi`], the route check (`verify_routes`);
+//! - [`IdempotencyLayer`] (the builder), then [`IdempotencyService`], then the flow of one
+//!   guarded request (`flow`) and the handler's run (`execute`);
+//! - what the flow hands out and records: refusals, approvals, the recorded result, [`body`],
+//!   the journal's decisions, the route probe, telemetry;
+//! - the configuration every request reads (`config`), then [`RoutePolicy`];
+//! - the command ([`JsonCommand`] and its extractor, which still reaches up to the request
+//!   fingerprint: a cycle listed in `scripts/module-cycles.allow`), the fingerprint of a
+//!   request, body buffering, [`storage`];
+//! - [`problem`] and response encryption;
+//! - the vocabulary: the command's source and [`CommandRejection`], [`ConfigError`], header
+//!   filtering, detached tasks.
+//!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
 //! [`IdempotencyLayer::status_router`], [`IdempotencyLayer::approvals_router`], the
 //! `ValidatedJson` extractor and `IntoResponse` for problems.

@@ -3,8 +3,8 @@
 //! completion when asked to — on the plain path and in an operation's transaction.
 
 use super::fixture::{Fixture, acquire, expect_lost, get, must, response};
-use crate::store::TRANSACTIONS;
-use crate::{OperationState, Store, StoreError, TransactionalReservation};
+use tower_idempotency_core::store::TRANSACTIONS;
+use tower_idempotency_core::{OperationState, Store, StoreError, TransactionalReservation};
 
 /// `complete_delivered(…, true)` completes the operation with its response and records its
 /// delivery (and its time); with `false` the operation is completed and not delivered; a

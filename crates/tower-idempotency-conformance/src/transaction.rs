@@ -11,8 +11,8 @@ use tokio::task::JoinSet;
 
 use super::fixture::{Fixture, expect_lost, get, must, response};
 use super::{LONG, PAST_SHORT};
-use crate::store::{Result, TRANSACTIONS};
-use crate::{
+use tower_idempotency_core::store::{Result, TRANSACTIONS};
+use tower_idempotency_core::{
     Lease, Operation, OperationState, OperationTransaction, Reservation, ReserveRequest, Store,
     StoreError, TransactionalReservation,
 };

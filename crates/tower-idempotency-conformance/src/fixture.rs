@@ -7,8 +7,8 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::{KEEP, LONG, SHORT, WAKE_BOUND};
-use crate::store::Result;
-use crate::{
+use tower_idempotency_core::store::Result;
+use tower_idempotency_core::{
     ApprovalRequest, Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation,
     ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
@@ -116,7 +116,7 @@ pub(super) fn fresh_fingerprint() -> Fingerprint {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency_core::conformance::reserve_request;
+/// use tower_idempotency_conformance::reserve_request;
 /// use tower_idempotency_core::{Fingerprint, IdempotencyKey, ReserveRequest, Scope};
 ///
 /// let key = IdempotencyKey::new("order-1").unwrap();
