@@ -44,8 +44,7 @@ use crate::built_command::CommandRejection;
 
 /// The base of problem `type` URIs, set with
 /// [`IdempotencyLayer::with_problem_base`](crate::IdempotencyLayer::with_problem_base)
-/// (default [`DEFAULT_PROBLEM_BASE`](crate::problem_types::DEFAULT_PROBLEM_BASE), the
-/// MCP layer's too); a case's slug is appended.
+/// (default [`DEFAULT_PROBLEM_BASE`], the MCP layer's too); a case's slug is appended.
 ///
 /// The layer puts its base in the request extensions of every guarded request, so that
 /// extractors and handlers downstream (the PostgreSQL crate's transaction extractor, an
