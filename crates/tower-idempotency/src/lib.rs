@@ -69,9 +69,10 @@
 //!   the protocol's header names ([`IDEMPOTENCY_KEY`], [`OPERATION_ID`],
 //!   [`IDEMPOTENT_REPLAYED`]), and the requester recorded when none is named
 //!   ([`ANONYMOUS_PRINCIPAL`]).
-//! - [`RoutePolicy`] and its choices ([`KeyRequirement`], [`ServerErrorPolicy`],
-//!   [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]), [`CommandRejection`] for
-//!   normalizers, [`ConfigError`] for settings refused when they are built.
+//! - [`RoutePolicy`] and its choices ([`KeyRequirement`], core's and shared with the MCP
+//!   layer, [`ServerErrorPolicy`], [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]),
+//!   [`CommandRejection`] for normalizers, [`ConfigError`] for settings refused when they
+//!   are built.
 //! - [`JsonCommand`], a command type with its normalizer, and the `ValidatedJson`
 //!   extractor (feature `axum`) that hands the handler the command the layer already
 //!   parsed and validated, so a normalized body is parsed once per request.
@@ -83,7 +84,8 @@
 //!   [`problem_types`] slugs of their refusals (shared with the MCP layer). See
 //!   `docs/approvals.md`.
 //! - [`problem`]: the refusals ([`problem::Rejection`]) and the RFC 9457 body they are
-//!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`]).
+//!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`], by default
+//!   [`problem_types::DEFAULT_PROBLEM_BASE`], the MCP layer's base too).
 //! - [`openapi`]: the layer's HTTP surface (key header, replay headers, every problem
 //!   type, the status and approvals routes) as OpenAPI 3.1 fragments to merge into your
 //!   document; [`problem::ProblemType::ALL`] is the table they are made from.
@@ -96,8 +98,9 @@
 //!   [`spawn_purge_task`], the records ([`Operation`], …), [`IdempotencyKey`], [`Scope`],
 //!   fingerprints and [`canonicalize_json`], the execution handle every guarded request
 //!   carries ([`Execution`], [`DispatchError`]), and the transaction handle of
-//!   transactional routes ([`OperationTx`]). The rest of core (its modules, the
-//!   conformance suite) is reached through `tower-idempotency-core` itself.
+//!   transactional routes ([`OperationTx`]). The rest of core (its modules) is reached
+//!   through `tower-idempotency-core` itself; the store conformance suite is the
+//!   `tower-idempotency-conformance` crate.
 //!
 //! - [`console`] (feature `console`): the approver's and investigator's HTML pages,
 //!   [`IdempotencyLayer::console_router`]. See `docs/console.md`.
