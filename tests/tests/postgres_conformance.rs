@@ -14,7 +14,7 @@ async fn postgres_store_passes_the_conformance_suite() {
     })
     .unwrap();
     store.migrate().await.unwrap();
-    tower_idempotency_core::conformance::run_all(&store).await;
+    tower_idempotency_conformance::run_all(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -27,7 +27,7 @@ async fn postgres_store_passes_the_conformance_suite_in_a_custom_schema() {
     .unwrap();
     store.migrate().await.unwrap();
     // A representative subset: the statements are the same, only the names differ.
-    use tower_idempotency_core::conformance as suite;
+    use tower_idempotency_conformance as suite;
     suite::reserve_is_atomic_under_concurrency(&store).await;
     suite::take_over_unknown_same_fingerprint_only(&store).await;
     suite::purge_removes_only_expired(&store).await;
@@ -50,12 +50,12 @@ async fn postgres_store_passes_the_conformance_suite_in_a_custom_schema() {
 async fn postgres_store_passes_the_quota_checks() {
     let db = test_database().await;
     let store = PostgresStore::from_config(&PostgresStoreConfig {
-        scope_quota: tower_idempotency_core::conformance::QUOTA,
+        scope_quota: tower_idempotency_conformance::QUOTA,
         ..PostgresStoreConfig::new(db.url())
     })
     .unwrap();
     store.migrate().await.unwrap();
-    tower_idempotency_core::conformance::run_quota(&store).await;
+    tower_idempotency_conformance::run_quota(&store).await;
     // The counters are exactly what the rows hold, scope by scope.
     let client = db.client().await;
     let drift: i64 = client

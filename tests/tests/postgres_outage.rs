@@ -16,7 +16,7 @@ use http::{Request, StatusCode};
 use integration_tests::pg::TestCluster;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, RoutePolicy, Scope};
-use tower_idempotency_core::conformance::reserve_request;
+use tower_idempotency_conformance::reserve_request;
 use tower_idempotency_core::{Fingerprint, IdempotencyKey, Store, StoreError};
 use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
 

@@ -177,7 +177,7 @@ async fn with_unnamed_statements_the_store_passes_the_conformance_suite_through_
         [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     );
     assert!(store.migrate().await.unwrap().is_empty());
-    tower_idempotency_core::conformance::run_all(&store).await;
+    tower_idempotency_conformance::run_all(&store).await;
     assert!(
         !bouncer.log().contains("does not exist"),
         "{}",
@@ -194,12 +194,12 @@ async fn with_unnamed_statements_the_quota_checks_pass_through_pgbouncer() {
     let store = PostgresStore::from_config(&PostgresStoreConfig {
         max_connections: 24,
         statement_mode: StatementMode::Unnamed,
-        scope_quota: tower_idempotency_core::conformance::QUOTA,
+        scope_quota: tower_idempotency_conformance::QUOTA,
         ..PostgresStoreConfig::new(bouncer.url())
     })
     .unwrap();
     store.migrate().await.unwrap();
-    tower_idempotency_core::conformance::run_quota(&store).await;
+    tower_idempotency_conformance::run_quota(&store).await;
     assert!(
         !bouncer.log().contains("does not exist"),
         "{}",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use integration_tests::pg::{connect, test_database};
 use tokio::sync::Barrier;
-use tower_idempotency_core::conformance::reserve_request;
+use tower_idempotency_conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, OperationState, Reservation, ReserveRequest, Scope, Store,
     StoreError, StoredResponse,

@@ -10,6 +10,9 @@
 //!   completions, standing in for a store that lacks a capability, is down or fails at one
 //!   step.
 //!
+//! Module stack: [`pgbouncer`] over [`pg`] (it fronts a server of `pg`'s); `example` and
+//! `stores` stand alone.
+//!
 //! Test targets take it as a dev-dependency; `chaos` and `load-bench` start their
 //! PostgreSQL through [`pg::TestCluster`] (and `chaos` its PgBouncer through
 //! [`pgbouncer::Pgbouncer`]) at run time, so there it is a normal dependency.

@@ -26,6 +26,14 @@
 //!
 //! `docs/client.md` has the full table, the journal's format and its crash guarantees.
 //!
+//! # Module stack
+//!
+//! Top to bottom; a module uses only those below it (`scripts/check-module-cycles`): the
+//! `reqwest` middleware, then the tower layer (`layer`), then the engine that runs one
+//! action's attempts (`engine`), then the outcomes and errors (`outcome`), then the journals
+//! (`journal`), and at the bottom the action records (`action`) and the retry contract
+//! (`contract`).
+//!
 //! # Example
 //!
 //! A hyper client whose writes are actions of a file journal; the second call of the same

@@ -7,8 +7,8 @@ use serde::Serialize;
 use crate::action::{ActionRecord, ActionState};
 use crate::journal::JournalError;
 
-/// A boxed error from a transport or a body.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A boxed error from a transport or a body (core's, the one error box of every crate).
+pub use tower_idempotency_core::BoxError;
 
 /// The five ways an action ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

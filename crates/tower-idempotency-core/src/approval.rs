@@ -21,7 +21,8 @@ use std::time::{Duration, SystemTime};
 
 use uuid::Uuid;
 
-use crate::{Fingerprint, IdempotencyKey, OperationId, Scope};
+use crate::ids::OperationId;
+use crate::{Fingerprint, IdempotencyKey, Scope};
 
 pub use summary::{
     ApprovalSummary, IntoApprovalSummary, MAX_IDENTIFIER_CHARS, MAX_LABEL_CHARS, SummaryError,
@@ -109,7 +110,7 @@ impl fmt::Display for ApprovalState {
 }
 
 impl FromStr for ApprovalState {
-    type Err = crate::operation::UnknownStateName;
+    type Err = crate::ids::UnknownStateName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
@@ -117,7 +118,7 @@ impl FromStr for ApprovalState {
             "approved" => Ok(Self::Approved),
             "denied" => Ok(Self::Denied),
             "expired" => Ok(Self::Expired),
-            _ => Err(crate::operation::UnknownStateName(s.to_owned())),
+            _ => Err(crate::ids::UnknownStateName(s.to_owned())),
         }
     }
 }

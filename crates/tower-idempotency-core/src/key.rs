@@ -26,6 +26,23 @@ use std::sync::Arc;
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IdempotencyKey(Arc<str>);
 
+/// Whether a guarded route (HTTP) or tool (MCP) demands an explicit idempotency key.
+///
+/// One choice for both layers: an HTTP route policy starts from it
+/// (`RoutePolicy::required()`, `RoutePolicy::optional()`), an MCP tool policy takes it
+/// (`ToolPolicy::with_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyRequirement {
+    /// A request without a key is refused: `400 missing-idempotency-key` over HTTP, a
+    /// JSON-RPC `-32602` error for a tool call.
+    Required,
+    /// A key is used when sent. Without one, an HTTP request passes through unguarded
+    /// (nothing is stored) and a tool call is matched by its intent (derived matching, when
+    /// the tool's policy has it on).
+    Optional,
+}
+
 /// Why an `Idempotency-Key` value was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -3,8 +3,22 @@
 //! in-memory [`MemoryStore`].
 //!
 //! Most users depend on the `tower-idempotency` crate, which re-exports everything here.
-//! Store implementers depend on this crate alone and run the
-//! `conformance` suite (feature `conformance`) against their store.
+//! Store implementers depend on this crate alone and run the conformance suite, the
+//! `tower-idempotency-conformance` crate, against their store (`docs/implementing-a-store.md`).
+//!
+//! # Module stack
+//!
+//! Top to bottom; a module uses only those below it (`scripts/check-module-cycles`):
+//!
+//! - [`memory`] (the in-memory store), [`purge`] (the purge task) and [`execution`] (the
+//!   handle a guarded request carries), each over the trait;
+//! - [`store`] (the [`Store`] trait and what it exchanges) and [`transaction`] (the
+//!   operation's transaction; the two still name each other, a cycle listed in
+//!   `scripts/module-cycles.allow`);
+//! - [`operation`], the record, which holds its [`approval`];
+//! - [`approval`] and [`audit`] (the journal, its events, checkpoints and verifier);
+//! - the vocabulary: [`key`], [`scope`], [`fingerprint`] and [`canonical`], the operation id
+//!   (below both records), [`quota`], [`metrics`] (names) and [`problem_types`].
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -13,12 +27,10 @@ pub mod approval;
 pub mod audit;
 pub mod canonical;
 pub mod capability;
-#[cfg(feature = "conformance")]
-#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
-pub mod conformance;
 pub mod error;
 pub mod execution;
 pub mod fingerprint;
+mod ids;
 pub mod key;
 pub mod memory;
 pub mod metrics;
@@ -43,7 +55,7 @@ pub use capability::{
 pub use error::{BoxError, StoreError};
 pub use execution::{DispatchError, Execution};
 pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
-pub use key::{IdempotencyKey, KeyError};
+pub use key::{IdempotencyKey, KeyError, KeyRequirement};
 pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
 pub use quota::ScopeQuota;

@@ -1,9 +1,16 @@
-//! The slugs of the problem types the layers share (the protocol's refusals and approvals): the last path segment of
+//! The problem type URIs the layers share: their base ([`DEFAULT_PROBLEM_BASE`]) and the
+//! slugs of the protocol's refusals and the approval problems, each the last path segment of
 //! an RFC 9457 problem `type` URI (`…/problems/approval-required`).
 //!
 //! The HTTP layer renders them as `application/problem+json` under its problem base; the
 //! MCP layer puts the same URIs in its tool results. Both read the slugs from here, so an
 //! agent that understands one understands the other. See `docs/approvals.md`.
+
+/// The base of the layers' problem type URIs: a problem's `type` is this followed by its
+/// slug (`https://tower-idempotency.dev/problems/fingerprint-mismatch`). The MCP layer's
+/// tool results use it as is; the HTTP layer uses it unless configured with another
+/// (`IdempotencyLayer::with_problem_base`).
+pub const DEFAULT_PROBLEM_BASE: &str = "https://tower-idempotency.dev/problems/";
 
 /// `403`: the command needs a person's approval; the handler did not run. The problem names
 /// the approval (`approval_id`, `approval_url`), when it expires, the summary the approver

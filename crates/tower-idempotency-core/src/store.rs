@@ -110,8 +110,9 @@ pub enum Reservation {
 
 /// Durable (or not) home of operation records: the base every store implements.
 ///
-/// Implementations must pass the conformance suite (`conformance::run_all`, feature
-/// `conformance`), which checks the base trait and every capability a store declares.
+/// Implementations must pass the conformance suite, the `tower-idempotency-conformance`
+/// crate (`docs/implementing-a-store.md`), which checks the base trait and every capability a
+/// store declares.
 #[async_trait]
 pub trait Store: Send + Sync + Debug + 'static {
     /// Atomically reserves `(scope, key)` in state `in_progress` (or, with

@@ -15,5 +15,4 @@ mod audit {
 }
 mod canonical_properties;
 mod canonical_rfc8785;
-mod memory_conformance;
 mod properties;

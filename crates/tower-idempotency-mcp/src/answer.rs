@@ -21,9 +21,6 @@ use crate::jsonrpc::{self, META_EXECUTION};
 /// number that is not an integer, or one the layer cannot hold exactly).
 pub const INVALID_REQUEST_CODE: i64 = -32600;
 
-/// Base of the problem `type` URIs (the HTTP layer's base); the slug is appended.
-pub const PROBLEM_BASE: &str = "https://tower-idempotency.dev/problems/";
-
 /// The JSON-RPC error code of a fingerprint mismatch under an explicit key: outside the
 /// range −32768…−32000 that JSON-RPC reserves.
 pub const FINGERPRINT_MISMATCH_CODE: i64 = -30409;
@@ -33,7 +30,7 @@ pub const FINGERPRINT_MISMATCH_CODE: i64 = -30409;
 pub const INVALID_PARAMS_CODE: i64 = -32602;
 
 pub(crate) fn problem_type(slug: &str) -> String {
-    format!("{PROBLEM_BASE}{slug}")
+    format!("{}{slug}", problem_types::DEFAULT_PROBLEM_BASE)
 }
 
 pub(crate) fn rfc3339(at: SystemTime) -> Value {

@@ -14,40 +14,11 @@ use tower_idempotency_core::{
 };
 use tower_idempotency_core::{FingerprintKey, Fingerprinter, Scope, Store};
 
-use crate::inflight::Inflight;
+// The decision, the service and the metrics read the configuration from here; it is
+// defined below all of them, in `config`.
+pub(crate) use crate::config::Config;
 use crate::policy::ToolPolicy;
 use crate::service::McpIdempotency;
-
-/// Reads the actor (the idempotency scope) from a request.
-pub type ScopeFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
-
-/// Reads the principal (the person or agent within the actor's account) from a request:
-/// who requested an approval, and the principal of the layer's audit events.
-pub type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
-
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) store: Arc<dyn Store>,
-    /// The protocol over `store`.
-    pub(crate) engine: Engine,
-    pub(crate) scope: ScopeFn,
-    pub(crate) principal: Option<PrincipalFn>,
-    pub(crate) fingerprinter: Fingerprinter,
-    pub(crate) tools: HashMap<String, ToolPolicy>,
-    pub(crate) default_policy: ToolPolicy,
-    pub(crate) status_tool: Option<String>,
-    pub(crate) approvals_url: Option<String>,
-    pub(crate) body_limit: usize,
-    pub(crate) response_limit: usize,
-    pub(crate) key_header: HeaderName,
-    pub(crate) inflight: Arc<Inflight>,
-}
-
-impl Config {
-    pub(crate) fn policy(&self, tool: &str) -> &ToolPolicy {
-        self.tools.get(tool).unwrap_or(&self.default_policy)
-    }
-}
 
 /// A tower [`Layer`] for an MCP Streamable HTTP endpoint: every guarded `tools/call` gets
 /// an execution identity, and a retry attaches to the execution that is running or

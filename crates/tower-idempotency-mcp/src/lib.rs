@@ -25,6 +25,18 @@
 //! JSON-RPC id and the session, beside the store's own events. `docs/mcp.md` documents the model,
 //! the states, the refusals and the disconnect policies.
 //!
+//! # Module stack
+//!
+//! What a request meets first on top; a module uses only those below it
+//! (`scripts/check-module-cycles`): [`McpIdempotencyLayer`] (`layer`), then the service
+//! ([`McpIdempotency`]), then the decision over a call (`decide`) and the status tool
+//! (`status`), then the run of a call to its stored result (`drive`), then [`metrics`], then
+//! the configuration (`config`) and the answers the layer writes (`answer`, `attach`,
+//! `attempt`), and at the bottom the vocabulary: JSON-RPC (`jsonrpc`), SSE (`sse`), intents
+//! (`intent`), [`ToolPolicy`], in-flight calls (`inflight`), bodies (`body`). The journal's
+//! decisions (`journal`) still read the decision's context: a cycle listed in
+//! `scripts/module-cycles.allow`.
+//!
 //! ```
 //! use std::convert::Infallible;
 //!
@@ -54,6 +66,7 @@ mod answer;
 mod attach;
 mod attempt;
 mod body;
+mod config;
 mod decide;
 mod drive;
 mod inflight;
@@ -66,23 +79,28 @@ mod service;
 mod sse;
 mod status;
 
-pub use answer::{
-    FINGERPRINT_MISMATCH_CODE, INVALID_PARAMS_CODE, INVALID_REQUEST_CODE, PROBLEM_BASE,
-};
+pub use answer::{FINGERPRINT_MISMATCH_CODE, INVALID_PARAMS_CODE, INVALID_REQUEST_CODE};
+pub use config::{PrincipalFn, ScopeFn};
 pub use jsonrpc::{META_EXECUTION, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE};
-pub use layer::{McpIdempotencyLayer, PrincipalFn, ScopeFn};
-pub use policy::{KeyRequirement, Normalizer, OnDisconnect, ToolPolicy};
+pub use layer::McpIdempotencyLayer;
+pub use policy::{Normalizer, OnDisconnect, ToolPolicy};
 pub use service::McpIdempotency;
 /// A tool's approval rule (core's, shared with the HTTP layer's route policies).
 pub use tower_idempotency_core::ApprovalPolicy;
+/// Whether a tool demands an explicit key (core's, shared with the HTTP layer's route
+/// policies).
+pub use tower_idempotency_core::KeyRequirement;
 /// What a tool's approver is shown, and its bounds (core's, shared with the HTTP layer).
 pub use tower_idempotency_core::{ApprovalSummary, SummaryError, SummaryLimits};
 /// The execution handle a tool finds in its request extensions (core's, shared with the
 /// HTTP layer): the execution id, derived downstream keys and the dispatch mark.
 pub use tower_idempotency_core::{DispatchError, Execution};
 
-/// Boxed error of response bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// The problem type URIs the HTTP and MCP layers share (core's): their base
+/// ([`problem_types::DEFAULT_PROBLEM_BASE`]) and the approvals' slugs.
+pub use tower_idempotency_core::problem_types;
+/// Boxed error of response bodies (core's, the one error box of every crate).
+pub use tower_idempotency_core::BoxError;
 
 /// The response body of [`McpIdempotency`].
 pub type McpBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;

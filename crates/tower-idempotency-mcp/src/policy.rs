@@ -11,17 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tower_idempotency_core::ApprovalPolicy;
-
-/// Whether a call must carry an explicit idempotency key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum KeyRequirement {
-    /// A key is used when sent; without one, derived matching (if on) decides.
-    #[default]
-    Optional,
-    /// A call without a key is refused with a JSON-RPC `-32602` error.
-    Required,
-}
+// Core's, shared with the HTTP layer (the service reads it from here).
+pub(crate) use tower_idempotency_core::KeyRequirement;
 
 /// What a client disconnect means for a running call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -9,9 +9,9 @@ use tower_idempotency_core::{IdempotencyKey, Operation, OperationId, Scope};
 
 use crate::McpBody;
 use crate::answer::{self, problem_type, rfc3339, state_name};
+use crate::config::Config;
 use crate::drive::STORED_ID_HEADER;
 use crate::jsonrpc::{self, ToolCall};
-use crate::layer::Config;
 use crate::sse::EventReader;
 use crate::{attach, attempt};
 

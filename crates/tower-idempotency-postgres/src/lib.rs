@@ -49,24 +49,27 @@
 //! [`OutboxDispatcher`] after the commit. See `docs/transactional.md`. At most
 //! [`PostgresStoreConfig::transaction_connections`] such transactions hold a connection at
 //! once, so the rest of the pool always serves reservations, renewals and lookups.
+//!
+//! # Module stack
+//!
+//! Top to bottom; a module uses only those below it (`scripts/check-module-cycles`):
+//!
+//! - `admin` (the operator's resolutions) and `outbox` (the dispatcher), over the store;
+//! - `audit` (the journal's sealer, export and proofs), over the store;
+//! - `store` ([`PostgresStore`], with `store::unsealed`, its watch over unsealed events);
+//! - `transaction` ([`PostgresTransaction`], [`PostgresTx`]);
+//! - `completion` and `reservation` (the statements' parameters and results);
+//! - `row` (a record read back), `delivered`, `replays` and `audit::decisions` (batches
+//!   written in the background), `migrate`;
+//! - `executor` (statements run within the query timeout, errors classified);
+//! - the vocabulary: `config`, `sql` (every statement's text), `budget`, `usage`,
+//!   `recent`, `replay_cache`, `resolution`.
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Every public item has one path: the crate root. The modules are private; each re-export
 // below is inlined into the root's documentation.
-//
-// Module graph (an arrow is a `use crate::…`; no cycles):
-//   store       → audit::decisions, budget, completion, config, delivered, executor, migrate, row, sql, transaction
-//   audit       → executor, sql, store
-//   transaction → completion, executor, row, sql
-//   outbox      → executor, row, store
-//   admin       → resolution, row, store
-//   delivered   → executor
-//   completion  → row
-//   row         → executor::classify, resolution
-//   migrate     → executor::classify
-//   executor    → config, executor::classify;   sql → sql::fragments;   budget, config, resolution → (none)
 mod admin;
 mod audit;
 mod budget;

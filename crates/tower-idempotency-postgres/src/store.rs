@@ -5,6 +5,8 @@
 //! timeout (delivery marks may share theirs: see `delivered.rs`); connection and pool
 //! failures come back as [`StoreError::Unavailable`].
 
+pub(crate) mod unsealed;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -390,7 +392,7 @@ impl PostgresStore {
             }),
         };
         if config.audit || config.statement_mode == StatementMode::Unnamed {
-            crate::audit::unsealed::spawn(Arc::downgrade(&store.inner), config.audit);
+            unsealed::spawn(Arc::downgrade(&store.inner), config.audit);
         }
         Ok(store)
     }

@@ -590,7 +590,8 @@ mod extract {
         use axum::extract::FromRequestParts;
         use axum::http::{Request, StatusCode};
         use axum::response::IntoResponse;
-        use tower_idempotency::problem::{DEFAULT_PROBLEM_BASE, ProblemBase};
+        use tower_idempotency::problem::ProblemBase;
+        use tower_idempotency::problem_types::DEFAULT_PROBLEM_BASE;
 
         use super::PostgresTx;
 

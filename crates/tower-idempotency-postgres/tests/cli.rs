@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use test_harness::pg;
-use tower_idempotency_core::conformance::reserve_request;
+use tower_idempotency_conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, OperationId, OperationState, Reservation, ReserveRequest, Scope,
     Store,

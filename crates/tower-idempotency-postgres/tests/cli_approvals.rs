@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use test_harness::pg;
-use tower_idempotency_core::conformance::reserve_request;
+use tower_idempotency_conformance::reserve_request;
 use tower_idempotency_core::{
     Approval, ApprovalRequest, Fingerprint, IdempotencyKey, OperationState, Reservation, Scope,
     Store,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use test_harness::pg;
-use tower_idempotency_core::conformance::reserve_request;
+use tower_idempotency_conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, OperationId, Reservation, Scope, Store, StoredResponse,
 };

@@ -3,7 +3,7 @@
 //! after the store's batching task is gone still lands.
 
 use test_harness::pg;
-use tower_idempotency_core::conformance::reserve_request;
+use tower_idempotency_conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, Operation, Reservation, ReserveRequest, Scope, Store,
     StoredResponse,

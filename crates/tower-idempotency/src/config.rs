@@ -1,5 +1,6 @@
-//! What every guarded request reads: the layer's configuration ([`Shared`]) and the
-//! protocol's header names.
+//! What every guarded request reads: the layer's configuration ([`Shared`], with whether
+//! its route policies were checked against the router: [`RouteCheck`]) and the protocol's
+//! header names.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,7 +74,7 @@ pub(crate) struct Shared {
     pub(crate) max_detached: usize,
     /// Whether the route policies were verified against the router.
     #[cfg(feature = "axum")]
-    pub(crate) route_check: Arc<crate::route_check::RouteCheck>,
+    pub(crate) route_check: Arc<RouteCheck>,
     /// Whether this configuration's series were registered at zero.
     pub(crate) metrics_registered: MetricsRegistered,
 }
@@ -144,5 +145,37 @@ pub(crate) fn operation_id_header(id: OperationId) -> HeaderValue {
         Ok(value) => value,
         // A hyphenated UUID is 36 visible ASCII characters.
         Err(_) => unreachable!("a UUID is a valid header value"),
+    }
+}
+
+/// Whether a layer's route policies were verified, and whether it warned that they were not.
+#[cfg(feature = "axum")]
+#[derive(Debug, Default)]
+pub(crate) struct RouteCheck {
+    verified: std::sync::atomic::AtomicBool,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(feature = "axum")]
+impl RouteCheck {
+    /// Records that [`verify_routes`](crate::IdempotencyLayer::verify_routes) passed.
+    pub(crate) fn mark_verified(&self) {
+        self.verified
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Warns once when the layer has route policies that were never verified.
+    pub(crate) fn warn_if_unverified(&self, shared: &Shared) {
+        if shared.routes.is_empty()
+            || self.verified.load(std::sync::atomic::Ordering::Relaxed)
+            || self.warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let routes: Vec<&str> = shared.routes.keys().map(String::as_str).collect();
+        tracing::warn!(
+            routes = ?routes,
+            "idempotency route policies were not verified against the router: a route string that names no route matches nothing; call IdempotencyLayer::verify_routes at start"
+        );
     }
 }

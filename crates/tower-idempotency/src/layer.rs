@@ -271,7 +271,7 @@ impl IdempotencyLayer {
     }
 
     /// Base of problem `type` URIs (default
-    /// [`DEFAULT_PROBLEM_BASE`](crate::problem::DEFAULT_PROBLEM_BASE)); the slug is
+    /// [`DEFAULT_PROBLEM_BASE`](crate::problem_types::DEFAULT_PROBLEM_BASE)); the slug is
     /// appended.
     pub fn with_problem_base(self, base: impl Into<String>) -> Self {
         let base = ProblemBase::new(base);

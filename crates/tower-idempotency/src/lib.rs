@@ -69,9 +69,10 @@
 //!   the protocol's header names ([`IDEMPOTENCY_KEY`], [`OPERATION_ID`],
 //!   [`IDEMPOTENT_REPLAYED`]), and the requester recorded when none is named
 //!   ([`ANONYMOUS_PRINCIPAL`]).
-//! - [`RoutePolicy`] and its choices ([`KeyRequirement`], [`ServerErrorPolicy`],
-//!   [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]), [`CommandRejection`] for
-//!   normalizers, [`ConfigError`] for settings refused when they are built.
+//! - [`RoutePolicy`] and its choices ([`KeyRequirement`], core's and shared with the MCP
+//!   layer, [`ServerErrorPolicy`], [`UnknownOutcomePolicy`], [`StoreFailurePolicy`]),
+//!   [`CommandRejection`] for normalizers, [`ConfigError`] for settings refused when they
+//!   are built.
 //! - [`JsonCommand`], a command type with its normalizer, and the `ValidatedJson`
 //!   extractor (feature `axum`) that hands the handler the command the layer already
 //!   parsed and validated, so a normalized body is parsed once per request.
@@ -83,7 +84,8 @@
 //!   [`problem_types`] slugs of their refusals (shared with the MCP layer). See
 //!   `docs/approvals.md`.
 //! - [`problem`]: the refusals ([`problem::Rejection`]) and the RFC 9457 body they are
-//!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`]).
+//!   rendered as ([`problem::Problem`], under a [`problem::ProblemBase`], by default
+//!   [`problem_types::DEFAULT_PROBLEM_BASE`], the MCP layer's base too).
 //! - [`openapi`]: the layer's HTTP surface (key header, replay headers, every problem
 //!   type, the status and approvals routes) as OpenAPI 3.1 fragments to merge into your
 //!   document; [`problem::ProblemType::ALL`] is the table they are made from.
@@ -96,11 +98,31 @@
 //!   [`spawn_purge_task`], the records ([`Operation`], …), [`IdempotencyKey`], [`Scope`],
 //!   fingerprints and [`canonicalize_json`], the execution handle every guarded request
 //!   carries ([`Execution`], [`DispatchError`]), and the transaction handle of
-//!   transactional routes ([`OperationTx`]). The rest of core (its modules, the
-//!   conformance suite) is reached through `tower-idempotency-core` itself.
+//!   transactional routes ([`OperationTx`]). The rest of core (its modules) is reached
+//!   through `tower-idempotency-core` itself; the store conformance suite is the
+//!   `tower-idempotency-conformance` crate.
 //!
 //! - [`console`] (feature `console`): the approver's and investigator's HTML pages,
 //!   [`IdempotencyLayer::console_router`]. See `docs/console.md`.
+//!
+//! # Module stack
+//!
+//! What a request meets first on top; a module uses only those below it
+//! (`scripts/check-module-cycles`):
+//!
+//! - the routers and checks over a built layer: [`console`], the approvals and status
+//!   routers, [`openapi`], the route check (`verify_routes`);
+//! - [`IdempotencyLayer`] (the builder), then [`IdempotencyService`], then the flow of one
+//!   guarded request (`flow`) and the handler's run (`execute`);
+//! - what the flow hands out and records: refusals, approvals, the recorded result, [`body`],
+//!   the journal's decisions, the route probe, telemetry;
+//! - the configuration every request reads (`config`), then [`RoutePolicy`];
+//! - the command ([`JsonCommand`] and its extractor, which still reaches up to the request
+//!   fingerprint: a cycle listed in `scripts/module-cycles.allow`), the fingerprint of a
+//!   request, body buffering, [`storage`];
+//! - [`problem`] and response encryption;
+//! - the vocabulary: the command's source and [`CommandRejection`], [`ConfigError`], header
+//!   filtering, detached tasks.
 //!
 //! Features: `axum` (default) adds `MatchedPath` route templates to fingerprints,
 //! [`IdempotencyLayer::status_router`], [`IdempotencyLayer::approvals_router`], the
@@ -114,6 +136,7 @@ mod approval;
 mod approvals;
 pub mod body;
 mod buffer;
+mod built_command;
 mod command;
 mod config;
 #[cfg(feature = "console")]
@@ -138,7 +161,10 @@ mod service;
 mod status;
 pub mod storage;
 mod telemetry;
+#[cfg(feature = "axum")]
+mod verify_routes;
 
+pub use built_command::CommandRejection;
 pub use command::JsonCommand;
 #[cfg(feature = "axum")]
 pub use command::{JsonCommandError, ValidatedJson, ValidatedJsonRejection};
@@ -148,10 +174,7 @@ pub use config::{
 };
 pub use error::ConfigError;
 pub use layer::IdempotencyLayer;
-pub use policy::{
-    CommandRejection, KeyRequirement, RoutePolicy, ServerErrorPolicy, StoreFailurePolicy,
-    UnknownOutcomePolicy,
-};
+pub use policy::{RoutePolicy, ServerErrorPolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 pub use service::{IdempotencyService, ResponseFuture};
 
 // The store: the trait, what it exchanges, and the in-memory implementation.
@@ -174,8 +197,8 @@ pub use tower_idempotency_core::{
 // What a request is identified by.
 #[doc(inline)]
 pub use tower_idempotency_core::{
-    CanonicalizeError, Fingerprint, FingerprintKey, Fingerprinter, IdempotencyKey, KeyError, Scope,
-    canonical::parse_json, canonicalize_json,
+    CanonicalizeError, Fingerprint, FingerprintKey, Fingerprinter, IdempotencyKey, KeyError,
+    KeyRequirement, Scope, canonical::parse_json, canonicalize_json,
 };
 // Human approvals bound to one exact request (see `RoutePolicy::with_approval`).
 #[doc(inline)]
@@ -184,7 +207,7 @@ pub use tower_idempotency_core::{
     ApprovalSummary, DecisionOutcome, IntoApprovalSummary, SummaryError, SummaryLimits,
     approval::ApprovalCursor,
 };
-// The problem type slugs the HTTP and MCP layers share for approvals.
+// The problem type URIs the HTTP and MCP layers share: their base and the approvals' slugs.
 #[doc(inline)]
 pub use tower_idempotency_core::problem_types;
 // The execution handle every guarded request carries (see `RoutePolicy::with_marks_dispatch`).

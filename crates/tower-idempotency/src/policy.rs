@@ -12,19 +12,16 @@ use std::time::Duration;
 use http::HeaderName;
 use tower_idempotency_core::ApprovalPolicy;
 use tower_idempotency_core::Capability;
+// The flow and the OpenAPI document read it from here; its one public path is core's,
+// re-exported at this crate's root.
+pub(crate) use tower_idempotency_core::KeyRequirement;
+
+// What commands are built from and refused with, below this module; the command module, the
+// flow and the fingerprint read them from here.
+pub(crate) use crate::built_command::{BuiltCommand, CommandRejection, CommandSource};
 
 use crate::error::ConfigError;
 use crate::storage::ResponseStorage;
-
-/// Whether a guarded route demands an `Idempotency-Key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyRequirement {
-    /// A request without a key is refused with `400 missing-idempotency-key`.
-    Required,
-    /// A request without a key passes through unguarded; nothing is stored.
-    Optional,
-}
 
 /// What happens when the handler answers with a `5xx` status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,39 +58,6 @@ pub enum StoreFailurePolicy {
     FailOpen,
 }
 
-/// A refusal from a command normalizer: the body is valid JSON but not a valid command.
-/// The layer answers `422 invalid-command` with this detail; nothing is stored and the
-/// handler does not run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommandRejection {
-    detail: String,
-}
-
-impl CommandRejection {
-    /// A rejection with a human-readable reason (sent to the client as `detail`).
-    pub fn new(detail: impl Into<String>) -> Self {
-        Self {
-            detail: detail.into(),
-        }
-    }
-
-    /// The reason.
-    pub fn detail(&self) -> &str {
-        &self.detail
-    }
-}
-
-impl fmt::Display for CommandRejection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.detail)
-    }
-}
-
-impl std::error::Error for CommandRejection {}
-
-/// A command built by the layer, for the handler's extractor and the approval condition.
-pub(crate) type BuiltCommand = Box<dyn std::any::Any + Send>;
-
 /// How a route's command type is built from its normalized JSON.
 #[derive(Clone)]
 pub(crate) struct CommandType {
@@ -103,14 +67,6 @@ pub(crate) struct CommandType {
     #[allow(clippy::type_complexity)]
     pub(crate) build:
         Arc<dyn Fn(CommandSource<'_>) -> Result<BuiltCommand, CommandRejection> + Send + Sync>,
-}
-
-/// The normalized JSON a command is built from.
-pub(crate) enum CommandSource<'a> {
-    /// Still needed afterwards.
-    Borrowed(&'a serde_json::Value),
-    /// Moved into the command.
-    Owned(serde_json::Value),
 }
 
 impl CommandType {

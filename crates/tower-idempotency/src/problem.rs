@@ -38,14 +38,13 @@ use tower_idempotency_core::{
     Approval, ApprovalId, ApprovalState, CanonicalizeError, KeyError, OperationId, OperationState,
 };
 
-use crate::policy::CommandRejection;
+use tower_idempotency_core::problem_types::DEFAULT_PROBLEM_BASE;
 
-/// Default base of problem `type` URIs; the slug is appended.
-pub const DEFAULT_PROBLEM_BASE: &str = "https://tower-idempotency.dev/problems/";
+use crate::built_command::CommandRejection;
 
 /// The base of problem `type` URIs, set with
 /// [`IdempotencyLayer::with_problem_base`](crate::IdempotencyLayer::with_problem_base)
-/// (default [`DEFAULT_PROBLEM_BASE`]); a case's slug is appended.
+/// (default [`DEFAULT_PROBLEM_BASE`], the MCP layer's too); a case's slug is appended.
 ///
 /// The layer puts its base in the request extensions of every guarded request, so that
 /// extractors and handlers downstream (the PostgreSQL crate's transaction extractor, an

@@ -1,5 +1,6 @@
 //! The memory store's own tests: its clock, capacity, purging and poisoning, on paused
-//! time (the conformance suite covers the shared contract in `tests/memory_conformance.rs`).
+//! time (the conformance suite, `tower-idempotency-conformance`, covers the shared contract
+//! in its `tests/memory.rs`).
 
 use std::time::Duration;
 
@@ -8,7 +9,6 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::ApprovalStore;
-use crate::conformance::reserve_request;
 use crate::error::Result;
 use crate::{
     Fingerprint, IdempotencyKey, Lease, Operation, OperationState, Reservation, ReserveRequest,
@@ -19,17 +19,21 @@ const LEASE: Duration = Duration::from_secs(5);
 const RETENTION: Duration = Duration::from_secs(60);
 const UNKNOWN_RETENTION: Duration = Duration::from_secs(600);
 
-/// The suite's request fixture with this module's durations (on paused time).
+/// A plain reservation with this module's durations (on paused time).
 fn request(scope: &str, key: &str, fingerprint: &str) -> ReserveRequest {
     ReserveRequest {
+        scope: Scope::new(scope),
+        key: IdempotencyKey::new(key).unwrap(),
+        fingerprint: Fingerprint::from_stored(fingerprint),
+        method: "POST".to_owned(),
+        route: "/conformance/{id}".to_owned(),
         lease: LEASE,
         retention: RETENTION,
         unknown_retention: UNKNOWN_RETENTION,
-        ..reserve_request(
-            &Scope::new(scope),
-            &IdempotencyKey::new(key).unwrap(),
-            &Fingerprint::from_stored(fingerprint),
-        )
+        take_over_unknown: false,
+        marks_dispatch: false,
+        approval: None,
+        replace_delivered: None,
     }
 }
 

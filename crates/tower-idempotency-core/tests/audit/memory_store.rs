@@ -9,7 +9,6 @@ use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore};
 use tower_idempotency_core::audit::{
     AuditEventKind, DecisionEvent, Journal, JournalConfig, NoteSigningKey, SealedEvent, Verifier,
 };
-use tower_idempotency_core::conformance::reserve_request;
 use tower_idempotency_core::{
     ApprovalDecision, ApprovalRequest, Fingerprint, IdempotencyKey, MemoryStore, MemoryStoreConfig,
     OperationId, Reservation, ReserveRequest, Scope, Store, StoredResponse,
@@ -30,11 +29,20 @@ fn store() -> (MemoryStore, Journal, NoteSigningKey) {
 }
 
 fn request(key: &str) -> ReserveRequest {
-    reserve_request(
-        &Scope::new("acme"),
-        &IdempotencyKey::new(key).unwrap(),
-        &Fingerprint::from_stored("sha256:memory"),
-    )
+    ReserveRequest {
+        scope: Scope::new("acme"),
+        key: IdempotencyKey::new(key).unwrap(),
+        fingerprint: Fingerprint::from_stored("sha256:memory"),
+        method: "POST".to_owned(),
+        route: "/conformance/{id}".to_owned(),
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(600),
+        unknown_retention: Duration::from_secs(600),
+        take_over_unknown: false,
+        marks_dispatch: false,
+        approval: None,
+        replace_delivered: None,
+    }
 }
 
 fn response() -> StoredResponse {

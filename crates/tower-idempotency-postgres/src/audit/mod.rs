@@ -16,9 +16,8 @@ pub(crate) mod decisions;
 mod pending;
 mod read;
 mod seal;
-pub(crate) mod unsealed;
 
-pub use unsealed::UNSEALED_WARNING_AGE;
+pub use crate::store::unsealed::UNSEALED_WARNING_AGE;
 
 use std::io;
 use std::path::PathBuf;

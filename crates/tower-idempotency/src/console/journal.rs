@@ -10,6 +10,7 @@ use tower_idempotency_core::OperationId;
 use tower_idempotency_core::audit::{
     Checkpoint, EventProof, Journal, NoteVerifyingKey, SealedEvent, SignedCheckpoint, decode_event,
 };
+use tower_idempotency_core::BoxError;
 
 /// An audit journal the console can show an operation's events from (see
 /// [`Console::with_journal`](super::Console::with_journal)).
@@ -56,13 +57,13 @@ pub enum ConsoleJournalError {
     Unavailable {
         /// What failed.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: BoxError,
     },
 }
 
 impl ConsoleJournalError {
     /// Wraps the journal's own error.
-    pub fn unavailable(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
         Self::Unavailable {
             source: source.into(),
         }

@@ -5,7 +5,9 @@ use super::fixture::{
     reserve_request, response,
 };
 use super::{KEEP, LONG, PAST_SHORT, SHORT};
-use crate::{IdempotencyKey, OperationId, OperationState, ReserveRequest, Scope, Store};
+use tower_idempotency_core::{
+    IdempotencyKey, OperationId, OperationState, ReserveRequest, Scope, Store,
+};
 
 /// Purging removes completed records past their retention and unknown ones past their
 /// unknown retention, never in-progress records (even past their unknown retention) nor

@@ -12,7 +12,9 @@ use super::fixture::{
     Fixture, acquire, assert_close, existing, fresh_fingerprint, fresh_key, fresh_scope, get, must,
     reserve_request, response, settled_replays,
 };
-use crate::{Lease, Operation, OperationState, Reservation, ReserveRequest, Store};
+use tower_idempotency_core::{
+    Lease, Operation, OperationState, Reservation, ReserveRequest, Store,
+};
 
 /// Of 48 concurrent reservations of one `(scope, key)`, half with one fingerprint and
 /// half with another, exactly one acquires; every other sees the winner's record.

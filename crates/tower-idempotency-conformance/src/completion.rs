@@ -3,7 +3,7 @@
 //! completion when asked to — on the plain path and in an operation's transaction.
 
 use super::fixture::{Fixture, acquire, expect_lost, get, must, response, transactions};
-use crate::{OperationState, Store, TransactionalReservation};
+use tower_idempotency_core::{OperationState, Store, TransactionalReservation};
 
 /// `complete_delivered(…, true)` completes the operation with its response and records its
 /// delivery (and its time); with `false` the operation is completed and not delivered; a

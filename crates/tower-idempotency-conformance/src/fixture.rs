@@ -7,12 +7,13 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 use super::{KEEP, LONG, SHORT, WAKE_BOUND};
-use crate::error::Result;
-use crate::{
+use tower_idempotency_core::error::Result;
+use tower_idempotency_core::{ApprovalStore, DispatchStore, TransactionStore};
+use tower_idempotency_core::{
     ApprovalRequest, Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation,
     ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
-use crate::{ApprovalStore, DispatchStore, TransactionStore};
+
 
 /// A fresh `(scope, key, fingerprint)` and the requests checks make with it.
 pub(super) struct Fixture {
@@ -117,7 +118,7 @@ pub(super) fn fresh_fingerprint() -> Fingerprint {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency_core::conformance::reserve_request;
+/// use tower_idempotency_conformance::reserve_request;
 /// use tower_idempotency_core::{Fingerprint, IdempotencyKey, ReserveRequest, Scope};
 ///
 /// let key = IdempotencyKey::new("order-1").unwrap();

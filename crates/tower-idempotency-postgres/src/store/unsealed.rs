@@ -1,5 +1,6 @@
-//! A journaled store watches what waits to be sealed. The triggers write every state change
-//! to the pending table; only a sealer chains and signs them. When the oldest pending event
+//! A journaled store watches what waits to be sealed (a part of the store: it reads the
+//! pending table through the store's own pool). The triggers write every state change to the
+//! pending table; only a sealer chains and signs them. When the oldest pending event
 //! has waited past [`UNSEALED_WARNING_AGE`], nothing seals this journal — no sealer runs, or
 //! it keeps failing — and the store says so in its log, once and then every
 //! [`REPEAT_EVERY`] while it lasts, instead of letting the table grow in silence.
@@ -7,7 +8,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use crate::store::Inner;
+use super::Inner;
 
 /// How long the oldest pending audit event may wait to be sealed before a journaled store
 /// warns that nothing seals its journal (2 minutes: a sealer runs every few seconds).

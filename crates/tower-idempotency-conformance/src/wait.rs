@@ -6,7 +6,7 @@ use super::WAIT_LONG;
 use super::fixture::{
     Fixture, acquire, bounded, existing, fresh_key, join_wait, must, response, spawn_wait,
 };
-use crate::{OperationState, Store};
+use tower_idempotency_core::{OperationState, Store};
 
 /// A waiter on an in-progress record returns with the completed record as soon as it is
 /// completed, long before its timeout. Waiting on a missing key returns `None`, on a

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
-use tower_idempotency_core::conformance;
+use tower_idempotency_conformance as conformance;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, MemoryStore, MemoryStoreConfig, OperationState, Reservation,
     ReserveRequest, Scope, Store, StoreError, StoredResponse,

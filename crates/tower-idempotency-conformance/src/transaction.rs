@@ -10,8 +10,8 @@ use tokio::task::JoinSet;
 
 use super::fixture::{Fixture, expect_lost, get, must, response, transactions};
 use super::{LONG, PAST_SHORT};
-use crate::error::Result;
-use crate::{
+use tower_idempotency_core::error::Result;
+use tower_idempotency_core::{
     Lease, Operation, OperationState, OperationTransaction, Reservation, ReserveRequest, Store,
     TransactionalReservation,
 };

@@ -14,8 +14,8 @@ use super::fixture::{
     request_approval, response, settled_replays,
 };
 use super::{KEEP, LONG, PAST_SHORT, SHORT, SLACK};
-use crate::approval::ApprovalCursor;
-use crate::{
+use tower_idempotency_core::approval::ApprovalCursor;
+use tower_idempotency_core::{
     Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, Operation,
     OperationState, Reservation, ReserveRequest, Scope, Store,
 };

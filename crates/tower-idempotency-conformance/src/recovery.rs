@@ -8,7 +8,9 @@ use super::fixture::{
     settled_replays, spawn_wait,
 };
 use super::{LONG, PAST_SHORT, WAIT_LONG};
-use crate::{Lease, Operation, OperationState, Reservation, ReserveRequest, Store};
+use tower_idempotency_core::{
+    Lease, Operation, OperationState, Reservation, ReserveRequest, Store,
+};
 
 /// Only a reservation with `take_over_unknown` and the same fingerprint takes an unknown
 /// record over: same operation, new lease, one more attempt. Completed and in-progress

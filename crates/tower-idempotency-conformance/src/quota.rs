@@ -15,9 +15,9 @@ use super::fixture::{
     request_approval, reserve_request, response,
 };
 use super::{PAST_SHORT, SHORT, SLACK};
-use crate::error::Result;
-use crate::quota::{QUOTA_RETRY_MAX, QUOTA_RETRY_MIN};
-use crate::{
+use tower_idempotency_core::error::Result;
+use tower_idempotency_core::quota::{QUOTA_RETRY_MAX, QUOTA_RETRY_MIN};
+use tower_idempotency_core::{
     IdempotencyKey, Reservation, ReserveRequest, Scope, ScopeQuota, Store, StoreError,
     StoredResponse,
 };

@@ -7,7 +7,9 @@ use super::fixture::{
     Fixture, acquire, existing, expect_lost, fresh_key, get, join_wait, must, response, spawn_wait,
 };
 use super::{LONG, PAST_SHORT, SHORT, WAIT_LONG};
-use crate::{Lease, LeaseId, OperationId, OperationState, Reservation, ReserveRequest, Store};
+use tower_idempotency_core::{
+    Lease, LeaseId, OperationId, OperationState, Reservation, ReserveRequest, Store,
+};
 
 /// An in-progress record whose lease runs out reads as `unknown`, wakes its waiters, and
 /// is not taken over by a reservation that does not ask to.
@@ -111,7 +113,7 @@ pub async fn stale_lease_is_fenced<S: Store>(store: &S) {
 }
 
 /// Complete, release, abandon and extend with `lease` are each refused as
-/// [`StoreError::LeaseLost`](crate::StoreError::LeaseLost) for operation `id`.
+/// [`StoreError::LeaseLost`](tower_idempotency_core::StoreError::LeaseLost) for operation `id`.
 async fn expect_every_call_lost<S: Store>(
     check: &str,
     store: &S,

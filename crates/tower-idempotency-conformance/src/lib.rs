@@ -1,4 +1,5 @@
-//! The conformance suite: the behaviour every [`Store`] must show, as one set of checks.
+//! The conformance suite of `tower-idempotency`: the behaviour every [`Store`] must show, as
+//! one set of checks.
 //!
 //! Each check is a `pub async fn` that panics with a message naming itself when the store
 //! misbehaves; [`run_all`] runs them in turn. Checks use fresh random scopes and keys, so
@@ -7,14 +8,21 @@
 //!
 //! # Running it against your store
 //!
-//! Enable the `conformance` feature in your dev-dependencies and add one test:
+//! Add this crate to your dev-dependencies (beside `tower-idempotency-core`, which your
+//! store implements) and one test:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! tower-idempotency-conformance = "0.1"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
 //!
 //! ```no_run
 //! # use tower_idempotency_core::MemoryStore as MyStore;
 //! # fn new_store() -> MyStore { MyStore::default() }
 //! #[tokio::test(flavor = "multi_thread")]
 //! async fn conformance() {
-//!     tower_idempotency_core::conformance::run_all(&new_store()).await;
+//!     tower_idempotency_conformance::run_all(&new_store()).await;
 //! }
 //! ```
 //!
@@ -33,17 +41,17 @@
 //! - An `in_progress` record whose lease ran out after its dispatch reads as `unknown`; only
 //!   a reservation with `take_over_unknown` and the same fingerprint takes it over.
 //! - A reservation is dispatched at once unless its request says the handler marks the
-//!   dispatch ([`DispatchStore::mark_dispatched`](crate::DispatchStore::mark_dispatched): fenced, the first time kept, the lease renewed). A
+//!   dispatch ([`DispatchStore::mark_dispatched`](tower_idempotency_core::DispatchStore::mark_dispatched): fenced, the first time kept, the lease renewed). A
 //!   lease that lapses before the mark reads `in_progress` (lease in the past), wakes its
 //!   waiters, and is taken over by the next reservation of the same command, exactly once,
 //!   whatever `take_over_unknown` says. [`Store::cancel`] before the mark leaves a
 //!   `cancelled` record a retry takes over; after it, `unknown`.
 //! - A new key that needs approval is created `awaiting_approval` with a pending approval
-//!   bound to its fingerprint; [`ApprovalStore::decide_approval`](crate::ApprovalStore::decide_approval) decides exactly once (approving
+//!   bound to its fingerprint; [`ApprovalStore::decide_approval`](tower_idempotency_core::ApprovalStore::decide_approval) decides exactly once (approving
 //!   needs the bound fingerprint; a repeat of the winning decision reports it, the opposite
 //!   is refused); an authorized operation is acquired by exactly one reservation; pending
 //!   requests and unused approvals expire; approvals are seen by their own scope only.
-//! - A reservation with [`ReserveRequest::replace_delivered`](crate::ReserveRequest::replace_delivered)
+//! - A reservation with [`ReserveRequest::replace_delivered`](tower_idempotency_core::ReserveRequest::replace_delivered)
 //!   replaces a completed record of its fingerprint delivered at least the window ago with a
 //!   new operation, exactly once under concurrency; a running, undelivered, recently
 //!   delivered or other-fingerprint record answers as usual.
@@ -52,17 +60,28 @@
 //! - Waiters return when the record leaves `in_progress` (including by its lease running
 //!   out), or at their timeout, never earlier.
 //! - Purging removes only records whose retention ended, never `in_progress` ones.
-//! - A transactional reservation ([`TransactionStore::reserve_transaction`](crate::TransactionStore::reserve_transaction)) acquires like a plain one,
+//! - A transactional reservation ([`TransactionStore::reserve_transaction`](tower_idempotency_core::TransactionStore::reserve_transaction)) acquires like a plain one,
 //!   with the operation's transaction open; the reservation is visible while it is, a
 //!   commit completes the operation, an abort releases it, and a lease taken over fences
 //!   the commit (checked on a store that declares transactions).
 //! - A completion that reads nothing back ([`Store::complete_delivered`]) is fenced like
 //!   `complete` and records the delivery with the completion when asked to.
 //! - Scopes are isolated, by key and by operation id.
-//! - A scope at its [`ScopeQuota`](crate::ScopeQuota) is refused new keys (and only new
-//!   keys) with `ScopeQuotaExceeded`; other scopes are unaffected; stored bytes count from
+//! - A scope at its [`ScopeQuota`](tower_idempotency_core::ScopeQuota) is refused new keys
+//!   (and only new keys) with `ScopeQuotaExceeded`; other scopes are unaffected; stored bytes count from
 //!   completion; released and expired records free the quota; records awaiting approval
 //!   count ([`run_quota`], against a store configured with [`QUOTA`]).
+//!
+//! # Module stack
+//!
+//! [`run_all`] and [`run_lifecycle`] (this file) on top; then one module per part of the
+//! contract, each a list of checks (`reserve`, `wait`, `lease`, `recovery`, `records`,
+//! `transaction`, `completion`, `dispatch`, `approval`, `derived`, and `quota` with its own
+//! [`run_quota`]), reading the durations they wait out from this file; at the bottom
+//! `fixture`, the fresh scopes, keys, requests and panicking helpers every check shares.
+
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod approval;
 mod completion;
@@ -79,7 +98,7 @@ mod wait;
 
 use std::time::Duration;
 
-use crate::Store;
+use tower_idempotency_core::Store;
 
 pub use approval::{
     approval_authorizes_its_fingerprint_only, approval_is_requested_for_a_new_key,

@@ -14,7 +14,7 @@ use super::fixture::{
     get, join_wait, must, response, spawn_wait, take_over,
 };
 use super::{LONG, PAST_SHORT, SHORT, SLACK, WAIT_LONG, WAKE_BOUND};
-use crate::{OperationState, Reservation, ReserveRequest, Store};
+use tower_idempotency_core::{OperationState, Reservation, ReserveRequest, Store};
 
 /// How far a renewed lease is pushed: long enough to tell it from the reservation's
 /// [`SHORT`] lease, short enough for no check to wait on it.

@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 
 use super::fixture::{Fixture, acquire, existing, fresh_fingerprint, get, must, response};
 use super::{KEEP, PAST_SHORT, SHORT};
-use crate::{Operation, OperationState, Reservation, ReserveRequest, Store};
+use tower_idempotency_core::{Operation, OperationState, Reservation, ReserveRequest, Store};
 
 fn replacing(request: ReserveRequest, window: Duration) -> ReserveRequest {
     ReserveRequest {
