@@ -4,6 +4,7 @@
 use super::error::{CanonicalizeError, excerpt};
 use super::node::Node;
 use super::parse::Parser;
+use super::write::f64_spelling;
 
 impl<'a> Parser<'a> {
     pub(super) fn parse_number(&mut self) -> Result<Node<'a>, CanonicalizeError> {
@@ -45,6 +46,7 @@ impl<'a> Parser<'a> {
         }
         if frac_end == self.pos {
             if let Some(spelling) = self.verbatim_spelling(start, int_start, int_end, frac_end) {
+                self.canonical_len += spelling.len();
                 return Ok(Node::Verbatim { spelling, integer });
             }
         }
@@ -75,6 +77,10 @@ impl<'a> Parser<'a> {
                 offset: start,
             });
         }
+        // Spelled once here for its length and again when written: such numbers (exponents,
+        // more than 15 digits) are rare in commands, and keeping the spelling would make
+        // every node larger.
+        self.canonical_len += f64_spelling(value, &mut ryu_js::Buffer::new()).len();
         Ok(Node::Number { value, integer })
     }
 

@@ -1,14 +1,20 @@
 //! The I-JSON parser: one pass over the input, rejecting what RFC 7493 forbids (duplicate
-//! names, lone surrogates, too deep nesting) at its byte offset. Numbers are in
-//! [`number`](super::number).
+//! names, lone surrogates, too deep nesting) at its byte offset, and counting the length of
+//! the canonical form as it goes (a digest's length prefix comes before the bytes). Numbers
+//! are in [`number`](super::number).
 
 use std::borrow::Cow;
 
 use super::MAX_DEPTH;
 use super::error::{CanonicalizeError, excerpt};
 use super::node::{Member, Node, cmp_utf16};
+use super::write::escaped_len;
 
-pub(super) fn parse_document(bytes: &[u8], allow_nul: bool) -> Result<Node<'_>, CanonicalizeError> {
+/// Parses one document: its root and the length of its canonical form.
+pub(super) fn parse_document(
+    bytes: &[u8],
+    allow_nul: bool,
+) -> Result<(Node<'_>, usize), CanonicalizeError> {
     let text = std::str::from_utf8(bytes).map_err(|e| CanonicalizeError::InvalidUtf8 {
         offset: e.valid_up_to(),
     })?;
@@ -17,6 +23,9 @@ pub(super) fn parse_document(bytes: &[u8], allow_nul: bool) -> Result<Node<'_>, 
         bytes,
         pos: 0,
         allow_nul,
+        canonical_len: 0,
+        items: Vec::new(),
+        members: Vec::new(),
     };
     parser.skip_whitespace();
     let node = parser.parse_value(0)?;
@@ -24,7 +33,7 @@ pub(super) fn parse_document(bytes: &[u8], allow_nul: bool) -> Result<Node<'_>, 
     if parser.pos < bytes.len() {
         return Err(CanonicalizeError::TrailingData { offset: parser.pos });
     }
-    Ok(node)
+    Ok((node, parser.canonical_len))
 }
 
 pub(super) struct Parser<'a> {
@@ -34,6 +43,15 @@ pub(super) struct Parser<'a> {
     /// Whether a `\u0000` escape is accepted (the audit journal's own events) or refused
     /// (commands: [`CanonicalizeError::NulCharacter`]).
     pub(super) allow_nul: bool,
+    /// The length of the canonical form of everything parsed so far (meaningful once the
+    /// document parsed without error).
+    pub(super) canonical_len: usize,
+    /// The items of the arrays being parsed, innermost last: an array takes its own off
+    /// the top when it closes, in one allocation of its exact size (rather than growing
+    /// one vector per array).
+    pub(super) items: Vec<Node<'a>>,
+    /// The members of the objects being parsed, likewise.
+    pub(super) members: Vec<Member<'a>>,
 }
 
 impl<'a> Parser<'a> {
@@ -86,6 +104,7 @@ impl<'a> Parser<'a> {
     ) -> Result<Node<'a>, CanonicalizeError> {
         if self.bytes[self.pos..].starts_with(word) {
             self.pos += word.len();
+            self.canonical_len += word.len();
             Ok(node)
         } else {
             Err(self.syntax("expected a JSON value"))
@@ -94,18 +113,21 @@ impl<'a> Parser<'a> {
 
     pub(super) fn parse_array(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
         self.pos += 1; // '['
+        self.canonical_len += 2; // '[' and ']'
         self.skip_whitespace();
-        let mut items = Vec::new();
         if self.peek() == Some(b']') {
             self.pos += 1;
-            return Ok(Node::Array(items));
+            return Ok(Node::Array(Vec::new()));
         }
+        let mark = self.items.len();
         loop {
-            items.push(self.parse_value(depth)?);
+            let item = self.parse_value(depth)?;
+            self.items.push(item);
             self.skip_whitespace();
             match self.peek() {
                 Some(b',') => {
                     self.pos += 1;
+                    self.canonical_len += 1;
                     self.skip_whitespace();
                     if self.peek() == Some(b']') {
                         return Err(self.syntax("trailing comma in array"));
@@ -113,7 +135,7 @@ impl<'a> Parser<'a> {
                 }
                 Some(b']') => {
                     self.pos += 1;
-                    return Ok(Node::Array(items));
+                    return Ok(Node::Array(self.items.split_off(mark)));
                 }
                 None => return Err(self.syntax("unexpected end of input in array")),
                 Some(_) => return Err(self.syntax("expected ',' or ']' in array")),
@@ -123,16 +145,17 @@ impl<'a> Parser<'a> {
 
     pub(super) fn parse_object(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
         self.pos += 1; // '{'
+        self.canonical_len += 2; // '{' and '}'
         self.skip_whitespace();
-        let mut members = Vec::new();
         if self.peek() == Some(b'}') {
             self.pos += 1;
-            return Ok(Node::Object(members));
+            return Ok(Node::Object(Vec::new()));
         }
+        let mark = self.members.len();
         loop {
             match self.peek() {
                 Some(b'"') => {}
-                Some(b'}') if !members.is_empty() => {
+                Some(b'}') if self.members.len() > mark => {
                     return Err(self.syntax("trailing comma in object"));
                 }
                 None => return Err(self.syntax("unexpected end of input in object")),
@@ -145,9 +168,10 @@ impl<'a> Parser<'a> {
                 return Err(self.syntax("expected ':' after member name"));
             }
             self.pos += 1;
+            self.canonical_len += 1; // ':'
             self.skip_whitespace();
             let value = self.parse_value(depth)?;
-            members.push(Member {
+            self.members.push(Member {
                 name,
                 offset,
                 value,
@@ -156,6 +180,7 @@ impl<'a> Parser<'a> {
             match self.peek() {
                 Some(b',') => {
                     self.pos += 1;
+                    self.canonical_len += 1;
                     self.skip_whitespace();
                 }
                 Some(b'}') => {
@@ -168,6 +193,7 @@ impl<'a> Parser<'a> {
         }
         // Sorting first turns duplicate detection into a scan of neighbours; the sort is
         // stable, so the later of two equal names is the second of the pair.
+        let members = &mut self.members[mark..];
         members.sort_by(|a, b| cmp_utf16(&a.name, &b.name));
         if let Some(pair) = members.windows(2).find(|w| w[0].name == w[1].name) {
             return Err(CanonicalizeError::DuplicateMember {
@@ -175,50 +201,54 @@ impl<'a> Parser<'a> {
                 offset: pair[1].offset,
             });
         }
-        Ok(Node::Object(members))
+        Ok(Node::Object(self.members.split_off(mark)))
     }
 
     pub(super) fn parse_string(&mut self) -> Result<Cow<'a, str>, CanonicalizeError> {
         let start = self.pos + 1; // after '"'
-        let mut i = start;
         // Fast path: no escapes, borrow from the input.
-        loop {
-            match self.bytes.get(i) {
-                None => {
-                    self.pos = i;
-                    return Err(self.syntax("unterminated string"));
-                }
-                Some(&b) if !STRING_SPECIAL[usize::from(b)] => i += 1,
-                Some(b'"') => {
-                    self.pos = i + 1;
-                    return self.slice(start, i).map(Cow::Borrowed);
-                }
-                Some(b'\\') => break,
-                Some(_) => {
-                    self.pos = i;
-                    return Err(self.syntax("control character in string"));
-                }
+        let mut i = self.skip_plain(start);
+        match self.bytes.get(i) {
+            Some(b'"') => {
+                self.pos = i + 1;
+                // No escapes and no control characters: written back as it is.
+                self.canonical_len += i - start + 2;
+                return self.slice(start, i).map(Cow::Borrowed);
+            }
+            Some(b'\\') => {}
+            None => {
+                self.pos = i;
+                return Err(self.syntax("unterminated string"));
+            }
+            Some(_) => {
+                self.pos = i;
+                return Err(self.syntax("control character in string"));
             }
         }
         let mut owned = String::with_capacity(i - start + 16);
         owned.push_str(self.slice(start, i)?);
-        let mut run = i;
+        // The canonical length of the decoded text so far, quotes included: plain runs are
+        // written as they are, each decoded escape as the writer spells it.
+        let mut canonical = i - start + 2;
         loop {
+            // At a backslash.
+            let decoded_from = owned.len();
+            i = self.parse_escape(i, &mut owned)?;
+            canonical += escaped_len(&owned[decoded_from..]) - 2;
+            let run = i;
+            i = self.skip_plain(i);
+            owned.push_str(self.slice(run, i)?);
+            canonical += i - run;
             match self.bytes.get(i) {
+                Some(b'"') => {
+                    self.pos = i + 1;
+                    self.canonical_len += canonical;
+                    return Ok(Cow::Owned(owned));
+                }
+                Some(b'\\') => {}
                 None => {
                     self.pos = i;
                     return Err(self.syntax("unterminated string"));
-                }
-                Some(&b) if !STRING_SPECIAL[usize::from(b)] => i += 1,
-                Some(b'"') => {
-                    owned.push_str(self.slice(run, i)?);
-                    self.pos = i + 1;
-                    return Ok(Cow::Owned(owned));
-                }
-                Some(b'\\') => {
-                    owned.push_str(self.slice(run, i)?);
-                    i = self.parse_escape(i, &mut owned)?;
-                    run = i;
                 }
                 Some(_) => {
                     self.pos = i;
@@ -226,6 +256,29 @@ impl<'a> Parser<'a> {
                 }
             }
         }
+    }
+
+    /// The offset of the first byte at or after `i` that ends a plain run of a string (a
+    /// quote, a backslash, a control character), or the input's length: eight bytes at a
+    /// time, then byte by byte.
+    #[inline]
+    fn skip_plain(&self, mut i: usize) -> usize {
+        while let Some(word) = self.bytes.get(i..i + 8) {
+            let word = u64::from_le_bytes([
+                word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7],
+            ]);
+            if has_string_special(word) {
+                break;
+            }
+            i += 8;
+        }
+        while let Some(&b) = self.bytes.get(i) {
+            if STRING_SPECIAL[usize::from(b)] {
+                break;
+            }
+            i += 1;
+        }
+        i
     }
 
     /// Decodes the escape starting at the backslash at `at` into `out`; returns the offset
@@ -307,6 +360,20 @@ impl<'a> Parser<'a> {
             reason: "string boundary inside a character",
         })
     }
+}
+
+/// Whether any of the eight bytes of `word` is in [`STRING_SPECIAL`]: below 0x20, a quote or
+/// a backslash (the exact "has a byte less than" / "has a zero byte" word tricks: no false
+/// answer either way).
+#[inline]
+fn has_string_special(word: u64) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS != 0;
+    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGHS != 0;
+    below_space
+        || has_zero(word ^ (ONES * u64::from(b'"')))
+        || has_zero(word ^ (ONES * u64::from(b'\\')))
 }
 
 /// Bytes that end the fast scan of a string: the quote, the backslash, control characters.
