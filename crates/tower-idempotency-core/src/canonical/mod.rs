@@ -122,7 +122,7 @@ impl<'a> JsonDocument<'a> {
         out
     }
 
-    /// Writes the canonical form into `update` in blocks of up to 1 KiB, as it is produced
+    /// Writes the canonical form into `update` in blocks of up to 4 KiB, as it is produced
     /// (no canonical text is built): exactly [`JsonDocument::canonical_len`] bytes.
     pub(crate) fn write_canonical(&self, update: impl FnMut(&[u8])) {
         let mut sink = Buffered::new(update);

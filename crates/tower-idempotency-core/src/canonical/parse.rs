@@ -10,6 +10,10 @@ use super::error::{CanonicalizeError, excerpt};
 use super::node::{Member, Node, cmp_utf16};
 use super::write::escaped_len;
 
+/// A refusal inside the parser, boxed: results stay the size of a node, and most of the
+/// parser's time is moving results between its recursive calls.
+pub(super) type Failure = Box<CanonicalizeError>;
+
 /// Parses one document: its root and the length of its canonical form.
 pub(super) fn parse_document(
     bytes: &[u8],
@@ -28,7 +32,7 @@ pub(super) fn parse_document(
         members: Vec::new(),
     };
     parser.skip_whitespace();
-    let node = parser.parse_value(0)?;
+    let node = parser.parse_value(0).map_err(|failure| *failure)?;
     parser.skip_whitespace();
     if parser.pos < bytes.len() {
         return Err(CanonicalizeError::TrailingData { offset: parser.pos });
@@ -59,11 +63,11 @@ impl<'a> Parser<'a> {
         self.bytes.get(self.pos).copied()
     }
 
-    pub(super) fn syntax(&self, reason: &'static str) -> CanonicalizeError {
-        CanonicalizeError::Syntax {
+    pub(super) fn syntax(&self, reason: &'static str) -> Failure {
+        Box::new(CanonicalizeError::Syntax {
             offset: self.pos,
             reason,
-        }
+        })
     }
 
     pub(super) fn skip_whitespace(&mut self) {
@@ -73,7 +77,7 @@ impl<'a> Parser<'a> {
     }
 
     /// `depth` is the number of arrays/objects enclosing this value.
-    pub(super) fn parse_value(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+    pub(super) fn parse_value(&mut self, depth: usize) -> Result<Node<'a>, Failure> {
         match self.peek() {
             None => Err(self.syntax("unexpected end of input")),
             Some(b'{') => self.parse_object(self.enter(depth)?),
@@ -87,12 +91,12 @@ impl<'a> Parser<'a> {
         }
     }
 
-    pub(super) fn enter(&self, depth: usize) -> Result<usize, CanonicalizeError> {
+    pub(super) fn enter(&self, depth: usize) -> Result<usize, Failure> {
         if depth >= MAX_DEPTH {
-            return Err(CanonicalizeError::TooDeep {
+            return Err(Box::new(CanonicalizeError::TooDeep {
                 max: MAX_DEPTH,
                 offset: self.pos,
-            });
+            }));
         }
         Ok(depth + 1)
     }
@@ -101,7 +105,7 @@ impl<'a> Parser<'a> {
         &mut self,
         word: &'static [u8],
         node: Node<'a>,
-    ) -> Result<Node<'a>, CanonicalizeError> {
+    ) -> Result<Node<'a>, Failure> {
         if self.bytes[self.pos..].starts_with(word) {
             self.pos += word.len();
             self.canonical_len += word.len();
@@ -111,7 +115,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    pub(super) fn parse_array(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+    pub(super) fn parse_array(&mut self, depth: usize) -> Result<Node<'a>, Failure> {
         self.pos += 1; // '['
         self.canonical_len += 2; // '[' and ']'
         self.skip_whitespace();
@@ -143,7 +147,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    pub(super) fn parse_object(&mut self, depth: usize) -> Result<Node<'a>, CanonicalizeError> {
+    pub(super) fn parse_object(&mut self, depth: usize) -> Result<Node<'a>, Failure> {
         self.pos += 1; // '{'
         self.canonical_len += 2; // '{' and '}'
         self.skip_whitespace();
@@ -196,15 +200,15 @@ impl<'a> Parser<'a> {
         let members = &mut self.members[mark..];
         members.sort_by(|a, b| cmp_utf16(&a.name, &b.name));
         if let Some(pair) = members.windows(2).find(|w| w[0].name == w[1].name) {
-            return Err(CanonicalizeError::DuplicateMember {
+            return Err(Box::new(CanonicalizeError::DuplicateMember {
                 name: excerpt(&pair[1].name),
                 offset: pair[1].offset,
-            });
+            }));
         }
         Ok(Node::Object(self.members.split_off(mark)))
     }
 
-    pub(super) fn parse_string(&mut self) -> Result<Cow<'a, str>, CanonicalizeError> {
+    pub(super) fn parse_string(&mut self) -> Result<Cow<'a, str>, Failure> {
         let start = self.pos + 1; // after '"'
         // Fast path: no escapes, borrow from the input.
         let mut i = self.skip_plain(start);
@@ -283,11 +287,7 @@ impl<'a> Parser<'a> {
 
     /// Decodes the escape starting at the backslash at `at` into `out`; returns the offset
     /// just past it.
-    pub(super) fn parse_escape(
-        &mut self,
-        at: usize,
-        out: &mut String,
-    ) -> Result<usize, CanonicalizeError> {
+    pub(super) fn parse_escape(&mut self, at: usize, out: &mut String) -> Result<usize, Failure> {
         let decoded = match self.bytes.get(at + 1) {
             Some(b'"') => '"',
             Some(b'\\') => '\\',
@@ -311,32 +311,34 @@ impl<'a> Parser<'a> {
         &mut self,
         at: usize,
         out: &mut String,
-    ) -> Result<usize, CanonicalizeError> {
+    ) -> Result<usize, Failure> {
         let unit = self.hex4(at + 2)?;
-        let lone = CanonicalizeError::LoneSurrogate { offset: at };
+        let lone = || Box::new(CanonicalizeError::LoneSurrogate { offset: at });
         let scalar = match unit {
             0xD800..=0xDBFF => {
                 if self.bytes.get(at + 6..at + 8) != Some(b"\\u") {
-                    return Err(lone);
+                    return Err(lone());
                 }
                 let low = self.hex4(at + 8)?;
                 if !(0xDC00..=0xDFFF).contains(&low) {
-                    return Err(lone);
+                    return Err(lone());
                 }
                 let scalar =
                     0x10000 + ((u32::from(unit) - 0xD800) << 10) + (u32::from(low) - 0xDC00);
-                out.push(char::from_u32(scalar).ok_or(lone)?);
+                out.push(char::from_u32(scalar).ok_or_else(lone)?);
                 return Ok(at + 12);
             }
-            0xDC00..=0xDFFF => return Err(lone),
-            0 if !self.allow_nul => return Err(CanonicalizeError::NulCharacter { offset: at }),
+            0xDC00..=0xDFFF => return Err(lone()),
+            0 if !self.allow_nul => {
+                return Err(Box::new(CanonicalizeError::NulCharacter { offset: at }));
+            }
             _ => u32::from(unit),
         };
-        out.push(char::from_u32(scalar).ok_or(lone)?);
+        out.push(char::from_u32(scalar).ok_or_else(lone)?);
         Ok(at + 6)
     }
 
-    pub(super) fn hex4(&mut self, at: usize) -> Result<u16, CanonicalizeError> {
+    pub(super) fn hex4(&mut self, at: usize) -> Result<u16, Failure> {
         let mut value: u16 = 0;
         for k in 0..4 {
             let digit = match self.bytes.get(at + k) {
@@ -353,11 +355,13 @@ impl<'a> Parser<'a> {
         Ok(value)
     }
 
-    pub(super) fn slice(&self, start: usize, end: usize) -> Result<&'a str, CanonicalizeError> {
+    pub(super) fn slice(&self, start: usize, end: usize) -> Result<&'a str, Failure> {
         // Both ends sit next to ASCII bytes, so they are always char boundaries.
-        self.text.get(start..end).ok_or(CanonicalizeError::Syntax {
-            offset: start,
-            reason: "string boundary inside a character",
+        self.text.get(start..end).ok_or_else(|| {
+            Box::new(CanonicalizeError::Syntax {
+                offset: start,
+                reason: "string boundary inside a character",
+            })
         })
     }
 }
