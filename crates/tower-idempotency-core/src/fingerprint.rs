@@ -13,6 +13,8 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
+use crate::canonical::JsonDocument;
+
 /// The digest of a request's meaning, `sha256:<hex>` or `hmac-sha256:<hex>`.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Fingerprint(Arc<str>);
@@ -88,6 +90,11 @@ pub enum FingerprintBody<'a> {
     Empty,
     /// A JSON body in RFC 8785 canonical form (see [`canonicalize_json`](crate::canonicalize_json)).
     CanonicalJson(&'a [u8]),
+    /// A parsed JSON body: its canonical form is written straight into the digest as it is
+    /// produced, with no canonical text in between. The fingerprint is the one
+    /// [`FingerprintBody::CanonicalJson`] gives for the document's
+    /// [canonical form](JsonDocument::to_canonical).
+    Json(&'a JsonDocument<'a>),
     /// Any other body: its content type (empty when absent) and raw bytes.
     Raw {
         /// The `Content-Type` value, lowercased, without parameters.
@@ -117,7 +124,11 @@ pub struct FingerprintInput<'a> {
 
 /// Computes fingerprints: SHA-256, or HMAC-SHA256 when given a key.
 ///
+/// A JSON body is best given parsed ([`FingerprintBody::Json`]): one parse validates it,
+/// and its canonical form goes into the digest as it is written.
+///
 /// ```
+/// use tower_idempotency_core::canonical::JsonDocument;
 /// use tower_idempotency_core::fingerprint::{FingerprintBody, FingerprintInput, Fingerprinter};
 ///
 /// let input = FingerprintInput {
@@ -131,6 +142,10 @@ pub struct FingerprintInput<'a> {
 /// let fp = Fingerprinter::sha256().fingerprint(&input);
 /// assert!(fp.as_str().starts_with("sha256:"));
 /// assert_eq!(fp, Fingerprinter::sha256().fingerprint(&input));
+///
+/// let document = JsonDocument::parse(br#"{ "title" : "x" }"#).unwrap();
+/// let streamed = FingerprintInput { body: FingerprintBody::Json(&document), ..input };
+/// assert_eq!(Fingerprinter::sha256().fingerprint(&streamed), fp);
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Fingerprinter {
@@ -157,7 +172,7 @@ impl Fingerprinter {
         match &self.key {
             None => {
                 let mut hasher = Sha256::new();
-                feed(&mut |bytes| hasher.update(bytes), input);
+                feed(&mut |bytes: &[u8]| hasher.update(bytes), input);
                 Fingerprint::of_digest("sha256:", &hasher.finalize())
             }
             Some(key) => {
@@ -166,14 +181,14 @@ impl Fingerprinter {
                     Ok(mac) => mac,
                     Err(_) => unreachable!("HMAC takes keys of any length"),
                 };
-                feed(&mut |bytes| mac.update(bytes), input);
+                feed(&mut |bytes: &[u8]| mac.update(bytes), input);
                 Fingerprint::of_digest("hmac-sha256:", &mac.finalize().into_bytes())
             }
         }
     }
 }
 
-fn feed(update: &mut dyn FnMut(&[u8]), input: &FingerprintInput<'_>) {
+fn feed<U: FnMut(&[u8])>(update: &mut U, input: &FingerprintInput<'_>) {
     let mut field = |tag: u8, bytes: &[u8]| {
         update(&[tag]);
         update(&(bytes.len() as u64).to_be_bytes());
@@ -191,6 +206,12 @@ fn feed(update: &mut dyn FnMut(&[u8]), input: &FingerprintInput<'_>) {
     match input.body {
         FingerprintBody::Empty => field(b'E', b""),
         FingerprintBody::CanonicalJson(bytes) => field(b'J', bytes),
+        FingerprintBody::Json(document) => {
+            // The field's encoding, with the canonical bytes produced into the digest.
+            update(b"J");
+            update(&(document.canonical_len() as u64).to_be_bytes());
+            document.write_canonical(|bytes| update(bytes));
+        }
         FingerprintBody::Raw {
             content_type,
             bytes,
@@ -372,6 +393,23 @@ mod tests {
         assert_eq!(
             Fingerprinter::sha256().fingerprint(&everything).as_str(),
             "sha256:a4855a50f6ec4b32942b3bec17a14a691d8141350f7392518a26b0226c930df5"
+        );
+    }
+
+    /// A parsed body streamed into the digest gives the pinned `v1` answers above.
+    #[test]
+    fn streamed_json_matches_the_known_vectors() {
+        let document = JsonDocument::parse(b"{ \"a\" : 1.0 }").unwrap();
+        let json = input(FingerprintBody::Json(&document));
+        assert_eq!(
+            Fingerprinter::sha256().fingerprint(&json).as_str(),
+            "sha256:669e4f4cbfeeed12d314efa72dad48c8add6640dbe22c7f440cbc8fa8ae5feb6"
+        );
+        assert_eq!(
+            Fingerprinter::hmac_sha256(FingerprintKey::new("server-secret"))
+                .fingerprint(&json)
+                .as_str(),
+            "hmac-sha256:463cdcd958797c50ae07ce60b06bffcf6100bec465d8835020f72761c0d3861d"
         );
     }
 

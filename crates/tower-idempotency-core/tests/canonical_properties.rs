@@ -3,7 +3,11 @@
 
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
-use tower_idempotency_core::canonical::{canonicalize_json, canonicalize_value, parse_json};
+use tower_idempotency_core::FingerprintKey;
+use tower_idempotency_core::canonical::{
+    JsonDocument, canonicalize_json, canonicalize_value, parse_json,
+};
+use tower_idempotency_core::fingerprint::{FingerprintBody, FingerprintInput, Fingerprinter};
 
 /// Strings of every kind but one: U+0000 is refused by the canonicalizer (a command must not
 /// carry it: `canonical_rfc8785.rs` pins the refusal), so it is left out here.
@@ -399,6 +403,41 @@ proptest! {
         prop_assert_eq!(normalize(&a) == normalize(&b), ca == cb, "{} / {}", a, b);
     }
 
+    /// The streamed digest (the canonical form written straight into the SHA-256/HMAC state
+    /// as the parsed document is walked) is the digest of `canonicalize_json`'s text, for
+    /// bodies in any spelling, short and long: the long string and the repetitions take
+    /// bodies across the writer's 4 KiB blocks, in small pieces and (the long plain
+    /// string, written in one piece) in pieces of more than a block.
+    #[test]
+    fn streamed_fingerprint_is_the_fingerprint_of_the_canonical_text(
+        value in json_strategy(),
+        seed in any::<u64>(),
+        repeat in 0usize..40,
+        long in 0usize..3000,
+    ) {
+        let value = Value::Array(vec![
+            value.clone(),
+            Value::String("a\n\u{1}\"é€😀".repeat(long / 7)),
+            Value::String("plain ".repeat(long)),
+            Value::Array(vec![value; repeat]),
+        ]);
+        let mut rendered = String::new();
+        render(&value, &mut Choices(seed | 1), &mut rendered);
+        let text = canonical(rendered.as_bytes());
+        let document = JsonDocument::parse(rendered.as_bytes()).unwrap();
+        prop_assert_eq!(document.canonical_len(), text.len());
+        prop_assert_eq!(&document.to_canonical(), &text);
+        for fingerprinter in [
+            Fingerprinter::sha256(),
+            Fingerprinter::hmac_sha256(FingerprintKey::new("server-secret")),
+        ] {
+            prop_assert_eq!(
+                fingerprint(&fingerprinter, FingerprintBody::Json(&document)),
+                fingerprint(&fingerprinter, FingerprintBody::CanonicalJson(&text))
+            );
+        }
+    }
+
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         check_consistent(&bytes)?;
@@ -414,10 +453,36 @@ proptest! {
     }
 }
 
-/// Whatever the input, the three entry points agree and accepted output is stable.
+fn fingerprint(fingerprinter: &Fingerprinter, body: FingerprintBody<'_>) -> String {
+    fingerprinter
+        .fingerprint(&FingerprintInput {
+            method: "POST",
+            route: "/v1/tickets",
+            scope: "acct_1",
+            query: "",
+            headers: &[],
+            body,
+        })
+        .to_string()
+}
+
+/// Whatever the input, the four entry points agree and accepted output is stable.
 fn check_consistent(bytes: &[u8]) -> Result<(), TestCaseError> {
     let canonical = canonicalize_json(bytes);
     let parsed = parse_json(bytes);
+    let document = JsonDocument::parse(bytes);
+    match (&document, &canonical) {
+        (Ok(document), Ok(out)) => {
+            prop_assert_eq!(document.canonical_len(), out.len());
+            let sha256 = Fingerprinter::sha256();
+            prop_assert_eq!(
+                fingerprint(&sha256, FingerprintBody::Json(document)),
+                fingerprint(&sha256, FingerprintBody::CanonicalJson(out))
+            );
+        }
+        (Err(a), Err(b)) => prop_assert_eq!(a, b),
+        _ => prop_assert!(false, "JsonDocument::parse and canonicalize_json disagree"),
+    }
     match (&canonical, &parsed) {
         (Ok(out), Ok(value)) => {
             prop_assert_eq!(&canonicalize_value(value), out);

@@ -7,10 +7,14 @@
 //! anything is reserved. The layer then puts that typed command in the request extensions,
 //! and the [`ValidatedJson`] extractor (feature `axum`) takes it from there instead of
 //! parsing the body a second time (a route with only a normalizer hands over the
-//! normalized JSON, which the extractor deserializes). Where the layer parsed nothing (no normalizer on the route, no key on an
-//! optional route, no layer at all) the extractor parses the body itself, with the same
-//! rules: JSON only, I-JSON ([`parse_json`](tower_idempotency_core::canonical::parse_json)),
-//! then the command's own [`JsonCommand::normalize`].
+//! normalized JSON, which the extractor deserializes). The layer's parse is the
+//! fingerprint's: one [`JsonDocument`](tower_idempotency_core::canonical::JsonDocument)
+//! validates the body, becomes the `Value` the normalizer edits, and nothing reads the bytes
+//! again. A route with neither keeps no `Value` at all (its fingerprint is streamed from the
+//! parsed tree), so there, and wherever the layer parsed nothing (no key on an optional
+//! route, no layer at all), the extractor parses the body itself, with the same rules: JSON
+//! only, I-JSON ([`parse_json`](tower_idempotency_core::canonical::parse_json)), then the
+//! command's own [`JsonCommand::normalize`].
 //!
 //! Invariant: on a route with a normalizer the handler executes exactly the command that
 //! was fingerprinted: the extractor never normalizes the layer's value again.

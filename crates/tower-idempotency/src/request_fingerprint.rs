@@ -1,12 +1,17 @@
 //! Turning a buffered request into a [`Fingerprint`]: method, route template, scope,
 //! canonical query, allow-listed headers and the body in canonical form (RFC 8785 for
 //! JSON, raw bytes plus content type otherwise). See `docs/fingerprint.md`.
+//!
+//! A JSON body is parsed once ([`JsonDocument`]): that parse validates it, its canonical
+//! form is written straight into the digest, and a route that keeps the command (an
+//! approval policy) converts the same tree into a `Value`. A route with a normalizer
+//! normalizes that `Value` and fingerprints what the normalizer left.
 
 use bytes::Bytes;
 use http::{HeaderName, header, request::Parts};
-use tower_idempotency_core::canonical::{canonicalize_value, parse_json};
+use tower_idempotency_core::canonical::{JsonDocument, canonicalize_value};
 use tower_idempotency_core::fingerprint::{FingerprintBody, FingerprintInput, canonical_query};
-use tower_idempotency_core::{Fingerprint, Fingerprinter, Scope, canonicalize_json};
+use tower_idempotency_core::{Fingerprint, Fingerprinter, Scope};
 
 use crate::policy::{BuiltCommand, CommandSource, RoutePolicy};
 use crate::problem::Rejection;
@@ -57,6 +62,8 @@ pub(crate) fn fingerprint(
     let essence = content_type_essence(parts);
     let canonical;
     let lowercase;
+    // The parsed body of a route without a normalizer, streamed into the digest.
+    let mut document = None;
     // A route that decides on the command keeps it (and one with a normalizer, below, for
     // its handler).
     let wants_command = policy.approval.is_some();
@@ -70,19 +77,16 @@ pub(crate) fn fingerprint(
     let body = if body.is_empty() && policy.normalizer.is_none() {
         FingerprintBody::Empty
     } else if is_json(essence) {
-        canonical = match &policy.normalizer {
-            None => {
-                let canonical = canonicalize_json(body).map_err(Rejection::InvalidJson)?;
-                if wants_command {
-                    // Valid: canonicalizing it just succeeded.
-                    command = Some(parse_json(body).unwrap_or_default());
-                }
-                canonical
-            }
+        match &policy.normalizer {
+            None => FingerprintBody::Json(
+                document.insert(JsonDocument::parse(body).map_err(Rejection::InvalidJson)?),
+            ),
             Some(normalize) => {
-                let mut value = parse_json(body).map_err(Rejection::InvalidJson)?;
+                let mut value = JsonDocument::parse(body)
+                    .map_err(Rejection::InvalidJson)?
+                    .into_value();
                 normalize(&mut value).map_err(Rejection::InvalidCommand)?;
-                let canonical = canonicalize_value(&value);
+                canonical = canonicalize_value(&value);
                 match &policy.command {
                     // The command the handler executes is built here, before anything is
                     // reserved: a body the type refuses is a 422 that stores nothing.
@@ -101,10 +105,9 @@ pub(crate) fn fingerprint(
                     }
                     None => command = Some(value),
                 }
-                canonical
+                FingerprintBody::CanonicalJson(&canonical)
             }
-        };
-        FingerprintBody::CanonicalJson(&canonical)
+        }
     } else {
         lowercase = essence.to_ascii_lowercase();
         FingerprintBody::Raw {
@@ -133,6 +136,10 @@ pub(crate) fn fingerprint(
         headers: &headers,
         body,
     });
+    if let Some(document) = document.filter(|_| wants_command) {
+        // The same parse, now as the command the approval policy decides on.
+        command = Some(document.into_value());
+    }
     Ok(Fingerprinted {
         fingerprint,
         command,

@@ -391,3 +391,98 @@ async fn the_handler_receives_the_layers_typed_command() {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(answer["marks"], json!(["normalized"]));
 }
+
+thread_local! {
+    /// How often this thread normalized and built a [`Tallied`] (the tests run on a
+    /// current-thread runtime: the layer and the handler run on the test's thread).
+    static NORMALIZED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static BUILT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A command that counts its normalizations and its deserializations: each pass over the
+/// body (the layer's or the extractor's) normalizes and builds it once more.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Tallied {
+    #[serde(deserialize_with = "tally_build")]
+    name: String,
+}
+
+fn tally_build<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    BUILT.with(|built| built.set(built.get() + 1));
+    String::deserialize(deserializer)
+}
+
+impl JsonCommand for Tallied {
+    fn normalize(_command: &mut Value) -> Result<(), CommandRejection> {
+        NORMALIZED.with(|normalized| normalized.set(normalized.get() + 1));
+        Ok(())
+    }
+}
+
+fn tallies() -> (usize, usize) {
+    (
+        NORMALIZED.with(|n| n.replace(0)),
+        BUILT.with(|b| b.replace(0)),
+    )
+}
+
+fn tallied(layer: Option<IdempotencyLayer>) -> Router {
+    let router = Router::new().route(
+        "/v1/things",
+        post(|ValidatedJson(thing): ValidatedJson<Tallied>| async move {
+            (StatusCode::CREATED, axum::Json(json!({"name": thing.name})))
+        }),
+    );
+    match layer {
+        Some(layer) => router.route_layer(layer),
+        None => router,
+    }
+}
+
+/// One pass over the command per request: behind the layer the body is parsed,
+/// normalized and built once (by the layer; the extractor takes the layer's command out of
+/// the extensions), and without the layer once (by the extractor). Replays run neither.
+#[tokio::test(flavor = "current_thread")]
+async fn the_command_is_parsed_normalized_and_built_once_per_request() {
+    let layer = IdempotencyLayer::new(MemoryStore::default())
+        .with_scope(|_| Some(Scope::new("acct_1")))
+        .with_default_policy(RoutePolicy::required().with_command::<Tallied>());
+    let guarded = tallied(Some(layer));
+    let body = r#"{"name":"bolt"}"#;
+    tallies();
+    let (status, answer) = send(&guarded, request(Some("k-1"), "application/json", body)).await;
+    assert_eq!(
+        (status, &answer),
+        (StatusCode::CREATED, &json!({"name": "bolt"}))
+    );
+    assert_eq!(tallies(), (1, 1), "behind the layer: the layer's pass only");
+    // A replay is answered from the record: the layer fingerprints it (one normalization,
+    // one build before anything is looked up) and the handler does not run.
+    let (status, replayed) = send(&guarded, request(Some("k-1"), "application/json", body)).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, answer.clone()));
+    assert_eq!(tallies(), (1, 1));
+
+    let bare = tallied(None);
+    let (status, bare_answer) = send(&bare, request(None, "application/json", body)).await;
+    assert_eq!((status, bare_answer), (StatusCode::CREATED, answer));
+    assert_eq!(
+        tallies(),
+        (1, 1),
+        "without the layer: the extractor's pass only"
+    );
+
+    // A body the layer would refuse, without the layer: the same problem, from the
+    // extractor, and nothing built.
+    let (status, problem) = send(
+        &bare,
+        request(None, "application/json", r#"{"name":"a","name":"b"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        problem["type"],
+        "https://tower-idempotency.dev/problems/invalid-json"
+    );
+    assert_eq!(tallies(), (0, 0));
+}

@@ -61,16 +61,98 @@ mod parse;
 mod tests;
 mod write;
 
+use std::fmt;
+
 use serde_json::Value;
 
 pub use error::CanonicalizeError;
-use node::node_into_value;
+use node::{Node, node_into_value};
 use parse::parse_document;
-use write::{write_node, write_value};
+use write::{Buffered, write_node, write_value};
 
 /// The deepest nesting of arrays and objects accepted; one more level is
 /// [`CanonicalizeError::TooDeep`].
 pub const MAX_DEPTH: usize = 128;
+
+/// A validated I-JSON document, parsed once: the tree borrows its strings and numbers from
+/// the input, and knows the length of its canonical form.
+///
+/// It is what a fingerprint is taken of without an intermediate canonical text
+/// ([`FingerprintBody::Json`](crate::fingerprint::FingerprintBody::Json): the canonical
+/// form is written straight into the SHA-256/HMAC state as it is produced), and what a
+/// route that also needs the command converts into a [`Value`] ([`JsonDocument::into_value`])
+/// instead of parsing the body a second time.
+///
+/// Two documents are equal when their canonical forms are: when they mean the same JSON
+/// value.
+///
+/// ```
+/// use tower_idempotency_core::canonical::{JsonDocument, canonicalize_json};
+///
+/// let body = br#"{ "b": [1.50, 2e0], "a": "\u00e9" }"#;
+/// let document = JsonDocument::parse(body).unwrap();
+/// assert_eq!(document.canonical_len(), r#"{"a":"é","b":[1.5,2]}"#.len());
+/// assert_eq!(document.to_canonical(), canonicalize_json(body).unwrap());
+/// assert_eq!(document.into_value(), serde_json::json!({"a": "é", "b": [1.5, 2.0]}));
+/// ```
+pub struct JsonDocument<'a> {
+    root: Node<'a>,
+    canonical_len: usize,
+}
+
+impl<'a> JsonDocument<'a> {
+    /// Validates `bytes` as I-JSON, with exactly the rules of [`canonicalize_json`].
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, CanonicalizeError> {
+        let (root, canonical_len) = parse_document(bytes, false)?;
+        Ok(Self {
+            root,
+            canonical_len,
+        })
+    }
+
+    /// The length in bytes of the document's RFC 8785 canonical form.
+    pub fn canonical_len(&self) -> usize {
+        self.canonical_len
+    }
+
+    /// The RFC 8785 canonical form, as [`canonicalize_json`] returns it.
+    pub fn to_canonical(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.canonical_len);
+        write_node(&mut out, &self.root, &mut ryu_js::Buffer::new());
+        out
+    }
+
+    /// Writes the canonical form into `update` in blocks of up to 4 KiB, as it is produced
+    /// (no canonical text is built): exactly [`JsonDocument::canonical_len`] bytes.
+    pub(crate) fn write_canonical(&self, update: impl FnMut(&[u8])) {
+        let mut sink = Buffered::new(update);
+        write_node(&mut sink, &self.root, &mut ryu_js::Buffer::new());
+        let written = sink.finish();
+        debug_assert_eq!(written, self.canonical_len, "canonical length counted");
+    }
+
+    /// The document as a `serde_json` value (what [`parse_json`] returns), moving its
+    /// strings out rather than reading the input again.
+    pub fn into_value(self) -> Value {
+        node_into_value(self.root)
+    }
+}
+
+impl fmt::Debug for JsonDocument<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JsonDocument")
+            .field("canonical_len", &self.canonical_len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for JsonDocument<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.canonical_len == other.canonical_len && self.to_canonical() == other.to_canonical()
+    }
+}
+
+impl Eq for JsonDocument<'_> {}
 
 /// Validates `bytes` as I-JSON and returns its RFC 8785 canonical form.
 ///
@@ -82,23 +164,19 @@ pub const MAX_DEPTH: usize = 128;
 /// assert_eq!(err.code(), "duplicate-member");
 /// ```
 pub fn canonicalize_json(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
-    canonicalize(bytes, false)
+    JsonDocument::parse(bytes).map(|document| document.to_canonical())
 }
 
 /// [`canonicalize_json`] that also accepts U+0000 in strings: the audit journal's own
 /// events, which record whatever the store held (the memory store holds any text), must
 /// always verify.
 pub(crate) fn canonicalize_json_text(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
-    canonicalize(bytes, true)
-}
-
-fn canonicalize(bytes: &[u8], allow_nul: bool) -> Result<Vec<u8>, CanonicalizeError> {
-    let node = parse_document(bytes, allow_nul)?;
-    // Canonical output is almost never longer than the input (numbers like `1e20` are the
-    // exception), so one allocation of the input's size usually suffices.
-    let mut out = Vec::with_capacity(bytes.len());
-    write_node(&mut out, &node, &mut ryu_js::Buffer::new());
-    Ok(out)
+    let (root, canonical_len) = parse_document(bytes, true)?;
+    Ok(JsonDocument {
+        root,
+        canonical_len,
+    }
+    .to_canonical())
 }
 
 /// Validates `bytes` exactly like [`canonicalize_json`] and returns the parsed value, for
@@ -107,7 +185,7 @@ fn canonicalize(bytes: &[u8], allow_nul: bool) -> Result<Vec<u8>, CanonicalizeEr
 /// Plain integer literals that fit `i64`/`u64` become integer numbers, every other number
 /// an `f64` (the double the literal rounds to).
 pub fn parse_json(bytes: &[u8]) -> Result<Value, CanonicalizeError> {
-    parse_document(bytes, false).map(node_into_value)
+    JsonDocument::parse(bytes).map(JsonDocument::into_value)
 }
 
 /// The RFC 8785 canonical form of an already-built value (typically a normalizer's output).

@@ -23,6 +23,8 @@ pub(super) enum Node<'a> {
         value: f64,
         integer: bool,
     },
+    /// Borrowed exactly when the input spelled it with no escape (and, as everywhere, no
+    /// control character): then it holds nothing the writer escapes.
     String(Cow<'a, str>),
     Array(Vec<Node<'a>>),
     /// Members sorted by [`cmp_utf16`], names unique.
@@ -31,6 +33,7 @@ pub(super) enum Node<'a> {
 
 #[derive(Debug)]
 pub(super) struct Member<'a> {
+    /// Borrowed as [`Node::String`] is.
     pub(super) name: Cow<'a, str>,
     /// Offset of the name's opening quote, for duplicate reports.
     pub(super) offset: usize,

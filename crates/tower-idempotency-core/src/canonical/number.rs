@@ -3,10 +3,11 @@
 
 use super::error::{CanonicalizeError, excerpt};
 use super::node::Node;
-use super::parse::Parser;
+use super::parse::{Failure, Parser};
+use super::write::f64_spelling;
 
 impl<'a> Parser<'a> {
-    pub(super) fn parse_number(&mut self) -> Result<Node<'a>, CanonicalizeError> {
+    pub(super) fn parse_number(&mut self) -> Result<Node<'a>, Failure> {
         let start = self.pos;
         let negative = self.peek() == Some(b'-');
         if negative {
@@ -45,17 +46,20 @@ impl<'a> Parser<'a> {
         }
         if frac_end == self.pos {
             if let Some(spelling) = self.verbatim_spelling(start, int_start, int_end, frac_end) {
+                self.canonical_len += spelling.len();
                 return Ok(Node::Verbatim { spelling, integer });
             }
         }
         let int_digits = &self.bytes[int_start..int_end];
         let literal = self.slice(start, self.pos)?;
-        let value: f64 = literal.parse().map_err(|_| CanonicalizeError::Syntax {
-            offset: start,
-            reason: "invalid number",
+        let value: f64 = literal.parse().map_err(|_| {
+            Box::new(CanonicalizeError::Syntax {
+                offset: start,
+                reason: "invalid number",
+            })
         })?;
         if !value.is_finite() {
-            return Err(CanonicalizeError::OutOfRange { offset: start });
+            return Err(Box::new(CanonicalizeError::OutOfRange { offset: start }));
         }
         if value == 0.0 {
             // Only the mantissa counts: `0e5` is zero, `1e-400` is not.
@@ -67,14 +71,18 @@ impl<'a> Parser<'a> {
                 .iter()
                 .any(|b| matches!(b, b'1'..=b'9'))
             {
-                return Err(CanonicalizeError::OutOfRange { offset: start });
+                return Err(Box::new(CanonicalizeError::OutOfRange { offset: start }));
             }
         } else if integer && !integer_is_exact(int_digits) {
-            return Err(CanonicalizeError::ImpreciseInteger {
+            return Err(Box::new(CanonicalizeError::ImpreciseInteger {
                 literal: excerpt(literal),
                 offset: start,
-            });
+            }));
         }
+        // Spelled once here for its length and again when written: such numbers (exponents,
+        // more than 15 digits) are rare in commands, and keeping the spelling would make
+        // every node larger.
+        self.canonical_len += f64_spelling(value, &mut ryu_js::Buffer::new()).len();
         Ok(Node::Number { value, integer })
     }
 
@@ -119,7 +127,7 @@ impl<'a> Parser<'a> {
         self.text.get(start..end)
     }
 
-    pub(super) fn digits(&mut self, reason: &'static str) -> Result<(), CanonicalizeError> {
+    pub(super) fn digits(&mut self, reason: &'static str) -> Result<(), Failure> {
         if !matches!(self.peek(), Some(b'0'..=b'9')) {
             return Err(self.syntax(reason));
         }
