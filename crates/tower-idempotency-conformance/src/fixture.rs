@@ -8,12 +8,11 @@ use uuid::Uuid;
 
 use super::{KEEP, LONG, SHORT, WAKE_BOUND};
 use tower_idempotency_core::error::Result;
-use tower_idempotency_core::{ApprovalStore, DispatchStore, TransactionStore};
 use tower_idempotency_core::{
     ApprovalRequest, Fingerprint, IdempotencyKey, Lease, Operation, OperationId, Reservation,
     ReserveRequest, Scope, Store, StoreError, StoredResponse,
 };
-
+use tower_idempotency_core::{ApprovalStore, DispatchStore, TransactionStore};
 
 /// A fresh `(scope, key, fingerprint)` and the requests checks make with it.
 pub(super) struct Fixture {

@@ -173,8 +173,8 @@ impl Execution {
         // The layers refuse `marks_dispatch` over a store without dispatch marks when they
         // are built; an `Execution` made by hand over one fails here, before the effect.
         let Some(marks) = inner.store.dispatch() else {
-            let missing = crate::capability::MissingCapability {
-                capability: crate::capability::Capability::Dispatch,
+            let missing = crate::store::capability::MissingCapability {
+                capability: crate::store::capability::Capability::Dispatch,
             };
             return Err(DispatchError::Store(StoreError::Backend(missing.into())));
         };

@@ -26,7 +26,6 @@
 pub mod approval;
 pub mod audit;
 pub mod canonical;
-pub mod capability;
 pub mod error;
 pub mod execution;
 pub mod fingerprint;
@@ -48,10 +47,6 @@ pub use approval::{
     ApprovalSummary, DecisionOutcome, IntoApprovalSummary, SummaryError, SummaryLimits,
 };
 pub use canonical::{CanonicalizeError, canonicalize_json};
-pub use capability::{
-    ApprovalStore, Capabilities, Capability, DecisionJournal, DerivedMatching, DispatchStore,
-    MissingCapability, TransactionStore, TransactionalReservation, reserve_then_begin,
-};
 pub use error::{BoxError, StoreError};
 pub use execution::{DispatchError, Execution};
 pub use fingerprint::{Fingerprint, FingerprintKey, Fingerprinter};
@@ -60,5 +55,9 @@ pub use memory::{MemoryStore, MemoryStoreConfig};
 pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, StoredResponse};
 pub use quota::ScopeQuota;
 pub use scope::Scope;
+pub use store::capability::{
+    ApprovalStore, Capabilities, Capability, DecisionJournal, DerivedMatching, DispatchStore,
+    MissingCapability, TransactionStore, TransactionalReservation, reserve_then_begin,
+};
 pub use store::{Reservation, ReserveRequest, Store};
 pub use transaction::{OperationTransaction, OperationTx, TransactionAccessError};

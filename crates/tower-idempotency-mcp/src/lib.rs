@@ -96,11 +96,11 @@ pub use tower_idempotency_core::{ApprovalSummary, SummaryError, SummaryLimits};
 /// HTTP layer): the execution id, derived downstream keys and the dispatch mark.
 pub use tower_idempotency_core::{DispatchError, Execution};
 
+/// Boxed error of response bodies (core's, the one error box of every crate).
+pub use tower_idempotency_core::BoxError;
 /// The problem type URIs the HTTP and MCP layers share (core's): their base
 /// ([`problem_types::DEFAULT_PROBLEM_BASE`]) and the approvals' slugs.
 pub use tower_idempotency_core::problem_types;
-/// Boxed error of response bodies (core's, the one error box of every crate).
-pub use tower_idempotency_core::BoxError;
 
 /// The response body of [`McpIdempotency`].
 pub type McpBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;

@@ -145,6 +145,8 @@ mod detach;
 mod encryption;
 mod error;
 mod execute;
+#[cfg(feature = "axum")]
+mod extract;
 mod flow;
 mod headers;
 mod layer;
@@ -166,13 +168,13 @@ mod verify_routes;
 
 pub use built_command::CommandRejection;
 pub use command::JsonCommand;
-#[cfg(feature = "axum")]
-pub use command::{JsonCommandError, ValidatedJson, ValidatedJsonRejection};
 pub use config::{
     ANONYMOUS_PRINCIPAL, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_MAX_DETACHED, IDEMPOTENCY_KEY,
     IDEMPOTENT_REPLAYED, OPERATION_ID,
 };
 pub use error::ConfigError;
+#[cfg(feature = "axum")]
+pub use extract::{JsonCommandError, ValidatedJson, ValidatedJsonRejection};
 pub use layer::IdempotencyLayer;
 pub use policy::{RoutePolicy, ServerErrorPolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 pub use service::{IdempotencyService, ResponseFuture};

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use test_harness::stores::HookedStore;
 use tower::ServiceExt;
 use tower_idempotency::{
-    ApprovalPolicy, Capability, ConfigError, IdempotencyKey, IdempotencyLayer, MemoryStore,
-    RoutePolicy, Scope, Store, StoreError,
+    ApprovalPolicy, Capability, ConfigError, IdempotencyLayer, MemoryStore, RoutePolicy, Scope,
+    Store, StoreError,
 };
 
 const PRODUCTION: &str = r#"{"service":"api","environment":"production","version":"1.4.2"}"#;

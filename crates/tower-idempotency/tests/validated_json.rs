@@ -447,7 +447,8 @@ fn tallied(layer: Option<IdempotencyLayer>) -> Router {
 async fn the_command_is_parsed_normalized_and_built_once_per_request() {
     let layer = IdempotencyLayer::new(MemoryStore::default())
         .with_scope(|_| Some(Scope::new("acct_1")))
-        .with_default_policy(RoutePolicy::required().with_command::<Tallied>());
+        .with_default_policy(RoutePolicy::required().with_command::<Tallied>())
+        .expect("the store has what the policy needs");
     let guarded = tallied(Some(layer));
     let body = r#"{"name":"bolt"}"#;
     tallies();

@@ -100,3 +100,16 @@ pub(super) fn node_into_value(node: Node<'_>) -> Value {
         ),
     }
 }
+
+/// Bytes that end the fast scan of a string: the quote, the backslash, control characters.
+pub(super) static STRING_SPECIAL: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = true;
+        b += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};

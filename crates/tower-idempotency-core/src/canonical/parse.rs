@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use super::MAX_DEPTH;
 use super::error::{CanonicalizeError, excerpt};
-use super::node::{Member, Node, cmp_utf16};
+use super::node::{Member, Node, STRING_SPECIAL, cmp_utf16};
 use super::write::escaped_len;
 
 /// A refusal inside the parser, boxed: results stay the size of a node, and most of the
@@ -379,16 +379,3 @@ fn has_string_special(word: u64) -> bool {
         || has_zero(word ^ (ONES * u64::from(b'"')))
         || has_zero(word ^ (ONES * u64::from(b'\\')))
 }
-
-/// Bytes that end the fast scan of a string: the quote, the backslash, control characters.
-pub(super) static STRING_SPECIAL: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut b = 0;
-    while b < 0x20 {
-        table[b] = true;
-        b += 1;
-    }
-    table[b'"' as usize] = true;
-    table[b'\\' as usize] = true;
-    table
-};

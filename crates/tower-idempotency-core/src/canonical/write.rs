@@ -7,8 +7,7 @@ use std::cmp::Ordering;
 
 use serde_json::{Number, Value};
 
-use super::node::{Node, cmp_utf16};
-use super::parse::STRING_SPECIAL;
+use super::node::{Node, STRING_SPECIAL, cmp_utf16};
 
 /// Where canonical bytes go.
 pub(super) trait Sink {

@@ -41,9 +41,9 @@ pub use refusal::{ApprovalRefusal, NotReserved, Refusal};
 
 use crate::approval::ApprovalState;
 use crate::audit::{AuditEventKind, Correlation, DecisionEvent};
-use crate::capability::TransactionalReservation;
 use crate::error::StoreError;
 use crate::operation::{Lease, Operation, OperationId, OperationState};
+use crate::store::capability::TransactionalReservation;
 use crate::store::{Reservation, Store};
 use crate::transaction::OperationTransaction;
 

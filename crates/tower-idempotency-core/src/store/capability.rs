@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::{Reservation, ReserveRequest, Store};
 use crate::approval::{
     Approval, ApprovalCursor, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome,
 };
@@ -20,7 +21,6 @@ use crate::audit::DecisionEvent;
 use crate::error::Result;
 use crate::operation::{Lease, Operation};
 use crate::scope::Scope;
-use crate::store::{Reservation, ReserveRequest, Store};
 use crate::transaction::OperationTransaction;
 
 /// One capability a store may declare.

@@ -9,8 +9,10 @@
 //! The base trait is what every store implements; approvals, transactions, dispatch marks,
 //! the decision journal and derived matching are capabilities a store declares through
 //! [`Store::approvals`], [`Store::transactions`], [`Store::dispatch`], [`Store::journal`] and
-//! [`Store::derived_matching`] ([`capability`](crate::capability)). The layers check the
+//! [`Store::derived_matching`] ([`capability`]). The layers check the
 //! capabilities their policies need when they are built, never per request.
+
+pub mod capability;
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -18,14 +20,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::approval::ApprovalRequest;
-use crate::capability::{
-    ApprovalStore, Capabilities, DecisionJournal, DispatchStore, TransactionStore,
-};
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::operation::{Lease, Operation, OperationId, StoredResponse};
 use crate::scope::Scope;
+use capability::{ApprovalStore, Capabilities, DecisionJournal, DispatchStore, TransactionStore};
 
 /// Everything a store needs to reserve `(scope, key)`.
 #[derive(Debug, Clone)]
