@@ -10,6 +10,7 @@ mod audit {
     mod memory_store;
     mod merkle;
     mod prove;
+    mod queue;
     mod sample;
     mod tamper;
 }
