@@ -88,16 +88,15 @@ pub const STORE: &str = "store";
 
 /// Histogram, seconds: how long a store call waited for room in a full audit-journal queue
 /// (only calls that found it full are recorded). The sealer is woken at once; a wait that
-/// reaches the journal's bound (`JournalConfig::queue_wait`, the PostgreSQL store's
-/// `audit_queue_wait`) ends in [`AUDIT_QUEUE_OVERFLOW`].
+/// reaches its bound (`JournalConfig::queue_wait`, 1 s by default; 1 s for the PostgreSQL
+/// store's queue of decisions) ends in [`AUDIT_QUEUE_OVERFLOW`].
 ///
 /// Label: [`STORE`].
 pub const AUDIT_QUEUE_WAIT: &str = "idempotency.audit.queue.wait";
 
-/// Counter: waits for room in the audit-journal queue that reached their bound. The caller
-/// then does the background task's work itself — the memory store's journal seals the queue,
-/// the PostgreSQL store writes the queued decisions — before its request goes on: no event
-/// is dropped.
+/// Counter: waits for room in the audit-journal queue that reached their bound. No event is
+/// dropped: the memory store's caller then seals the queue itself before its request goes
+/// on; the PostgreSQL store's caller goes on and its decisions queue past the bound.
 ///
 /// Label: [`STORE`].
 pub const AUDIT_QUEUE_OVERFLOW: &str = "idempotency.audit.queue.overflow";

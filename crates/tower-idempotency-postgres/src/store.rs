@@ -601,6 +601,9 @@ impl Store for PostgresStore {
     /// A key seen here recently is read first (see `recent.rs`); otherwise, or when its
     /// row does not settle the request, the reservation statements decide.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        if let Some(decisions) = &self.inner.decisions {
+            decisions.wait_for_room().await;
+        }
         self.reserve_on_pool(request, Commit::Synchronous).await
     }
 

@@ -389,7 +389,9 @@ impl Journal {
                 break;
             }
         }
-        self.inner.wait_seconds.record(started.elapsed().as_secs_f64());
+        self.inner
+            .wait_seconds
+            .record(started.elapsed().as_secs_f64());
     }
 
     /// Seals on the caller's behalf once the bounded wait ended.

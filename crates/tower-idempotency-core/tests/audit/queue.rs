@@ -79,7 +79,11 @@ async fn a_full_queue_makes_the_store_call_wait_for_the_sealer_and_the_wait_is_m
         let _ = store.reserve(request(name)).await.unwrap();
     }
     assert_eq!(journal.pending(), 2, "two `accepted` events fill the queue");
-    assert_eq!(queue_metrics(&snapshotter), (vec![], 0), "registered at zero");
+    assert_eq!(
+        queue_metrics(&snapshotter),
+        (vec![], 0),
+        "registered at zero"
+    );
 
     let waiting = tokio::spawn({
         let store = Arc::clone(&store);
