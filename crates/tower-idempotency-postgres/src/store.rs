@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tower_idempotency_audit::DecisionEvent;
 use tower_idempotency_core::approval::ApprovalCursor;
-use tower_idempotency_core::audit::DecisionEvent;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::store::Result;
 use tower_idempotency_core::{

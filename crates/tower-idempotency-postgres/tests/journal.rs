@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use test_harness::pg;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEventKind, Correlation, DecisionEvent, NoteSigningKey, SealedEvent, Verifier,
 };
 use tower_idempotency_core::conformance::reserve_request;

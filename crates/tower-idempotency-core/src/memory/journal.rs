@@ -4,8 +4,8 @@
 //! event can never be seen before the change it describes. What is pushed is compact: the
 //! record's shared scope and method/route, its id, the key's bytes and the fingerprint's
 //! digest ([`Entry::identity`]); the sealer writes the key, fingerprint and correlation
-//! text ([`Journal::append_with`]). Sealing happens elsewhere
-//! ([`Journal::spawn_sealer`](crate::audit::Journal::spawn_sealer)).
+//! text ([`AuditSink::append_with`]). Sealing happens elsewhere
+//! (the audit crate's `Journal::spawn_sealer`).
 //!
 //! Every store call that can journal first waits for room in the queue
 //! ([`Inner::journal_room`], outside any lock); the events of the call, and the decisions
@@ -19,7 +19,7 @@ use std::time::SystemTime;
 use super::clock::Tick;
 use super::entry::{Entry, Identity};
 use super::inner::Inner;
-use crate::audit::{AuditEvent, AuditEventKind, Correlation, DecisionEvent, Journal};
+use crate::audit::{AuditEvent, AuditEventKind, AuditSink, Correlation, DecisionEvent};
 use crate::{ApprovalState, IdempotencyKey, Scope};
 
 /// What an event of the kind `accepted` says, or any other kind as it is.
@@ -69,10 +69,10 @@ impl Inner {
         self.clock.system_time(now).unwrap_or_else(SystemTime::now)
     }
 
-    /// Waits for room in the journal's queue ([`Journal::wait_for_room`]) when the store
+    /// Waits for room in the journal's queue ([`AuditSink::wait_for_room`]) when the store
     /// journals: called by every store call that can journal, before it takes a lock.
     pub(super) async fn journal_room(&self) {
-        if let Some(journal) = &self.journal {
+        if let Some(journal) = self.journal.as_ref().filter(|journal| journal.is_full()) {
             journal.wait_for_room().await;
         }
     }
@@ -81,13 +81,13 @@ impl Inner {
     /// (`kind` is not called otherwise).
     pub(super) fn journal(&self, entry: &Entry, now: Tick, kind: impl FnOnce() -> AuditEventKind) {
         if let Some(journal) = &self.journal {
-            self.append(journal, entry, now, None, Kind::Other(kind()));
+            self.append(&**journal, entry, now, None, Kind::Other(kind()));
         }
     }
 
     fn append(
         &self,
-        journal: &Journal,
+        journal: &dyn AuditSink,
         entry: &Entry,
         now: Tick,
         principal: Option<&str>,
@@ -99,7 +99,7 @@ impl Inner {
             principal: principal.map(str::to_owned),
             kind,
         };
-        journal.append_with(move || event.build());
+        journal.append_with(Box::new(move || event.build()));
     }
 
     /// Journals a new attempt of `entry`: accepted, and an approval asked for when the
@@ -108,12 +108,12 @@ impl Inner {
         let Some(journal) = &self.journal else {
             return;
         };
-        self.append(journal, entry, now, None, Kind::Accepted);
+        self.append(&**journal, entry, now, None, Kind::Accepted);
         if entry.state == crate::OperationState::AwaitingApproval {
             // Who asked is the request's principal; who is asked, the route's business.
             let asked_by = entry.approval().map(|a| a.requested_by.as_str());
             let kind = AuditEventKind::ApprovalRequested { approver: None };
-            self.append(journal, entry, now, asked_by, Kind::Other(kind));
+            self.append(&**journal, entry, now, asked_by, Kind::Other(kind));
         }
     }
 

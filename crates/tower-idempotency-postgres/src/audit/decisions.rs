@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, mpsc};
+use tower_idempotency_audit::DecisionEvent;
 use tower_idempotency_core::StoreError;
-use tower_idempotency_core::audit::DecisionEvent;
 
 use super::pending::DecisionColumns;
 use crate::executor::Executor;

@@ -26,10 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
+use tower_idempotency_audit::{CheckpointError, EncodeError, NoteSigningKey, NoteVerifyingKey};
 use tower_idempotency_core::StoreError;
-use tower_idempotency_core::audit::{
-    CheckpointError, EncodeError, NoteSigningKey, NoteVerifyingKey,
-};
 
 use crate::executor::Executor;
 use crate::sql::Queries;
@@ -50,7 +48,7 @@ pub struct PostgresJournalConfig {
     /// until the pending table is drained.
     pub batch: usize,
     /// A directory outside the database where every checkpoint is also appended, to
-    /// [`ANCHOR_FILE`](tower_idempotency_core::audit::ANCHOR_FILE), by every sealer that has
+    /// [`ANCHOR_FILE`](tower_idempotency_audit::ANCHOR_FILE), by every sealer that has
     /// one — checkpoints signed by other instances' sealers included — for an operator to
     /// ship elsewhere.
     pub anchor_dir: Option<PathBuf>,
@@ -113,7 +111,7 @@ pub struct SealReport {
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use tower_idempotency_core::audit::NoteSigningKey;
+/// use tower_idempotency_audit::NoteSigningKey;
 /// use tower_idempotency_postgres::{PostgresJournal, PostgresJournalConfig, PostgresStore};
 ///
 /// let store = PostgresStore::connect("postgres://app@localhost/app").await?;

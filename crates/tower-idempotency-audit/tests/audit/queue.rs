@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEventKind, Correlation, DecisionEvent, Journal, JournalConfig, NoteSigningKey, Verifier,
 };
 use tower_idempotency_core::conformance::reserve_request;

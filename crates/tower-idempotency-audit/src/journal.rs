@@ -17,8 +17,8 @@
 //! append itself never waits, so it is safe under a lock). While the queue is full the
 //! caller waits for the sealer, which is woken at once, for at most
 //! [`JournalConfig::queue_wait`]; the wait is the histogram
-//! [`AUDIT_QUEUE_WAIT`](crate::metrics::AUDIT_QUEUE_WAIT). Should the bound pass, the caller
-//! seals the queue itself ([`AUDIT_QUEUE_OVERFLOW`](crate::metrics::AUDIT_QUEUE_OVERFLOW)):
+//! [`AUDIT_QUEUE_WAIT`](tower_idempotency_core::metrics::AUDIT_QUEUE_WAIT). Should the bound pass, the caller
+//! seals the queue itself ([`AUDIT_QUEUE_OVERFLOW`](tower_idempotency_core::metrics::AUDIT_QUEUE_OVERFLOW)):
 //! its request is held until every queued event is chained, so an event is never dropped and
 //! the queue never outgrows its bound by more than what the calls already past the gate
 //! append.
@@ -30,11 +30,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use super::checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
 use super::encoding::{EncodeError, seal_event_into};
-use super::event::{AuditEvent, SealedEvent};
 use super::export::{JournalLine, NumberedLine, checkpoint_line, event_line, event_line_from};
 use super::merkle::Sha256Hash;
 use super::note::{NoteSigningKey, NoteVerifyingKey};
@@ -43,7 +43,8 @@ use super::prove::EventProof;
 use super::sink::AppendFile;
 use super::tree::WindowedTree;
 use super::verify::{Verifier, VerifyError};
-use crate::OperationId;
+use crate::{AuditEvent, AuditSink, SealedEvent};
+use tower_idempotency_core::OperationId;
 
 /// The name of the anchor file inside the anchor directory.
 pub const ANCHOR_FILE: &str = "checkpoints.jsonl";
@@ -303,7 +304,8 @@ impl Journal {
         if let Some(dir) = &config.anchor_dir {
             state.anchor = Some(AppendFile::open(&dir.join(ANCHOR_FILE))?.0);
         }
-        let (wait_seconds, overflows) = crate::metrics::register_audit_queue("memory");
+        let (wait_seconds, overflows) =
+            tower_idempotency_core::metrics::register_audit_queue("memory");
         Ok(Self {
             inner: Arc::new(Inner {
                 key,
@@ -363,9 +365,9 @@ impl Journal {
     /// Returns once the queue has room ([`JournalConfig::queue_capacity`]): at once (one
     /// atomic load) unless it is full. A full queue wakes the sealer and waits for it, at
     /// most [`JournalConfig::queue_wait`], recording the wait in
-    /// [`AUDIT_QUEUE_WAIT`](crate::metrics::AUDIT_QUEUE_WAIT); past that bound the caller
+    /// [`AUDIT_QUEUE_WAIT`](tower_idempotency_core::metrics::AUDIT_QUEUE_WAIT); past that bound the caller
     /// seals the queue itself (on the blocking pool, or right here outside a Tokio runtime)
-    /// and counts [`AUDIT_QUEUE_OVERFLOW`](crate::metrics::AUDIT_QUEUE_OVERFLOW). Either way
+    /// and counts [`AUDIT_QUEUE_OVERFLOW`](tower_idempotency_core::metrics::AUDIT_QUEUE_OVERFLOW). Either way
     /// nothing is dropped. Never call it while holding a lock an append needs.
     pub async fn wait_for_room(&self) {
         let capacity = self.inner.config.queue_capacity.max(1);
@@ -565,6 +567,27 @@ impl Journal {
             }
         }
         Ok(())
+    }
+}
+
+/// The memory store's sink: [`Journal::append`], [`Journal::append_with`] and
+/// [`Journal::wait_for_room`].
+#[async_trait]
+impl AuditSink for Journal {
+    fn append(&self, event: AuditEvent) {
+        Journal::append(self, event);
+    }
+
+    fn append_with(&self, build: Box<dyn FnOnce() -> AuditEvent + Send>) {
+        self.push(Queued::Deferred(build));
+    }
+
+    fn is_full(&self) -> bool {
+        self.inner.queued.load(Ordering::Relaxed) >= self.inner.config.queue_capacity.max(1)
+    }
+
+    async fn wait_for_room(&self) {
+        Journal::wait_for_room(self).await;
     }
 }
 
