@@ -84,8 +84,8 @@ pub use export::{
     JournalLine, JournalReader, LineError, NumberedLine, checkpoint_line, event_line, parse_line,
 };
 pub use journal::{
-    ANCHOR_FILE, DEFAULT_MAX_RETAINED_EVENTS, Journal, JournalConfig, JournalError,
-    UNSEALED_WARNING_EVENTS,
+    ANCHOR_FILE, DEFAULT_MAX_RETAINED_EVENTS, DEFAULT_QUEUE_CAPACITY, DEFAULT_QUEUE_WAIT, Journal,
+    JournalConfig, JournalError, UNSEALED_WARNING_EVENTS,
 };
 pub use merkle::{
     Frontier, LEAF_PREFIX, NODE_PREFIX, Sha256Hash, empty_root, leaf_hash, node_hash, tree_root,
