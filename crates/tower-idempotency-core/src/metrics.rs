@@ -85,3 +85,30 @@ pub const OPERATION: &str = "operation";
 
 /// Label: the kind of store (see [`PURGE_DELETED`]): `memory` or `postgres`.
 pub const STORE: &str = "store";
+
+/// Histogram, seconds: how long a store call waited for room in a full audit-journal queue
+/// (only calls that found it full are recorded). The sealer is woken at once; a wait that
+/// reaches its bound (`JournalConfig::queue_wait`, 1 s by default; 1 s for the PostgreSQL
+/// store's queue of decisions) ends in [`AUDIT_QUEUE_OVERFLOW`].
+///
+/// Label: [`STORE`].
+pub const AUDIT_QUEUE_WAIT: &str = "idempotency.audit.queue.wait";
+
+/// Counter: waits for room in the audit-journal queue that reached their bound. No event is
+/// dropped: the memory store's caller then seals the queue itself before its request goes
+/// on; the PostgreSQL store's caller goes on and its decisions queue past the bound.
+///
+/// Label: [`STORE`].
+pub const AUDIT_QUEUE_OVERFLOW: &str = "idempotency.audit.queue.overflow";
+
+/// Registers [`AUDIT_QUEUE_WAIT`] and [`AUDIT_QUEUE_OVERFLOW`] of the store kind `store` at
+/// zero and returns their handles, resolved once (a journal keeps them). Registering twice
+/// changes nothing.
+pub fn register_audit_queue(store: &'static str) -> (metrics::Histogram, metrics::Counter) {
+    let overflows = metrics::counter!(AUDIT_QUEUE_OVERFLOW, STORE => store);
+    overflows.increment(0);
+    (
+        metrics::histogram!(AUDIT_QUEUE_WAIT, STORE => store),
+        overflows,
+    )
+}

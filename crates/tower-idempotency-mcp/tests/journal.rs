@@ -17,7 +17,7 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEventKind, Correlation, Journal, JournalConfig, NoteSigningKey, SealedEvent, Verifier,
 };
 use tower_idempotency_core::{MemoryStore, MemoryStoreConfig, OperationId, Scope};

@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use test_harness::pg;
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     Correlation, JournalLine, JournalReader, NoteSigningKey, SealedEvent, Verifier,
 };
 use tower_idempotency_core::{OperationId, Scope};

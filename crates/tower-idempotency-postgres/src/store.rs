@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tower_idempotency_audit::DecisionEvent;
 use tower_idempotency_core::approval::ApprovalCursor;
 use tower_idempotency_core::audit::DecisionEvent;
 use tower_idempotency_core::error::Result;
@@ -791,6 +792,9 @@ impl Store for PostgresStore {
     /// A key seen here recently is read first (see `recent.rs`); otherwise, or when its
     /// row does not settle the request, the reservation statements decide.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        if let Some(decisions) = &self.inner.decisions {
+            decisions.wait_for_room().await;
+        }
         self.reserve_on_pool(request, Commit::Synchronous).await
     }
 

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::Value;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEvent, AuditEventKind, Correlation, Journal, JournalConfig, NoteSigningKey,
 };
 use tower_idempotency_core::{Fingerprint, IdempotencyKey, OperationId, Scope};

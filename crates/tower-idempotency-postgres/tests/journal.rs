@@ -8,10 +8,10 @@ use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore, Tran
 use std::time::Duration;
 
 use test_harness::pg;
-use tower_idempotency_conformance::reserve_request;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEventKind, Correlation, DecisionEvent, NoteSigningKey, SealedEvent, Verifier,
 };
+use tower_idempotency_conformance::reserve_request;
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, Lease, OperationId, Reservation, ReserveRequest, Scope, Store,
     StoredResponse,

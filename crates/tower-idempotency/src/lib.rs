@@ -223,7 +223,7 @@ pub use tower_idempotency_core::{OperationTransaction, OperationTx, TransactionA
 pub use tower_idempotency_core::metrics;
 // The audit journal: events, checkpoints, the in-process journal and the verifier.
 #[doc(inline)]
-pub use tower_idempotency_core::audit;
+pub use tower_idempotency_audit as audit;
 
 /// The Rust examples in the README and in `docs/`, compiled and run as doctests so they
 /// stay true.

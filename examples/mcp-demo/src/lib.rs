@@ -31,7 +31,7 @@ use serde_json::json;
 use tower::Layer;
 use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::audit::NoteVerifyingKey;
-use tower_idempotency_core::audit::Journal;
+use tower_idempotency_audit::Journal;
 use tower_idempotency_core::{MemoryStore, MemoryStoreConfig, Scope, Store};
 use tower_idempotency_mcp::{ApprovalPolicy, ApprovalSummary, McpIdempotencyLayer, ToolPolicy};
 use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};

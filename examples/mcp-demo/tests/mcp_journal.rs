@@ -13,10 +13,10 @@ use std::time::Duration;
 use crate::support::{Demo, DemoProcess, EXECUTION, RawSession, charge};
 use mcp_demo::DemoConfig;
 use serde_json::json;
-use tower_idempotency_core::OperationId;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     Correlation, Journal, JournalConfig, NoteSigningKey, SealedEvent, Verifier,
 };
+use tower_idempotency_core::OperationId;
 
 fn timeline(events: &[SealedEvent]) -> Vec<(String, String)> {
     events
@@ -172,7 +172,7 @@ async fn the_binary_makes_a_key_at_start_and_no_audit_keeps_no_journal() {
     let mut demo = DemoProcess::start(&[]).await;
     let line = demo.next_line().await;
     let key = line.strip_prefix("audit public key: ").unwrap();
-    let key = tower_idempotency_core::audit::NoteVerifyingKey::from_text(key).unwrap();
+    let key = tower_idempotency_audit::NoteVerifyingKey::from_text(key).unwrap();
     assert_eq!(key.name(), "tower-idempotency.dev/mcp-demo");
     support::audit_shows_a_calls_history(&demo.base).await;
     drop(demo);

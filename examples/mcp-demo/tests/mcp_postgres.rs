@@ -89,13 +89,13 @@ async fn the_binary_journals_in_the_database_and_it_verifies() {
     .await;
     let line = demo.next_line().await;
     let key = line.strip_prefix("audit public key: ").unwrap();
-    let key = tower_idempotency_core::audit::NoteVerifyingKey::from_text(key).unwrap();
+    let key = tower_idempotency_audit::NoteVerifyingKey::from_text(key).unwrap();
     support::audit_shows_a_calls_history(&demo.base).await;
     // The database's journal verifies with the printed key and the anchor.
     let store = tower_idempotency_postgres::PostgresStore::connect(database.url())
         .await
         .unwrap();
-    let verifier = tower_idempotency_core::audit::Verifier::new(key)
+    let verifier = tower_idempotency_audit::Verifier::new(key)
         .with_anchor(&anchor)
         .unwrap();
     let mut verified = None;

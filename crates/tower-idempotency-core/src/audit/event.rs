@@ -1,5 +1,5 @@
 //! What the journal records: one [`AuditEvent`] per decision or state change of an
-//! operation, and its sealed form [`SealedEvent`] with sequence number and chain link.
+//! operation (its sealed form, with sequence number and chain link, is the audit crate's).
 //!
 //! Events carry identifiers and outcomes only — the scope, the operation id, the key, the
 //! fingerprint the server computed, the principal, the protocol correlation, a status code —
@@ -8,7 +8,6 @@
 
 use std::time::SystemTime;
 
-use super::merkle::Sha256Hash;
 use crate::{Fingerprint, IdempotencyKey, OperationId, Scope};
 
 /// One decision or transition, before it is given its place in the journal.
@@ -75,7 +74,7 @@ impl AuditEvent {
 
 /// A decision that changes no record — a replay, an attachment, a conflict, a refusal —
 /// as a layer reports it to its store
-/// ([`Store::record_decision`](crate::Store::record_decision)): an event without its time,
+/// ([`DecisionJournal::record_decision`](crate::DecisionJournal::record_decision)): an event without its time,
 /// which the store stamps with its own clock when it journals it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecisionEvent {
@@ -297,19 +296,4 @@ pub enum Correlation {
         /// The MCP session, when there is one.
         session: Option<String>,
     },
-}
-
-/// An event with its place in the journal: sequence number, the hash of the event before it,
-/// and its own hash (the RFC 6962 leaf hash of its canonical encoding, which is also the
-/// Merkle leaf).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SealedEvent {
-    /// Position in the journal, from 0, without gaps.
-    pub seq: u64,
-    /// The hash of event `seq - 1` ([`Sha256Hash::ZERO`] for event 0).
-    pub prev: Sha256Hash,
-    /// The event.
-    pub event: AuditEvent,
-    /// `SHA-256(0x00 || canonical encoding)`.
-    pub hash: Sha256Hash,
 }

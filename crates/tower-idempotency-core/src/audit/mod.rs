@@ -1,94 +1,39 @@
-//! A tamper-evident journal of every decision: hash-chained events, an RFC 6962 Merkle tree
-//! over them, Ed25519-signed checkpoints in the C2SP signed-note format, and an offline
-//! verifier that names the first violation it finds.
-//!
-//! Each [`SealedEvent`] holds the hash of the one before it and is itself a Merkle leaf, so a
-//! checkpoint (size, tree root, chain head) signed at any point commits to the whole history
-//! up to there; later checkpoints prove themselves extensions of earlier ones with
-//! consistency proofs. See `docs/audit.md` for the design and what it does and does not
-//! detect.
-//!
-//! ```
-//! use std::io::Cursor;
-//! use std::time::SystemTime;
-//!
-//! use tower_idempotency_core::audit::{
-//!     AuditEvent, AuditEventKind, Correlation, Journal, JournalConfig, ModifiedEvidence,
-//!     NoteSigningKey, Verifier, VerifyError, Violation,
-//! };
-//! use tower_idempotency_core::{OperationId, Scope};
-//!
-//! let key = NoteSigningKey::generate("audit.example/journal").unwrap();
-//! let public_key = key.verifying_key();
-//! let config = JournalConfig { checkpoint_every: 2, ..JournalConfig::default() };
-//! let journal = Journal::open(key, config).unwrap();
-//!
-//! let operation = Some(OperationId::new());
-//! let correlation = Correlation::Http { method: "POST".into(), route: "/orders".into() };
-//! for kind in [
-//!     AuditEventKind::Accepted { correlation },
-//!     AuditEventKind::Dispatched,
-//!     AuditEventKind::Completed { status: 201 },
-//!     AuditEventKind::Replayed { correlation: None },
-//! ] {
-//!     journal.append(AuditEvent::new(SystemTime::now(), Scope::new("acct_42"), operation, kind));
-//! }
-//! assert_eq!(journal.seal().unwrap(), 4);
-//!
-//! let mut export = Vec::new();
-//! journal.export(&mut export).unwrap();
-//! let verified = Verifier::new(public_key.clone()).verify(Cursor::new(&export)).unwrap();
-//! assert_eq!((verified.events, verified.checkpoints), (4, 2));
-//!
-//! // Rewrite the stored status: the verifier names the event and how it knows.
-//! let tampered = String::from_utf8(export).unwrap().replace(r#""status":201"#, r#""status":500"#);
-//! let result = Verifier::new(public_key).verify(Cursor::new(tampered));
-//! let Err(VerifyError::Violation(Violation::Modified { seq: 2, evidence, .. })) = result else {
-//!     panic!("{result:?}");
-//! };
-//! assert_eq!(evidence, ModifiedEvidence::StoredHash);
-//! ```
+//! The audit journal's vocabulary, which the [`Store`](crate::Store) trait and the memory
+//! store speak: the events ([`AuditEvent`], [`DecisionEvent`]) and the queue a store hands
+//! them to ([`AuditSink`]). The journal itself — encoding, chain, Merkle tree, signed
+//! checkpoints, proofs, the verifier — is the crate `tower-idempotency-audit`, whose
+//! `Journal` is the memory store's sink.
 
-mod checkpoint;
-mod direct;
-mod encoding;
 mod event;
-mod export;
-mod journal;
-mod merkle;
-mod note;
-mod proof;
-mod prove;
-mod sink;
-mod tree;
-mod verify;
 
-pub use checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
-pub use encoding::{
-    DecodeError, EncodeError, decode_event, encode_event, seal_event, truncate_to_micros,
-};
-pub use event::{AuditEvent, AuditEventKind, Correlation, DecisionEvent, SealedEvent};
-pub use export::{
-    JournalLine, JournalReader, LineError, NumberedLine, checkpoint_line, event_line, parse_line,
-};
-pub use journal::{
-    ANCHOR_FILE, DEFAULT_MAX_RETAINED_EVENTS, Journal, JournalConfig, JournalError,
-    UNSEALED_WARNING_EVENTS,
-};
-pub use merkle::{
-    Frontier, LEAF_PREFIX, NODE_PREFIX, Sha256Hash, empty_root, leaf_hash, node_hash, tree_root,
-};
-pub use note::{
-    ED25519_SIGNATURE_TYPE, MAX_SIGNATURES, NoteError, NoteKeyError, NoteSigningKey,
-    NoteVerifyingKey, key_id,
-};
-pub use proof::{
-    ProofError, consistency_proof, inclusion_proof, verify_consistency, verify_inclusion,
-};
-pub use prove::{EventProof, EventProofError};
-pub use sink::AppendFile;
-pub use tree::MerkleTree;
-pub use verify::{
-    CheckpointSource, ModifiedEvidence, StrictFailure, VerifiedJournal, Verifier, VerifyError,
-    Violation,
-};
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+
+pub use event::{AuditEvent, AuditEventKind, Correlation, DecisionEvent};
+
+/// Where a store's events go: a bounded queue that a sealer drains (the audit crate's
+/// `Journal`). Appending never waits, so a store may append inside its own critical
+/// section; the bound is kept by [`wait_for_room`](Self::wait_for_room), called before it.
+#[async_trait]
+pub trait AuditSink: Debug + Send + Sync {
+    /// Queues `event` behind every event appended before it; never waits, never drops it.
+    fn append(&self, event: AuditEvent);
+
+    /// Queues the event `build` makes, in order, as [`append`](Self::append) does: `build`
+    /// runs in the sealer, so the caller hands over compact values (shared ids, digests,
+    /// labels) and formats nothing on its own core.
+    fn append_with(&self, build: Box<dyn FnOnce() -> AuditEvent + Send>) {
+        self.append(build());
+    }
+
+    /// Whether the queue is at its bound, so that a caller must
+    /// [`wait_for_room`](Self::wait_for_room) (one atomic load; the default never is).
+    fn is_full(&self) -> bool {
+        false
+    }
+
+    /// Waits until the queue has room, bounded, and never drops anything (see the audit
+    /// crate's `Journal::wait_for_room`). The default returns at once.
+    async fn wait_for_room(&self) {}
+}

@@ -170,7 +170,7 @@ pub fn canonicalize_json(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
 /// [`canonicalize_json`] that also accepts U+0000 in strings: the audit journal's own
 /// events, which record whatever the store held (the memory store holds any text), must
 /// always verify.
-pub(crate) fn canonicalize_json_text(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
+pub fn canonicalize_json_text(bytes: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
     let (root, canonical_len) = parse_document(bytes, true)?;
     Ok(JsonDocument {
         root,

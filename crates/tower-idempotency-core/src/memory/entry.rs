@@ -90,6 +90,49 @@ pub(super) struct Rare {
     fingerprint: Option<Fingerprint>,
 }
 
+/// A key as [`Entry::identity`] copies it.
+pub(super) enum KeyCopy {
+    Inline(u8, [u8; INLINE_KEY]),
+    Long(Box<str>),
+}
+
+/// What the journal needs of a record, copied or shared without formatting
+/// ([`Entry::identity`]); [`Identity::key`] and [`Identity::fingerprint`] write the text.
+pub(super) struct Identity {
+    pub(super) scope: Arc<Scope>,
+    pub(super) id: OperationId,
+    pub(super) profile: Arc<Profile>,
+    key: KeyCopy,
+    fp_kind: u8,
+    digest: [u8; 32],
+    text: Option<Fingerprint>,
+}
+
+impl Identity {
+    /// The key's text.
+    pub(super) fn key(&self) -> &str {
+        match &self.key {
+            // Keys are visible ASCII (checked by `IdempotencyKey`), so always UTF-8.
+            KeyCopy::Inline(len, bytes) => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or("")
+            }
+            KeyCopy::Long(key) => key,
+        }
+    }
+
+    /// The fingerprint, as [`Entry::fingerprint`] writes it.
+    pub(super) fn fingerprint(&self) -> Fingerprint {
+        match self.fp_kind {
+            FP_SHA256 => Fingerprint::of_digest("sha256:", &self.digest),
+            FP_HMAC_SHA256 => Fingerprint::of_digest("hmac-sha256:", &self.digest),
+            _ => self
+                .text
+                .clone()
+                .unwrap_or_else(|| Fingerprint::from_stored("")),
+        }
+    }
+}
+
 /// One record.
 pub(super) struct Entry {
     pub(super) id: OperationId,
@@ -215,6 +258,29 @@ impl Entry {
                 .as_ref()
                 .and_then(|rare| rare.fingerprint.clone())
                 .unwrap_or_else(|| Fingerprint::from_stored("")),
+        }
+    }
+
+    /// The record's identity as compact values, for the journal to format later: the
+    /// shared scope and method/route, the key's bytes, the fingerprint's digest — no text
+    /// written, at most the copy of a key longer than [`INLINE_KEY`].
+    pub(super) fn identity(&self) -> Identity {
+        let key = if self.key_len == u8::MAX {
+            KeyCopy::Long(self.key().into())
+        } else {
+            KeyCopy::Inline(self.key_len, self.key)
+        };
+        let text = (self.fp_kind == FP_TEXT)
+            .then(|| self.rare.as_ref().and_then(|rare| rare.fingerprint.clone()))
+            .flatten();
+        Identity {
+            scope: Arc::clone(&self.scope),
+            id: self.id,
+            profile: Arc::clone(&self.profile),
+            key,
+            fp_kind: self.fp_kind,
+            digest: self.digest,
+            text,
         }
     }
 

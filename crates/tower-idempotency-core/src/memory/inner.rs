@@ -54,7 +54,7 @@ pub(super) struct Inner {
     pub(super) hasher: RandomState,
     pub(super) clock: Clock,
     /// Where state changes and decisions are journaled, when the store journals.
-    pub(super) journal: Option<crate::audit::Journal>,
+    pub(super) journal: Option<std::sync::Arc<dyn crate::audit::AuditSink>>,
 }
 
 impl Default for Inner {

@@ -189,14 +189,18 @@ impl MemoryStore {
     }
 
     /// Creates an empty store that journals every state change and every decision the
-    /// layer reports ([`Store::record_decision`](crate::Store::record_decision)) in
+    /// layer reports ([`DecisionJournal::record_decision`](crate::DecisionJournal::record_decision)) in
     /// `journal`: each change appends its event inside the critical section that makes it
     /// (one push onto the journal's pending list), so the journal's order is the order the
-    /// records changed in. Seal the journal in the background
-    /// ([`Journal::spawn_sealer`](crate::audit::Journal::spawn_sealer)).
-    pub fn with_journal(config: MemoryStoreConfig, journal: crate::audit::Journal) -> Self {
+    /// records changed in. `journal` is the audit crate's `Journal` (any
+    /// [`AuditSink`](crate::audit::AuditSink)); seal it in the background
+    /// (`Journal::spawn_sealer`).
+    pub fn with_journal(
+        config: MemoryStoreConfig,
+        journal: impl crate::audit::AuditSink + 'static,
+    ) -> Self {
         let mut inner = Inner::new(config);
-        inner.journal = Some(journal);
+        inner.journal = Some(Arc::new(journal));
         Self {
             inner: Arc::new(inner),
         }

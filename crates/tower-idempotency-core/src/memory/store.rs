@@ -26,6 +26,7 @@ impl Store for MemoryStore {
     /// A new key that finds no room (capacity, byte budget, or its scope's quota with a
     /// record of the scope past its expiry) purges expired records once, then tries again.
     async fn reserve(&self, request: ReserveRequest) -> Result<Reservation> {
+        self.inner.journal_room().await;
         let inner = &self.inner;
         let mut purged = false;
         loop {
@@ -56,6 +57,7 @@ impl Store for MemoryStore {
     /// took the operation over: the result is real, and storing it turns an `unknown`
     /// outcome into a replayable one.
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
+        self.inner.journal_room().await;
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, clock| {
             complete(inner, entry, record_key, now, response);
@@ -71,6 +73,7 @@ impl Store for MemoryStore {
         response: StoredResponse,
         delivered: bool,
     ) -> Result<()> {
+        self.inner.journal_room().await;
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, _| {
             complete(inner, entry, record_key, now, response);
@@ -83,10 +86,12 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.journal_room().await;
         self.inner.with_lease(lease, |_, _, _, _| ((), true))
     }
 
     async fn abandon(&self, lease: &Lease) -> Result<()> {
+        self.inner.journal_room().await;
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, clock| {
             entry.end_lease();
@@ -105,6 +110,7 @@ impl Store for MemoryStore {
     /// A heartbeat that arrives after the lease ran out (but before a take-over) puts the
     /// operation back `in_progress`: its worker is evidently still alive.
     async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
+        self.inner.journal_room().await;
         self.inner.with_lease(lease, |entry, _, now, clock| {
             entry.state = OperationState::InProgress;
             entry.lease_expires = clock.later(now, by);
@@ -114,6 +120,7 @@ impl Store for MemoryStore {
     }
 
     async fn mark_delivered(&self, scope: &Scope, id: OperationId) -> Result<()> {
+        self.inner.journal_room().await;
         let now = self.inner.clock.now_tick();
         let mut records = self.inner.records_of_id(id);
         if let Some(entry) = records.get_by_id_mut(id) {
@@ -129,10 +136,12 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
+        self.inner.journal_room().await;
         Ok(self.inner.read(&self.inner.record_key(scope, key)))
     }
 
     async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
+        self.inner.journal_room().await;
         let clock = &self.inner.clock;
         Ok(self.inner.with_id(scope, id, |entry, record_key, _| {
             entry.operation(record_key, clock, None)
@@ -149,6 +158,7 @@ impl Store for MemoryStore {
         key: &IdempotencyKey,
         timeout: Duration,
     ) -> Result<Option<Operation>> {
+        self.inner.journal_room().await;
         let deadline = later(Instant::now(), timeout);
         let record_key = self.inner.record_key(scope, key);
         let mut first_id = None;
@@ -185,6 +195,7 @@ impl Store for MemoryStore {
     }
 
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
+        self.inner.journal_room().await;
         let deleted = self.inner.purge(batch);
         metrics::counter!(crate::metrics::PURGE_DELETED, crate::metrics::STORE => "memory")
             .increment(deleted as u64);
@@ -217,6 +228,7 @@ impl DispatchStore for MemoryStore {
     /// Also puts an operation whose lease ran out back `in_progress`, as a late heartbeat
     /// does, when nobody took it over: its worker is evidently alive.
     async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
+        self.inner.journal_room().await;
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, clock| {
             if entry.dispatched().is_never() {
@@ -231,6 +243,7 @@ impl DispatchStore for MemoryStore {
     }
 
     async fn cancel(&self, lease: &Lease) -> Result<Operation> {
+        self.inner.journal_room().await;
         let inner = &self.inner;
         inner.with_lease(lease, |entry, record_key, now, clock| {
             entry.end_lease();
@@ -264,6 +277,7 @@ impl ApprovalStore for MemoryStore {
         decision: ApprovalDecision,
         decided_by: &str,
     ) -> Result<Option<DecisionOutcome>> {
+        self.inner.journal_room().await;
         Ok(self.inner.decide_approval(scope, id, decision, decided_by))
     }
 

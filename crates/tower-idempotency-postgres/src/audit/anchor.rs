@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     ANCHOR_FILE, AppendFile, Checkpoint, JournalLine, NoteVerifyingKey, SignedCheckpoint,
     checkpoint_line,
 };

@@ -7,7 +7,7 @@
 //! directory. Any number of app instances may run a sealer on one database: each batch
 //! locks the journal's head row, so batches never interleave and an idle sealer simply
 //! skips its turn. Decisions that change no record reach the pending table through
-//! [`Store::record_decision`](tower_idempotency_core::Store::record_decision) (see
+//! [`DecisionJournal::record_decision`](tower_idempotency_core::DecisionJournal::record_decision) (see
 //! `decisions.rs`). Reading the journal back — export, an operation's events, proofs —
 //! needs no key and lives on [`PostgresStore`](crate::PostgresStore) (`read.rs`).
 
@@ -25,10 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
+use tower_idempotency_audit::{CheckpointError, EncodeError, NoteSigningKey, NoteVerifyingKey};
 use tower_idempotency_core::StoreError;
-use tower_idempotency_core::audit::{
-    CheckpointError, EncodeError, NoteSigningKey, NoteVerifyingKey,
-};
 
 use crate::executor::Executor;
 use crate::sql::Queries;
@@ -49,7 +47,7 @@ pub struct PostgresJournalConfig {
     /// until the pending table is drained.
     pub batch: usize,
     /// A directory outside the database where every checkpoint is also appended, to
-    /// [`ANCHOR_FILE`](tower_idempotency_core::audit::ANCHOR_FILE), by every sealer that has
+    /// [`ANCHOR_FILE`](tower_idempotency_audit::ANCHOR_FILE), by every sealer that has
     /// one — checkpoints signed by other instances' sealers included — for an operator to
     /// ship elsewhere.
     pub anchor_dir: Option<PathBuf>,
@@ -112,7 +110,7 @@ pub struct SealReport {
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use tower_idempotency_core::audit::NoteSigningKey;
+/// use tower_idempotency_audit::NoteSigningKey;
 /// use tower_idempotency_postgres::{PostgresJournal, PostgresJournalConfig, PostgresStore};
 ///
 /// let store = PostgresStore::connect("postgres://app@localhost/app").await?;

@@ -5,7 +5,7 @@
 use std::time::SystemTime;
 
 use tokio_postgres::Row;
-use tower_idempotency_core::audit::{AuditEvent, AuditEventKind, Correlation, DecisionEvent};
+use tower_idempotency_audit::{AuditEvent, AuditEventKind, Correlation, DecisionEvent};
 use tower_idempotency_core::{Fingerprint, IdempotencyKey, OperationId, Scope};
 use uuid::Uuid;
 

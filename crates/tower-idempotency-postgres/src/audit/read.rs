@@ -6,11 +6,11 @@ use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
 use tokio_postgres::Row;
-use tower_idempotency_core::OperationId;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     EventProof, MerkleTree, SealedEvent, Sha256Hash, SignedCheckpoint, VerifiedJournal, Verifier,
     VerifyError, checkpoint_line, decode_event,
 };
+use tower_idempotency_core::OperationId;
 
 use super::AuditError;
 use crate::executor::classify::from_pg;

@@ -13,10 +13,10 @@
 use std::path::Path;
 
 use deadpool_postgres::Object;
-use tower_idempotency_core::StoreError;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     Checkpoint, Frontier, NoteVerifyingKey, Sha256Hash, SignedCheckpoint, seal_event,
 };
+use tower_idempotency_core::StoreError;
 
 use super::anchor::Anchor;
 use super::pending::{PendingRow, decode};

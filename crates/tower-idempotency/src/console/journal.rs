@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::fmt;
 
 use async_trait::async_trait;
-use tower_idempotency_core::BoxError;
-use tower_idempotency_core::OperationId;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     Checkpoint, EventProof, Journal, NoteVerifyingKey, SealedEvent, SignedCheckpoint, decode_event,
 };
+use tower_idempotency_core::BoxError;
+use tower_idempotency_core::OperationId;
 
 /// An audit journal the console can show an operation's events from (see
 /// [`Console::with_journal`](super::Console::with_journal)).

@@ -10,7 +10,7 @@ use base64::engine::general_purpose::STANDARD;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tower_idempotency_core::audit::{AuditEventKind, Correlation, SealedEvent};
+use tower_idempotency_audit::{AuditEventKind, Correlation, SealedEvent};
 use tower_idempotency_core::{Approval, ApprovalState, Operation, OperationState};
 
 use super::journal::{EventCheck, Verification};

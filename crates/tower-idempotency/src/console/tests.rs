@@ -8,8 +8,8 @@ use axum::routing::post;
 use http::{Request, StatusCode};
 use serde_json::json;
 use tower::ServiceExt;
+use tower_idempotency_audit::{Journal, JournalConfig, NoteSigningKey};
 use tower_idempotency_core::ApprovalStore;
-use tower_idempotency_core::audit::{Journal, JournalConfig, NoteSigningKey};
 use tower_idempotency_core::{
     ApprovalPolicy, ApprovalState, MemoryStore, MemoryStoreConfig, Scope,
 };

@@ -8,12 +8,12 @@ use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
-use tower_idempotency_core::OperationId;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEventKind, CheckpointSource, Correlation, EventProof, JournalLine, JournalReader,
     ModifiedEvidence, NoteSigningKey, NoteVerifyingKey, SealedEvent, VerifiedJournal, Verifier,
     VerifyError, Violation,
 };
+use tower_idempotency_core::OperationId;
 
 use tower_idempotency_postgres::{
     AuditError, PostgresJournal, PostgresJournalConfig, PostgresStore,
@@ -231,7 +231,7 @@ fn file_error(what: &str, path: &Path, err: &std::io::Error) -> Failure {
 
 fn keygen(name: &str, out: Option<&Path>) -> Result<(), Failure> {
     let key = NoteSigningKey::generate(name).map_err(|err| match err {
-        tower_idempotency_core::audit::NoteKeyError::InvalidName => {
+        tower_idempotency_audit::NoteKeyError::InvalidName => {
             Failure::Usage(format!("--name `{name}`: {err}"))
         }
         other => Failure::File(other.to_string()),

@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     MerkleTree, ProofError, Sha256Hash, consistency_proof, empty_root, inclusion_proof, leaf_hash,
     tree_root, verify_consistency, verify_inclusion,
 };

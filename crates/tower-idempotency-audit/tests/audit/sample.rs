@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tower_idempotency_core::audit::{AuditEvent, AuditEventKind, Correlation};
+use tower_idempotency_audit::{AuditEvent, AuditEventKind, Correlation};
 use tower_idempotency_core::{Fingerprint, IdempotencyKey, OperationId, Scope};
 
 /// One event of every kind, in lifecycle order.

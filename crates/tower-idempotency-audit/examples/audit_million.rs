@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEvent, AuditEventKind, Correlation, Journal, JournalConfig, NoteSigningKey, Verifier,
 };
 use tower_idempotency_core::{Fingerprint, IdempotencyKey, OperationId, Scope};

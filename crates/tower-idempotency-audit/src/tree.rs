@@ -331,7 +331,7 @@ impl WindowedTree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::merkle::leaf_hash;
+    use crate::merkle::leaf_hash;
 
     fn leaves(n: u64) -> Vec<Sha256Hash> {
         (0..n).map(|i| leaf_hash(&i.to_be_bytes())).collect()
@@ -397,7 +397,7 @@ mod tests {
     /// not by the journal (run with `--nocapture` to see the numbers; docs/audit.md).
     #[test]
     fn a_million_leaves_take_the_windows_memory_not_the_journals() {
-        let window = crate::audit::DEFAULT_MAX_RETAINED_EVENTS as u64 + 4096;
+        let window = crate::DEFAULT_MAX_RETAINED_EVENTS as u64 + 4096;
         let mut frontier = WindowedTree::new(0);
         let mut windowed = WindowedTree::new(window);
         let mut hash = leaf_hash(b"0");

@@ -1,7 +1,7 @@
 //! The canonical encoding of a sealed event and its hash.
 //!
 //! An event is a JSON object canonicalized by RFC 8785 (JCS, as
-//! [`canonicalize_json`](crate::canonicalize_json) does, U+0000 included): members sorted,
+//! [`canonicalize_json`](tower_idempotency_core::canonicalize_json) does, U+0000 included): members sorted,
 //! no whitespace, one spelling per value. Its hash is the RFC 6962 leaf hash
 //! `SHA-256(0x00 || canonical bytes)`, and the object holds the previous event's hash in
 //! `prev`, so every hash covers the whole history before it.
@@ -18,10 +18,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::event::{AuditEvent, AuditEventKind, Correlation, SealedEvent};
 use super::merkle::{Sha256Hash, leaf_hash};
-use crate::canonical::canonicalize_json_text;
-use crate::{CanonicalizeError, Fingerprint, IdempotencyKey, OperationId, Scope};
+use crate::{AuditEvent, AuditEventKind, Correlation, SealedEvent};
+use tower_idempotency_core::canonical::canonicalize_json_text;
+use tower_idempotency_core::{CanonicalizeError, Fingerprint, IdempotencyKey, OperationId, Scope};
 
 /// Why an event could not be encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,7 +105,7 @@ pub fn truncate_to_micros(time: SystemTime) -> SystemTime {
 ///
 /// Written member by member in JCS order (every member name is ASCII, so sorting by UTF-16
 /// code units is a fixed order) with JCS string escaping, without a parse; a test checks it
-/// byte for byte against serializing and then canonicalizing with [`canonicalize_json`](crate::canonicalize_json).
+/// byte for byte against serializing and then canonicalizing with [`canonicalize_json`](tower_idempotency_core::canonicalize_json).
 pub fn encode_event(
     seq: u64,
     prev: &Sha256Hash,
@@ -211,20 +211,22 @@ fn to_wire(seq: u64, prev: &Sha256Hash, event: &AuditEvent) -> WireEvent {
     wire.correlation = event
         .kind
         .correlation()
-        .map(|correlation| match correlation {
-            Correlation::Http { method, route } => WireCorrelation::Http {
+        .and_then(|correlation| match correlation {
+            Correlation::Http { method, route } => Some(WireCorrelation::Http {
                 method: method.clone(),
                 route: route.clone(),
-            },
+            }),
             Correlation::Mcp {
                 tool,
                 jsonrpc_id,
                 session,
-            } => WireCorrelation::Mcp {
+            } => Some(WireCorrelation::Mcp {
                 tool: tool.clone(),
                 jsonrpc_id: jsonrpc_id.clone(),
                 session: session.clone(),
-            },
+            }),
+            // A protocol this version does not know: left out (see `direct`).
+            _ => None,
         });
     match &event.kind {
         AuditEventKind::ApprovalRequested { approver } => wire.approver = approver.clone(),

@@ -3,7 +3,7 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     Checkpoint, CheckpointError, NoteError, NoteKeyError, NoteSigningKey, NoteVerifyingKey,
     SignedCheckpoint, empty_root, key_id, leaf_hash,
 };

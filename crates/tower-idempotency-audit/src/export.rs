@@ -16,9 +16,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::encoding::{DecodeError, EncodeError, decode_canonical, encode_event};
-use super::event::SealedEvent;
 use super::merkle::Sha256Hash;
-use crate::canonical::canonicalize_json_text;
+use crate::SealedEvent;
+use tower_idempotency_core::canonical::canonicalize_json_text;
 
 /// One parsed line.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::io::Cursor;
 use std::path::PathBuf;
 
 use serde_json::Value;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEvent, AuditEventKind, Checkpoint, CheckpointError, CheckpointSource, MerkleTree,
     ModifiedEvidence, NoteError, NoteSigningKey, Sha256Hash, VerifiedJournal, Verifier,
     VerifyError, Violation, checkpoint_line, event_line, seal_event,
@@ -79,7 +79,7 @@ fn edit(line: &str, fix_hash: bool, change: impl FnOnce(&mut Value)) -> String {
     let canonical =
         tower_idempotency_core::canonicalize_json(value["event"].to_string().as_bytes()).unwrap();
     if fix_hash {
-        value["hash"] = tower_idempotency_core::audit::leaf_hash(&canonical)
+        value["hash"] = tower_idempotency_audit::leaf_hash(&canonical)
             .to_base64()
             .into();
     }

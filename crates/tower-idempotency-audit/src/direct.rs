@@ -10,8 +10,8 @@
 
 use std::time::UNIX_EPOCH;
 
-use super::event::{AuditEvent, AuditEventKind, Correlation};
 use super::merkle::Sha256Hash;
+use crate::{AuditEvent, AuditEventKind, Correlation};
 
 /// Appends the canonical JSON object of `event` at `seq` after `prev` to `out`.
 pub(super) fn write_event(out: &mut Vec<u8>, seq: u64, prev: &Sha256Hash, event: &AuditEvent) {
@@ -46,7 +46,9 @@ pub(super) fn write_event(out: &mut Vec<u8>, seq: u64, prev: &Sha256Hash, event:
     // Member order: approver, correlation, fingerprint, key, operation_id, operator, prev,
     // principal, quota, reason, resolution, scope, seq, status, time, type.
     object.string_opt("approver", approver);
-    if let Some(correlation) = correlation {
+    // A correlation of a protocol this version does not know (`Correlation` is
+    // non-exhaustive) is left out, as the serializing path leaves it out.
+    if let Some(correlation) = correlation.filter(|c| known_protocol(c)) {
         object.name("correlation");
         write_correlation(object.out, correlation);
     }
@@ -103,8 +105,17 @@ fn write_correlation(out: &mut Vec<u8>, correlation: &Correlation) {
             object.string_opt("session", session.as_deref());
             object.string("tool", tool);
         }
+        _ => {}
     }
     object.close();
+}
+
+/// Whether this version can encode `correlation`.
+pub(super) fn known_protocol(correlation: &Correlation) -> bool {
+    matches!(
+        correlation,
+        Correlation::Http { .. } | Correlation::Mcp { .. }
+    )
 }
 
 /// An object being written: members are added in the order they must appear.

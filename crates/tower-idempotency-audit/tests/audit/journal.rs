@@ -5,7 +5,7 @@ use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     ANCHOR_FILE, Journal, JournalConfig, JournalError, NoteSigningKey, Sha256Hash, Verifier,
     VerifyError, Violation, verify_inclusion,
 };
@@ -129,7 +129,7 @@ fn an_event_is_proved_against_the_latest_checkpoint() {
     }
     let older = journal.checkpoints()[0].checkpoint.clone();
     let proof = journal.consistency_proof(older.size, latest.size).unwrap();
-    tower_idempotency_core::audit::verify_consistency(
+    tower_idempotency_audit::verify_consistency(
         older.size,
         latest.size,
         &older.root,
@@ -423,12 +423,12 @@ fn proofs_are_served_from_the_window_and_older_ones_are_refused_clearly() {
     .unwrap();
     assert!(matches!(
         journal.inclusion_proof(0, latest.size),
-        Err(tower_idempotency_core::audit::ProofError::OutsideWindow { index: 0, .. })
+        Err(tower_idempotency_audit::ProofError::OutsideWindow { index: 0, .. })
     ));
     let older = checkpoints[0].checkpoint.clone();
     assert!(matches!(
         journal.consistency_proof(older.size, latest.size),
-        Err(tower_idempotency_core::audit::ProofError::OutsideWindow { .. })
+        Err(tower_idempotency_audit::ProofError::OutsideWindow { .. })
     ));
 }
 
@@ -457,11 +457,11 @@ fn logs_of(work: impl FnOnce()) -> String {
 }
 
 /// A journal nothing seals only grows: it says so once, when
-/// [`UNSEALED_WARNING_EVENTS`](tower_idempotency_core::audit::UNSEALED_WARNING_EVENTS)
+/// [`UNSEALED_WARNING_EVENTS`](tower_idempotency_audit::UNSEALED_WARNING_EVENTS)
 /// events wait; a journal that a sealer has sealed never does.
 #[test]
 fn a_journal_that_nothing_seals_warns_once() {
-    use tower_idempotency_core::audit::UNSEALED_WARNING_EVENTS;
+    use tower_idempotency_audit::UNSEALED_WARNING_EVENTS;
     let warning = "nothing seals them";
     let limit = UNSEALED_WARNING_EVENTS as u64;
 

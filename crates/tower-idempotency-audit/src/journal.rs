@@ -2,23 +2,39 @@
 //! an optional append-only file sink and anchor.
 //!
 //! Appending is cheap so that a store can do it inside its own critical section: the event
-//! is pushed onto a pending list under a lock held for one `Vec::push`. Sealing — giving each
-//! pending event its sequence number, `prev` and hash, growing the Merkle tree, signing due
-//! checkpoints, writing and fsyncing the batch — happens in [`Journal::seal`], outside any
-//! store lock, called by a background sealer ([`Journal::spawn_sealer`]) or by hand. The
-//! sealer holds its own lock while it takes the pending list, so batches are sealed in the
-//! order they were appended: the journal's one total order is the append order.
+//! is pushed, as a compact value (shared ids and labels, or a closure that builds the event
+//! from them — [`Journal::append_with`]), onto a pending queue under a lock held for one
+//! `Vec::push`. Nothing is encoded, hashed or formatted on the request's core. Sealing —
+//! building each event, giving it its sequence number, `prev` and hash, growing the Merkle
+//! tree, signing due checkpoints, writing and fsyncing the batch — happens in
+//! [`Journal::seal`], outside any store lock, called by a background sealer
+//! ([`Journal::spawn_sealer`]) or by hand. The sealer holds its own lock while it takes the
+//! pending queue, so batches are sealed in the order they were appended: the journal's one
+//! total order is the append order.
+//!
+//! The queue is bounded ([`JournalConfig::queue_capacity`]) without ever dropping an event:
+//! a store calls [`Journal::wait_for_room`] before the critical section that appends (the
+//! append itself never waits, so it is safe under a lock). While the queue is full the
+//! caller waits for the sealer, which is woken at once, for at most
+//! [`JournalConfig::queue_wait`]; the wait is the histogram
+//! [`AUDIT_QUEUE_WAIT`](tower_idempotency_core::metrics::AUDIT_QUEUE_WAIT). Should the bound pass, the caller
+//! seals the queue itself ([`AUDIT_QUEUE_OVERFLOW`](tower_idempotency_core::metrics::AUDIT_QUEUE_OVERFLOW)):
+//! its request is held until every queued event is chained, so an event is never dropped and
+//! the queue never outgrows its bound by more than what the calls already past the gate
+//! append.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
 use super::checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
 use super::encoding::{EncodeError, seal_event_into};
-use super::event::{AuditEvent, SealedEvent};
 use super::export::{JournalLine, NumberedLine, checkpoint_line, event_line, event_line_from};
 use super::merkle::Sha256Hash;
 use super::note::{NoteSigningKey, NoteVerifyingKey};
@@ -27,7 +43,8 @@ use super::prove::EventProof;
 use super::sink::AppendFile;
 use super::tree::WindowedTree;
 use super::verify::{Verifier, VerifyError};
-use crate::OperationId;
+use crate::{AuditEvent, AuditSink, SealedEvent};
+use tower_idempotency_core::OperationId;
 
 /// The name of the anchor file inside the anchor directory.
 pub const ANCHOR_FILE: &str = "checkpoints.jsonl";
@@ -63,7 +80,24 @@ pub struct JournalConfig {
     /// [`Journal::events_of`] and [`Journal::prove`] no longer find them, and
     /// [`Journal::export`] copies the file sink instead (and fails without one).
     pub max_retained_events: usize,
+    /// Most events waiting for the sealer before a store call that journals waits for room
+    /// (default [`DEFAULT_QUEUE_CAPACITY`]). The calls already past the gate still append,
+    /// so the queue may hold this many plus a few events per call in flight.
+    pub queue_capacity: usize,
+    /// How long a store call waits for room in a full queue (default
+    /// [`DEFAULT_QUEUE_WAIT`]) before it seals the queue itself, on a blocking thread,
+    /// holding its request until that is done.
+    pub queue_wait: Duration,
 }
+
+/// The default [`JournalConfig::queue_capacity`]: 65,536 events (a queued event is one
+/// allocation of a couple of hundred bytes, so on the order of 16 MB at most).
+pub const DEFAULT_QUEUE_CAPACITY: usize = 65_536;
+
+/// The default [`JournalConfig::queue_wait`]: 1 s, ample for the sealer to seal a full queue
+/// (on the order of 100 ms for 65,536 events without a file sink) and short enough that a
+/// stuck sealer costs each request at most a second before the requests seal themselves.
+pub const DEFAULT_QUEUE_WAIT: Duration = Duration::from_secs(1);
 
 /// How many events may wait in a journal that has never been sealed before it warns
 /// (`tracing`) that nothing seals it: a journal needs [`Journal::spawn_sealer`] (or
@@ -83,6 +117,8 @@ impl Default for JournalConfig {
             anchor_dir: None,
             retain_events: true,
             max_retained_events: DEFAULT_MAX_RETAINED_EVENTS,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            queue_wait: DEFAULT_QUEUE_WAIT,
         }
     }
 }
@@ -116,7 +152,17 @@ pub struct Journal {
 struct Inner {
     key: NoteSigningKey,
     config: JournalConfig,
-    pending: Mutex<Vec<AuditEvent>>,
+    pending: Mutex<Vec<Queued>>,
+    /// The length of `pending`, read without its lock by [`Journal::wait_for_room`].
+    queued: AtomicUsize,
+    /// Notified when the sealer takes the queue (there is room again).
+    room: Notify,
+    /// Notified when a caller finds the queue full: the sealer seals without waiting for
+    /// its next tick.
+    full: Notify,
+    /// `idempotency.audit.queue.wait`, `idempotency.audit.queue.overflow` (`store="memory"`).
+    wait_seconds: metrics::Histogram,
+    overflows: metrics::Counter,
     state: Mutex<State>,
     /// Whether [`Journal::seal`] ever ran, and whether the journal already warned that
     /// nothing seals it.
@@ -139,6 +185,31 @@ struct State {
     unanchored: String,
     /// The canonical bytes of the event being sealed, reused from event to event.
     scratch: Vec<u8>,
+}
+
+/// An event waiting for the sealer: built already, or built by the sealer from the compact
+/// values a closure holds.
+enum Queued {
+    Event(AuditEvent),
+    Deferred(Box<dyn FnOnce() -> AuditEvent + Send>),
+}
+
+impl Queued {
+    fn build(self) -> AuditEvent {
+        match self {
+            Self::Event(event) => event,
+            Self::Deferred(build) => build(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Event(event) => f.debug_tuple("Event").field(event).finish(),
+            Self::Deferred(_) => f.write_str("Deferred"),
+        }
+    }
 }
 
 /// The retained events, in chunks of a fixed capacity: appending never moves the events
@@ -233,11 +304,18 @@ impl Journal {
         if let Some(dir) = &config.anchor_dir {
             state.anchor = Some(AppendFile::open(&dir.join(ANCHOR_FILE))?.0);
         }
+        let (wait_seconds, overflows) =
+            tower_idempotency_core::metrics::register_audit_queue("memory");
         Ok(Self {
             inner: Arc::new(Inner {
                 key,
                 config,
                 pending: Mutex::new(Vec::new()),
+                queued: AtomicUsize::new(0),
+                room: Notify::new(),
+                full: Notify::new(),
+                wait_seconds,
+                overflows,
                 state: Mutex::new(state),
                 sealed_once: AtomicBool::new(false),
                 warned_unsealed: AtomicBool::new(false),
@@ -250,13 +328,26 @@ impl Journal {
         Self::open(key, JournalConfig::default()).expect("an in-memory journal opens")
     }
 
-    /// Queues `event` behind every event appended before it. Holds a lock for one push: safe
-    /// to call inside a store's critical section. A journal that was never sealed warns once
-    /// when [`UNSEALED_WARNING_EVENTS`] events wait (nothing seals it).
+    /// Queues `event` behind every event appended before it. Holds a lock for one push and
+    /// never waits: safe to call inside a store's critical section (call
+    /// [`wait_for_room`](Self::wait_for_room) before it). A journal that was never sealed
+    /// warns once when [`UNSEALED_WARNING_EVENTS`] events wait (nothing seals it).
     pub fn append(&self, event: AuditEvent) {
+        self.push(Queued::Event(event));
+    }
+
+    /// Queues the event `build` makes, as [`append`](Self::append) queues one: `build` runs
+    /// in the sealer, so the caller hands over compact values (shared ids, digests, labels)
+    /// and formats, validates and copies nothing on its own core.
+    pub fn append_with(&self, build: impl FnOnce() -> AuditEvent + Send + 'static) {
+        self.push(Queued::Deferred(Box::new(build)));
+    }
+
+    fn push(&self, queued: Queued) {
         let waiting = {
             let mut pending = lock(&self.inner.pending);
-            pending.push(event);
+            pending.push(queued);
+            self.inner.queued.store(pending.len(), Ordering::Relaxed);
             pending.len()
         };
         if waiting >= UNSEALED_WARNING_EVENTS
@@ -268,6 +359,59 @@ impl Journal {
                 "audit events are journaled and nothing seals them: call Journal::spawn_sealer \
                  (or Journal::seal), or build the store without a journal"
             );
+        }
+    }
+
+    /// Returns once the queue has room ([`JournalConfig::queue_capacity`]): at once (one
+    /// atomic load) unless it is full. A full queue wakes the sealer and waits for it, at
+    /// most [`JournalConfig::queue_wait`], recording the wait in
+    /// [`AUDIT_QUEUE_WAIT`](tower_idempotency_core::metrics::AUDIT_QUEUE_WAIT); past that bound the caller
+    /// seals the queue itself (on the blocking pool, or right here outside a Tokio runtime)
+    /// and counts [`AUDIT_QUEUE_OVERFLOW`](tower_idempotency_core::metrics::AUDIT_QUEUE_OVERFLOW). Either way
+    /// nothing is dropped. Never call it while holding a lock an append needs.
+    pub async fn wait_for_room(&self) {
+        let capacity = self.inner.config.queue_capacity.max(1);
+        if self.inner.queued.load(Ordering::Relaxed) < capacity {
+            return;
+        }
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started + self.inner.config.queue_wait);
+        let timer = tokio::runtime::Handle::try_current().is_ok();
+        loop {
+            let mut notified = std::pin::pin!(self.inner.room.notified());
+            notified.as_mut().enable();
+            if self.inner.queued.load(Ordering::Relaxed) < capacity {
+                break;
+            }
+            self.inner.full.notify_one();
+            let woken = timer && tokio::time::timeout_at(deadline, notified).await.is_ok();
+            if !woken {
+                self.inner.overflows.increment(1);
+                self.seal_here().await;
+                break;
+            }
+        }
+        self.inner
+            .wait_seconds
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    /// Seals on the caller's behalf once the bounded wait ended.
+    async fn seal_here(&self) {
+        let sealed = if tokio::runtime::Handle::try_current().is_ok() {
+            let journal = self.clone();
+            match tokio::task::spawn_blocking(move || journal.seal()).await {
+                Ok(sealed) => sealed.map(drop),
+                Err(err) => {
+                    tracing::warn!(error = %err, "audit journal: sealing panicked");
+                    return;
+                }
+            }
+        } else {
+            self.seal().map(drop)
+        };
+        if let Err(err) = sealed {
+            tracing::warn!(error = %err, "audit journal: sealing failed");
         }
     }
 
@@ -286,11 +430,13 @@ impl Journal {
         let batch = {
             let mut pending = lock(&self.inner.pending);
             let capacity = pending.capacity();
+            self.inner.queued.store(0, Ordering::Relaxed);
             std::mem::replace(&mut *pending, Vec::with_capacity(capacity))
         };
+        self.inner.room.notify_waiters();
         let every = self.inner.config.checkpoint_every.max(1);
-        for event in batch {
-            state.seal_one(event)?;
+        for queued in batch {
+            state.seal_one(queued.build())?;
             if state.tree.size() % every == 0 {
                 state.checkpoint(&self.inner.key)?;
             }
@@ -305,19 +451,20 @@ impl Journal {
     }
 
     /// Seals every `interval` on the current tokio runtime (the file writes run on the
-    /// blocking pool), until the returned task is aborted. Failures are logged and retried.
+    /// blocking pool), and at once whenever a caller finds the queue full, until the
+    /// returned task is aborted. Failures are logged and retried.
     pub fn spawn_sealer(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
         let journal = self.clone();
         tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
             loop {
-                ticks.tick().await;
-                let journal = journal.clone();
-                match tokio::task::spawn_blocking(move || journal.seal()).await {
+                let sealing = journal.clone();
+                match tokio::task::spawn_blocking(move || sealing.seal()).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(err)) => tracing::warn!(error = %err, "audit journal: sealing failed"),
                     Err(err) => tracing::warn!(error = %err, "audit journal: sealer panicked"),
                 }
+                // An interval's rest, cut short by a caller that found the queue full.
+                let _ = tokio::time::timeout(interval, journal.inner.full.notified()).await;
             }
         })
     }
@@ -420,6 +567,27 @@ impl Journal {
             }
         }
         Ok(())
+    }
+}
+
+/// The memory store's sink: [`Journal::append`], [`Journal::append_with`] and
+/// [`Journal::wait_for_room`].
+#[async_trait]
+impl AuditSink for Journal {
+    fn append(&self, event: AuditEvent) {
+        Journal::append(self, event);
+    }
+
+    fn append_with(&self, build: Box<dyn FnOnce() -> AuditEvent + Send>) {
+        self.push(Queued::Deferred(build));
+    }
+
+    fn is_full(&self) -> bool {
+        self.inner.queued.load(Ordering::Relaxed) >= self.inner.config.queue_capacity.max(1)
+    }
+
+    async fn wait_for_room(&self) {
+        Journal::wait_for_room(self).await;
     }
 }
 

@@ -1,7 +1,7 @@
 //! The canonical encoding: every kind round-trips, the bytes are pinned, and anything that is
 //! not exactly an event is refused.
 
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEvent, AuditEventKind, DecodeError, Sha256Hash, decode_event, encode_event, leaf_hash,
     seal_event,
 };

@@ -14,11 +14,11 @@ use serde_json::value::RawValue;
 
 use super::checkpoint::{Checkpoint, CheckpointError, SignedCheckpoint};
 use super::encoding::{DecodeError, EncodeError, decode_canonical, encode_event};
-use super::event::SealedEvent;
 use super::merkle::Sha256Hash;
 use super::note::NoteVerifyingKey;
 use super::proof::{ProofError, verify_inclusion};
-use crate::canonical::canonicalize_json_text;
+use crate::SealedEvent;
+use tower_idempotency_core::canonical::canonicalize_json_text;
 
 /// Why an event proof was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

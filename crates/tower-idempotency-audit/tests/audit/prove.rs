@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     CheckpointError, EventProof, EventProofError, Journal, JournalConfig, NoteError,
     NoteSigningKey, ProofError,
 };

@@ -6,7 +6,7 @@ use std::io::Cursor;
 use std::time::Duration;
 use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore};
 
-use tower_idempotency_core::audit::{
+use tower_idempotency_audit::{
     AuditEventKind, DecisionEvent, Journal, JournalConfig, NoteSigningKey, SealedEvent, Verifier,
 };
 use tower_idempotency_core::{
