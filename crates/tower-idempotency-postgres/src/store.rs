@@ -17,7 +17,6 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 use tower_idempotency_audit::DecisionEvent;
 use tower_idempotency_core::approval::ApprovalCursor;
-use tower_idempotency_core::audit::DecisionEvent;
 use tower_idempotency_core::error::Result;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::{

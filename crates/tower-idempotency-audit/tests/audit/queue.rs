@@ -11,6 +11,7 @@ use tower_idempotency_audit::{
     AuditEventKind, Correlation, DecisionEvent, Journal, JournalConfig, NoteSigningKey, Verifier,
 };
 use tower_idempotency_conformance::reserve_request;
+use tower_idempotency_core::DecisionJournal;
 use tower_idempotency_core::metrics::{AUDIT_QUEUE_OVERFLOW, AUDIT_QUEUE_WAIT};
 use tower_idempotency_core::{
     Fingerprint, IdempotencyKey, MemoryStore, MemoryStoreConfig, Reservation, ReserveRequest,
