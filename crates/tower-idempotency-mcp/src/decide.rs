@@ -27,9 +27,11 @@ use crate::intent::Intent;
 use crate::journal::Decided;
 use crate::jsonrpc::ToolCall;
 use crate::layer::Config;
+use crate::metrics::DecisionLabel;
 use crate::policy::{OnDisconnect, ToolPolicy};
 use crate::{BoxError, McpBody};
 use crate::{attach, attempt};
+use tower_idempotency_core::metrics::StoreOp;
 
 /// Rounds of the decision loop before a call is answered `request-in-progress`: each
 /// round is one reservation, so this bounds the work one call can cause.
@@ -59,7 +61,7 @@ pub(crate) enum Carrier {
 /// store that predates approvals, `500 store-unsupported` for another capability the store
 /// lacks, `429 scope-quota-exceeded` with `Retry-After` for an actor at its quota (as the
 /// HTTP layer answers), `503 store-unavailable` otherwise. The tool is not run.
-pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static str) {
+pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, DecisionLabel) {
     match error {
         StoreError::Unsupported { feature } => {
             tracing::error!(%error, "the idempotency store lacks a capability this tool needs");
@@ -73,7 +75,7 @@ pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static s
                 slug,
                 &format!("the idempotency store does not support {feature}; the tool was not run"),
             );
-            (response, "store_unavailable")
+            (response, DecisionLabel::StoreUnavailable)
         }
         StoreError::ScopeQuotaExceeded { retry_after } => {
             // The HTTP layer's answer to the same refusal: this actor only, nothing stored.
@@ -86,9 +88,9 @@ pub(crate) fn store_failed(error: &StoreError) -> (Response<McpBody>, &'static s
                 http::header::RETRY_AFTER,
                 http::HeaderValue::from(retry_after.as_secs().max(1)),
             );
-            (response, "quota_exceeded")
+            (response, DecisionLabel::QuotaExceeded)
         }
-        _ => (store_unavailable(error), "store_unavailable"),
+        _ => (store_unavailable(error), DecisionLabel::StoreUnavailable),
     }
 }
 
@@ -118,7 +120,7 @@ pub(crate) struct CallContext {
 
 pub(crate) enum Decision {
     /// The layer answers itself; the decision label of the metrics.
-    Answer(Response<McpBody>, &'static str),
+    Answer(Response<McpBody>, DecisionLabel),
     Execute {
         operation: Box<Operation>,
         lease: Lease,
@@ -180,6 +182,7 @@ impl CallContext {
         let body = crate::body::ChannelBody::delivering(
             bytes,
             Arc::clone(&self.config.store),
+            Arc::clone(&self.config.metrics),
             operation.scope.clone(),
             operation.id,
         );
@@ -191,7 +194,12 @@ impl CallContext {
         response
     }
 
-    fn answer(&self, message: &Value, decision: &'static str) -> Result<Decision, StoreError> {
+    /// Awaits one store call, timed in the layer's store metrics.
+    async fn store_call<F: std::future::Future>(&self, operation: StoreOp, call: F) -> F::Output {
+        self.config.metrics.store_call(operation, call).await
+    }
+
+    fn answer(&self, message: &Value, decision: DecisionLabel) -> Result<Decision, StoreError> {
         Ok(Decision::Answer(answer::json_response(message), decision))
     }
 
@@ -199,8 +207,14 @@ impl CallContext {
     /// failure costs the status record one entry, never the answer.
     async fn note_attached(&self, operation: &Operation) {
         let retention = self.policy.retention.max(self.policy.unknown_retention);
-        if let Err(error) =
-            attach::note(&*self.config.store, operation, &self.call.id, retention).await
+        if let Err(error) = attach::note(
+            &*self.config.store,
+            &self.config.metrics.store,
+            operation,
+            &self.call.id,
+            retention,
+        )
+        .await
         {
             tracing::warn!(%error, execution_id = %operation.id, "could not record an attached call");
         }
@@ -221,10 +235,8 @@ impl CallContext {
         let key = self.key();
         for _ in 0..MAX_ROUNDS {
             let replace = last_seen.is_none();
-            match store
-                .reserve(self.reserve_request(key.clone(), false, replace))
-                .await?
-            {
+            let reserving = store.reserve(self.reserve_request(key.clone(), false, replace));
+            match self.store_call(StoreOp::Reserve, reserving).await? {
                 Reservation::Acquired {
                     operation,
                     lease,
@@ -233,7 +245,9 @@ impl CallContext {
                     if self.approval.is_some() && !takeover && operation.approval.is_none() {
                         // A store that predates approvals reserved the key as if no
                         // approval were asked for: never run the tool unapproved.
-                        let _ = store.release(&lease).await;
+                        let _ = self
+                            .store_call(StoreOp::Release, store.release(&lease))
+                            .await;
                         return Err(StoreError::Unsupported {
                             feature: "approvals",
                         });
@@ -261,8 +275,10 @@ impl CallContext {
                         || operation.method != "tools/call"
                     {
                         self.journal(Decided::Conflict, &operation);
-                        return self
-                            .answer(&answer::mismatch(&self.call.id, &operation), "conflict");
+                        return self.answer(
+                            &answer::mismatch(&self.call.id, &operation),
+                            DecisionLabel::Conflict,
+                        );
                     }
                     let approval_expired = operation
                         .approval
@@ -295,7 +311,11 @@ impl CallContext {
                                     self.journal(Decided::Replayed, &operation);
                                     Ok(Decision::Answer(
                                         self.delivering(&message, &operation),
-                                        if attached { "waited" } else { "replayed" },
+                                        if attached {
+                                            DecisionLabel::Waited
+                                        } else {
+                                            DecisionLabel::Replayed
+                                        },
                                     ))
                                 }
                                 None => self.uncertain(Uncertain::OutcomeUnknown, &operation).await,
@@ -316,7 +336,8 @@ impl CallContext {
                             last_seen = Some(operation.clone());
                             // Returns when the execution settles, or when its lease lapses
                             // (before dispatch, the next reservation takes it over).
-                            store.wait(&self.intent.actor, &key, deadline - now).await?;
+                            let waiting = store.wait(&self.intent.actor, &key, deadline - now);
+                            self.store_call(StoreOp::Wait, waiting).await?;
                         }
                         OperationState::AwaitingApproval if !approval_expired => {
                             let decided = Instant::now() < approval_deadline
@@ -348,8 +369,11 @@ impl CallContext {
                             // Never dispatched, or re-execution is safe: take over.
                             if let Reservation::Acquired {
                                 operation, lease, ..
-                            } = store
-                                .reserve(self.reserve_request(key.clone(), true, false))
+                            } = self
+                                .store_call(
+                                    StoreOp::Reserve,
+                                    store.reserve(self.reserve_request(key.clone(), true, false)),
+                                )
                                 .await?
                             {
                                 tracing::info!(
@@ -392,7 +416,8 @@ impl CallContext {
                 return Ok(false);
             }
             tokio::time::sleep((deadline - now).min(APPROVAL_POLL)).await;
-            let current = self.config.store.get(&self.intent.actor, key).await?;
+            let reading = self.config.store.get(&self.intent.actor, key);
+            let current = self.store_call(StoreOp::Get, reading).await?;
             let undecided = current.is_some_and(|operation| {
                 operation.state == OperationState::AwaitingApproval
                     && operation
@@ -421,9 +446,9 @@ impl CallContext {
             self.note_attached(operation).await;
         }
         let decision = match kind {
-            ApprovalRefusal::Required => "approval_required",
-            ApprovalRefusal::Denied => "approval_denied",
-            ApprovalRefusal::Expired => "approval_expired",
+            ApprovalRefusal::Required => DecisionLabel::ApprovalRequired,
+            ApprovalRefusal::Denied => DecisionLabel::ApprovalDenied,
+            ApprovalRefusal::Expired => DecisionLabel::ApprovalExpired,
         };
         self.answer(
             &answer::approval(
@@ -450,8 +475,8 @@ impl CallContext {
         }
         self.note_attached(operation).await;
         let decision = match kind {
-            Uncertain::InProgress => "in_progress",
-            Uncertain::OutcomeUnknown => "unknown",
+            Uncertain::InProgress => DecisionLabel::InProgress,
+            Uncertain::OutcomeUnknown => DecisionLabel::Unknown,
         };
         self.answer(
             &answer::uncertain(
@@ -471,7 +496,7 @@ impl CallContext {
         bytes: Bytes,
         operation: Operation,
         lease: Lease,
-    ) -> Result<(Response<McpBody>, &'static str), S::Error>
+    ) -> Result<(Response<McpBody>, DecisionLabel), S::Error>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
         S::Future: Send + 'static,
@@ -484,7 +509,15 @@ impl CallContext {
         self.journal(Decided::Correlated, &operation);
         let store = Arc::clone(&self.config.store);
         let retention = self.policy.retention.max(self.policy.unknown_retention);
-        if let Err(error) = attempt::note(&*store, &operation, &self.call.id, retention).await {
+        if let Err(error) = attempt::note(
+            &*store,
+            &self.config.metrics.store,
+            &operation,
+            &self.call.id,
+            retention,
+        )
+        .await
+        {
             tracing::warn!(%error, execution_id = %operation.id, "could not record the attempt's JSON-RPC id");
         }
         let execution = Execution::new(
@@ -518,14 +551,15 @@ impl CallContext {
             id: self.call.id.clone(),
             execution,
             store,
+            metrics: Arc::clone(&self.config.metrics),
             on_disconnect: self.policy.on_disconnect,
             response_limit: self.config.response_limit,
             inflight,
         };
         let decision = if operation.attempts > 1 {
-            "re_executed"
+            DecisionLabel::ReExecuted
         } else {
-            "executed"
+            DecisionLabel::Executed
         };
         Ok((drive(inner, request, run).await?, decision))
     }

@@ -11,6 +11,7 @@ use tower::Layer;
 use tower_idempotency_core::{FingerprintKey, Fingerprinter, Scope, Store};
 
 use crate::inflight::Inflight;
+use crate::metrics::McpMetrics;
 use crate::policy::ToolPolicy;
 use crate::service::McpIdempotency;
 
@@ -35,6 +36,8 @@ pub(crate) struct Config {
     pub(crate) response_limit: usize,
     pub(crate) key_header: HeaderName,
     pub(crate) inflight: Arc<Inflight>,
+    /// The metric handles, resolved when the layer wraps a service.
+    pub(crate) metrics: Arc<McpMetrics>,
 }
 
 impl Config {
@@ -95,6 +98,7 @@ impl McpIdempotencyLayer {
                 response_limit: 16 * 1024 * 1024,
                 key_header: HeaderName::from_static("idempotency-key"),
                 inflight: Arc::default(),
+                metrics: Arc::default(),
             },
         }
     }
@@ -192,7 +196,8 @@ impl<S> Layer<S> for McpIdempotencyLayer {
     type Service = McpIdempotency<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        crate::metrics::register(&self.config);
-        McpIdempotency::new(inner, Arc::new(self.config.clone()))
+        let mut config = self.config.clone();
+        config.metrics = Arc::new(McpMetrics::new(&config));
+        McpIdempotency::new(inner, Arc::new(config))
     }
 }

@@ -19,7 +19,7 @@ use tower_idempotency_core::{
 use crate::config::Shared;
 use crate::policy::{CommandRejection, RoutePolicy};
 use crate::problem::Rejection;
-use crate::telemetry::store_call;
+use crate::telemetry::{StoreOp, store_call};
 
 /// How often a retry that waits for a decision reads the record again.
 const DECISION_POLL: Duration = Duration::from_millis(200);
@@ -158,7 +158,13 @@ pub(crate) async fn wait_for_decision(
             return Err(refusal(shared, &operation));
         }
         tokio::time::sleep(remaining.min(DECISION_POLL)).await;
-        match store_call("get", shared.store.get(&request.scope, &request.key)).await {
+        match store_call(
+            shared.metrics(),
+            StoreOp::Get,
+            shared.store.get(&request.scope, &request.key),
+        )
+        .await
+        {
             Ok(Some(current)) if current.id == operation.id => operation = current,
             // Gone (purged) or replaced: the store decides afresh.
             Ok(_) => return Ok(()),

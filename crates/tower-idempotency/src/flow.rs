@@ -42,7 +42,7 @@ use crate::problem::Rejection;
 use crate::record::Sink;
 use crate::refusal::refuse;
 use crate::request_fingerprint::fingerprint;
-use crate::telemetry::{self, Decision, Tally, store_call};
+use crate::telemetry::{self, Decision, StoreOp, Tally, store_call};
 
 pub(crate) async fn run<S, B, ResB>(
     shared: Arc<Shared>,
@@ -89,9 +89,7 @@ where
         decision = field::Empty,
         store_ms = field::Empty,
     );
-    let tally = Tally::new(&parts.method, &route, || {
-        shared.policy_for(&parts.method, &route).approval.is_some()
-    });
+    let tally = Tally::new(&shared, &parts.method, &route);
     let guarded = guarded(shared, inner, parts, body, route, tally.clone());
     tally.scope(guarded).instrument(span).await
 }
@@ -547,8 +545,12 @@ async fn reserve_transaction(
     request: &ReserveRequest,
 ) -> Result<Reserved, NotReserved> {
     let asked = Instant::now();
-    let reservation =
-        store_call("reserve", shared.store.reserve_transaction(request.clone())).await;
+    let reservation = store_call(
+        shared.metrics(),
+        StoreOp::Reserve,
+        shared.store.reserve_transaction(request.clone()),
+    )
+    .await;
     Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
     match reservation {
         Ok(TransactionalReservation::Acquired {
@@ -599,7 +601,12 @@ async fn reserve(
     request: &ReserveRequest,
 ) -> Result<Reservation, NotReserved> {
     let asked = Instant::now();
-    let reservation = store_call("reserve", shared.store.reserve(request.clone())).await;
+    let reservation = store_call(
+        shared.metrics(),
+        StoreOp::Reserve,
+        shared.store.reserve(request.clone()),
+    )
+    .await;
     Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
     // Never fail open for a command that needs approval: unprotected, nothing would check it.
     let store_failure = if request.approval.is_some() {
@@ -745,7 +752,7 @@ async fn wait_for(
         return Err(in_progress(operation, policy.lease));
     }
     let waiting = shared.store.wait(&request.scope, &request.key, remaining);
-    match store_call("wait", waiting).await {
+    match store_call(shared.metrics(), StoreOp::Wait, waiting).await {
         Ok(Some(current))
             if current.state == OperationState::InProgress && Instant::now() >= deadline =>
         {

@@ -55,6 +55,9 @@ pub(super) struct Inner {
     pub(super) clock: Clock,
     /// Where state changes and decisions are journaled, when the store journals.
     pub(super) journal: Option<crate::audit::Journal>,
+    /// [`PURGE_DELETED`](crate::metrics::PURGE_DELETED) of this store, resolved when it
+    /// was made.
+    pub(super) purge_deleted: metrics::Counter,
 }
 
 impl Default for Inner {
@@ -144,7 +147,6 @@ pub(super) const SHARED_NAMES: usize = 32;
 
 impl Inner {
     pub(super) fn new(config: MemoryStoreConfig) -> Self {
-        crate::metrics::register_purge_counter("memory");
         let shards = config.shards.clamp(1, MAX_SHARDS);
         Self {
             capacity: config.capacity,
@@ -160,6 +162,7 @@ impl Inner {
             hasher: RandomState::new(),
             clock: Clock::now(),
             journal: None,
+            purge_deleted: crate::metrics::register_purge_counter("memory"),
         }
     }
 

@@ -257,8 +257,7 @@ impl Store for MemoryStore {
 
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
         let deleted = self.inner.purge(batch);
-        metrics::counter!(crate::metrics::PURGE_DELETED, crate::metrics::STORE => "memory")
-            .increment(deleted as u64);
+        self.inner.purge_deleted.increment(deleted as u64);
         Ok(deleted)
     }
 }
