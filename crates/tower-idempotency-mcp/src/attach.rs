@@ -65,7 +65,7 @@ async fn write_once(
             Reservation::Acquired { lease, .. } => {
                 let response = StoredResponse {
                     status: 200,
-                    headers: Vec::new(),
+                    headers: Default::default(),
                     body: Some(body),
                 };
                 metrics

@@ -53,7 +53,7 @@ pub(crate) async fn note(
         Reservation::Acquired { lease, .. } => {
             let response = StoredResponse {
                 status: 204,
-                headers: Vec::new(),
+                headers: Default::default(),
                 body: Some(Bytes::from(
                     serde_json::to_vec(jsonrpc_id).unwrap_or_default(),
                 )),

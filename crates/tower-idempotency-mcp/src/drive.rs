@@ -321,7 +321,7 @@ impl Task {
     async fn complete(&mut self, message: Value) -> (Bytes, bool) {
         let stored = StoredResponse {
             status: 200,
-            headers: vec![
+            headers: StoredResponse::header_map([
                 (
                     STORED_ID_HEADER.to_owned(),
                     Bytes::from(serde_json::to_vec(&self.id).unwrap_or_default()),
@@ -330,7 +330,7 @@ impl Task {
                     header::CONTENT_TYPE.as_str().to_owned(),
                     Bytes::from_static(b"application/json"),
                 ),
-            ],
+            ]),
             body: Some(Bytes::from(
                 serde_json::to_vec(&message).unwrap_or_default(),
             )),

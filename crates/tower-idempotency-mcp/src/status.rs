@@ -121,13 +121,8 @@ pub(crate) async fn record(
     let answered = operation
         .response
         .as_ref()
-        .and_then(|response| {
-            response
-                .headers
-                .iter()
-                .find(|(name, _)| name == STORED_ID_HEADER)
-        })
-        .and_then(|(_, value)| serde_json::from_slice::<Value>(value).ok());
+        .and_then(|response| response.headers.get(STORED_ID_HEADER))
+        .and_then(|value| serde_json::from_slice::<Value>(value.as_bytes()).ok());
     if let Some(id) = answered.filter(|id| !jsonrpc_ids.contains(id)) {
         jsonrpc_ids.push(id);
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
+use http::{HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::audit::AuditEventKind;
@@ -830,20 +830,12 @@ fn replay<ResB: Body>(
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let headers = response.headers_mut();
-    for (name, value) in stored.headers {
-        if name == SEALED_WITH.as_str() {
-            continue;
-        }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::try_from(name),
-            HeaderValue::from_maybe_shared(value),
-        ) {
-            headers.append(name, value);
-        }
-    }
+    // The stored map as it is: its values share their bytes with the record.
+    let mut headers = stored.headers;
+    headers.remove(SEALED_WITH);
     headers.insert(OPERATION_ID, operation_id_header(operation.id));
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    *response.headers_mut() = headers;
     Ok(response)
 }
 

@@ -128,10 +128,10 @@ fn summary_len(summary: &serde_json::Value) -> usize {
 }
 
 /// The bytes stored headers add to their record.
-pub(super) fn headers_bytes(headers: &[(String, bytes::Bytes)]) -> u64 {
+pub(super) fn headers_bytes(headers: &Headers) -> u64 {
     headers
         .iter()
-        .map(|(name, value)| HEADER_OVERHEAD + (name.len() + value.len()) as u64)
+        .map(|(name, value)| HEADER_OVERHEAD + (name.as_str().len() + value.len()) as u64)
         .sum()
 }
 

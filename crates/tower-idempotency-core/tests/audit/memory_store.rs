@@ -39,7 +39,7 @@ fn request(key: &str) -> ReserveRequest {
 fn response() -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: Vec::new(),
+        headers: Default::default(),
         body: None,
     }
 }
