@@ -210,7 +210,7 @@ async fn with_unnamed_statements_the_quota_checks_pass_through_pgbouncer() {
 fn response(body: &'static str) -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: Vec::new(),
+        headers: Default::default(),
         body: Some(bytes::Bytes::from_static(body.as_bytes())),
     }
 }

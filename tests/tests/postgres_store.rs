@@ -37,14 +37,14 @@ fn request(scope: &Scope, key: &str, fingerprint: &str) -> ReserveRequest {
 fn response(body: &str) -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: vec![
+        headers: StoredResponse::header_map([
             (
                 "content-type".to_owned(),
                 Bytes::from_static(b"application/json"),
             ),
             // Header values need not be UTF-8; the store keeps raw bytes.
             ("x-raw".to_owned(), Bytes::from_static(b"\xff\x00ok")),
-        ],
+        ]),
         body: Some(Bytes::from(body.to_owned())),
     }
 }
@@ -478,11 +478,11 @@ async fn bodies_and_headers_round_trip_exactly() {
     let body: Vec<u8> = (0..=255u8).cycle().take(200_000).collect();
     let stored = StoredResponse {
         status: 202,
-        headers: vec![
+        headers: StoredResponse::header_map([
             ("a".to_owned(), Bytes::from_static(b"1")),
             ("a".to_owned(), Bytes::from_static(b"2")),
             ("empty".to_owned(), Bytes::new()),
-        ],
+        ]),
         body: Some(Bytes::from(body)),
     };
     let Reservation::Acquired { lease, .. } = store
@@ -503,7 +503,7 @@ async fn bodies_and_headers_round_trip_exactly() {
     // A response whose body was not kept stays "not replayable", not an empty body.
     let unkept = StoredResponse {
         status: 200,
-        headers: Vec::new(),
+        headers: Default::default(),
         body: None,
     };
     let Reservation::Acquired { lease, .. } = store

@@ -41,7 +41,7 @@ fn request(scope: &Scope, key: &str) -> ReserveRequest {
 fn response() -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: Vec::new(),
+        headers: Default::default(),
         body: Some(bytes::Bytes::from_static(b"{}")),
     }
 }

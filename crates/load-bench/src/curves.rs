@@ -320,10 +320,10 @@ fn request(scope: &Scope, key: &str, i: u64) -> Result<ReserveRequest, String> {
 fn response() -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: vec![(
+        headers: StoredResponse::header_map([(
             "content-type".to_owned(),
             bytes::Bytes::from_static(b"application/json"),
-        )],
+        )]),
         body: Some(bytes::Bytes::from(vec![b'x'; 200])),
     }
 }

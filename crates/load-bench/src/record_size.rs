@@ -65,10 +65,10 @@ pub async fn measure(records: usize, body_bytes: usize) -> Result<RecordSize, St
         };
         let response = StoredResponse {
             status: 201,
-            headers: vec![(
+            headers: StoredResponse::header_map([(
                 "content-type".to_owned(),
                 Bytes::from_static(b"application/json"),
-            )],
+            )]),
             body: Some(Bytes::from(template.clone())),
         };
         // As the layer stores a result: the record is not read back.

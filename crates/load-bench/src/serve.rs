@@ -173,10 +173,10 @@ async fn fill(store: &MemoryStore, records: usize) -> Result<(), Failure> {
         };
         let response = StoredResponse {
             status: 201,
-            headers: vec![(
+            headers: StoredResponse::header_map([(
                 "content-type".to_owned(),
                 bytes::Bytes::from_static(b"application/json"),
-            )],
+            )]),
             body: Some(body.clone()),
         };
         store.complete(&lease, response).await?;

@@ -152,7 +152,7 @@ pub fn reserve_request(
 pub(super) fn response(tag: &str) -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: vec![
+        headers: StoredResponse::header_map([
             (
                 "content-type".to_owned(),
                 Bytes::from_static(b"application/json"),
@@ -161,7 +161,7 @@ pub(super) fn response(tag: &str) -> StoredResponse {
                 "location".to_owned(),
                 Bytes::from(format!("/conformance/{tag}")),
             ),
-        ],
+        ]),
         body: Some(Bytes::from(format!(r#"{{"tag":"{tag}"}}"#))),
     }
 }

@@ -123,7 +123,7 @@ pub async fn quota_counts_stored_bytes<S: Store>(store: &S) {
     let (_, lease) = acquire(CHECK, store, first.clone()).await;
     let big = StoredResponse {
         status: 201,
-        headers: vec![],
+        headers: Default::default(),
         body: Some(Bytes::from(vec![b'x'; BIG_BODY])),
     };
     must(

@@ -47,7 +47,7 @@ fn request(key: &str) -> ReserveRequest {
 fn response() -> StoredResponse {
     StoredResponse {
         status: 200,
-        headers: vec![],
+        headers: Default::default(),
         body: Some(Bytes::from_static(b"ok")),
     }
 }

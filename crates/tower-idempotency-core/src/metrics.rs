@@ -59,9 +59,11 @@ pub const PURGE_DELETED: &str = "idempotency.purge.deleted";
 /// Registers [`PURGE_DELETED`] of the store kind `store` (its [`STORE`] label) at zero, so
 /// that the series is exported from the first scrape, before anything expired. A store
 /// calls it when it is made (the memory and PostgreSQL stores do); registering twice
-/// changes nothing.
-pub fn register_purge_counter(store: &'static str) {
-    metrics::counter!(PURGE_DELETED, STORE => store).increment(0);
+/// changes nothing. The counter's handle is returned, for the store to count through.
+pub fn register_purge_counter(store: &'static str) -> metrics::Counter {
+    let counter = metrics::counter!(PURGE_DELETED, STORE => store);
+    counter.increment(0);
+    counter
 }
 
 /// Counter: outbox messages delivered.
@@ -112,3 +114,7 @@ pub fn register_audit_queue(store: &'static str) -> (metrics::Histogram, metrics
         overflows,
     )
 }
+
+mod handles;
+
+pub use handles::{Decision, DecisionMetrics, GaugeGuard, StoreMetrics, StoreOp, gauge};

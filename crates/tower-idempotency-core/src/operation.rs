@@ -150,12 +150,34 @@ impl FromStr for OperationState {
 pub struct StoredResponse {
     /// HTTP status code.
     pub status: u16,
-    /// Headers kept for replay (already filtered: never `Set-Cookie` or hop-by-hop), as
-    /// lowercase name and raw value.
-    pub headers: Vec<(String, Bytes)>,
+    /// Headers kept for replay (already filtered: never `Set-Cookie` or hop-by-hop), ready
+    /// to answer with: a replay clones the map, whose values share their bytes.
+    pub headers: http::HeaderMap,
     /// The body bytes, or `None` when the body was not kept (it exceeded the response
     /// buffer limit or streamed without end); such an operation cannot be replayed.
     pub body: Option<Bytes>,
+}
+
+impl StoredResponse {
+    /// A header map of `(name, value)` pairs, in their order, sharing the values' bytes; a
+    /// pair whose name or value is not a valid header is left out (as a replay leaves it
+    /// out). For stores that keep headers as names and raw values.
+    pub fn header_map<N, V>(pairs: impl IntoIterator<Item = (N, V)>) -> http::HeaderMap
+    where
+        N: AsRef<str>,
+        V: Into<Bytes>,
+    {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in pairs {
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_ref().as_bytes()),
+                http::HeaderValue::from_maybe_shared(value.into()),
+            ) {
+                map.append(name, value);
+            }
+        }
+        map
+    }
 }
 
 /// The record of one operation.

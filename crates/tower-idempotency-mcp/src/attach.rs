@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
+use tower_idempotency_core::metrics::{StoreMetrics, StoreOp};
 use tower_idempotency_core::{
     Operation, OperationState, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
 };
@@ -50,28 +51,37 @@ fn request(
 /// the store reported, `None` when this call created the record.
 async fn write_once(
     store: &dyn Store,
+    metrics: &StoreMetrics,
     request: ReserveRequest,
     body: Bytes,
 ) -> Result<Option<u64>, StoreError> {
     // A record another call is creating right now is completed by it in one step; wait
     // for that instead of counting a replay that did not happen.
     for _ in 0..4 {
-        match store.reserve(request.clone()).await? {
+        match metrics
+            .time(StoreOp::Reserve, store.reserve(request.clone()))
+            .await?
+        {
             Reservation::Acquired { lease, .. } => {
                 let response = StoredResponse {
                     status: 200,
-                    headers: Vec::new(),
+                    headers: Default::default(),
                     body: Some(body),
                 };
-                store.complete(&lease, response).await?;
+                metrics
+                    .time(StoreOp::Complete, store.complete(&lease, response))
+                    .await?;
                 return Ok(None);
             }
             Reservation::Existing(record) if record.state == OperationState::Completed => {
                 return Ok(Some(record.replays));
             }
             Reservation::Existing(_) | Reservation::ApprovalRequested(_) => {
-                store
-                    .wait(&request.scope, &request.key, Duration::from_millis(500))
+                metrics
+                    .time(
+                        StoreOp::Wait,
+                        store.wait(&request.scope, &request.key, Duration::from_millis(500)),
+                    )
                     .await?;
             }
         }
@@ -86,19 +96,25 @@ async fn write_once(
 /// among the first [`MAX_IDS`].
 pub(crate) async fn note(
     store: &dyn Store,
+    metrics: &StoreMetrics,
     operation: &Operation,
     jsonrpc_id: &Value,
     retention: Duration,
 ) -> Result<(), StoreError> {
     let counter = request(operation, attach_counter_key(operation.id), retention);
-    let mut n = write_once(store, counter, Bytes::new()).await?.unwrap_or(0);
+    let mut n = write_once(store, metrics, counter, Bytes::new())
+        .await?
+        .unwrap_or(0);
     // The count may lag behind concurrent calls (a store may count replays in the
     // background, as PostgreSQL does), so the number is where the search for a free slot
     // starts, not the slot itself: the first slot this call creates is its own.
     let id = Bytes::from(serde_json::to_vec(jsonrpc_id).unwrap_or_default());
     while n < MAX_IDS {
         let slot = request(operation, attach_slot_key(operation.id, n), retention);
-        if write_once(store, slot, id.clone()).await?.is_none() {
+        if write_once(store, metrics, slot, id.clone())
+            .await?
+            .is_none()
+        {
             break;
         }
         n += 1;
@@ -110,10 +126,14 @@ pub(crate) async fn note(
 /// [`MAX_IDS`] of them, in order.
 pub(crate) async fn read(
     store: &dyn Store,
+    metrics: &StoreMetrics,
     operation: &Operation,
 ) -> Result<(u64, Vec<Value>), StoreError> {
-    let Some(counter) = store
-        .get(&operation.scope, &attach_counter_key(operation.id))
+    let Some(counter) = metrics
+        .time(
+            StoreOp::Get,
+            store.get(&operation.scope, &attach_counter_key(operation.id)),
+        )
         .await?
     else {
         return Ok((0, Vec::new()));
@@ -123,8 +143,11 @@ pub(crate) async fn read(
     let counted = counter.replays + 1;
     let mut ids = Vec::new();
     for n in 0..MAX_IDS {
-        let Some(slot) = store
-            .get(&operation.scope, &attach_slot_key(operation.id, n))
+        let Some(slot) = metrics
+            .time(
+                StoreOp::Get,
+                store.get(&operation.scope, &attach_slot_key(operation.id, n)),
+            )
             .await?
         else {
             if n >= counted {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
+use tower_idempotency_core::metrics::{StoreMetrics, StoreOp};
 use tower_idempotency_core::{
     Operation, Reservation, ReserveRequest, Store, StoreError, StoredResponse,
 };
@@ -26,6 +27,7 @@ const MAX_ATTEMPT_IDS: u32 = 16;
 /// Records that attempt `operation.attempts` of `operation` answers `jsonrpc_id`.
 pub(crate) async fn note(
     store: &dyn Store,
+    metrics: &StoreMetrics,
     operation: &Operation,
     jsonrpc_id: &Value,
     retention: Duration,
@@ -44,16 +46,21 @@ pub(crate) async fn note(
         approval: None,
         replace_delivered: None,
     };
-    match store.reserve(request).await? {
+    match metrics
+        .time(StoreOp::Reserve, store.reserve(request))
+        .await?
+    {
         Reservation::Acquired { lease, .. } => {
             let response = StoredResponse {
                 status: 204,
-                headers: Vec::new(),
+                headers: Default::default(),
                 body: Some(Bytes::from(
                     serde_json::to_vec(jsonrpc_id).unwrap_or_default(),
                 )),
             };
-            store.complete(&lease, response).await?;
+            metrics
+                .time(StoreOp::Complete, store.complete(&lease, response))
+                .await?;
         }
         // Written once per attempt: an attempt is only handed over once.
         Reservation::Existing(_) | Reservation::ApprovalRequested(_) => {}
@@ -65,6 +72,7 @@ pub(crate) async fn note(
 /// first (the latest [`MAX_ATTEMPT_IDS`] attempts).
 pub(crate) async fn ids(
     store: &dyn Store,
+    metrics: &StoreMetrics,
     operation: &Operation,
 ) -> Result<Vec<Value>, StoreError> {
     if operation.attempts == 0 {
@@ -76,8 +84,11 @@ pub(crate) async fn ids(
         .max(1);
     let mut ids = Vec::new();
     for attempt in first..=operation.attempts {
-        let record = store
-            .get(&operation.scope, &attempt_key(operation.id, attempt))
+        let record = metrics
+            .time(
+                StoreOp::Get,
+                store.get(&operation.scope, &attempt_key(operation.id, attempt)),
+            )
             .await?;
         if let Some(id) = record
             .and_then(|record| record.response)

@@ -9,7 +9,10 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame};
 use tokio::sync::{mpsc, oneshot};
+use tower_idempotency_core::metrics::StoreOp;
 use tower_idempotency_core::{OperationId, Scope, Store};
+
+use crate::metrics::McpMetrics;
 
 /// One chunk for the client, and whether handing it over completes delivery.
 #[derive(Debug)]
@@ -23,6 +26,7 @@ pub(crate) struct Chunk {
 pub(crate) struct ChannelBody {
     pub(crate) chunks: mpsc::Receiver<Chunk>,
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) metrics: Arc<McpMetrics>,
     pub(crate) scope: Scope,
     pub(crate) _guard: oneshot::Sender<()>,
 }
@@ -39,8 +43,11 @@ impl Body for ChannelBody {
             Poll::Ready(Some(chunk)) => {
                 if let Some(id) = chunk.delivers {
                     let (store, scope) = (Arc::clone(&self.store), self.scope.clone());
+                    let metrics = Arc::clone(&self.metrics);
                     tokio::spawn(async move {
-                        if let Err(error) = store.mark_delivered(&scope, id).await {
+                        let marked = store.mark_delivered(&scope, id);
+                        if let Err(error) = metrics.store_call(StoreOp::MarkDelivered, marked).await
+                        {
                             tracing::warn!(%error, execution_id = %id, "could not record delivery");
                         }
                     });
@@ -59,6 +66,7 @@ impl ChannelBody {
     pub(crate) fn delivering(
         bytes: Bytes,
         store: Arc<dyn Store>,
+        metrics: Arc<McpMetrics>,
         scope: Scope,
         id: OperationId,
     ) -> Self {
@@ -72,6 +80,7 @@ impl ChannelBody {
         Self {
             chunks,
             store,
+            metrics,
             scope,
             _guard: guard,
         }

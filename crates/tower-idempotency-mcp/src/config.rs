@@ -37,6 +37,8 @@ pub(crate) struct Config {
     pub(crate) response_limit: usize,
     pub(crate) key_header: HeaderName,
     pub(crate) inflight: Arc<Inflight>,
+    /// The metric handles, resolved when the layer wraps a service.
+    pub(crate) metrics: Arc<crate::metrics::McpMetrics>,
 }
 
 impl Config {

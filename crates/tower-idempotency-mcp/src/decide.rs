@@ -31,6 +31,7 @@ use crate::inflight::Caller;
 use crate::intent::Intent;
 use crate::jsonrpc::ToolCall;
 use crate::layer::Config;
+use crate::metrics::DecisionLabel;
 use crate::policy::{OnDisconnect, ToolPolicy};
 use crate::{BoxError, McpBody};
 use crate::{attach, attempt};
@@ -46,7 +47,7 @@ pub(crate) enum Carrier {
 /// label: `500 approvals-unsupported` for a store that ignored an approval, `429
 /// scope-quota-exceeded` with `Retry-After` for an actor at its quota (as the HTTP layer
 /// answers), `503 store-unavailable` otherwise. The tool is not run.
-pub(crate) fn store_refusal(refusal: &Refusal) -> (Response<McpBody>, &'static str) {
+pub(crate) fn store_refusal(refusal: &Refusal) -> (Response<McpBody>, DecisionLabel) {
     let (status, detail) = match refusal {
         Refusal::ApprovalsUnsupported => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -93,7 +94,7 @@ pub(crate) struct CallContext {
 
 pub(crate) enum Decision {
     /// The layer answers itself; the decision label of the metrics.
-    Answer(Response<McpBody>, &'static str),
+    Answer(Response<McpBody>, DecisionLabel),
     Execute {
         operation: Box<Operation>,
         lease: Lease,
@@ -153,6 +154,7 @@ impl CallContext {
         let body = crate::body::ChannelBody::delivering(
             bytes,
             Arc::clone(&self.config.store),
+            Arc::clone(&self.config.metrics),
             operation.scope.clone(),
             operation.id,
         );
@@ -168,8 +170,14 @@ impl CallContext {
     /// failure costs the status record one entry, never the answer.
     async fn note_attached(&self, operation: &Operation) {
         let retention = self.policy.retention.max(self.policy.unknown_retention);
-        if let Err(error) =
-            attach::note(&*self.config.store, operation, &self.call.id, retention).await
+        if let Err(error) = attach::note(
+            &*self.config.store,
+            &self.config.metrics.store,
+            operation,
+            &self.call.id,
+            retention,
+        )
+        .await
         {
             tracing::warn!(%error, execution_id = %operation.id, "could not record an attached call");
         }
@@ -180,7 +188,10 @@ impl CallContext {
     pub(crate) async fn decide(&self, attempt: &mut Attempt) -> Decision {
         let engine = &self.config.engine;
         loop {
-            let operation = match engine.reserve(attempt, ReserveMode::default()).await {
+            let operation = match engine
+                .reserve(attempt, ReserveMode::default(), &self.config.metrics.store)
+                .await
+            {
                 Ok(Reserved::Acquired(Acquired {
                     operation,
                     lease,
@@ -210,7 +221,10 @@ impl CallContext {
                 }
                 Err(NotReserved::Refused(refusal)) => return self.refused(refusal, attempt).await,
             };
-            match engine.settle(attempt, *operation).await {
+            match engine
+                .settle(attempt, *operation, &self.config.metrics.store)
+                .await
+            {
                 Next::Replay { operation, waited } => {
                     tracing::info!(
                         execution_id = %operation.id,
@@ -225,7 +239,11 @@ impl CallContext {
                             engine.replayed(attempt, operation.id);
                             Decision::Answer(
                                 self.delivering(&message, &operation),
-                                if waited { "waited" } else { "replayed" },
+                                if waited {
+                                    DecisionLabel::Waited
+                                } else {
+                                    DecisionLabel::Replayed
+                                },
                             )
                         }
                         None => self.uncertain(Uncertain::OutcomeUnknown, &operation).await,
@@ -241,7 +259,7 @@ impl CallContext {
         match refusal {
             Refusal::Conflict(operation) => Decision::Answer(
                 answer::json_response(&answer::mismatch(&self.call.id, &operation)),
-                "conflict",
+                DecisionLabel::Conflict,
             ),
             Refusal::InProgress { operation, .. } => {
                 self.uncertain(Uncertain::InProgress, &operation).await
@@ -286,9 +304,9 @@ impl CallContext {
             self.note_attached(operation).await;
         }
         let decision = match kind {
-            ApprovalRefusal::Required => "approval_required",
-            ApprovalRefusal::Denied => "approval_denied",
-            ApprovalRefusal::Expired => "approval_expired",
+            ApprovalRefusal::Required => DecisionLabel::ApprovalRequired,
+            ApprovalRefusal::Denied => DecisionLabel::ApprovalDenied,
+            ApprovalRefusal::Expired => DecisionLabel::ApprovalExpired,
         };
         let message = answer::approval(
             &self.call.id,
@@ -308,8 +326,8 @@ impl CallContext {
     async fn uncertain(&self, kind: Uncertain, operation: &Operation) -> Decision {
         self.note_attached(operation).await;
         let decision = match kind {
-            Uncertain::InProgress => "in_progress",
-            Uncertain::OutcomeUnknown => "unknown",
+            Uncertain::InProgress => DecisionLabel::InProgress,
+            Uncertain::OutcomeUnknown => DecisionLabel::Unknown,
         };
         let message = answer::uncertain(
             &self.call.id,
@@ -328,7 +346,7 @@ impl CallContext {
         bytes: Bytes,
         operation: Operation,
         lease: Lease,
-    ) -> Result<(Response<McpBody>, &'static str), S::Error>
+    ) -> Result<(Response<McpBody>, DecisionLabel), S::Error>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
         S::Future: Send + 'static,
@@ -341,7 +359,15 @@ impl CallContext {
         self.config.engine.correlated(attempt, &operation);
         let store = Arc::clone(&self.config.store);
         let retention = self.policy.retention.max(self.policy.unknown_retention);
-        if let Err(error) = attempt::note(&*store, &operation, &self.call.id, retention).await {
+        if let Err(error) = attempt::note(
+            &*store,
+            &self.config.metrics.store,
+            &operation,
+            &self.call.id,
+            retention,
+        )
+        .await
+        {
             tracing::warn!(%error, execution_id = %operation.id, "could not record the attempt's JSON-RPC id");
         }
         let execution = Execution::new(
@@ -375,14 +401,15 @@ impl CallContext {
             id: self.call.id.clone(),
             execution,
             store,
+            metrics: Arc::clone(&self.config.metrics),
             on_disconnect: self.policy.on_disconnect,
             response_limit: self.config.response_limit,
             inflight,
         };
         let decision = if operation.attempts > 1 {
-            "re_executed"
+            DecisionLabel::ReExecuted
         } else {
-            "executed"
+            DecisionLabel::Executed
         };
         Ok((drive(inner, request, run).await?, decision))
     }

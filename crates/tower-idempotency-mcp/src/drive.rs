@@ -16,12 +16,14 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tower::{Service, ServiceExt};
+use tower_idempotency_core::metrics::{GaugeGuard, StoreOp};
 use tower_idempotency_core::{Execution, Store, StoreError, StoredResponse};
 
 use crate::answer::{self, execution_member, with_execution};
 use crate::body::{ChannelBody, Chunk};
 use crate::inflight::InflightGuard;
 use crate::jsonrpc::is_response_to;
+use crate::metrics::McpMetrics;
 use crate::policy::OnDisconnect;
 use crate::sse::EventReader;
 use crate::{BoxError, McpBody};
@@ -60,6 +62,7 @@ pub(crate) struct Run {
     pub(crate) id: Value,
     pub(crate) execution: Execution,
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) metrics: Arc<McpMetrics>,
     pub(crate) on_disconnect: OnDisconnect,
     pub(crate) response_limit: usize,
     pub(crate) inflight: Option<InflightGuard>,
@@ -81,6 +84,7 @@ where
         id,
         execution,
         store,
+        metrics,
         on_disconnect,
         response_limit,
         inflight,
@@ -98,7 +102,8 @@ where
         cancel: on_disconnect == OnDisconnect::Cancel,
         response_limit,
         _inflight: inflight,
-        _gauge: crate::metrics::InFlight::enter(),
+        _gauge: metrics.in_flight(),
+        metrics: Arc::clone(&metrics),
     };
     tokio::spawn(task.run(inner, request, head_tx));
     match head_rx.await {
@@ -106,6 +111,7 @@ where
             let body = ChannelBody {
                 chunks: chunks_rx,
                 store,
+                metrics,
                 scope,
                 _guard: guard,
             };
@@ -129,6 +135,8 @@ struct Task {
     id: Value,
     execution: Execution,
     store: Arc<dyn Store>,
+    /// The layer's metric handles: the store calls are timed there.
+    metrics: Arc<McpMetrics>,
     chunks: mpsc::Sender<Chunk>,
     gone: oneshot::Receiver<()>,
     cancel: bool,
@@ -136,7 +144,7 @@ struct Task {
     /// Held until the task ends: the call counts as running for cancellation signals.
     _inflight: Option<InflightGuard>,
     /// Held until the task ends: the in-flight gauge.
-    _gauge: crate::metrics::InFlight,
+    _gauge: GaugeGuard,
 }
 
 impl Task {
@@ -313,7 +321,7 @@ impl Task {
     async fn complete(&mut self, message: Value) -> (Bytes, bool) {
         let stored = StoredResponse {
             status: 200,
-            headers: vec![
+            headers: StoredResponse::header_map([
                 (
                     STORED_ID_HEADER.to_owned(),
                     Bytes::from(serde_json::to_vec(&self.id).unwrap_or_default()),
@@ -322,12 +330,14 @@ impl Task {
                     header::CONTENT_TYPE.as_str().to_owned(),
                     Bytes::from_static(b"application/json"),
                 ),
-            ],
+            ]),
             body: Some(Bytes::from(
                 serde_json::to_vec(&message).unwrap_or_default(),
             )),
         };
-        let (state, delivers) = match self.store.complete(self.execution.lease(), stored).await {
+        let completing = self.store.complete(self.execution.lease(), stored);
+        let completed = self.metrics.store_call(StoreOp::Complete, completing).await;
+        let (state, delivers) = match completed {
             Ok(_) => ("completed", true),
             Err(StoreError::LeaseLost { .. }) => {
                 tracing::warn!(execution_id = %self.execution.id(), "the result came after the lease was lost");
@@ -352,10 +362,12 @@ impl Task {
         let lease = self.execution.lease();
         let result = if self.execution.is_dispatched() {
             tracing::warn!(execution_id = %self.execution.id(), why, "execution ended after dispatch without a result: outcome unknown");
-            self.store.abandon(lease).await
+            let abandoning = self.store.abandon(lease);
+            self.metrics.store_call(StoreOp::Abandon, abandoning).await
         } else {
             tracing::info!(execution_id = %self.execution.id(), why, "execution ended before dispatch: released");
-            self.store.release(lease).await
+            let releasing = self.store.release(lease);
+            self.metrics.store_call(StoreOp::Release, releasing).await
         };
         if let Err(error) = result {
             tracing::warn!(%error, execution_id = %self.execution.id(), "could not settle the execution");
@@ -370,7 +382,8 @@ impl Task {
             self.settle_without_result("the client went away").await;
             return;
         };
-        match marks.cancel(self.execution.lease()).await {
+        let cancelling = marks.cancel(self.execution.lease());
+        match self.metrics.store_call(StoreOp::Cancel, cancelling).await {
             Ok(operation) => {
                 tracing::info!(execution_id = %self.execution.id(), state = %operation.state, "the client went away: execution cancelled");
             }
@@ -382,7 +395,8 @@ impl Task {
 
     async fn release(&self, why: &str) {
         tracing::info!(execution_id = %self.execution.id(), why, "execution released: the tool did not run");
-        if let Err(error) = self.store.release(self.execution.lease()).await {
+        let releasing = self.store.release(self.execution.lease());
+        if let Err(error) = self.metrics.store_call(StoreOp::Release, releasing).await {
             tracing::warn!(%error, execution_id = %self.execution.id(), "could not release the execution");
         }
     }

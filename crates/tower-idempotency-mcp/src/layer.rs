@@ -17,6 +17,7 @@ use tower_idempotency_core::{FingerprintKey, Fingerprinter, Scope, Store};
 // The decision, the service and the metrics read the configuration from here; it is
 // defined below all of them, in `config`.
 pub(crate) use crate::config::Config;
+use crate::metrics::McpMetrics;
 use crate::policy::ToolPolicy;
 use crate::service::McpIdempotency;
 
@@ -100,6 +101,7 @@ impl McpIdempotencyLayer {
                 response_limit: 16 * 1024 * 1024,
                 key_header: HeaderName::from_static("idempotency-key"),
                 inflight: Arc::default(),
+                metrics: Arc::default(),
             },
         }
     }
@@ -197,7 +199,8 @@ impl<S> Layer<S> for McpIdempotencyLayer {
     type Service = McpIdempotency<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        crate::metrics::register(&self.config);
-        McpIdempotency::new(inner, Arc::new(self.config.clone()))
+        let mut config = self.config.clone();
+        config.metrics = Arc::new(McpMetrics::new(&config));
+        McpIdempotency::new(inner, Arc::new(config))
     }
 }

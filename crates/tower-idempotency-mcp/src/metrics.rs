@@ -16,10 +16,15 @@
 //!
 //! [`metrics`]: https://docs.rs/metrics
 
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
 use std::time::Instant;
 
+use metrics::Gauge;
+pub(crate) use tower_idempotency_core::metrics::Decision as DecisionLabel;
 use tower_idempotency_core::metrics::{
-    DECISION, DECISIONS, OPERATIONS_IN_FLIGHT, REQUEST_DURATION,
+    DecisionMetrics, GaugeGuard, OPERATIONS_IN_FLIGHT, StoreMetrics, StoreOp,
 };
 
 use crate::layer::Config;
@@ -36,79 +41,106 @@ pub const TOOL_NAME: &str = "gen_ai.tool.name";
 /// client cannot grow the label set.
 pub const OTHER_TOOL: &str = "_other";
 
-/// The tool label of a call: its name when the server knows it, [`OTHER_TOOL`] otherwise.
-pub(crate) fn tool_label(config: &Config, tool: &str) -> String {
-    if config.tools.contains_key(tool) || config.status_tool.as_deref() == Some(tool) {
-        tool.to_owned()
-    } else {
-        OTHER_TOOL.to_owned()
+/// The decisions of a configured tool, registered at zero when the layer wraps a service.
+const TOOL_DECISIONS: [DecisionLabel; 11] = [
+    DecisionLabel::Executed,
+    DecisionLabel::ReExecuted,
+    DecisionLabel::Replayed,
+    DecisionLabel::Waited,
+    DecisionLabel::Conflict,
+    DecisionLabel::InProgress,
+    DecisionLabel::Unknown,
+    DecisionLabel::Rejected,
+    DecisionLabel::StoreUnavailable,
+    DecisionLabel::QuotaExceeded,
+    DecisionLabel::Passthrough,
+];
+
+/// The layer's metric handles, resolved when the layer wraps a service: the decision
+/// series of each tool the server configured (and of the status tool, and of
+/// [`OTHER_TOOL`]), the store-call histograms and the in-flight gauge. A call emits through
+/// them without a look-up in the recorder or a label built.
+pub(crate) struct McpMetrics {
+    pub(crate) store: StoreMetrics,
+    in_flight: Gauge,
+    tools: HashMap<String, DecisionMetrics>,
+    other: DecisionMetrics,
+}
+
+impl fmt::Debug for McpMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpMetrics")
+            .field("tools", &self.tools.len())
+            .finish_non_exhaustive()
     }
 }
 
-/// The decisions of a configured tool, registered at zero when the layer wraps a service.
-const TOOL_DECISIONS: [&str; 11] = [
-    "executed",
-    "re_executed",
-    "replayed",
-    "waited",
-    "conflict",
-    "in_progress",
-    "unknown",
-    "rejected",
-    "store_unavailable",
-    "quota_exceeded",
-    "passthrough",
-];
-
-/// The decisions only a tool with approvals reaches.
-const APPROVAL_DECISIONS: [&str; 3] = ["approval_required", "approval_denied", "approval_expired"];
-
-/// Registers the layer's series at zero, so that they are exported from the first scrape
-/// (an alert on a rate works before the first call): the in-flight gauge, and the decision
-/// counter of each configured tool for every decision it can reach.
-pub(crate) fn register(config: &Config) {
-    metrics::gauge!(OPERATIONS_IN_FLIGHT).increment(0.0);
-    for (tool, policy) in &config.tools {
-        let approvals: &[&str] = if policy.approval.is_some() {
-            &APPROVAL_DECISIONS
-        } else {
-            &[]
-        };
-        for decision in TOOL_DECISIONS.iter().chain(approvals) {
-            let labels = [
-                (MCP_METHOD, "tools/call".to_owned()),
-                (TOOL_NAME, tool.clone()),
-                (DECISION, (*decision).to_owned()),
-            ];
-            metrics::counter!(DECISIONS, &labels).increment(0);
+impl Default for McpMetrics {
+    /// Handles not resolved yet (a layer being configured).
+    fn default() -> Self {
+        Self {
+            store: StoreMetrics::new(),
+            in_flight: Gauge::noop(),
+            tools: HashMap::new(),
+            other: tool_series(OTHER_TOOL.to_owned()),
         }
     }
 }
 
-/// Counts one decided `tools/call` and its time in the layer.
-pub(crate) fn decided(tool: String, decision: &'static str, started: Instant) {
-    let labels = [
-        (MCP_METHOD, "tools/call".to_owned()),
-        (TOOL_NAME, tool),
-        (DECISION, decision.to_owned()),
-    ];
-    metrics::counter!(DECISIONS, &labels).increment(1);
-    metrics::histogram!(REQUEST_DURATION, &labels).record(started.elapsed().as_secs_f64());
+fn tool_series(tool: String) -> DecisionMetrics {
+    DecisionMetrics::new((MCP_METHOD, "tools/call"), (TOOL_NAME, tool))
 }
 
-/// Held while an execution's task drives the tool: the in-flight gauge is up for as long.
-#[derive(Debug)]
-pub(crate) struct InFlight(());
+impl McpMetrics {
+    /// Resolves the handles of `config` and registers its series at zero, so that they are
+    /// exported from the first scrape (an alert on a rate works before the first call): the
+    /// in-flight gauge, and the decision counter of each configured tool for every decision
+    /// it can reach.
+    pub(crate) fn new(config: &Config) -> Self {
+        let mut tools = HashMap::with_capacity(config.tools.len() + 1);
+        for (tool, policy) in &config.tools {
+            let series = tool_series(tool.clone());
+            let approvals = policy.approval.is_some();
+            series.register(
+                TOOL_DECISIONS.into_iter().chain(
+                    DecisionLabel::ALL
+                        .into_iter()
+                        .filter(|d| approvals && d.needs_approval()),
+                ),
+            );
+            tools.insert(tool.clone(), series);
+        }
+        if let Some(status) = &config.status_tool {
+            tools
+                .entry(status.clone())
+                .or_insert_with(|| tool_series(status.clone()));
+        }
+        Self {
+            store: StoreMetrics::new(),
+            in_flight: tower_idempotency_core::metrics::gauge(OPERATIONS_IN_FLIGHT),
+            tools,
+            other: tool_series(OTHER_TOOL.to_owned()),
+        }
+    }
 
-impl InFlight {
-    pub(crate) fn enter() -> Self {
-        metrics::gauge!(OPERATIONS_IN_FLIGHT).increment(1.0);
-        Self(())
+    /// The series of a call to `tool`: its own when the server knows it, those of
+    /// [`OTHER_TOOL`] otherwise.
+    pub(crate) fn tool(&self, tool: &str) -> &DecisionMetrics {
+        self.tools.get(tool).unwrap_or(&self.other)
+    }
+
+    /// Holds the in-flight gauge up while an execution's task drives the tool.
+    pub(crate) fn in_flight(&self) -> GaugeGuard {
+        GaugeGuard::up(&self.in_flight)
+    }
+
+    /// Awaits one store call, timed under `operation` in `idempotency.store.duration`.
+    pub(crate) async fn store_call<F: Future>(&self, operation: StoreOp, call: F) -> F::Output {
+        self.store.time(operation, call).await
     }
 }
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        metrics::gauge!(OPERATIONS_IN_FLIGHT).decrement(1.0);
-    }
+/// Counts one decided `tools/call` of `tool` and its time in the layer.
+pub(crate) fn decided(tool: &DecisionMetrics, decision: DecisionLabel, started: Instant) {
+    tool.record(decision, started.elapsed());
 }

@@ -23,6 +23,7 @@ use crate::inflight::Cancellation;
 use crate::intent::intent;
 use crate::jsonrpc::{self, Classified, META_IDEMPOTENCY_KEY, META_INTENT_SCOPE, ToolCall};
 use crate::layer::Config;
+use crate::metrics::DecisionLabel;
 use crate::policy::{KeyRequirement, ToolPolicy};
 use crate::{BoxError, McpBody, metrics, status};
 
@@ -281,9 +282,10 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let started = Instant::now();
-    let tool = metrics::tool_label(&config, &call.name);
+    let handles = Arc::clone(&config.metrics);
+    let tool = handles.tool(&call.name);
     let Some(actor) = (config.scope)(&parts).filter(Scope::is_valid) else {
-        metrics::decided(tool, "rejected", started);
+        metrics::decided(tool, DecisionLabel::Rejected, started);
         return Ok(answer::problem(
             StatusCode::UNAUTHORIZED,
             "missing-scope",
@@ -305,7 +307,7 @@ async fn decide_call<S, ResBody>(
     bytes: Bytes,
     call: ToolCall,
     actor: Scope,
-) -> Result<(Response<McpBody>, &'static str), S::Error>
+) -> Result<(Response<McpBody>, DecisionLabel), S::Error>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -316,12 +318,12 @@ where
     let policy = config.policy(&call.name).clone();
     if !policy.guarded {
         let response = forward(inner, Request::from_parts(parts, Full::new(bytes))).await?;
-        return Ok((response, "passthrough"));
+        return Ok((response, DecisionLabel::Passthrough));
     }
     let refuse = |slug: &str, message: &str| {
         Ok((
             answer::json_response(&answer::invalid_params(&call.id, slug, message)),
-            "rejected",
+            DecisionLabel::Rejected,
         ))
     };
     if !call.id_normal {
@@ -333,7 +335,7 @@ where
                 "invalid-request-id",
                 "the JSON-RPC id must be a string or an integer (5, 5.0 and 5e0 are one id; 5.5 is none; written with a fraction or an exponent, below 1e15 in magnitude)",
             )),
-            "rejected",
+            DecisionLabel::Rejected,
         ));
     }
     // I-JSON check on the bytes as sent: duplicate names, lone surrogates and imprecise
@@ -358,7 +360,7 @@ where
         }
         None if !policy.derived_matching => {
             let response = forward(inner, Request::from_parts(parts, Full::new(bytes))).await?;
-            return Ok((response, "passthrough"));
+            return Ok((response, DecisionLabel::Passthrough));
         }
         None => Carrier::Derived,
     };

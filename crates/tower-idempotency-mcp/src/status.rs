@@ -5,6 +5,7 @@ use bytes::Bytes;
 use http::{Response, header};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
+use tower_idempotency_core::metrics::StoreOp;
 use tower_idempotency_core::{IdempotencyKey, Operation, OperationId, Scope};
 
 use crate::McpBody;
@@ -116,21 +117,17 @@ pub(crate) async fn record(
 ) -> Result<Value, tower_idempotency_core::StoreError> {
     // The ids of the attempts that were handed to the tool, the one the stored answer was
     // written for, then the first attached calls'.
-    let mut jsonrpc_ids = attempt::ids(&*config.store, operation).await?;
+    let mut jsonrpc_ids = attempt::ids(&*config.store, &config.metrics.store, operation).await?;
     let answered = operation
         .response
         .as_ref()
-        .and_then(|response| {
-            response
-                .headers
-                .iter()
-                .find(|(name, _)| name == STORED_ID_HEADER)
-        })
-        .and_then(|(_, value)| serde_json::from_slice::<Value>(value).ok());
+        .and_then(|response| response.headers.get(STORED_ID_HEADER))
+        .and_then(|value| serde_json::from_slice::<Value>(value.as_bytes()).ok());
     if let Some(id) = answered.filter(|id| !jsonrpc_ids.contains(id)) {
         jsonrpc_ids.push(id);
     }
-    let (attached, attached_ids) = attach::read(&*config.store, operation).await?;
+    let (attached, attached_ids) =
+        attach::read(&*config.store, &config.metrics.store, operation).await?;
     jsonrpc_ids.extend(attached_ids);
     let mut record = json!({
         "execution_id": operation.id.to_string(),
@@ -167,13 +164,14 @@ pub(crate) async fn answer(config: &Config, actor: &Scope, call: &ToolCall) -> R
         .get("idempotency_key")
         .and_then(Value::as_str);
     let store = &*config.store;
+    let timed = &config.metrics.store;
     let found = match (by_id, by_key) {
         (Some(id), _) => match id.parse::<OperationId>() {
-            Ok(id) => store.get_by_id(actor, id).await,
+            Ok(id) => timed.time(StoreOp::Get, store.get_by_id(actor, id)).await,
             Err(_) => Ok(None),
         },
         (None, Some(key)) => match IdempotencyKey::new(key) {
-            Ok(key) => store.get(actor, &key).await,
+            Ok(key) => timed.time(StoreOp::Get, store.get(actor, &key)).await,
             Err(_) => Ok(None),
         },
         (None, None) => {

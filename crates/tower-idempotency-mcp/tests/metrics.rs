@@ -229,6 +229,22 @@ fn a_fresh_call_counts_executed_and_its_retries_replayed_and_waited() {
         matches!(in_flight, Some(DebugValue::Gauge(n)) if n.into_inner() == 0.0),
         "every execution task ended"
     );
+    // The layer's store calls are timed as the HTTP layer's are: the fresh calls reserved
+    // and completed their executions, the attached one waited on one, the replay marked
+    // its delivery. (The first snapshot drained the samples; the series stay.)
+    for operation in ["reserve", "complete", "wait", "mark_delivered"] {
+        assert!(
+            snapshot.iter().any(|(key, ..)| {
+                key.kind() == MetricKind::Histogram
+                    && key.key().name() == names::STORE_DURATION
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == names::OPERATION && l.value() == operation)
+            }),
+            "{operation}: {snapshot:?}"
+        );
+    }
 }
 
 #[test]

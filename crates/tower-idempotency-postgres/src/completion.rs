@@ -38,7 +38,7 @@ impl<'a> Completion<'a> {
             values: response
                 .headers
                 .iter()
-                .map(|(_, value)| value.as_ref())
+                .map(|(_, value)| value.as_bytes())
                 .collect(),
             body: response.body.as_deref(),
             bytes: stored_bytes(response),
@@ -96,7 +96,7 @@ pub(crate) fn stored_bytes(response: &StoredResponse) -> i64 {
     let headers: usize = response
         .headers
         .iter()
-        .map(|(name, value)| name.len() + value.len())
+        .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
     let total = headers + response.body.as_ref().map_or(0, |body| body.len());
     i64::try_from(total).unwrap_or(i64::MAX)

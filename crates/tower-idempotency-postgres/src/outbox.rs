@@ -154,6 +154,10 @@ pub struct OutboxDispatcher {
     store: PostgresStore,
     config: DispatcherConfig,
     deliver: Deliver,
+    /// [`OUTBOX_DELIVERED`](names::OUTBOX_DELIVERED), resolved when the dispatcher was made.
+    delivered: metrics::Counter,
+    /// [`OUTBOX_RETRIES`](names::OUTBOX_RETRIES), resolved when the dispatcher was made.
+    retries: metrics::Counter,
 }
 
 impl fmt::Debug for OutboxDispatcher {
@@ -174,9 +178,13 @@ impl OutboxDispatcher {
         Fut: Future<Output = Result<(), DeliveryError>> + Send + 'static,
     {
         // Exported from the first scrape, at zero.
-        metrics::counter!(names::OUTBOX_DELIVERED).increment(0);
-        metrics::counter!(names::OUTBOX_RETRIES).increment(0);
+        let delivered = metrics::counter!(names::OUTBOX_DELIVERED);
+        let retries = metrics::counter!(names::OUTBOX_RETRIES);
+        delivered.increment(0);
+        retries.increment(0);
         Self {
+            delivered,
+            retries,
             store,
             config: DispatcherConfig::default(),
             deliver: Arc::new(move |effect| Box::pin(deliver(effect))),
@@ -267,7 +275,7 @@ impl OutboxDispatcher {
                     Recorded::LostClaim
                 } else {
                     tracing::debug!(%effect_id, attempt, "outbox effect delivered");
-                    metrics::counter!(names::OUTBOX_DELIVERED).increment(1);
+                    self.delivered.increment(1);
                     Recorded::Delivered
                 });
             }
@@ -293,7 +301,7 @@ impl OutboxDispatcher {
             Ok(Recorded::Failed)
         } else {
             tracing::warn!(%effect_id, attempt, error = %message, "outbox delivery failed; will retry");
-            metrics::counter!(names::OUTBOX_RETRIES).increment(1);
+            self.retries.increment(1);
             Ok(Recorded::Retried)
         }
     }

@@ -153,7 +153,7 @@ mod tests {
             retention: expires_in,
             response: Some(StoredResponse {
                 status: 201,
-                headers: Vec::new(),
+                headers: Default::default(),
                 body: Some(Bytes::from(vec![b'x'; body])),
             }),
             delivered: true,

@@ -66,10 +66,9 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
             Some(StoredResponse {
                 status: u16::try_from(status)
                     .map_err(|_| corrupt(format!("stored status {status} out of range")))?,
-                headers: names
-                    .into_iter()
-                    .zip(values.into_iter().map(Bytes::from))
-                    .collect(),
+                headers: StoredResponse::header_map(
+                    names.into_iter().zip(values.into_iter().map(Bytes::from)),
+                ),
                 body: body.map(Bytes::from),
             })
         }

@@ -96,6 +96,8 @@ pub(crate) struct Inner {
     poll_max: Duration,
     /// The quota as bind values: most rows and most bytes per scope.
     quota: (i64, i64),
+    /// [`PURGE_DELETED`](names::PURGE_DELETED) of this store, resolved when it was made.
+    purge_deleted: metrics::Counter,
 }
 
 impl Inner {
@@ -362,9 +364,10 @@ impl PostgresStore {
         };
         let queries = Queries::new(&config.schema);
         let executor = Executor::new(pool, config.query_timeout, config.statement_mode);
-        names::register_purge_counter("postgres");
+        let purge_deleted = names::register_purge_counter("postgres");
         let store = Self {
             inner: Arc::new(Inner {
+                purge_deleted,
                 delivered: DeliveryMarks::new(
                     executor.clone(),
                     queries.operations.mark_delivered_batch.clone(),
@@ -964,7 +967,7 @@ impl Store for PostgresStore {
             None => 0,
         };
         let deleted = u64::try_from(deleted).unwrap_or(0);
-        metrics::counter!(names::PURGE_DELETED, names::STORE => "postgres").increment(deleted);
+        self.inner.purge_deleted.increment(deleted);
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 

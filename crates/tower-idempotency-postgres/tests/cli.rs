@@ -313,7 +313,7 @@ async fn operator_commands_against_a_real_database() {
             &lease,
             tower_idempotency_core::StoredResponse {
                 status: 200,
-                headers: Vec::new(),
+                headers: Default::default(),
                 body: Some(bytes::Bytes::from_static(b"ok")),
             },
         )
@@ -712,7 +712,7 @@ async fn completed(
         };
         let response = tower_idempotency_core::StoredResponse {
             status: 200,
-            headers: Vec::new(),
+            headers: Default::default(),
             body: Some(bytes::Bytes::from_static(b"ok")),
         };
         store.complete(&lease, response).await.unwrap();

@@ -98,7 +98,7 @@ impl Fixture {
             };
             let response = StoredResponse {
                 status: 201,
-                headers: Vec::new(),
+                headers: Default::default(),
                 body: None,
             };
             self.store.complete(&lease, response).await.unwrap();

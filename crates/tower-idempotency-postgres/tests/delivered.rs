@@ -25,7 +25,7 @@ async fn completed(store: &PostgresStore, scope: &Scope, key: &str) -> Operation
     };
     let response = StoredResponse {
         status: 201,
-        headers: Vec::new(),
+        headers: Default::default(),
         body: None,
     };
     store.complete(&lease, response).await.unwrap()

@@ -32,7 +32,7 @@ fn request(scope: &Scope, key: &str) -> ReserveRequest {
 fn response(status: u16) -> StoredResponse {
     StoredResponse {
         status,
-        headers: Vec::new(),
+        headers: Default::default(),
         body: Some(bytes::Bytes::from_static(b"{}")),
     }
 }

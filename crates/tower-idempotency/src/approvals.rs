@@ -31,7 +31,7 @@ use crate::layer::IdempotencyLayer;
 use crate::policy::CommandRejection;
 use crate::problem::{Rejection, rfc3339};
 use crate::refusal;
-use crate::telemetry::store_call;
+use crate::telemetry::{StoreOp, store_call};
 
 /// Largest decision body read (a fingerprint, or a reason).
 const DECISION_BODY_LIMIT: usize = 16 * 1024;
@@ -217,7 +217,7 @@ async fn listed(shared: &Shared, parts: &Parts) -> Result<(Vec<Value>, Option<St
     loop {
         let batch = (query.limit - page.len()).min(STORE_BATCH);
         let listing = approvals(shared)?.list_approvals(&scope, query.state, after, batch + 1);
-        let mut found = store_call("list_approvals", listing)
+        let mut found = store_call(shared.metrics(), StoreOp::ListApprovals, listing)
             .await
             .map_err(|error| store_failure(&error))?;
         let more = found.len() > batch;
@@ -260,7 +260,7 @@ async fn show(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
             .parse::<ApprovalId>()
             .map_err(|_| Rejection::ApprovalNotFound)?;
         let lookup = approvals(shared)?.get_approval(&scope, id);
-        store_call("get_approval", lookup)
+        store_call(shared.metrics(), StoreOp::GetApproval, lookup)
             .await
             .map_err(|error| store_failure(&error))?
             .ok_or(Rejection::ApprovalNotFound)
@@ -322,7 +322,7 @@ pub(crate) async fn apply_decision(
         forbid_self_approval(shared, scope, id, approver).await?;
     }
     let deciding = approvals(shared)?.decide_approval(scope, id, decision, approver);
-    let outcome = store_call("decide_approval", deciding)
+    let outcome = store_call(shared.metrics(), StoreOp::DecideApproval, deciding)
         .await
         .map_err(|error| store_failure(&error))?
         .ok_or(Rejection::ApprovalNotFound)?;
@@ -363,7 +363,7 @@ async fn forbid_self_approval(
     approver: &str,
 ) -> Result<(), Rejection> {
     let lookup = approvals(shared)?.get_approval(scope, id);
-    let Some(approval) = store_call("get_approval", lookup)
+    let Some(approval) = store_call(shared.metrics(), StoreOp::GetApproval, lookup)
         .await
         .map_err(|error| store_failure(&error))?
     else {
@@ -373,7 +373,7 @@ async fn forbid_self_approval(
         return Ok(());
     }
     let lookup = shared.store.get_by_id(scope, approval.operation_id);
-    let operation = store_call("get", lookup)
+    let operation = store_call(shared.metrics(), StoreOp::Get, lookup)
         .await
         .map_err(|error| store_failure(&error))?;
     let allowed = operation.is_some_and(|operation| {

@@ -107,6 +107,7 @@ where
 /// Marks an operation delivered once the server took the last byte of its response.
 pub(crate) struct DeliveryHook {
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) metrics: Arc<crate::telemetry::LayerMetrics>,
     pub(crate) scope: Scope,
     pub(crate) operation_id: OperationId,
 }
@@ -115,12 +116,19 @@ impl DeliveryHook {
     fn fire(self) {
         let Self {
             store,
+            metrics,
             scope,
             operation_id,
         } = self;
         let mut mark = Box::pin(async move {
             let marked = store.mark_delivered(&scope, operation_id);
-            if let Err(error) = crate::telemetry::store_call("mark_delivered", marked).await {
+            if let Err(error) = crate::telemetry::store_call(
+                &metrics,
+                crate::telemetry::StoreOp::MarkDelivered,
+                marked,
+            )
+            .await
+            {
                 tracing::warn!(%operation_id, error = %error, "could not record delivery");
             }
         });

@@ -75,33 +75,8 @@ pub(crate) struct Shared {
     /// Whether the route policies were verified against the router.
     #[cfg(feature = "axum")]
     pub(crate) route_check: Arc<RouteCheck>,
-    /// Whether this configuration's series were registered at zero.
-    pub(crate) metrics_registered: MetricsRegistered,
-}
-
-/// Registration of the layer's series at zero, once per configuration: axum calls
-/// `Layer::layer` once for every route, and each call would otherwise register every route's
-/// decisions again. A builder method that changes the configuration works on a clone, which
-/// starts unregistered (it may add routes).
-pub(crate) struct MetricsRegistered(std::sync::Once);
-
-impl Default for MetricsRegistered {
-    fn default() -> Self {
-        Self(std::sync::Once::new())
-    }
-}
-
-impl MetricsRegistered {
-    /// Runs `register` the first time only.
-    pub(crate) fn once(&self, register: impl FnOnce()) {
-        self.0.call_once(register);
-    }
-}
-
-impl Clone for MetricsRegistered {
-    fn clone(&self) -> Self {
-        Self::default()
-    }
+    /// The layer's metric handles (see `telemetry::LayerMetrics`).
+    pub(crate) metrics: crate::telemetry::MetricsCell,
 }
 
 impl Shared {

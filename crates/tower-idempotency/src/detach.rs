@@ -14,26 +14,46 @@
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
+use metrics::Gauge;
 use tokio::runtime::Handle;
 use tower_idempotency_core::metrics as names;
 
 /// The number of tasks detached by one layer and still running.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Detached(Arc<AtomicUsize>);
+pub(crate) struct Detached(Arc<Counted>);
+
+/// The tasks running now, and the gauge handle they are counted in.
+#[derive(Debug, Default)]
+struct Counted {
+    running: AtomicUsize,
+    gauge: OnceLock<Gauge>,
+}
 
 impl Detached {
     /// Tasks running now.
     pub(crate) fn count(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.0.running.load(Ordering::Acquire)
+    }
+
+    /// Counts the tasks in `gauge` (the layer's resolved handle) from now on.
+    pub(crate) fn use_gauge(&self, gauge: Gauge) {
+        let _ = self.0.gauge.set(gauge);
+    }
+
+    fn gauge(&self) -> &Gauge {
+        // Resolved here only for a service made without its layer's handles.
+        self.0
+            .gauge
+            .get_or_init(|| metrics::gauge!(names::DETACHED))
     }
 
     fn start(&self) -> DetachedTask {
-        self.0.fetch_add(1, Ordering::AcqRel);
-        metrics::gauge!(names::DETACHED).increment(1.0);
+        self.0.running.fetch_add(1, Ordering::AcqRel);
+        self.gauge().increment(1.0);
         DetachedTask(self.clone())
     }
 }
@@ -44,8 +64,8 @@ struct DetachedTask(Detached);
 
 impl Drop for DetachedTask {
     fn drop(&mut self) {
-        (self.0).0.fetch_sub(1, Ordering::AcqRel);
-        metrics::gauge!(names::DETACHED).decrement(1.0);
+        (self.0).0.running.fetch_sub(1, Ordering::AcqRel);
+        self.0.gauge().decrement(1.0);
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
 use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
-use http::HeaderName;
+use http::{HeaderMap, HeaderName, HeaderValue};
 use tower_idempotency_core::{OperationId, Scope};
 use zeroize::{Zeroize, Zeroizing};
 
@@ -261,16 +261,15 @@ pub(crate) fn seal_stored(
     keys: &ResponseEncryption,
     binding: &Binding<'_>,
     body: Bytes,
-    headers: &mut Vec<(String, Bytes)>,
+    headers: &mut HeaderMap,
 ) -> Option<Bytes> {
     if body.is_empty() {
         return Some(body);
     }
     let (sealed, key_id) = keys.seal(binding, &body)?;
-    headers.push((
-        SEALED_WITH.as_str().to_owned(),
-        Bytes::copy_from_slice(key_id.as_bytes()),
-    ));
+    // A key id is a header value by construction (`checked_key_id`); were it not, the
+    // body could not be opened again, so it is not stored.
+    headers.append(SEALED_WITH, HeaderValue::from_str(key_id).ok()?);
     Some(sealed)
 }
 
@@ -280,13 +279,10 @@ pub(crate) fn seal_stored(
 pub(crate) fn open_stored(
     keys: Option<&ResponseEncryption>,
     binding: &Binding<'_>,
-    headers: &[(String, Bytes)],
+    headers: &HeaderMap,
     body: Bytes,
 ) -> Option<Bytes> {
-    let Some((_, key_id)) = headers
-        .iter()
-        .find(|(name, _)| name == SEALED_WITH.as_str())
-    else {
+    let Some(key_id) = headers.get(SEALED_WITH).map(HeaderValue::as_bytes) else {
         return Some(body);
     };
     let opened = keys.and_then(|keys| keys.open(key_id, binding, &body));
@@ -382,13 +378,19 @@ mod tests {
     fn empty_bodies_are_not_sealed_and_unsealed_bodies_replay_as_stored() {
         let keys = ResponseEncryption::new("k", Zeroizing::new([0; 32])).unwrap();
         let scope = Scope::new("acct_1");
-        let mut headers = Vec::new();
+        let mut headers = HeaderMap::new();
         let kept = seal_stored(&keys, &binding(&scope, 204), Bytes::new(), &mut headers);
         assert_eq!(kept.unwrap(), Bytes::new());
         assert!(headers.is_empty());
         let plain = Bytes::from_static(b"stored before encryption");
         assert_eq!(
-            open_stored(Some(&keys), &binding(&scope, 200), &[], plain.clone()).unwrap(),
+            open_stored(
+                Some(&keys),
+                &binding(&scope, 200),
+                &HeaderMap::new(),
+                plain.clone()
+            )
+            .unwrap(),
             plain
         );
         let sealed =

@@ -31,7 +31,7 @@ use crate::problem::Rejection;
 use crate::record::{self, Sink};
 use crate::refusal::refuse;
 use crate::storage::ResponseStorage;
-use crate::telemetry::{self, Decision, InFlight, store_call};
+use crate::telemetry::{self, Decision, StoreOp, store_call};
 
 /// What a guarded request answers: a response, or the inner service's own error.
 pub(crate) type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
@@ -111,7 +111,7 @@ where
     } else {
         Decision::Executed
     });
-    let in_flight = InFlight::start();
+    let in_flight = shared.metrics().in_flight();
     let call = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
     let outcome = with_heartbeat(call, shared, &lease, policy).await;
     drop(in_flight);
@@ -165,7 +165,13 @@ async fn fail(shared: &Shared, execution: &Execution, sink: Sink, why: &'static 
         .dispatch()
         .filter(|_| execution.marks_dispatch());
     if let (Sink::Store, Some(marks)) = (&sink, marks) {
-        match store_call("cancel", marks.cancel(execution.lease())).await {
+        match store_call(
+            shared.metrics(),
+            StoreOp::Cancel,
+            marks.cancel(execution.lease()),
+        )
+        .await
+        {
             Ok(operation) => {
                 tracing::error!(operation_id = %execution.id(), why, state = %operation.state, "handler failed; recorded as its dispatch mark says");
                 return;
@@ -194,7 +200,13 @@ pub(crate) async fn with_heartbeat<F: Future>(
     let beat = async {
         loop {
             tokio::time::sleep(period).await;
-            match store_call("renew", shared.store.extend_lease(lease, policy.lease)).await {
+            match store_call(
+                shared.metrics(),
+                StoreOp::Renew,
+                shared.store.extend_lease(lease, policy.lease),
+            )
+            .await
+            {
                 Ok(()) => {}
                 Err(StoreError::LeaseLost { operation_id }) => {
                     tracing::warn!(%operation_id, "lease lost while the handler runs; stopping the heartbeat");
@@ -283,6 +295,7 @@ where
                 Ok(false) => {
                     let hook = DeliveryHook {
                         store: shared.store.clone(),
+                        metrics: Arc::clone(shared.metrics()),
                         scope: lease.scope.clone(),
                         operation_id: lease.operation_id,
                     };

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, request::Parts};
+use http::{HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::protocol::{
@@ -85,9 +85,7 @@ where
         decision = field::Empty,
         store_ms = field::Empty,
     );
-    let tally = Tally::new(&parts.method, &route, || {
-        shared.policy_for(&parts.method, &route).approval.is_some()
-    });
+    let tally = Tally::new(&shared, &parts.method, &route);
     let guarded = guarded(shared, inner, parts, body, route, tally.clone());
     tally.scope(guarded).instrument(span).await
 }
@@ -394,7 +392,10 @@ where
             }
         };
         Span::current().record("operation_id", field::display(operation.id));
-        match shared.engine.settle(&mut attempt, operation).await {
+        let settled = shared
+            .engine
+            .settle(&mut attempt, operation, &shared.metrics().store);
+        match settled.await {
             Next::Replay { operation, waited } => {
                 let id = operation.id;
                 return match replay(&shared, *operation, waited) {
@@ -447,7 +448,10 @@ where
         fail_open: policy.store_failure == StoreFailurePolicy::FailOpen,
     };
     let asked = Instant::now();
-    let reserved = shared.engine.reserve(&attempt, mode).await;
+    let reserved = shared
+        .engine
+        .reserve(&attempt, mode, &shared.metrics().store)
+        .await;
     Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
     match reserved {
         Ok(Reserved::Acquired(Acquired {
@@ -556,20 +560,12 @@ fn replay<ResB: Body>(
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let headers = response.headers_mut();
-    for (name, value) in stored.headers {
-        if name == SEALED_WITH.as_str() {
-            continue;
-        }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::try_from(name),
-            HeaderValue::from_maybe_shared(value),
-        ) {
-            headers.append(name, value);
-        }
-    }
+    // The stored map as it is: its values share their bytes with the record.
+    let mut headers = stored.headers;
+    headers.remove(SEALED_WITH);
     headers.insert(OPERATION_ID, operation_id_header(operation.id));
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    *response.headers_mut() = headers;
     Ok(response)
 }
 

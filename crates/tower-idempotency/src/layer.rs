@@ -96,7 +96,7 @@ impl IdempotencyLayer {
                 max_detached: DEFAULT_MAX_DETACHED,
                 #[cfg(feature = "axum")]
                 route_check: Arc::default(),
-                metrics_registered: Default::default(),
+                metrics: Default::default(),
             }),
         }
     }
@@ -338,10 +338,8 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let shared = &self.shared;
-        shared
-            .metrics_registered
-            .once(|| crate::telemetry::register(shared));
+        // Resolves the layer's metric handles and registers its series at zero.
+        self.shared.metrics();
         IdempotencyService::new(inner, self.shared.clone())
     }
 }

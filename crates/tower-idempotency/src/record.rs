@@ -26,7 +26,7 @@ use crate::headers;
 use crate::policy::{RoutePolicy, ServerErrorPolicy};
 use crate::problem::Rejection;
 use crate::storage::{self, ResponseStorage};
-use crate::telemetry::{self, store_call};
+use crate::telemetry::{LayerMetrics, StoreOp, store_call};
 
 /// Why a result was not recorded, and what that means for the handler's answer.
 pub(crate) enum NotRecorded {
@@ -90,7 +90,7 @@ impl Sink {
                 let started = Instant::now();
                 // The record is not read back: a store may skip building it.
                 let completing = shared.store.complete_delivered(lease, stored, delivered);
-                let completed = store_call("complete", completing).await;
+                let completed = store_call(shared.metrics(), StoreOp::Complete, completing).await;
                 let store_ms = started.elapsed().as_secs_f64() * 1000.0;
                 match completed {
                     Ok(()) => {
@@ -226,13 +226,19 @@ fn record_later(shared: &Shared, lease: &Lease, stored: StoredResponse, error: &
     // so that span-based metrics see the request's real duration.
     let span = tracing::info_span!(parent: None, "idempotency.record_later", operation_id = %lease.operation_id);
     span.follows_from(Span::current());
-    let task = retry_complete(shared.store.clone(), lease.clone(), stored);
-    telemetry::pending_records(1.0);
+    let metrics = Arc::clone(shared.metrics());
+    let task = retry_complete(
+        shared.store.clone(),
+        Arc::clone(&metrics),
+        lease.clone(),
+        stored,
+    );
+    metrics.pending_records(1.0);
     tokio::spawn(
         async move {
             task.await;
             pending.fetch_sub(1, Ordering::AcqRel);
-            telemetry::pending_records(-1.0);
+            metrics.pending_records(-1.0);
         }
         .instrument(span),
     );
@@ -244,13 +250,24 @@ fn record_later(shared: &Shared, lease: &Lease, stored: StoredResponse, error: &
 /// this lands, retries of the key see the operation in progress, or unknown once its lease
 /// has lapsed; after, they get the replay. The lease id still fences it: if the operation
 /// was taken over meanwhile, the new attempt owns the record and this stops.
-async fn retry_complete(store: Arc<dyn Store>, lease: Lease, stored: StoredResponse) {
+async fn retry_complete(
+    store: Arc<dyn Store>,
+    metrics: Arc<LayerMetrics>,
+    lease: Lease,
+    stored: StoredResponse,
+) {
     let started = Instant::now();
     let jitter = Duration::from_millis(u64::from(lease.lease_id.as_uuid().as_bytes()[15]) % 100);
     let mut pause = Duration::from_millis(100);
     loop {
         tokio::time::sleep(pause).await;
-        match store_call("complete", store.complete(&lease, stored.clone())).await {
+        match store_call(
+            &metrics,
+            StoreOp::Complete,
+            store.complete(&lease, stored.clone()),
+        )
+        .await
+        {
             Ok(_) => {
                 tracing::info!(
                     status = stored.status,
@@ -294,7 +311,13 @@ fn log_completion_failure(error: &StoreError) {
 
 async fn abandon(shared: &Shared, lease: &Lease, why: &'static str) {
     tracing::error!(operation_id = %lease.operation_id, why, "handler failed; outcome recorded as unknown");
-    if let Err(error) = store_call("abandon", shared.store.abandon(lease)).await {
+    if let Err(error) = store_call(
+        shared.metrics(),
+        StoreOp::Abandon,
+        shared.store.abandon(lease),
+    )
+    .await
+    {
         tracing::error!(error = %error, "could not record the unknown outcome; it will read unknown when the lease runs out");
     }
 }
@@ -311,7 +334,12 @@ async fn commit(
 ) -> Result<bool, Rejection> {
     let status = stored.status;
     let started = Instant::now();
-    let completed = store_call("commit", transaction.complete_delivered(stored, delivered)).await;
+    let completed = store_call(
+        shared.metrics(),
+        StoreOp::Commit,
+        transaction.complete_delivered(stored, delivered),
+    )
+    .await;
     let store_ms = started.elapsed().as_secs_f64() * 1000.0;
     match completed {
         Ok(recorded) => {
@@ -342,7 +370,9 @@ async fn roll_back(
     tracing::warn!(operation_id = %lease.operation_id, why, "rolling the operation's transaction back and releasing it");
     match transaction {
         Some(transaction) => {
-            if let Err(error) = store_call("rollback", transaction.abort()).await {
+            if let Err(error) =
+                store_call(shared.metrics(), StoreOp::Rollback, transaction.abort()).await
+            {
                 tracing::error!(error = %error, "could not roll back and release cleanly; the operation reads unknown when its lease runs out, and a retry executes again");
             }
         }
@@ -351,7 +381,13 @@ async fn roll_back(
 }
 
 async fn release(shared: &Shared, lease: &Lease) {
-    if let Err(error) = store_call("release", shared.store.release(lease)).await {
+    if let Err(error) = store_call(
+        shared.metrics(),
+        StoreOp::Release,
+        shared.store.release(lease),
+    )
+    .await
+    {
         tracing::error!(error = %error, "could not release the reservation");
     }
 }

@@ -8,7 +8,7 @@ use http_body::Body;
 use crate::body::ResponseBody;
 use crate::config::Shared;
 use crate::problem::Rejection;
-use crate::telemetry::{self, Decision};
+use crate::telemetry;
 
 /// The problem response for `rejection`, with the layer's type base and status path.
 pub(crate) fn problem(shared: &Shared, rejection: &Rejection) -> Response<Bytes> {
@@ -20,7 +20,7 @@ pub(crate) fn refuse<ResB: Body>(
     shared: &Shared,
     rejection: Rejection,
 ) -> Response<ResponseBody<ResB>> {
-    let decision = Decision::of(&rejection);
+    let decision = telemetry::decision_of(&rejection);
     telemetry::record(decision);
     tracing::info!(
         decision = decision.as_str(),

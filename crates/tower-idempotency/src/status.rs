@@ -20,7 +20,7 @@ use crate::config::Shared;
 use crate::layer::IdempotencyLayer;
 use crate::problem::Rejection;
 use crate::refusal;
-use crate::telemetry::store_call;
+use crate::telemetry::{StoreOp, store_call};
 
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IdempotencyLayer {
@@ -70,7 +70,13 @@ async fn by_id(shared: &Arc<Shared>, id: &str, request: Request) -> Response {
     let Ok(id) = id.parse::<OperationId>() else {
         return refuse(shared, Rejection::OperationNotFound);
     };
-    match store_call("get", shared.store.get_by_id(&scope, id)).await {
+    match store_call(
+        shared.metrics(),
+        StoreOp::Get,
+        shared.store.get_by_id(&scope, id),
+    )
+    .await
+    {
         Ok(Some(operation)) => render(&operation),
         Ok(None) => refuse(shared, Rejection::OperationNotFound),
         Err(error) => {
@@ -95,7 +101,13 @@ async fn by_key(shared: &Arc<Shared>, request: Request) -> Response {
         Ok(key) => key,
         Err(error) => return refuse(shared, Rejection::InvalidKey(error)),
     };
-    match store_call("get", shared.store.get(&scope, &key)).await {
+    match store_call(
+        shared.metrics(),
+        StoreOp::Get,
+        shared.store.get(&scope, &key),
+    )
+    .await
+    {
         Ok(Some(operation)) => render(&operation),
         Ok(None) => refuse(shared, Rejection::OperationNotFound),
         Err(error) => {

@@ -15,6 +15,7 @@ pub use zeroize::Zeroizing;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::{HeaderMap, HeaderName};
 use serde_json::Value;
 use tower_idempotency_core::canonical::{canonicalize_value, parse_json};
 
@@ -132,17 +133,20 @@ pub(crate) const BODY_DIGESTS: &[&str] = &[
 /// Drops the headers that describe a body that is not kept as the handler sent it: on a
 /// status-only route every `Content-*` header and the body digests, on a redacted route
 /// the body digests ([`BODY_DIGESTS`]).
-pub(crate) fn kept_headers(
-    storage: &ResponseStorage,
-    mut headers: Vec<(String, Bytes)>,
-) -> Vec<(String, Bytes)> {
-    match storage {
-        ResponseStorage::Full => {}
-        ResponseStorage::StatusOnly => headers.retain(|(name, _)| {
-            !name.starts_with("content-") && !BODY_DIGESTS.contains(&name.as_str())
-        }),
-        ResponseStorage::Redacted(_) => {
-            headers.retain(|(name, _)| !BODY_DIGESTS.contains(&name.as_str()));
+pub(crate) fn kept_headers(storage: &ResponseStorage, mut headers: HeaderMap) -> HeaderMap {
+    let dropped = |name: &str| match storage {
+        ResponseStorage::Full => false,
+        ResponseStorage::StatusOnly => name.starts_with("content-") || BODY_DIGESTS.contains(&name),
+        ResponseStorage::Redacted(_) => BODY_DIGESTS.contains(&name),
+    };
+    if !matches!(storage, ResponseStorage::Full) {
+        let names: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| dropped(name.as_str()))
+            .cloned()
+            .collect();
+        for name in names {
+            headers.remove(name);
         }
     }
     headers

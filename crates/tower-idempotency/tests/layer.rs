@@ -125,6 +125,52 @@ async fn executes_once_then_replays_without_cookies() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// A replay answers with the stored response as it is: the body's bytes and the header
+/// values are the record's, shared, never copied per replay.
+#[tokio::test]
+async fn a_replay_shares_the_stored_body_and_headers() {
+    use http_body_util::BodyExt;
+    use tower_idempotency::IdempotencyKey;
+
+    let (app, _, store) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);
+    let first = app
+        .clone()
+        .oneshot(post_req(Some("shared"), "a", r#"{"x":1}"#))
+        .await
+        .unwrap();
+    let first_body = text(first).await;
+    let stored = store
+        .get(&Scope::new("a"), &IdempotencyKey::new("shared").unwrap())
+        .await
+        .unwrap()
+        .and_then(|operation| operation.response)
+        .expect("a stored response");
+    let stored_body = stored.body.expect("a stored body");
+    assert_eq!(stored_body, first_body.as_bytes());
+    for _ in 0..2 {
+        let retry = app
+            .clone()
+            .oneshot(post_req(Some("shared"), "a", r#"{"x":1}"#))
+            .await
+            .unwrap();
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        let content_type = retry.headers()["content-type"].clone();
+        assert_eq!(
+            content_type.as_bytes().as_ptr(),
+            stored.headers["content-type"].as_bytes().as_ptr(),
+            "the header value is the record's"
+        );
+        let frame = retry.into_body().frame().await.unwrap().unwrap();
+        let data = frame.into_data().unwrap();
+        assert_eq!(data, stored_body);
+        assert_eq!(
+            data.as_ptr(),
+            stored_body.as_ptr(),
+            "the body is the record's"
+        );
+    }
+}
+
 #[tokio::test]
 async fn different_body_is_a_conflict_without_the_original() {
     let (app, calls, _) = app(RoutePolicy::required(), Duration::ZERO, StatusCode::CREATED);

@@ -48,7 +48,7 @@ fn request(key: &str) -> ReserveRequest {
 fn response() -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: Vec::new(),
+        headers: Default::default(),
         body: None,
     }
 }

@@ -147,7 +147,7 @@ async fn no_event_is_lost_under_a_full_queue() {
             };
             let response = StoredResponse {
                 status: 201,
-                headers: Vec::new(),
+                headers: Default::default(),
                 body: None,
             };
             store.complete(&lease, response).await.unwrap();

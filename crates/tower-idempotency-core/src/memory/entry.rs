@@ -33,7 +33,7 @@ pub(super) struct Profile {
 }
 
 /// Stored response headers, shared by the responses that carry the same ones.
-pub(super) type Headers = Vec<(String, Bytes)>;
+pub(super) type Headers = http::HeaderMap;
 
 /// Keys up to this long are stored in the record itself.
 pub(super) const INLINE_KEY: usize = 40;
@@ -344,7 +344,7 @@ impl Entry {
             headers: self
                 .headers
                 .as_ref()
-                .map_or_else(Vec::new, |headers| (**headers).clone()),
+                .map_or_else(http::HeaderMap::new, |headers| (**headers).clone()),
             body: self.body.clone(),
         })
     }

@@ -21,11 +21,54 @@ use crate::{
 };
 
 /// What the records of one shard share: their profiles (method, route, retention) and
-/// their stored header lists.
+/// their stored header maps. Held in the shard's [`Table`], under its lock: a reservation
+/// or a completion takes no lock of its own for it.
 #[derive(Default)]
 pub(super) struct Shared {
     profiles: Vec<Arc<Profile>>,
     headers: Vec<Arc<Headers>>,
+}
+
+impl Shared {
+    /// The profile of `request` (method, route, retention), shared with the other records
+    /// of the shard, or one of its own once the shard shares [`SHARED_NAMES`].
+    pub(super) fn profile(&mut self, request: &ReserveRequest) -> Arc<Profile> {
+        let found = self.profiles.iter().find(|p| {
+            *p.method == *request.method
+                && *p.route == *request.route
+                && p.retention == request.retention
+                && p.unknown_retention == request.unknown_retention
+        });
+        if let Some(found) = found {
+            return Arc::clone(found);
+        }
+        let profile = Arc::new(Profile {
+            method: Box::from(request.method.as_str()),
+            route: Box::from(request.route.as_str()),
+            retention: request.retention,
+            unknown_retention: request.unknown_retention,
+        });
+        if self.profiles.len() < SHARED_NAMES {
+            self.profiles.push(Arc::clone(&profile));
+        }
+        profile
+    }
+
+    /// `headers` shared with the responses of the shard that carry the same ones (`None`
+    /// for none).
+    pub(super) fn headers(&mut self, headers: Headers) -> Option<Arc<Headers>> {
+        if headers.is_empty() {
+            return None;
+        }
+        if let Some(found) = self.headers.iter().find(|h| ***h == headers) {
+            return Some(Arc::clone(found));
+        }
+        let headers = Arc::new(headers);
+        if self.headers.len() < SHARED_NAMES {
+            self.headers.push(Arc::clone(&headers));
+        }
+        Some(headers)
+    }
 }
 
 pub(super) struct Inner {
@@ -44,9 +87,6 @@ pub(super) struct Inner {
     /// (see `approval.rs`). Lock order: a records shard, then an approvals shard; never the
     /// other way round.
     pub(super) approvals: Box<[Shard<ApprovalKey, RecordKey>]>,
-    /// Per records shard, the profiles and header lists its records share (see
-    /// [`Inner::profile`]). Locked only while a records shard is held, after it.
-    pub(super) shared: Box<[Mutex<Shared>]>,
     pub(super) len: AtomicUsize,
     /// Set while a reservation purges a full store, so that a burst of reservations
     /// against a full store does not scan it once per request.
@@ -55,6 +95,9 @@ pub(super) struct Inner {
     pub(super) clock: Clock,
     /// Where state changes and decisions are journaled, when the store journals.
     pub(super) journal: Option<std::sync::Arc<dyn crate::audit::AuditSink>>,
+    /// [`PURGE_DELETED`](crate::metrics::PURGE_DELETED) of this store, resolved when it
+    /// was made.
+    pub(super) purge_deleted: metrics::Counter,
 }
 
 impl Default for Inner {
@@ -125,10 +168,10 @@ fn summary_len(summary: &serde_json::Value) -> usize {
 }
 
 /// The bytes stored headers add to their record.
-pub(super) fn headers_bytes(headers: &[(String, bytes::Bytes)]) -> u64 {
+pub(super) fn headers_bytes(headers: &Headers) -> u64 {
     headers
         .iter()
-        .map(|(name, value)| HEADER_OVERHEAD + (name.len() + value.len()) as u64)
+        .map(|(name, value)| HEADER_OVERHEAD + (name.as_str().len() + value.len()) as u64)
         .sum()
 }
 
@@ -144,7 +187,6 @@ pub(super) const SHARED_NAMES: usize = 32;
 
 impl Inner {
     pub(super) fn new(config: MemoryStoreConfig) -> Self {
-        crate::metrics::register_purge_counter("memory");
         let shards = config.shards.clamp(1, MAX_SHARDS);
         Self {
             capacity: config.capacity,
@@ -154,12 +196,12 @@ impl Inner {
             scopes: (0..shards).map(|_| Mutex::default()).collect(),
             records: (0..shards).map(|_| Mutex::default()).collect(),
             approvals: (0..shards).map(|_| Mutex::default()).collect(),
-            shared: (0..shards).map(|_| Mutex::default()).collect(),
             len: AtomicUsize::new(0),
             purging: AtomicBool::new(false),
             hasher: RandomState::new(),
             clock: Clock::now(),
             journal: None,
+            purge_deleted: crate::metrics::register_purge_counter("memory"),
         }
     }
 
@@ -210,48 +252,6 @@ impl Inner {
             key,
         };
         Some(act(entry, &record_key, now))
-    }
-
-    /// The profile of `request` (method, route, retention), shared with the other records
-    /// of `record_key`'s shard, or one of its own once the shard shares [`SHARED_NAMES`].
-    pub(super) fn profile(&self, record_key: &RecordKey, request: &ReserveRequest) -> Arc<Profile> {
-        let mut shared = lock(&self.shared[shard_of(record_key.hash, self.shared.len())]);
-        let found = shared.profiles.iter().find(|p| {
-            *p.method == *request.method
-                && *p.route == *request.route
-                && p.retention == request.retention
-                && p.unknown_retention == request.unknown_retention
-        });
-        if let Some(found) = found {
-            return Arc::clone(found);
-        }
-        let profile = Arc::new(Profile {
-            method: Box::from(request.method.as_str()),
-            route: Box::from(request.route.as_str()),
-            retention: request.retention,
-            unknown_retention: request.unknown_retention,
-        });
-        if shared.profiles.len() < SHARED_NAMES {
-            shared.profiles.push(Arc::clone(&profile));
-        }
-        profile
-    }
-
-    /// `headers` shared with the responses of `record_key`'s shard that carry the same
-    /// ones (`None` for none).
-    pub(super) fn headers(&self, record_key: &RecordKey, headers: Headers) -> Option<Arc<Headers>> {
-        if headers.is_empty() {
-            return None;
-        }
-        let mut shared = lock(&self.shared[shard_of(record_key.hash, self.shared.len())]);
-        if let Some(found) = shared.headers.iter().find(|h| ***h == headers) {
-            return Some(Arc::clone(found));
-        }
-        let headers = Arc::new(headers);
-        if shared.headers.len() < SHARED_NAMES {
-            shared.headers.push(Arc::clone(&headers));
-        }
-        Some(headers)
     }
 
     pub(super) fn approvals_for(
@@ -340,12 +340,16 @@ impl Inner {
     }
 
     /// Moves a record's count from `old` bytes to `new` (an expired record replaced in its
-    /// slot by a new operation of the same scope and key).
-    fn recharge(&self, scope: &Scope, old: u64, new: u64) {
+    /// slot by a new operation of the same scope and key), whose retention ends at
+    /// `expires` (if it has one yet): one look at the scope's usage.
+    fn recharge(&self, scope: &Scope, old: u64, new: u64, expires: Tick) {
         self.bytes.fetch_sub(old, Ordering::AcqRel);
         self.bytes.fetch_add(new, Ordering::AcqRel);
         if let Some(usage) = self.scopes_for(scope).get_mut(scope) {
             usage.bytes = usage.bytes.saturating_sub(old).saturating_add(new);
+            if !expires.is_never() {
+                usage.earliest_expiry = usage.earliest_expiry.min(expires);
+            }
         }
     }
 
@@ -354,6 +358,7 @@ impl Inner {
     /// and the reservation that acquired it, or that requested its approval.
     pub(super) fn new_entry(
         &self,
+        shared: &mut Shared,
         record_key: &RecordKey,
         scope: Arc<Scope>,
         request: &ReserveRequest,
@@ -370,7 +375,7 @@ impl Inner {
             scope,
             key: request.key.as_str(),
             fingerprint: &request.fingerprint,
-            profile: self.profile(record_key, request),
+            profile: shared.profile(request),
             created: now,
         });
         entry.attempts = 1;
@@ -428,7 +433,7 @@ impl Inner {
         let record_key = self.record_key(&request.scope, &request.key);
         let mut records = self.records_for(&record_key);
         if let Some(slot) = records.find(&record_key) {
-            let Some(entry) = records.at_mut(slot) else {
+            let Some((entry, shared)) = records.at_mut_shared(slot) else {
                 return Err(Refusal::Full);
             };
             self.refresh(entry, now);
@@ -443,10 +448,10 @@ impl Inner {
                 // capacity nor quota is consulted (the scope's record count stays; its
                 // bytes go down to the new record's).
                 let scope = entry.scope.clone();
-                let (fresh, reservation) = self.new_entry(&record_key, scope, request, now);
+                let (fresh, reservation) = self.new_entry(shared, &record_key, scope, request, now);
                 let (new_charge, new_expires) = (fresh.charge(), fresh.expires);
                 if let Some(old) = records.replace(slot, fresh) {
-                    self.recharge(&request.scope, old.charge(), new_charge);
+                    self.recharge(&request.scope, old.charge(), new_charge, new_expires);
                     if closed {
                         self.journal(&old, now, || AuditEventKind::Superseded);
                     } else {
@@ -458,7 +463,6 @@ impl Inner {
                 if let Some(entry) = records.at_mut(slot) {
                     self.journal_accepted(entry, now);
                 }
-                self.charge(&request.scope, 0, new_expires);
                 return Ok(reservation);
             }
             if entry.fingerprint_is(&request.fingerprint) {
@@ -467,22 +471,22 @@ impl Inner {
                         entry.replays = entry.replays.saturating_add(1);
                     }
                     OperationState::Unknown if request.take_over_unknown => {
-                        return Ok(self.take_over(entry, &record_key, request, now));
+                        return Ok(self.take_over(entry, shared, &record_key, request, now));
                     }
                     // Nothing can have happened: a lapse before the dispatch mark, or a
                     // cancellation before it. The same command goes on.
                     OperationState::InProgress if entry.is_stalled(now) => {
-                        return Ok(self.take_over(entry, &record_key, request, now));
+                        return Ok(self.take_over(entry, shared, &record_key, request, now));
                     }
                     OperationState::Cancelled => {
-                        return Ok(self.take_over(entry, &record_key, request, now));
+                        return Ok(self.take_over(entry, shared, &record_key, request, now));
                     }
                     OperationState::Authorized
                         if entry.approval().is_some_and(|approval| {
                             approval.state(now) == ApprovalState::Approved
                         }) =>
                     {
-                        return Ok(self.start_authorized(entry, &record_key, request, now));
+                        return Ok(self.start_authorized(entry, shared, &record_key, request, now));
                     }
                     _ => {}
                 }
@@ -494,7 +498,8 @@ impl Inner {
             )));
         }
         let scope = self.admit(&request.scope, record_bytes(request))?;
-        let (entry, reservation) = self.new_entry(&record_key, scope, request, now);
+        let (entry, reservation) =
+            self.new_entry(&mut records.shared, &record_key, scope, request, now);
         if entry.approval().is_some() {
             self.charge(&request.scope, 0, entry.expires);
         }
@@ -527,11 +532,12 @@ impl Inner {
     pub(super) fn take_over(
         &self,
         entry: &mut Entry,
+        shared: &mut Shared,
         record_key: &RecordKey,
         request: &ReserveRequest,
         now: Tick,
     ) -> Reservation {
-        self.start_attempt(entry, record_key, request, now, true)
+        self.start_attempt(entry, shared, record_key, request, now, true)
     }
 
     /// The first attempt of an approved operation: the approval is used up, and nothing
@@ -539,6 +545,7 @@ impl Inner {
     fn start_authorized(
         &self,
         entry: &mut Entry,
+        shared: &mut Shared,
         record_key: &RecordKey,
         request: &ReserveRequest,
         now: Tick,
@@ -546,7 +553,7 @@ impl Inner {
         if let Some(approval) = entry.approval_mut() {
             approval.used = true;
         }
-        self.start_attempt(entry, record_key, request, now, false)
+        self.start_attempt(entry, shared, record_key, request, now, false)
     }
 
     /// Starts the next attempt of the operation in `entry` for `request`: a new lease, one
@@ -554,12 +561,13 @@ impl Inner {
     fn start_attempt(
         &self,
         entry: &mut Entry,
+        shared: &mut Shared,
         record_key: &RecordKey,
         request: &ReserveRequest,
         now: Tick,
         takeover: bool,
     ) -> Reservation {
-        entry.profile = self.profile(record_key, request);
+        entry.profile = shared.profile(request);
         entry.state = OperationState::InProgress;
         entry.attempts = entry.attempts.saturating_add(1);
         entry.lease_expires = self.clock.later(now, request.lease);
@@ -579,7 +587,7 @@ impl Inner {
     pub(super) fn with_lease<T>(
         &self,
         lease: &Lease,
-        act: impl FnOnce(&mut Entry, &RecordKey, Tick, &Clock) -> (T, bool),
+        act: impl FnOnce(&mut Entry, &mut Shared, &RecordKey, Tick, &Clock) -> (T, bool),
     ) -> Result<T> {
         let now = self.clock.now_tick();
         let lost = StoreError::LeaseLost {
@@ -590,14 +598,14 @@ impl Inner {
         let Some(slot) = records.find(&record_key) else {
             return Err(lost);
         };
-        let Some(entry) = records.at_mut(slot) else {
+        let Some((entry, shared)) = records.at_mut_shared(slot) else {
             return Err(lost);
         };
         self.refresh(entry, now);
         if !entry.is_held_by(lease) || entry.is_expired(now) {
             return Err(lost);
         }
-        let (value, delete) = act(entry, &record_key, now, &self.clock);
+        let (value, delete) = act(entry, shared, &record_key, now, &self.clock);
         // Waiters care about an operation leaving `in_progress`; a heartbeat that keeps it
         // there must not wake them all every third of a lease.
         if delete || !entry.is_in_progress() {

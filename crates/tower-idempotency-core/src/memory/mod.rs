@@ -92,7 +92,7 @@
 //! let Reservation::Acquired { lease, .. } = store.reserve(request.clone()).await? else {
 //!     panic!("a fresh key is acquired");
 //! };
-//! let response = StoredResponse { status: 201, headers: vec![], body: Some(Bytes::from("{}")) };
+//! let response = StoredResponse { status: 201, headers: Default::default(), body: Some(Bytes::from("{}")) };
 //! store.complete(&lease, response).await?;
 //!
 //! // A retry with the same fingerprint gets the stored operation, counted as a replay.

@@ -16,6 +16,7 @@ use hashbrown::HashTable;
 use uuid::Uuid;
 
 use super::entry::Entry;
+use super::inner::Shared;
 use crate::{ApprovalId, IdempotencyKey, OperationId, Scope};
 
 pub(super) type Shard<K, V> = Mutex<HashMap<K, V, BuildHasherDefault<PassThrough>>>;
@@ -25,9 +26,12 @@ pub(super) type Shard<K, V> = Mutex<HashMap<K, V, BuildHasherDefault<PassThrough
 /// average).
 const CHUNK: usize = 64;
 
-/// One shard's records: slots in chunks, free slots for reuse, and the two indexes.
+/// One shard's records: slots in chunks, free slots for reuse, the two indexes, and what
+/// the shard's records share (profiles, header maps), all under the shard's one lock.
 #[derive(Default)]
 pub(super) struct Table {
+    /// The profiles and header maps the shard's records share.
+    pub(super) shared: Shared,
     chunks: Vec<Vec<Option<Entry>>>,
     free: Vec<u32>,
     /// `(slot, low half of the record hash)`, hashed by that half.
@@ -104,6 +108,18 @@ impl Table {
     /// The record in `slot`.
     pub(super) fn at_mut(&mut self, slot: u32) -> Option<&mut Entry> {
         self.slot_mut(slot)
+    }
+
+    /// The record in `slot`, with what the shard's records share (to change its profile or
+    /// response under the same lock).
+    pub(super) fn at_mut_shared(&mut self, slot: u32) -> Option<(&mut Entry, &mut Shared)> {
+        let slot = slot as usize;
+        let entry = self
+            .chunks
+            .get_mut(slot / CHUNK)?
+            .get_mut(slot % CHUNK)?
+            .as_mut()?;
+        Some((entry, &mut self.shared))
     }
 
     /// Stores a new record under `hash` (its `(scope, key)` must not be stored yet).

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::MemoryStore;
 use super::clock::{Tick, later};
 use super::entry::Entry;
-use super::inner::{Inner, Refusal, response_bytes};
+use super::inner::{Inner, Refusal, Shared, response_bytes};
 use super::shard::RecordKey;
 use crate::audit::{AuditEventKind, DecisionEvent};
 use crate::error::Result;
@@ -59,8 +59,8 @@ impl Store for MemoryStore {
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation> {
         self.inner.journal_room().await;
         let inner = &self.inner;
-        inner.with_lease(lease, |entry, record_key, now, clock| {
-            complete(inner, entry, record_key, now, response);
+        inner.with_lease(lease, |entry, shared, record_key, now, clock| {
+            complete(inner, entry, shared, record_key, now, response);
             (entry.operation(record_key, clock, None), false)
         })
     }
@@ -75,8 +75,8 @@ impl Store for MemoryStore {
     ) -> Result<()> {
         self.inner.journal_room().await;
         let inner = &self.inner;
-        inner.with_lease(lease, |entry, record_key, now, _| {
-            complete(inner, entry, record_key, now, response);
+        inner.with_lease(lease, |entry, shared, record_key, now, _| {
+            complete(inner, entry, shared, record_key, now, response);
             if delivered && !entry.delivered() {
                 entry.mark_delivered(now);
                 inner.journal(entry, now, || AuditEventKind::Delivered);
@@ -87,13 +87,13 @@ impl Store for MemoryStore {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.inner.journal_room().await;
-        self.inner.with_lease(lease, |_, _, _, _| ((), true))
+        self.inner.with_lease(lease, |_, _, _, _, _| ((), true))
     }
 
     async fn abandon(&self, lease: &Lease) -> Result<()> {
         self.inner.journal_room().await;
         let inner = &self.inner;
-        inner.with_lease(lease, |entry, record_key, now, clock| {
+        inner.with_lease(lease, |entry, _, record_key, now, clock| {
             entry.end_lease();
             let was = entry.state;
             entry.state = OperationState::Unknown;
@@ -111,7 +111,7 @@ impl Store for MemoryStore {
     /// operation back `in_progress`: its worker is evidently still alive.
     async fn extend_lease(&self, lease: &Lease, by: Duration) -> Result<()> {
         self.inner.journal_room().await;
-        self.inner.with_lease(lease, |entry, _, now, clock| {
+        self.inner.with_lease(lease, |entry, _, _, now, clock| {
             entry.state = OperationState::InProgress;
             entry.lease_expires = clock.later(now, by);
             entry.expires = Tick::NEVER;
@@ -197,8 +197,7 @@ impl Store for MemoryStore {
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
         self.inner.journal_room().await;
         let deleted = self.inner.purge(batch);
-        metrics::counter!(crate::metrics::PURGE_DELETED, crate::metrics::STORE => "memory")
-            .increment(deleted as u64);
+        self.inner.purge_deleted.increment(deleted as u64);
         Ok(deleted)
     }
 
@@ -230,7 +229,7 @@ impl DispatchStore for MemoryStore {
     async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation> {
         self.inner.journal_room().await;
         let inner = &self.inner;
-        inner.with_lease(lease, |entry, record_key, now, clock| {
+        inner.with_lease(lease, |entry, _, record_key, now, clock| {
             if entry.dispatched().is_never() {
                 entry.set_dispatched(now);
                 inner.journal(entry, now, || AuditEventKind::Dispatched);
@@ -245,7 +244,7 @@ impl DispatchStore for MemoryStore {
     async fn cancel(&self, lease: &Lease) -> Result<Operation> {
         self.inner.journal_room().await;
         let inner = &self.inner;
-        inner.with_lease(lease, |entry, record_key, now, clock| {
+        inner.with_lease(lease, |entry, _, record_key, now, clock| {
             entry.end_lease();
             entry.lease_expires = Tick::NEVER;
             let was = entry.state;
@@ -310,13 +309,14 @@ impl DecisionJournal for MemoryStore {
 fn complete(
     inner: &Inner,
     entry: &mut Entry,
+    shared: &mut Shared,
     record_key: &RecordKey,
     now: Tick,
     mut response: StoredResponse,
 ) {
     let added = response_bytes(&response);
     let status = response.status;
-    let headers = inner.headers(record_key, std::mem::take(&mut response.headers));
+    let headers = shared.headers(std::mem::take(&mut response.headers));
     entry.end_lease();
     entry.state = OperationState::Completed;
     entry.set_response(response, headers);

@@ -40,7 +40,10 @@ fn request(scope: &str, key: &str, fingerprint: &str) -> ReserveRequest {
 fn response() -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: vec![("content-type".to_owned(), Bytes::from("application/json"))],
+        headers: StoredResponse::header_map([(
+            "content-type".to_owned(),
+            Bytes::from("application/json"),
+        )]),
         body: Some(Bytes::from(r#"{"id":1}"#)),
     }
 }
@@ -397,10 +400,10 @@ fn debug_shows_size_not_records() {
 fn body(len: usize) -> StoredResponse {
     StoredResponse {
         status: 201,
-        headers: vec![(
+        headers: StoredResponse::header_map([(
             "content-type".to_owned(),
             Bytes::from_static(b"application/json"),
-        )],
+        )]),
         body: Some(Bytes::from(vec![b'x'; len])),
     }
 }

@@ -8,10 +8,10 @@
 //!
 //! ```text
 //! loop {
-//!     match engine.reserve(&attempt, how).await {
+//!     match engine.reserve(&attempt, how, &metrics).await {
 //!         Ok(Reserved::Acquired(acquired))   => run the handler, complete or release
 //!         Ok(Reserved::ApprovalRequested(op)) => answer approval-required
-//!         Ok(Reserved::Existing(op)) => match engine.settle(&mut attempt, *op).await {
+//!         Ok(Reserved::Existing(op)) => match engine.settle(&mut attempt, *op, &metrics).await {
 //!             Next::Replay { operation, .. } => answer with the stored result
 //!             Next::Again                    => continue
 //!             Next::Refuse(refusal)          => answer the refusal
@@ -22,7 +22,8 @@
 //! }
 //! ```
 //!
-//! Every store call goes through the same timing ([`crate::metrics::STORE_DURATION`]);
+//! Every store call goes through the same timing: the caller's [`StoreMetrics`], handles
+//! resolved once per layer ([`crate::metrics::STORE_DURATION`]);
 //! every refusal is one [`Refusal`], whose problem type ([`Refusal::slug`], from
 //! [`problem_types`](crate::problem_types)) both transports render. Invariants: nothing is reserved for a request
 //! refused before [`Engine::reserve`]; a decision over an existing record never runs the
@@ -32,7 +33,6 @@
 mod attempt;
 mod refusal;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -42,6 +42,7 @@ pub use refusal::{ApprovalRefusal, NotReserved, Refusal};
 use crate::approval::ApprovalState;
 use crate::audit::{AuditEventKind, Correlation, DecisionEvent};
 use crate::error::StoreError;
+use crate::metrics::{StoreMetrics, StoreOp};
 use crate::operation::{Lease, Operation, OperationId, OperationState};
 use crate::store::capability::TransactionalReservation;
 use crate::store::{Reservation, Store};
@@ -135,14 +136,17 @@ impl Engine {
         &self,
         attempt: &Attempt,
         mode: ReserveMode,
+        metrics: &StoreMetrics,
     ) -> Result<Reserved, NotReserved> {
         let request = attempt.request();
         let reserved = match self.store.transactions().filter(|_| mode.transactional) {
             Some(transactions) => {
                 let reserving = transactions.reserve_transaction(request.clone());
-                timed("reserve", reserving).await.map(from_transactional)
+                let reserved = metrics.time(StoreOp::Reserve, reserving).await;
+                reserved.map(from_transactional)
             }
-            None => timed("reserve", self.store.reserve(request.clone()))
+            None => metrics
+                .time(StoreOp::Reserve, self.store.reserve(request.clone()))
                 .await
                 .map(from_plain),
         };
@@ -196,7 +200,12 @@ impl Engine {
     /// The decision over `operation`, the record that holds the attempt's key: replay it,
     /// wait for it and ask again, or refuse. Waits run here (bounded by the attempt's
     /// deadlines) and end with the caller's future.
-    pub async fn settle(&self, attempt: &mut Attempt, operation: Operation) -> Next {
+    pub async fn settle(
+        &self,
+        attempt: &mut Attempt,
+        operation: Operation,
+        metrics: &StoreMetrics,
+    ) -> Next {
         attempt.rounds += 1;
         let request = attempt.request();
         if operation.fingerprint != request.fingerprint || operation.method != request.method {
@@ -215,10 +224,10 @@ impl Engine {
                 waited: attempt.waited,
                 operation: Box::new(operation),
             },
-            OperationState::InProgress => self.wait_for_original(attempt, operation).await,
+            OperationState::InProgress => self.wait_for_original(attempt, operation, metrics).await,
             OperationState::AwaitingApproval
             | OperationState::Authorized
-            | OperationState::Denied => self.over_approval(attempt, operation).await,
+            | OperationState::Denied => self.over_approval(attempt, operation, metrics).await,
             OperationState::Unknown => {
                 let reexecutable = operation.dispatched_at.is_none() || attempt.reexecute;
                 if reexecutable && !attempt.request().take_over_unknown {
@@ -234,7 +243,12 @@ impl Engine {
         }
     }
 
-    async fn wait_for_original(&self, attempt: &mut Attempt, operation: Operation) -> Next {
+    async fn wait_for_original(
+        &self,
+        attempt: &mut Attempt,
+        operation: Operation,
+        metrics: &StoreMetrics,
+    ) -> Next {
         if !attempt.waited {
             self.journal(attempt, Some(operation.id), |correlation| {
                 AuditEventKind::Attached {
@@ -251,7 +265,7 @@ impl Engine {
         attempt.stop_replacing();
         let request = attempt.request();
         let waiting = self.store.wait(&request.scope, &request.key, remaining);
-        match timed("wait", waiting).await {
+        match metrics.time(StoreOp::Wait, waiting).await {
             Ok(Some(current))
                 if current.state == OperationState::InProgress && Instant::now() >= deadline =>
             {
@@ -283,7 +297,12 @@ impl Engine {
         })
     }
 
-    async fn over_approval(&self, attempt: &mut Attempt, operation: Operation) -> Next {
+    async fn over_approval(
+        &self,
+        attempt: &mut Attempt,
+        operation: Operation,
+        metrics: &StoreMetrics,
+    ) -> Next {
         let Some(approval) = operation.approval.as_deref() else {
             tracing::error!(operation_id = %operation.id, state = operation.state.as_str(), "the store answered an approval state without its approval");
             return Next::Refuse(Refusal::ApprovalsUnsupported);
@@ -293,7 +312,7 @@ impl Engine {
             (_, ApprovalState::Expired) => ApprovalRefusal::Expired,
             (OperationState::AwaitingApproval, ApprovalState::Pending) => {
                 if Instant::now() < attempt.decision_deadline {
-                    return self.wait_for_decision(attempt, operation).await;
+                    return self.wait_for_decision(attempt, operation, metrics).await;
                 }
                 ApprovalRefusal::Required
             }
@@ -310,7 +329,12 @@ impl Engine {
     /// Waits until the attempt's decision deadline for the pending approval of `operation` to
     /// be decided (or to expire, or the record to change), then asks again; at the deadline,
     /// `approval-required`.
-    async fn wait_for_decision(&self, attempt: &mut Attempt, mut operation: Operation) -> Next {
+    async fn wait_for_decision(
+        &self,
+        attempt: &mut Attempt,
+        mut operation: Operation,
+        metrics: &StoreMetrics,
+    ) -> Next {
         let deadline = attempt.decision_deadline;
         loop {
             let pending = operation.state == OperationState::AwaitingApproval
@@ -331,7 +355,8 @@ impl Engine {
             }
             tokio::time::sleep(remaining.min(DECISION_POLL)).await;
             let request = attempt.request();
-            match timed("get", self.store.get(&request.scope, &request.key)).await {
+            let reading = self.store.get(&request.scope, &request.key);
+            match metrics.time(StoreOp::Get, reading).await {
                 Ok(Some(current)) if current.id == operation.id => operation = current,
                 Ok(_) => break,
                 Err(error) => {
@@ -393,16 +418,6 @@ fn retry_after(operation: &Operation, lease: Duration) -> u64 {
     let remaining = operation.lease_remaining(SystemTime::now()).min(lease);
     let seconds = remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0);
     seconds.max(1)
-}
-
-/// Times one store call into [`STORE_DURATION`](crate::metrics::STORE_DURATION) under
-/// `operation`.
-pub async fn timed<T>(operation: &'static str, call: impl Future<Output = T>) -> T {
-    let started = Instant::now();
-    let answer = call.await;
-    metrics::histogram!(crate::metrics::STORE_DURATION, crate::metrics::OPERATION => operation)
-        .record(started.elapsed().as_secs_f64());
-    answer
 }
 
 fn from_plain(reservation: Reservation) -> Reserved {

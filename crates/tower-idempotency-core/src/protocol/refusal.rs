@@ -1,5 +1,6 @@
 //! The protocol's refusals: one type for both transports, each naming its problem type.
 
+use crate::metrics::Decision;
 use crate::operation::Operation;
 use crate::problem_types;
 
@@ -52,20 +53,20 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The decision label of the refusal in the metrics (`idempotency.decision`).
-    pub fn label(&self) -> &'static str {
+    /// The refusal's decision in the metrics (the `idempotency.decision` label).
+    pub fn label(&self) -> Decision {
         match self {
-            Self::Conflict(_) => "conflict",
-            Self::InProgress { .. } => "in_progress",
-            Self::OutcomeUnknown(_) => "unknown",
+            Self::Conflict(_) => Decision::Conflict,
+            Self::InProgress { .. } => Decision::InProgress,
+            Self::OutcomeUnknown(_) => Decision::Unknown,
             Self::Approval { kind, .. } => match kind {
-                ApprovalRefusal::Required => "approval_required",
-                ApprovalRefusal::Denied => "approval_denied",
-                ApprovalRefusal::Expired => "approval_expired",
+                ApprovalRefusal::Required => Decision::ApprovalRequired,
+                ApprovalRefusal::Denied => Decision::ApprovalDenied,
+                ApprovalRefusal::Expired => Decision::ApprovalExpired,
             },
-            Self::ApprovalsUnsupported => "rejected",
-            Self::QuotaExceeded { .. } => "quota_exceeded",
-            Self::StoreFull | Self::StoreUnavailable => "store_unavailable",
+            Self::ApprovalsUnsupported => Decision::Rejected,
+            Self::QuotaExceeded { .. } => Decision::QuotaExceeded,
+            Self::StoreFull | Self::StoreUnavailable => Decision::StoreUnavailable,
         }
     }
 

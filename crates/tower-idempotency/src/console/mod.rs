@@ -48,7 +48,7 @@ use crate::config::Shared;
 use crate::layer::IdempotencyLayer;
 use crate::problem::Rejection;
 use crate::request_fingerprint::content_type_essence;
-use crate::telemetry::store_call;
+use crate::telemetry::{StoreOp, store_call};
 
 /// Largest decision form read.
 const FORM_LIMIT: usize = 16 * 1024;
@@ -281,10 +281,14 @@ impl Console {
 
     async fn approval(&self, scope: &Scope, id: ApprovalId) -> Result<Approval, Rejection> {
         let approvals = crate::approvals::approvals(&self.shared)?;
-        store_call("get_approval", approvals.get_approval(scope, id))
-            .await
-            .map_err(|error| store_failure(&error))?
-            .ok_or(Rejection::ApprovalNotFound)
+        store_call(
+            self.shared.metrics(),
+            StoreOp::GetApproval,
+            approvals.get_approval(scope, id),
+        )
+        .await
+        .map_err(|error| store_failure(&error))?
+        .ok_or(Rejection::ApprovalNotFound)
     }
 
     async fn evidence(&self, scope: &Scope, operation: OperationId) -> AuditView {
@@ -319,7 +323,8 @@ impl Console {
         status: StatusCode,
     ) -> Response {
         let operation = store_call(
-            "get",
+            self.shared.metrics(),
+            StoreOp::Get,
             self.shared.store.get_by_id(scope, approval.operation_id),
         )
         .await
@@ -375,7 +380,7 @@ async fn newest_pending(console: &Console, scope: &Scope) -> Result<Vec<Approval
         };
         let listing =
             approvals.list_approvals(scope, Some(ApprovalState::Pending), after, LIST_LIMIT);
-        let page = store_call("list_approvals", listing).await?;
+        let page = store_call(console.shared.metrics(), StoreOp::ListApprovals, listing).await?;
         let full = page.len() == LIST_LIMIT;
         after = page.last().map(ApprovalCursor::after);
         newest.extend(page);
@@ -560,7 +565,12 @@ async fn operation_by_id(console: &Console, id: &str, request: Request) -> Respo
     let Ok(id) = id.parse::<OperationId>() else {
         return console.refusal(Some(&viewer), &Rejection::OperationNotFound);
     };
-    let found = store_call("get", console.shared.store.get_by_id(&scope, id)).await;
+    let found = store_call(
+        console.shared.metrics(),
+        StoreOp::Get,
+        console.shared.store.get_by_id(&scope, id),
+    )
+    .await;
     operation_page(console, &scope, &viewer, found).await
 }
 
@@ -596,7 +606,12 @@ async fn operation_by_key(console: &Console, request: Request) -> Response {
             return html(StatusCode::OK, page);
         }
     };
-    let found = store_call("get", console.shared.store.get(&scope, &key)).await;
+    let found = store_call(
+        console.shared.metrics(),
+        StoreOp::Get,
+        console.shared.store.get(&scope, &key),
+    )
+    .await;
     operation_page(console, &scope, &viewer, found).await
 }
 

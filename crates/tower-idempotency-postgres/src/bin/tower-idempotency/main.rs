@@ -311,7 +311,7 @@ fn operation_json(operation: &Operation) -> Value {
         json!({
             "status": response.status,
             "headers": response.headers.iter()
-                .map(|(name, value)| json!([name, String::from_utf8_lossy(value)]))
+                .map(|(name, value)| json!([name.as_str(), String::from_utf8_lossy(value.as_bytes())]))
                 .collect::<Vec<_>>(),
             // Bodies may hold personal data: report their size, not their content.
             "body_bytes": response.body.as_ref().map(|body| body.len()),
