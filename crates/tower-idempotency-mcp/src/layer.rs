@@ -200,7 +200,13 @@ impl<S> Layer<S> for McpIdempotencyLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         let mut config = self.config.clone();
-        config.metrics = Arc::new(McpMetrics::new(&config));
+        config.metrics = Arc::new(McpMetrics::new(
+            config
+                .tools
+                .iter()
+                .map(|(tool, policy)| (tool, policy.approval.is_some())),
+            config.status_tool.as_ref(),
+        ));
         McpIdempotency::new(inner, Arc::new(config))
     }
 }

@@ -27,8 +27,6 @@ use tower_idempotency_core::metrics::{
     DecisionMetrics, GaugeGuard, OPERATIONS_IN_FLIGHT, StoreMetrics, StoreOp,
 };
 
-use crate::layer::Config;
-
 /// Label: the MCP method of the request (OpenTelemetry `mcp.method.name`); always
 /// `tools/call` for the calls the layer decides.
 pub const MCP_METHOD: &str = "mcp.method.name";
@@ -92,15 +90,18 @@ fn tool_series(tool: String) -> DecisionMetrics {
 }
 
 impl McpMetrics {
-    /// Resolves the handles of `config` and registers its series at zero, so that they are
+    /// Resolves a layer's handles and registers its series at zero, so that they are
     /// exported from the first scrape (an alert on a rate works before the first call): the
     /// in-flight gauge, and the decision counter of each configured tool for every decision
     /// it can reach.
-    pub(crate) fn new(config: &Config) -> Self {
-        let mut tools = HashMap::with_capacity(config.tools.len() + 1);
-        for (tool, policy) in &config.tools {
+    /// `tools`: each configured tool and whether its policy requires approval.
+    pub(crate) fn new<'a>(
+        tools_with_approvals: impl ExactSizeIterator<Item = (&'a String, bool)>,
+        status_tool: Option<&String>,
+    ) -> Self {
+        let mut tools = HashMap::with_capacity(tools_with_approvals.len() + 1);
+        for (tool, approvals) in tools_with_approvals {
             let series = tool_series(tool.clone());
-            let approvals = policy.approval.is_some();
             series.register(
                 TOOL_DECISIONS.into_iter().chain(
                     DecisionLabel::ALL
@@ -110,7 +111,7 @@ impl McpMetrics {
             );
             tools.insert(tool.clone(), series);
         }
-        if let Some(status) = &config.status_tool {
+        if let Some(status) = status_tool {
             tools
                 .entry(status.clone())
                 .or_insert_with(|| tool_series(status.clone()));

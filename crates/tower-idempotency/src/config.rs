@@ -75,8 +75,8 @@ pub(crate) struct Shared {
     /// Whether the route policies were verified against the router.
     #[cfg(feature = "axum")]
     pub(crate) route_check: Arc<RouteCheck>,
-    /// The layer's metric handles (see `telemetry::LayerMetrics`).
-    pub(crate) metrics: crate::telemetry::MetricsCell,
+    /// The layer's metric handles (see `layer_metrics::LayerMetrics`).
+    pub(crate) metrics: crate::layer_metrics::MetricsCell,
 }
 
 impl Shared {

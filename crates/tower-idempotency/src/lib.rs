@@ -150,6 +150,7 @@ mod extract;
 mod flow;
 mod headers;
 mod layer;
+mod layer_metrics;
 pub mod openapi;
 mod policy;
 pub mod problem;

@@ -15,21 +15,19 @@
 //! later requests only read. Histograms are resolved with their first sample. A request
 //! then emits through the handles: no look-up in the recorder, no label built.
 
-use std::collections::HashMap;
-use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Instant;
 
 use http::Method;
-use metrics::Gauge;
 pub(crate) use tower_idempotency_core::metrics::Decision;
 pub(crate) use tower_idempotency_core::metrics::StoreOp;
-use tower_idempotency_core::metrics::{self as names, DecisionMetrics, GaugeGuard, StoreMetrics};
+use tower_idempotency_core::metrics::{self as names, DecisionMetrics};
 use tracing::Span;
 
 use crate::config::Shared;
+pub(crate) use crate::layer_metrics::LayerMetrics;
 use crate::problem::Rejection;
 
 /// The decision a refusal stands for.
@@ -93,153 +91,24 @@ impl Drop for Tally {
     }
 }
 
-/// Most routes a layer keeps series for. Routes are templates (a handful per service);
-/// past this many (a service labelled by raw paths) a request's series is made for it
-/// alone, and its handles resolved when it is counted.
-const CACHED_ROUTES: usize = 1024;
-
-/// Route → the series of each of its methods.
-type RouteMap = HashMap<Box<str>, Vec<(&'static str, Arc<DecisionMetrics>)>>;
-
-/// The layer's metric handles, resolved once: the gauges and the routes with a policy of
-/// their own when the layer wraps a service, a route under the default policy the first
-/// time it is seen (then kept in a map that requests only read), the store-call
-/// histograms on their first sample.
-pub(crate) struct LayerMetrics {
-    pub(crate) store: StoreMetrics,
-    in_flight: Gauge,
-    records_pending: Gauge,
-    routes: RwLock<RouteMap>,
-}
-
-impl fmt::Debug for LayerMetrics {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LayerMetrics").finish_non_exhaustive()
-    }
-}
-
-/// The decisions a route registers at zero: all of them, the `approval_*` ones only when
-/// its policy requires approvals.
-fn reachable(approvals: bool) -> impl Iterator<Item = Decision> {
-    Decision::ALL
-        .into_iter()
-        .filter(move |decision| approvals || !decision.needs_approval())
-}
-
-fn route_series(method: &'static str, route: &str) -> DecisionMetrics {
-    DecisionMetrics::new(
-        (names::METHOD, method),
-        (names::ROUTE, Arc::<str>::from(route)),
-    )
-}
-
-impl LayerMetrics {
-    /// Resolves the handles of `shared`'s layer and registers its series at zero: its
-    /// gauges, and the decision counters of each route that has a policy of its own.
-    fn new(shared: &Shared) -> Self {
-        let mut routes = RouteMap::new();
-        for (route, methods) in &shared.routes {
-            for (method, policy) in methods {
-                if shared.guards(method) {
-                    let series = route_series(method_label(method), route);
-                    series.register(reachable(policy.approval.is_some()));
-                    routes
-                        .entry(Box::from(route.as_str()))
-                        .or_default()
-                        .push((method_label(method), Arc::new(series)));
-                }
-            }
-        }
-        shared.detached.use_gauge(names::gauge(names::DETACHED));
-        Self {
-            store: StoreMetrics::new(),
-            in_flight: names::gauge(names::OPERATIONS_IN_FLIGHT),
-            records_pending: names::gauge(names::RECORDS_PENDING),
-            routes: RwLock::new(routes),
-        }
-    }
-
-    /// The series of `(method, route)`. A route seen for the first time gets its series
-    /// made, its decision counters registered at zero (`approvals`: whether its policy
-    /// requires approvals) and kept, so that it is exported in full from then on.
-    pub(crate) fn route(
-        &self,
-        method: &Method,
-        route: &str,
-        approvals: impl FnOnce() -> bool,
-    ) -> Arc<DecisionMetrics> {
-        let method = method_label(method);
-        let find = |routes: &RouteMap| {
-            routes
-                .get(route)
-                .and_then(|methods| methods.iter().find(|(m, _)| *m == method))
-                .map(|(_, series)| Arc::clone(series))
-        };
-        if let Some(series) = find(&self.routes.read().unwrap_or_else(PoisonError::into_inner)) {
-            return series;
-        }
-        let mut routes = self.routes.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(series) = find(&routes) {
-            return series;
-        }
-        let series = Arc::new(route_series(method, route));
-        if routes.len() < CACHED_ROUTES || routes.contains_key(route) {
-            series.register(reachable(approvals()));
-            routes
-                .entry(Box::from(route))
-                .or_default()
-                .push((method, Arc::clone(&series)));
-        }
-        series
-    }
-
-    /// Counts a handler in [`OPERATIONS_IN_FLIGHT`](names::OPERATIONS_IN_FLIGHT) while the
-    /// guard lives, however it ends (returns, panics, is dropped).
-    pub(crate) fn in_flight(&self) -> GaugeGuard {
-        GaugeGuard::up(&self.in_flight)
-    }
-
-    /// Moves [`RECORDS_PENDING`](names::RECORDS_PENDING) by `delta`.
-    pub(crate) fn pending_records(&self, delta: f64) {
-        self.records_pending.increment(delta);
-    }
-}
-
-/// The layer's [`LayerMetrics`], made the first time they are asked for (when the layer
-/// wraps a service). A builder method that changes the configuration works on a clone,
-/// which starts without them (it may add routes).
-#[derive(Default)]
-pub(crate) struct MetricsCell(OnceLock<Arc<LayerMetrics>>);
-
-impl Clone for MetricsCell {
-    fn clone(&self) -> Self {
-        Self::default()
-    }
-}
-
 impl Shared {
     /// The layer's metric handles, resolved (and its series registered at zero) on the
     /// first call: axum calls `Layer::layer` once for every route, and the handles are
     /// made once per configuration.
     pub(crate) fn metrics(&self) -> &Arc<LayerMetrics> {
-        self.metrics
-            .0
-            .get_or_init(|| Arc::new(LayerMetrics::new(self)))
-    }
-}
-
-/// The method label: the method for the standard ones, `_OTHER` for extension methods
-/// (which are the client's choice: one label for all of them).
-fn method_label(method: &Method) -> &'static str {
-    match method.as_str() {
-        "POST" => "POST",
-        "PUT" => "PUT",
-        "PATCH" => "PATCH",
-        "DELETE" => "DELETE",
-        "GET" => "GET",
-        "HEAD" => "HEAD",
-        "OPTIONS" => "OPTIONS",
-        _ => "_OTHER",
+        self.metrics.0.get_or_init(|| {
+            let guarded = self.routes.iter().flat_map(|(route, methods)| {
+                methods
+                    .iter()
+                    .filter(|(method, _)| self.guards(method))
+                    .map(move |(method, policy)| {
+                        (route.as_str(), method, policy.approval.is_some())
+                    })
+            });
+            let metrics = LayerMetrics::new(guarded);
+            self.detached.use_gauge(names::gauge(names::DETACHED));
+            Arc::new(metrics)
+        })
     }
 }
 
