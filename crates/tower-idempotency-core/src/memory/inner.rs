@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryStoreConfig;
 use super::clock::{Clock, Tick};
-use super::entry::{Entry, Headers, NewEntry, Profile, StoredApproval};
+use super::entry::{
+    APPROVAL_OVERHEAD, Entry, NewEntry, RECORD_OVERHEAD, StoredApproval, headers_bytes,
+};
+pub(super) use super::shard::Shared;
 use super::shard::{
     ApprovalKey, MAX_SHARDS, PassThrough, RecordKey, Shard, Table, id_in_shard, lock, shard_of,
     shard_of_id,
@@ -19,57 +22,6 @@ use crate::{
     ApprovalId, ApprovalRequest, ApprovalState, IdempotencyKey, Lease, Operation, OperationId,
     OperationState, Reservation, ReserveRequest, Scope, ScopeQuota, StoreError, StoredResponse,
 };
-
-/// What the records of one shard share: their profiles (method, route, retention) and
-/// their stored header maps. Held in the shard's [`Table`], under its lock: a reservation
-/// or a completion takes no lock of its own for it.
-#[derive(Default)]
-pub(super) struct Shared {
-    profiles: Vec<Arc<Profile>>,
-    headers: Vec<Arc<Headers>>,
-}
-
-impl Shared {
-    /// The profile of `request` (method, route, retention), shared with the other records
-    /// of the shard, or one of its own once the shard shares [`SHARED_NAMES`].
-    pub(super) fn profile(&mut self, request: &ReserveRequest) -> Arc<Profile> {
-        let found = self.profiles.iter().find(|p| {
-            *p.method == *request.method
-                && *p.route == *request.route
-                && p.retention == request.retention
-                && p.unknown_retention == request.unknown_retention
-        });
-        if let Some(found) = found {
-            return Arc::clone(found);
-        }
-        let profile = Arc::new(Profile {
-            method: Box::from(request.method.as_str()),
-            route: Box::from(request.route.as_str()),
-            retention: request.retention,
-            unknown_retention: request.unknown_retention,
-        });
-        if self.profiles.len() < SHARED_NAMES {
-            self.profiles.push(Arc::clone(&profile));
-        }
-        profile
-    }
-
-    /// `headers` shared with the responses of the shard that carry the same ones (`None`
-    /// for none).
-    pub(super) fn headers(&mut self, headers: Headers) -> Option<Arc<Headers>> {
-        if headers.is_empty() {
-            return None;
-        }
-        if let Some(found) = self.headers.iter().find(|h| ***h == headers) {
-            return Some(Arc::clone(found));
-        }
-        let headers = Arc::new(headers);
-        if self.headers.len() < SHARED_NAMES {
-            self.headers.push(Arc::clone(&headers));
-        }
-        Some(headers)
-    }
-}
 
 pub(super) struct Inner {
     pub(super) capacity: usize,
@@ -130,22 +82,6 @@ pub(super) enum Refusal {
     Quota(Tick),
 }
 
-/// What every record counts beyond its strings and response: its slot (the record itself,
-/// 200 bytes, with a key of up to 40 characters inline and the fingerprint as its 32-byte
-/// digest) and its two index slots (20–30 bytes, with the tables' fill), less what the
-/// counted fingerprint text (71 characters for SHA-256) stands for. A demo-sized record
-/// counts about 290 bytes for the 245–256 it takes (see `docs/memory-store.md`): the count
-/// errs high.
-pub(super) const RECORD_OVERHEAD: u64 = 176;
-
-/// What every stored header counts beyond its name and value (its `String`, its `Bytes`).
-/// Header lists repeat from response to response and are shared, so this errs high.
-pub(super) const HEADER_OVERHEAD: u64 = 64;
-
-/// What an approval counts beyond its summary and names: the boxed record, the
-/// approval-id index entry and the summary's in-memory form beyond its JSON text.
-pub(super) const APPROVAL_OVERHEAD: u64 = 320;
-
 /// The bytes a new record for `request` counts before it has a response: with an approval
 /// request, that too (a request that is stored counts like any record, against the scope's
 /// quota as well).
@@ -167,23 +103,10 @@ fn summary_len(summary: &serde_json::Value) -> usize {
     serde_json::to_vec(summary).map_or(0, |text| text.len())
 }
 
-/// The bytes stored headers add to their record.
-pub(super) fn headers_bytes(headers: &Headers) -> u64 {
-    headers
-        .iter()
-        .map(|(name, value)| HEADER_OVERHEAD + (name.as_str().len() + value.len()) as u64)
-        .sum()
-}
-
 /// The bytes a stored response adds to its record.
 pub(super) fn response_bytes(response: &StoredResponse) -> u64 {
     headers_bytes(&response.headers) + response.body.as_ref().map_or(0, |body| body.len() as u64)
 }
-
-/// Most distinct profiles (and header lists) one shard shares between its records. Routes
-/// are templates, a handful per service; a service that passes raw paths gets a copy per
-/// record past this many instead of an ever-growing table.
-pub(super) const SHARED_NAMES: usize = 32;
 
 impl Inner {
     pub(super) fn new(config: MemoryStoreConfig) -> Self {

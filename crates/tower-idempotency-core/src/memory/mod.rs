@@ -111,6 +111,7 @@ mod clock;
 mod entry;
 mod inner;
 mod journal;
+mod record_key;
 mod shard;
 mod store;
 #[cfg(test)]

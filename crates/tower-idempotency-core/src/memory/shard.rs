@@ -16,8 +16,11 @@ use hashbrown::HashTable;
 use uuid::Uuid;
 
 use super::entry::Entry;
-use super::inner::Shared;
-use crate::{ApprovalId, IdempotencyKey, OperationId, Scope};
+use super::entry::{Headers, Profile};
+pub(super) use super::record_key::RecordKey;
+use std::sync::Arc;
+
+use crate::{ApprovalId, OperationId, ReserveRequest};
 
 pub(super) type Shard<K, V> = Mutex<HashMap<K, V, BuildHasherDefault<PassThrough>>>;
 
@@ -244,30 +247,6 @@ pub(super) fn id_in_shard(id: OperationId, shard: usize, shards: usize) -> Opera
     OperationId::from_uuid(Uuid::from_bytes(bytes))
 }
 
-/// `(scope, key)` with its hash, computed once per store call with the store's keyed
-/// (SipHash) hasher: it picks the shard and is the map's hash, so a lookup hashes the
-/// client-chosen strings once instead of once per map touched.
-#[derive(Clone)]
-pub(super) struct RecordKey {
-    pub(super) hash: u64,
-    pub(super) scope: Scope,
-    pub(super) key: IdempotencyKey,
-}
-
-impl PartialEq for RecordKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.scope == other.scope && self.key == other.key
-    }
-}
-
-impl Eq for RecordKey {}
-
-impl Hash for RecordKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
 /// An approval id as a map key, hashed by the low half of its (random, version 4) UUID.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct ApprovalKey(pub(super) ApprovalId);
@@ -317,3 +296,59 @@ pub(super) fn shard_of(hash: u64, shards: usize) -> usize {
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// What the records of one shard share: their profiles (method, route, retention) and
+/// their stored header maps. Held in the shard's [`Table`], under its lock: a reservation
+/// or a completion takes no lock of its own for it.
+#[derive(Default)]
+pub(super) struct Shared {
+    profiles: Vec<Arc<Profile>>,
+    headers: Vec<Arc<Headers>>,
+}
+
+impl Shared {
+    /// The profile of `request` (method, route, retention), shared with the other records
+    /// of the shard, or one of its own once the shard shares [`SHARED_NAMES`].
+    pub(super) fn profile(&mut self, request: &ReserveRequest) -> Arc<Profile> {
+        let found = self.profiles.iter().find(|p| {
+            *p.method == *request.method
+                && *p.route == *request.route
+                && p.retention == request.retention
+                && p.unknown_retention == request.unknown_retention
+        });
+        if let Some(found) = found {
+            return Arc::clone(found);
+        }
+        let profile = Arc::new(Profile {
+            method: Box::from(request.method.as_str()),
+            route: Box::from(request.route.as_str()),
+            retention: request.retention,
+            unknown_retention: request.unknown_retention,
+        });
+        if self.profiles.len() < SHARED_NAMES {
+            self.profiles.push(Arc::clone(&profile));
+        }
+        profile
+    }
+
+    /// `headers` shared with the responses of the shard that carry the same ones (`None`
+    /// for none).
+    pub(super) fn headers(&mut self, headers: Headers) -> Option<Arc<Headers>> {
+        if headers.is_empty() {
+            return None;
+        }
+        if let Some(found) = self.headers.iter().find(|h| ***h == headers) {
+            return Some(Arc::clone(found));
+        }
+        let headers = Arc::new(headers);
+        if self.headers.len() < SHARED_NAMES {
+            self.headers.push(Arc::clone(&headers));
+        }
+        Some(headers)
+    }
+}
+
+/// Most distinct profiles (and header lists) one shard shares between its records. Routes
+/// are templates, a handful per service; a service that passes raw paths gets a copy per
+/// record past this many instead of an ever-growing table.
+pub(super) const SHARED_NAMES: usize = 32;

@@ -415,10 +415,10 @@ async fn byte_budget_counts_records_and_responses_and_gives_them_back() {
     let reserved = store.bytes();
     assert_eq!(
         reserved,
-        inner::RECORD_OVERHEAD + ("a".len() + "1".len() + "fp".len()) as u64
+        entry::RECORD_OVERHEAD + ("a".len() + "1".len() + "fp".len()) as u64
     );
     store.complete(&lease, body(1000)).await.unwrap();
-    let stored = reserved + inner::HEADER_OVERHEAD + 12 + 16 + 1000;
+    let stored = reserved + entry::HEADER_OVERHEAD + 12 + 16 + 1000;
     assert_eq!(store.bytes(), stored);
     assert_eq!(store.scope_usage(&Scope::new("a")), (1, stored));
     // An expired record replaced by a new operation of its key gives its response back.
@@ -433,7 +433,7 @@ async fn byte_budget_counts_records_and_responses_and_gives_them_back() {
 #[tokio::test(start_paused = true)]
 async fn spent_byte_budget_refuses_new_keys_and_never_drops_a_live_record() {
     // Room for two reservations; a completion past the budget is stored anyway.
-    let one = inner::RECORD_OVERHEAD + 3;
+    let one = entry::RECORD_OVERHEAD + 3;
     let store = MemoryStore::new(MemoryStoreConfig {
         max_bytes: 2 * one + 100,
         ..MemoryStoreConfig::default()
@@ -519,9 +519,9 @@ async fn approval_records_count_their_request_and_leave_the_index_when_purged() 
         panic!("a new key needing approval requests it");
     };
     let summary = r#"{"operation":"deploy"}"#.len() + "alice".len();
-    let reserved = inner::RECORD_OVERHEAD
+    let reserved = entry::RECORD_OVERHEAD
         + ("a".len() + "1".len() + "fp".len()) as u64
-        + inner::APPROVAL_OVERHEAD
+        + entry::APPROVAL_OVERHEAD
         + summary as u64;
     assert_eq!(store.bytes(), reserved);
     let id = op.approval.as_ref().unwrap().id;
