@@ -14,6 +14,11 @@
 //! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
 //! | `memory-guarded-audit` | *(none)*, as `memory-guarded`, with the demo's audit journal | memory store, journaled | in memory |
 //! | `pg-transactional-no-audit` | `--database-url U --no-audit` | PostgreSQL store, not journaled | `INSERT` in the operation's transaction |
+//! | `mcp-unguarded` | the mcp-demo's `--no-idempotency` | none: rmcp's service alone | the effect in memory |
+//! | `mcp-guarded` | the mcp-demo's *(none)*: its router, store and journal | `McpIdempotencyLayer`, memory store, journaled | in memory |
+//!
+//! The two `mcp-*` modes are the mcp-demo's router (`mcp_demo::app`, its authentication and
+//! tools, delays 0) rather than the demo's; the MCP suite calls its `create_ticket` tool.
 //!
 //! The demo journals by default, so the `pg-*` guarded modes are journaled; the two modes
 //! at the end of the table make the audit suites' comparison of journal on and off.
@@ -40,7 +45,7 @@ use tower_idempotency::{
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The serving modes, by name.
-pub const MODES: [&str; 8] = [
+pub const MODES: [&str; 10] = [
     "memory-unguarded",
     "memory-demo",
     "memory-guarded",
@@ -49,6 +54,8 @@ pub const MODES: [&str; 8] = [
     "pg-transactional",
     "memory-guarded-audit",
     "pg-transactional-no-audit",
+    "mcp-unguarded",
+    "mcp-guarded",
 ];
 
 /// Serves `mode` on `listen` until SIGTERM; prints `listening on http://ADDR` once bound.
@@ -137,6 +144,15 @@ pub async fn serve(
             );
             spawn_purge_task(store.clone(), Duration::from_secs(60), 1000);
             demo::router_with_journal(&memory, store, demo::AuditJournal::Memory(journal))
+        }
+        // The mcp-demo without flags, and with `--no-idempotency`.
+        "mcp-guarded" => mcp_demo::app(&mcp_demo::DemoConfig::default()).await?,
+        "mcp-unguarded" => {
+            mcp_demo::app(&mcp_demo::DemoConfig {
+                idempotency: false,
+                ..mcp_demo::DemoConfig::default()
+            })
+            .await?
         }
         other => return Err(format!("unknown mode {other}; one of {MODES:?}").into()),
     };
