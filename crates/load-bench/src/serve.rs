@@ -19,6 +19,8 @@
 //!
 //! The two `mcp-*` modes are the mcp-demo's router (`mcp_demo::app`, its authentication and
 //! tools, delays 0) rather than the demo's; the MCP suite calls its `create_ticket` tool.
+//! Their connections are `TCP_NODELAY`: rmcp's SSE answers end in a small write of their
+//! own that Nagle's algorithm would hold for the client's delayed ACK (~40 ms a call).
 //!
 //! The demo journals by default, so the `pg-*` guarded modes are journaled; the two modes
 //! at the end of the table make the audit suites' comparison of journal on and off.
@@ -34,6 +36,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use demo::{Config, Records};
 use tokio::net::TcpListener;
 use tower_idempotency::spawn_purge_task;
@@ -158,6 +161,18 @@ pub async fn serve(
     };
     let listener = TcpListener::bind(listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
+    if mode.starts_with("mcp-") {
+        // An SSE answer leaves in several small writes (head and event, then the closing
+        // chunk): with Nagle's algorithm the last one waits for the client's delayed ACK,
+        // about 40 ms on Linux, and every call measures that stall instead of the server.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, router)
+            .with_graceful_shutdown(demo::shutdown_signal())
+            .await?;
+        return Ok(());
+    }
     axum::serve(listener, router)
         .with_graceful_shutdown(demo::shutdown_signal())
         .await?;
