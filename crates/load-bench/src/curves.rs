@@ -161,6 +161,7 @@ fn http_round(
             mode: case.workload,
             route: "tickets",
             body_bytes,
+            session: None,
         };
         let url = base(servers, case.mode);
         let id = format!("curve-{tag}-{index}-r{round}");

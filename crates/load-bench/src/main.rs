@@ -9,7 +9,7 @@
 //!
 //! Subcommands (`load-bench --help`, `load-bench SUBCOMMAND --help`; `--version`):
 //!
-//! - `run [--suite memory|postgres|all|audit] [--rounds 3] [--duration 10] [--warmup 2]
+//! - `run [--suite memory|postgres|all|audit|mcp] [--rounds 3] [--duration 10] [--warmup 2]
 //!   [--connections 64] [--threads 2] [--fsync on|off] [--log warn]` — the benchmark (also
 //!   without a subcommand); out-of-range values are refused (rounds 1–20, duration 1–120 s,
 //!   warm-up 0–60 s, threads 1–64, connections 1–1024);
@@ -22,6 +22,7 @@
 
 mod ceiling;
 mod curves;
+mod mcp;
 mod pgprofile;
 mod record_size;
 mod serve;
@@ -161,6 +162,8 @@ enum SuiteChoice {
     /// The audit journal on and off: memory fresh keys, then PostgreSQL transactional
     /// fresh keys
     Audit,
+    /// The mcp-demo's `tools/call` with and without the MCP layer
+    Mcp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -306,6 +309,8 @@ fn record_size_command(args: &RecordSizeArgs) -> Result<(), String> {
 struct Server {
     child: Child,
     base: String,
+    /// The MCP session the wrk script uses (`mcp-*` modes).
+    session: Option<String>,
 }
 
 impl Server {
@@ -354,6 +359,7 @@ impl Server {
         let mut server = Self {
             child,
             base: String::new(),
+            session: None,
         };
         match line.trim().strip_prefix("listening on ") {
             Some(base) => {
@@ -392,6 +398,9 @@ struct Target {
 
 struct Suite {
     name: &'static str,
+    /// Whether the cases are MCP tool calls (`mcp_requests.lua` against the mcp-demo's
+    /// `/mcp`, over one session per server) rather than the demo's HTTP writes.
+    mcp: bool,
     /// Whether every round starts new server processes (memory: each round starts from an
     /// empty store, as the demo binary does, instead of growing one store over the run).
     restart_each_round: bool,
@@ -404,6 +413,7 @@ struct Suite {
 fn memory_suite() -> Suite {
     Suite {
         name: "memory",
+        mcp: false,
         restart_each_round: true,
         // The in-memory ledger checks invoice references by scanning the account's
         // payments, so a payments run would slow down as it goes; tickets without a
@@ -446,6 +456,7 @@ fn memory_suite() -> Suite {
 fn postgres_suite() -> Suite {
     Suite {
         name: "postgres",
+        mcp: false,
         restart_each_round: false,
         // A payment is one INSERT checked by a unique constraint; a ticket would also
         // enqueue an outbox notification that a dispatcher delivers.
@@ -510,6 +521,7 @@ fn postgres_suite() -> Suite {
 fn audit_memory_suite() -> Suite {
     Suite {
         name: "audit-memory",
+        mcp: false,
         route: "tickets",
         // New servers (and empty stores) every round, as in the memory suite.
         restart_each_round: true,
@@ -538,6 +550,7 @@ fn audit_memory_suite() -> Suite {
 fn audit_postgres_suite() -> Suite {
     Suite {
         name: "audit-postgres",
+        mcp: false,
         route: "payments",
         restart_each_round: false,
         // The journaled server starts first, so that the server started first (and its
@@ -560,6 +573,52 @@ fn audit_postgres_suite() -> Suite {
             against: 1,
             min: 0.9,
         }],
+    }
+}
+
+/// The mcp-demo's `tools/call` of `create_ticket` (no sleeping: the demo's delays are 0)
+/// through `McpIdempotencyLayer` against the same server without it (issue 24's target).
+/// Explicit keys (`params._meta["dev.tower-idempotency/idempotency-key"]`): a new one per
+/// request for fresh calls, one fixed key for retries, each of which after the first is
+/// answered from the completed execution's record.
+fn mcp_suite() -> Suite {
+    Suite {
+        name: "mcp",
+        mcp: true,
+        // New servers (an empty store and ledger) every round, as in the memory suite.
+        restart_each_round: true,
+        route: "create_ticket",
+        cases: vec![
+            Case {
+                label: "unguarded (`--no-idempotency`)",
+                mode: "mcp-unguarded",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded (the mcp-demo's defaults), fresh keys",
+                mode: "mcp-guarded",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded (the mcp-demo's defaults), retries of one completed call",
+                mode: "mcp-guarded",
+                workload: "replay",
+            },
+        ],
+        targets: vec![
+            Target {
+                text: "MCP: guarded fresh ≥ 0.80× unguarded",
+                case: 1,
+                against: 0,
+                min: 0.80,
+            },
+            Target {
+                text: "MCP: retried call ≥ 0.95× unguarded",
+                case: 2,
+                against: 0,
+                min: 0.95,
+            },
+        ],
     }
 }
 
@@ -600,16 +659,20 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         SuiteChoice::Postgres => vec![postgres_suite()],
         SuiteChoice::All => vec![memory_suite(), postgres_suite()],
         SuiteChoice::Audit => vec![audit_memory_suite(), audit_postgres_suite()],
+        SuiteChoice::Mcp => vec![mcp_suite()],
     };
     wrk::ensure_installed()?;
     let work = std::env::temp_dir().join(format!("load-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
     let script = work.join("requests.lua");
     std::fs::write(&script, include_str!("requests.lua")).map_err(|e| e.to_string())?;
+    let mcp_script = work.join("mcp_requests.lua");
+    std::fs::write(&mcp_script, include_str!("mcp_requests.lua")).map_err(|e| e.to_string())?;
 
     print_machine(&settings);
     for suite in &suites {
         match suite.name {
+            "mcp" => run_suite(suite, &settings, &mcp_script, &work, None)?,
             "memory" => {
                 run_suite(suite, &settings, &script, &work, None)?;
                 print_record_sizes()?;
@@ -752,11 +815,21 @@ fn start_servers<'a>(
     let mut servers: Vec<(&str, Server)> = Vec::new();
     for case in &suite.cases {
         if !servers.iter().any(|(mode, _)| *mode == case.mode) {
-            let server = Server::start(case.mode, url, settings, work, &[])?;
+            let mut server = Server::start(case.mode, url, settings, work, &[])?;
+            if suite.mcp {
+                server.session = Some(mcp::open_session(&server.base)?);
+            }
             servers.push((case.mode, server));
         }
     }
     Ok(servers)
+}
+
+fn session_of<'a>(servers: &'a [(&str, Server)], mode: &str) -> Option<&'a str> {
+    servers
+        .iter()
+        .find(|(m, _)| *m == mode)
+        .and_then(|(_, s)| s.session.as_deref())
 }
 
 fn base_of(servers: &[(&str, Server)], mode: &str) -> String {
@@ -787,6 +860,7 @@ fn warm_up(
                 mode: case.workload,
                 route: suite.route,
                 body_bytes: 0,
+                session: session_of(servers, case.mode),
             },
         )?;
     }
@@ -831,10 +905,19 @@ fn run_suite(
                     mode: case.workload,
                     route: suite.route,
                     body_bytes: 0,
+                    session: session_of(&servers, case.mode),
                 },
             )?;
+            let mcp = if suite.mcp {
+                format!(
+                    ", failed answers {}, replays {}",
+                    run.failures, run.replayed
+                )
+            } else {
+                String::new()
+            };
             eprintln!(
-                "load-bench: {} round {}: {} — {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, non-2xx {}",
+                "load-bench: {} round {}: {} — {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, non-2xx {}{mcp}",
                 suite.name,
                 round + 1,
                 case.label,
@@ -891,6 +974,7 @@ fn profile_cases(
                 mode: case.workload,
                 route: suite.route,
                 body_bytes: 0,
+                session: server.session.as_deref(),
             },
         )?;
         let server_cpu = pgprofile::process_cpu(pid, false) - server_before;
@@ -917,11 +1001,22 @@ fn print_table(suite: &Suite, results: &[Vec<Run>]) {
         .map(|runs| median(&mut runs.iter().map(|r| r.rps).collect::<Vec<_>>()))
         .collect();
     let baseline = medians.first().copied().unwrap_or(f64::NAN);
-    println!("\n### {} (POST /v1/{})\n", suite.name, suite.route);
-    println!(
-        "| case | req/s (median) | each round | p50 ms | p99 ms | vs baseline | non-2xx / socket errors |"
-    );
-    println!("|---|---:|---|---:|---:|---:|---:|");
+    if suite.mcp {
+        println!(
+            "\n### {} (POST /mcp, tools/call {}, one session per server)\n",
+            suite.name, suite.route
+        );
+        println!(
+            "| case | req/s (median) | each round | p50 ms | p99 ms | vs baseline | failed answers (non-2xx, JSON-RPC or tool error) / socket errors | replays |"
+        );
+        println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    } else {
+        println!("\n### {} (POST /v1/{})\n", suite.name, suite.route);
+        println!(
+            "| case | req/s (median) | each round | p50 ms | p99 ms | vs baseline | non-2xx / socket errors |"
+        );
+        println!("|---|---:|---|---:|---:|---:|---:|");
+    }
     for (i, case) in suite.cases.iter().enumerate() {
         let runs = &results[i];
         let rounds: Vec<String> = runs.iter().map(|r| format!("{:.0}", r.rps)).collect();
@@ -929,6 +1024,20 @@ fn print_table(suite: &Suite, results: &[Vec<Run>]) {
         let p99 = median(&mut runs.iter().map(|r| r.p99_ms).collect::<Vec<_>>());
         let errors: u64 = runs.iter().map(|r| r.non2xx).sum();
         let socket: u64 = runs.iter().map(|r| r.socket_errors).sum();
+        if suite.mcp {
+            let failed: u64 = runs.iter().map(|r| r.failures).sum();
+            let replays: u64 = runs.iter().map(|r| r.replayed).sum();
+            println!(
+                "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {failed} / {socket} | {replays} |",
+                case.label,
+                medians[i],
+                rounds.join(" "),
+                p50,
+                p99,
+                medians[i] / baseline,
+            );
+            continue;
+        }
         println!(
             "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {} / {} |",
             case.label,
@@ -1114,6 +1223,7 @@ mod tests {
         assert_eq!((custom.connections, custom.threads), (8, 1));
         assert_eq!(custom.fsync, Fsync::Off);
         assert_eq!(custom.log, "info");
+        assert_eq!(run(&["run", "--suite", "mcp"]).suite, SuiteChoice::Mcp);
     }
 
     #[test]
@@ -1130,6 +1240,12 @@ mod tests {
         assert_eq!(serve.mode, "pg-transactional");
         assert_eq!(serve.listen, "127.0.0.1:0".parse().unwrap());
         assert_eq!(serve.database_url.as_deref(), Some("postgres://x"));
+        for mode in ["mcp-guarded", "mcp-unguarded"] {
+            let Subcommand::Serve(serve) = parse(&["serve", mode]).unwrap() else {
+                panic!("not serve");
+            };
+            assert_eq!(serve.mode, mode);
+        }
         let Subcommand::RecordSize(size) = parse(&["record-size", "--body-bytes", "4096"]).unwrap()
         else {
             panic!("not record-size");

@@ -14,6 +14,13 @@
 //! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
 //! | `memory-guarded-audit` | *(none)*, as `memory-guarded`, with the demo's audit journal | memory store, journaled | in memory |
 //! | `pg-transactional-no-audit` | `--database-url U --no-audit` | PostgreSQL store, not journaled | `INSERT` in the operation's transaction |
+//! | `mcp-unguarded` | the mcp-demo's `--no-idempotency` | none: rmcp's service alone | the effect in memory |
+//! | `mcp-guarded` | the mcp-demo's *(none)*: its router, store and journal | `McpIdempotencyLayer`, memory store, journaled | in memory |
+//!
+//! The two `mcp-*` modes are the mcp-demo's router (`mcp_demo::app`, its authentication and
+//! tools, delays 0) rather than the demo's; the MCP suite calls its `create_ticket` tool.
+//! Their connections are `TCP_NODELAY`: rmcp's SSE answers end in a small write of their
+//! own that Nagle's algorithm would hold for the client's delayed ACK (~40 ms a call).
 //!
 //! The demo journals by default, so the `pg-*` guarded modes are journaled; the two modes
 //! at the end of the table make the audit suites' comparison of journal on and off.
@@ -29,6 +36,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use demo::{Config, Records};
 use tokio::net::TcpListener;
 use tower_idempotency::spawn_purge_task;
@@ -40,7 +48,7 @@ use tower_idempotency::{
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The serving modes, by name.
-pub const MODES: [&str; 8] = [
+pub const MODES: [&str; 10] = [
     "memory-unguarded",
     "memory-demo",
     "memory-guarded",
@@ -49,6 +57,8 @@ pub const MODES: [&str; 8] = [
     "pg-transactional",
     "memory-guarded-audit",
     "pg-transactional-no-audit",
+    "mcp-unguarded",
+    "mcp-guarded",
 ];
 
 /// Serves `mode` on `listen` until SIGTERM; prints `listening on http://ADDR` once bound.
@@ -138,10 +148,31 @@ pub async fn serve(
             spawn_purge_task(store.clone(), Duration::from_secs(60), 1000);
             demo::router_with_journal(&memory, store, demo::AuditJournal::Memory(journal))
         }
+        // The mcp-demo without flags, and with `--no-idempotency`.
+        "mcp-guarded" => mcp_demo::app(&mcp_demo::DemoConfig::default()).await?,
+        "mcp-unguarded" => {
+            mcp_demo::app(&mcp_demo::DemoConfig {
+                idempotency: false,
+                ..mcp_demo::DemoConfig::default()
+            })
+            .await?
+        }
         other => return Err(format!("unknown mode {other}; one of {MODES:?}").into()),
     };
     let listener = TcpListener::bind(listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
+    if mode.starts_with("mcp-") {
+        // An SSE answer leaves in several small writes (head and event, then the closing
+        // chunk): with Nagle's algorithm the last one waits for the client's delayed ACK,
+        // about 40 ms on Linux, and every call measures that stall instead of the server.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, router)
+            .with_graceful_shutdown(demo::shutdown_signal())
+            .await?;
+        return Ok(());
+    }
     axum::serve(listener, router)
         .with_graceful_shutdown(demo::shutdown_signal())
         .await?;

@@ -24,6 +24,11 @@ pub struct Run {
     pub non2xx: u64,
     /// Connect, read, write errors and timeouts.
     pub socket_errors: u64,
+    /// Answers the script counted as failed (the MCP script: a status outside 2xx, a
+    /// JSON-RPC error or a tool error; 0 for the HTTP script, which counts none).
+    pub failures: u64,
+    /// Answers that were replays (the MCP script: `"replayed":true`; 0 for the HTTP script).
+    pub replayed: u64,
 }
 
 /// Makes sure `wrk` is on the PATH, installing Debian's package as root when it is not.
@@ -76,6 +81,8 @@ pub struct Workload<'a> {
     /// The request body's size in bytes (tickets only; the description is padded to it),
     /// or 0 for the script's usual body.
     pub body_bytes: usize,
+    /// The MCP session id the MCP script sends (`mcp::SESSION_ENV`), `None` for HTTP.
+    pub session: Option<&'a str>,
 }
 
 /// One wrk run of `duration` against `base` (`http://127.0.0.1:PORT`) with the script at
@@ -92,7 +99,11 @@ pub fn run(
         return Err(format!("refusing to load {base}: loopback only"));
     }
     let cpu_before = crate::pgprofile::process_cpu(std::process::id(), true);
-    let output = Command::new("timeout")
+    let mut command = Command::new("timeout");
+    if let Some(session) = workload.session {
+        command.env(crate::mcp::SESSION_ENV, session);
+    }
+    let output = command
         // wrk stops itself after `duration`; the timeout is a backstop.
         .arg(format!("{}", duration.as_secs() + 30))
         .arg("wrk")
@@ -129,6 +140,11 @@ pub fn run(
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| format!("no {name} in {line}"))
     };
+    // The first failed answer, printed by the MCP script.
+    if let Some(failure) = stdout.lines().find(|l| l.starts_with("FAILURE ")) {
+        eprintln!("load-bench: {run_id}: {failure}");
+    }
+    let optional = |name: &str| field(name).map_or(0, |v| v as u64);
     let requests = field("requests")?;
     let seconds = field("duration_us")? / 1e6;
     Ok(Run {
@@ -144,5 +160,7 @@ pub fn run(
         p99_ms: field("p99_us")? / 1000.0,
         non2xx: field("non2xx")? as u64,
         socket_errors: field("socket_errors")? as u64,
+        failures: optional("failures"),
+        replayed: optional("replayed"),
     })
 }

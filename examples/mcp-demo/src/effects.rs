@@ -82,7 +82,13 @@ impl Effects {
         match self {
             Self::Memory(rows) => {
                 let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
-                let sequence = rows.iter().filter(|row| row.0 == actor).count() as i64 + 1;
+                // The actor's last effect holds its highest number: found from the end, so
+                // an actor calling in a loop does not scan the whole ledger each time.
+                let sequence = rows
+                    .iter()
+                    .rev()
+                    .find(|row| row.0 == actor)
+                    .map_or(1, |row| row.4 + 1);
                 rows.push((
                     actor.into(),
                     tool.into(),

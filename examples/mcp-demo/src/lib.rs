@@ -71,6 +71,10 @@ pub struct DemoConfig {
     pub audit_anchor: Option<PathBuf>,
     /// In memory, the journal's append-only file (`--audit-journal`).
     pub audit_journal: Option<PathBuf>,
+    /// Whether tool calls go through `McpIdempotencyLayer` (`--no-idempotency` turns it
+    /// off, for comparison): without it `/mcp` is rmcp's service alone — the same tools,
+    /// no execution records, no status tool — and no audit journal is kept.
+    pub idempotency: bool,
 }
 
 /// The user who may approve when no `--approver` is given.
@@ -91,6 +95,7 @@ impl Default for DemoConfig {
             audit_key: None,
             audit_anchor: None,
             audit_journal: None,
+            idempotency: true,
         }
     }
 }
@@ -252,7 +257,8 @@ pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
         None => {
             let journal = match &config.journal {
                 Some(journal) => Some(journal.clone()),
-                None if config.audit => {
+                // Nothing to journal without the layer, as in the HTTP demo.
+                None if config.audit && config.idempotency => {
                     let key = audit::signing_key(config.audit_key.as_deref())?;
                     audit_key = Some(key.verifying_key());
                     Some(AuditJournal::memory(
@@ -283,7 +289,7 @@ pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
             }
             let postgres = |e: &dyn std::fmt::Display| StartError::Postgres(e.to_string());
             let store = PostgresStore::from_config(&PostgresStoreConfig {
-                audit: config.audit,
+                audit: config.audit && config.idempotency,
                 ..PostgresStoreConfig::new(url.as_str())
             })
             .map_err(|e| postgres(&e))?;
@@ -292,7 +298,7 @@ pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
             let effects = Effects::postgres(store.pool().clone())
                 .await
                 .map_err(|e| postgres(&e))?;
-            let journal = if config.audit {
+            let journal = if config.audit && config.idempotency {
                 let key = audit::signing_key(config.audit_key.as_deref())?;
                 audit_key = Some(key.verifying_key());
                 Some(AuditJournal::postgres(
@@ -317,23 +323,29 @@ pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
         .filter_map(|tool| serde_json::to_value(tool).ok())
         .collect();
     let (lease, wait, approval_ttl) = (config.lease, config.wait, config.approval_ttl);
-    let guard = McpIdempotencyLayer::from_arc(Arc::clone(&store))?
-        .with_principal(principal_of)
-        .with_approvals_url(APPROVALS_PATH)
-        .with_tool_definitions(&definitions, |name, policy: ToolPolicy| {
-            let policy = policy
-                .with_lease(lease)
-                .with_wait(wait)
-                .with_marks_dispatch(true);
-            let policy = match argument_rule(name) {
-                Some(rule) => policy.with_normalizer(rule),
-                None => policy,
-            };
-            match approval_policy(name, approval_ttl) {
-                Some(approval) => policy.with_approval(approval),
-                None => policy,
-            }
-        });
+    let guard = if config.idempotency {
+        Some(
+            McpIdempotencyLayer::from_arc(Arc::clone(&store))?
+                .with_principal(principal_of)
+                .with_approvals_url(APPROVALS_PATH)
+                .with_tool_definitions(&definitions, |name, policy: ToolPolicy| {
+                    let policy = policy
+                        .with_lease(lease)
+                        .with_wait(wait)
+                        .with_marks_dispatch(true);
+                    let policy = match argument_rule(name) {
+                        Some(rule) => policy.with_normalizer(rule),
+                        None => policy,
+                    };
+                    match approval_policy(name, approval_ttl) {
+                        Some(approval) => policy.with_approval(approval),
+                        None => policy,
+                    }
+                }),
+        )
+    } else {
+        None
+    };
     let mcp = StreamableHttpService::new(
         move || Ok(tools.clone()),
         Arc::new(LocalSessionManager::default()),
@@ -350,8 +362,12 @@ pub async fn app_with_audit(config: &DemoConfig) -> Result<App, StartError> {
             let user = principal_of(parts)?;
             approvers.contains(&user).then_some(user)
         });
-    let authenticated = Router::new()
-        .route_service("/mcp", guard.layer(mcp))
+    // `/mcp`: rmcp's service behind the MCP layer, or alone (`--no-idempotency`).
+    let authenticated = match guard {
+        Some(guard) => Router::new().route_service("/mcp", guard.layer(mcp)),
+        None => Router::new().route_service("/mcp", mcp),
+    };
+    let authenticated = authenticated
         .merge(approvals.approvals_router())
         // The console (`docs/console.md`) over the same store, scope and approvers.
         .nest("/console/", console(&approvals, config.journal.as_ref()))

@@ -61,6 +61,11 @@ struct Args {
     /// No audit journal: nothing journaled, no GET /audit (for comparison).
     #[arg(long, conflicts_with_all = ["audit_key", "audit_anchor", "audit_journal"])]
     no_audit: bool,
+    /// No idempotency layer: `/mcp` is the same server and tools without
+    /// `McpIdempotencyLayer` (no execution records, no status tool) and no audit journal
+    /// (for comparison).
+    #[arg(long)]
+    no_idempotency: bool,
 }
 
 #[tokio::main]
@@ -85,6 +90,7 @@ async fn main() {
         audit_key: args.audit_key,
         audit_anchor: args.audit_anchor,
         audit_journal: args.audit_journal,
+        idempotency: !args.no_idempotency,
     };
     let app = match app_with_audit(&config).await {
         Ok(app) => app,

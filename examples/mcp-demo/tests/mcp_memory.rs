@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
-use crate::support::{Demo, Era, config, scenarios};
+use crate::support::{
+    Demo, Era, audit, call, client, config, effects, execution, scenarios, ticket,
+};
 use mcp_demo::DemoConfig;
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_call_retried_with_a_new_id_runs_once() {
@@ -64,6 +67,45 @@ async fn a_retry_past_the_wait_bound_is_told_the_call_is_in_progress() {
     })
     .await;
     scenarios::in_progress_past_the_wait(&demo.base(), "alice").await;
+}
+
+/// `--no-idempotency` (the load benchmark's baseline): the same tools without the layer, so
+/// a repeated key runs the tool again, no execution member, no status tool, no journal.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_idempotency_every_call_runs_and_nothing_is_recorded() {
+    let demo = Demo::start(DemoConfig {
+        idempotency: false,
+        ..DemoConfig::default()
+    })
+    .await;
+    let alice = client(&demo.base(), "alice", Era::Session).await;
+    let tools: Vec<String> = alice
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .map(|tool| tool.name.to_string())
+        .collect();
+    assert!(
+        tools.iter().any(|name| name == "create_ticket"),
+        "{tools:?}"
+    );
+    assert!(
+        !tools.iter().any(|name| name == "execution_status"),
+        "{tools:?}"
+    );
+    let key = json!({"dev.tower-idempotency/idempotency-key": "one-key"});
+    for sequence in [1, 2] {
+        let result = call(&alice, "create_ticket", ticket("twice"), Some(key.clone())).await;
+        assert_eq!(
+            result["structuredContent"]["sequence"], sequence,
+            "{result}"
+        );
+        assert!(execution(&result).is_null(), "{result}");
+    }
+    assert_eq!(effects(&demo.base(), "alice").await["create_ticket"], 2);
+    let (status, _) = audit(&demo.base(), Some("alice"), "?operation_id=x").await;
+    assert_eq!(status, 404);
 }
 
 #[tokio::test(flavor = "multi_thread")]
