@@ -626,6 +626,30 @@ impl StoredApproval {
     }
 }
 
+/// What every record counts beyond its strings and response: its slot (the record itself,
+/// 200 bytes, with a key of up to 40 characters inline and the fingerprint as its 32-byte
+/// digest) and its two index slots (20–30 bytes, with the tables' fill), less what the
+/// counted fingerprint text (71 characters for SHA-256) stands for. A demo-sized record
+/// counts about 290 bytes for the 245–256 it takes (see `docs/memory-store.md`): the count
+/// errs high.
+pub(super) const RECORD_OVERHEAD: u64 = 176;
+
+/// What every stored header counts beyond its name and value (its `String`, its `Bytes`).
+/// Header lists repeat from response to response and are shared, so this errs high.
+pub(super) const HEADER_OVERHEAD: u64 = 64;
+
+/// What an approval counts beyond its summary and names: the boxed record, the
+/// approval-id index entry and the summary's in-memory form beyond its JSON text.
+pub(super) const APPROVAL_OVERHEAD: u64 = 320;
+
+/// The bytes stored headers add to their record.
+pub(super) fn headers_bytes(headers: &Headers) -> u64 {
+    headers
+        .iter()
+        .map(|(name, value)| HEADER_OVERHEAD + (name.as_str().len() + value.len()) as u64)
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -683,28 +707,4 @@ mod tests {
         let far = Tick(created.0 + 100 * 24 * 3600 * 1_000_000_000);
         assert!(!Offset::since(created, far).tick(created).is_never());
     }
-}
-
-/// What every record counts beyond its strings and response: its slot (the record itself,
-/// 200 bytes, with a key of up to 40 characters inline and the fingerprint as its 32-byte
-/// digest) and its two index slots (20–30 bytes, with the tables' fill), less what the
-/// counted fingerprint text (71 characters for SHA-256) stands for. A demo-sized record
-/// counts about 290 bytes for the 245–256 it takes (see `docs/memory-store.md`): the count
-/// errs high.
-pub(super) const RECORD_OVERHEAD: u64 = 176;
-
-/// What every stored header counts beyond its name and value (its `String`, its `Bytes`).
-/// Header lists repeat from response to response and are shared, so this errs high.
-pub(super) const HEADER_OVERHEAD: u64 = 64;
-
-/// What an approval counts beyond its summary and names: the boxed record, the
-/// approval-id index entry and the summary's in-memory form beyond its JSON text.
-pub(super) const APPROVAL_OVERHEAD: u64 = 320;
-
-/// The bytes stored headers add to their record.
-pub(super) fn headers_bytes(headers: &Headers) -> u64 {
-    headers
-        .iter()
-        .map(|(name, value)| HEADER_OVERHEAD + (name.as_str().len() + value.len()) as u64)
-        .sum()
 }
