@@ -10,13 +10,17 @@
 //!
 //! Top to bottom; a module uses only those below it (`scripts/check-module-cycles`):
 //!
-//! - [`memory`] (the in-memory store), [`purge`] (the purge task) and [`execution`] (the
-//!   handle a guarded request carries), each over the trait;
-//! - [`store`] (the [`Store`] trait and what it exchanges) and [`transaction`] (the
-//!   operation's transaction; the two still name each other, a cycle listed in
-//!   `scripts/module-cycles.allow`);
+//! - [`protocol`]: the engine both transports drive (reserve, decide over an existing
+//!   record, wait, journal decisions; `docs/architecture.md`);
+//! - [`memory`] (the in-memory store: `store` over `inner` over `shard` over `entry` and
+//!   the record keys), [`purge`] (the purge task) and [`execution`] (the handle a guarded
+//!   request carries), each over the trait;
+//! - [`store`] (the base [`Store`] trait, what it exchanges, and its child
+//!   [`store::capability`]: the capabilities a store declares), then [`transaction`] (the
+//!   operation's transaction) and [`error`] ([`StoreError`]);
 //! - [`operation`], the record, which holds its [`approval`];
-//! - [`approval`] and [`audit`] (the journal, its events, checkpoints and verifier);
+//! - [`approval`] and [`audit`] (the audit events' vocabulary and the sink a store appends
+//!   to; the journal itself is the `tower-idempotency-audit` crate);
 //! - the vocabulary: [`key`], [`scope`], [`fingerprint`] and [`canonical`], the operation id
 //!   (below both records), [`quota`], [`metrics`] (names) and [`problem_types`].
 

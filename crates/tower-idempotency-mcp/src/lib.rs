@@ -30,12 +30,12 @@
 //! What a request meets first on top; a module uses only those below it
 //! (`scripts/check-module-cycles`): [`McpIdempotencyLayer`] (`layer`), then the service
 //! ([`McpIdempotency`]), then the decision over a call (`decide`) and the status tool
-//! (`status`), then the run of a call to its stored result (`drive`), then [`metrics`], then
-//! the configuration (`config`) and the answers the layer writes (`answer`, `attach`,
-//! `attempt`), and at the bottom the vocabulary: JSON-RPC (`jsonrpc`), SSE (`sse`), intents
-//! (`intent`), [`ToolPolicy`], in-flight calls (`inflight`), bodies (`body`). The journal's
-//! decisions (`journal`) still read the decision's context: a cycle listed in
-//! `scripts/module-cycles.allow`.
+//! (`status`), then the run of a call to its stored result (`drive`), then the configuration
+//! (`config`), then [`metrics`] (handles resolved once) and the answers the layer writes
+//! (`answer`, `attach`, `attempt`), and at the bottom the vocabulary: JSON-RPC (`jsonrpc`),
+//! SSE (`sse`), intents (`intent`), [`ToolPolicy`], in-flight calls (`inflight`), bodies
+//! (`body`). The decision is the MCP adapter of core's protocol engine, which journals the
+//! decisions.
 //!
 //! ```
 //! use std::convert::Infallible;

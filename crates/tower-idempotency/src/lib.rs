@@ -112,14 +112,16 @@
 //!
 //! - the routers and checks over a built layer: [`console`], the approvals and status
 //!   routers, [`openapi`], the route check (`verify_routes`);
+//! - the axum extractor of the parsed command (`ValidatedJson`, `extract`);
 //! - [`IdempotencyLayer`] (the builder), then [`IdempotencyService`], then the flow of one
-//!   guarded request (`flow`) and the handler's run (`execute`);
+//!   guarded request (`flow`: the HTTP adapter of core's protocol engine) and the handler's
+//!   run (`execute`);
 //! - what the flow hands out and records: refusals, approvals, the recorded result, [`body`],
-//!   the journal's decisions, the route probe, telemetry;
-//! - the configuration every request reads (`config`), then [`RoutePolicy`];
-//! - the command ([`JsonCommand`] and its extractor, which still reaches up to the request
-//!   fingerprint: a cycle listed in `scripts/module-cycles.allow`), the fingerprint of a
-//!   request, body buffering, [`storage`];
+//!   the route probe, telemetry;
+//! - the configuration every request reads (`config`), the metric handles it keeps
+//!   (`layer_metrics`), then [`RoutePolicy`];
+//! - the command ([`JsonCommand`]), the fingerprint of a request, body buffering,
+//!   [`storage`];
 //! - [`problem`] and response encryption;
 //! - the vocabulary: the command's source and [`CommandRejection`], [`ConfigError`], header
 //!   filtering, detached tasks.
