@@ -85,6 +85,11 @@ pub async fn serve_bounded(
             },
             () = &mut shutdown => break,
         };
+        // An answer's last small write (an SSE event's end) must not wait for the client's
+        // delayed ACK (Nagle): about 40 ms per MCP tool call otherwise.
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY");
+        }
         let service = TowerToHyperService::new(router.clone());
         // No protocol upgrades: neither demo serves WebSockets (MCP streams are SSE).
         let connection = http.serve_connection(TokioIo::new(stream), service);
