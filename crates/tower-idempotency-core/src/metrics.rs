@@ -31,7 +31,7 @@ pub const REQUEST_DURATION: &str = "idempotency.request.duration";
 /// Histogram, seconds: the latency of one store call made by the layer.
 ///
 /// Label: [`OPERATION`] — `reserve`, `wait`, `complete`, `release`, `abandon`, `renew`,
-/// `begin`, `commit`, `rollback`, `get`, `mark_delivered`, and for approvals
+/// `begin`, `commit`, `rollback`, `get`, `mark_delivered`, `cancel`, and for approvals
 /// `get_approval`, `list_approvals`, `decide_approval`.
 pub const STORE_DURATION: &str = "idempotency.store.duration";
 
