@@ -14,14 +14,14 @@
 //! refusal in [`refusal`](crate::refusal).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, request::Parts};
 use http_body::Body;
 use tower::{Service, ServiceExt};
 use tower_idempotency_core::protocol::{
-    Acquired, Attempt, Next, NotReserved, Refusal, ReserveMode, Reserved, Waits,
+    Acquired, Attempt, Next, NotReserved, Refusal, ReserveMode, Reserved, Waits, whole_seconds,
 };
 use tower_idempotency_core::{IdempotencyKey, Operation, ReserveRequest, Scope};
 use tracing::{Instrument, Span, field};
@@ -508,11 +508,6 @@ fn rejection(shared: &Shared, refusal: Refusal) -> Rejection {
         Refusal::ApprovalsUnsupported => Rejection::ApprovalsUnsupported,
         _ => Rejection::StoreUnavailable,
     }
-}
-
-/// `duration` in whole seconds, rounded up.
-fn whole_seconds(duration: Duration) -> u64 {
-    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 /// The stored response of a completed operation, as it was first sent, marked replayed.

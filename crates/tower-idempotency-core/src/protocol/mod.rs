@@ -415,9 +415,13 @@ impl Engine {
 
 /// The original's remaining lease in whole seconds, clamped to `1..=lease`.
 fn retry_after(operation: &Operation, lease: Duration) -> u64 {
-    let remaining = operation.lease_remaining(SystemTime::now()).min(lease);
-    let seconds = remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0);
-    seconds.max(1)
+    whole_seconds(operation.lease_remaining(SystemTime::now()).min(lease)).max(1)
+}
+
+/// `duration` in whole seconds, rounded up: the unit of `Retry-After` and of the problems
+/// that name a time bound.
+pub fn whole_seconds(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 fn from_plain(reservation: Reservation) -> Reserved {
