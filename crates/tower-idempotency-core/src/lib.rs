@@ -42,6 +42,8 @@ pub mod problem_types;
 pub mod protocol;
 pub mod purge;
 pub mod quota;
+pub mod report;
+pub mod resolution;
 pub mod scope;
 pub mod store;
 pub mod transaction;

@@ -20,13 +20,14 @@ use std::io::Write;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::{Value, json};
+use tower_idempotency_core::report::{operation_json, time};
 use tower_idempotency_core::{
-    Approval, IdempotencyKey, Operation, OperationId, OperationState, Scope, Store, StoreError,
+    IdempotencyKey, OperationId, OperationState, Scope, Store, StoreError,
 };
 use tower_idempotency_postgres::{
     PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome, StatementMode,
@@ -300,59 +301,6 @@ impl From<StoreError> for Failure {
             _ => Self::Database(text),
         }
     }
-}
-
-fn time(at: SystemTime) -> String {
-    humantime::format_rfc3339_millis(at).to_string()
-}
-
-fn operation_json(operation: &Operation) -> Value {
-    let response = operation.response.as_ref().map(|response| {
-        json!({
-            "status": response.status,
-            "headers": response.headers.iter()
-                .map(|(name, value)| json!([name.as_str(), String::from_utf8_lossy(value.as_bytes())]))
-                .collect::<Vec<_>>(),
-            // Bodies may hold personal data: report their size, not their content.
-            "body_bytes": response.body.as_ref().map(|body| body.len()),
-        })
-    });
-    json!({
-        "operation_id": operation.id.to_string(),
-        "scope": operation.scope.as_str(),
-        "key": operation.key.as_str(),
-        "state": operation.state.as_str(),
-        "fingerprint": operation.fingerprint.as_str(),
-        "method": operation.method,
-        "route": operation.route,
-        "attempts": operation.attempts,
-        "created_at": time(operation.created_at),
-        "dispatched_at": operation.dispatched_at.map(time),
-        "completed_at": operation.completed_at.map(time),
-        "lease_expires_at": operation.lease_expires_at.map(time),
-        "expires_at": operation.expires_at.map(time),
-        "retention_seconds": operation.retention.as_secs(),
-        "response": response,
-        "delivered": operation.delivered,
-        "delivered_at": operation.delivered_at.map(time),
-        "replays": operation.replays,
-        "approval": operation.approval.as_deref().map(approval_json),
-    })
-}
-
-fn approval_json(approval: &Approval) -> Value {
-    json!({
-        "approval_id": approval.id.to_string(),
-        "state": approval.state.as_str(),
-        "requested_by": approval.requested_by,
-        "requested_at": time(approval.requested_at),
-        "expires_at": time(approval.expires_at),
-        "decided_by": approval.decided_by,
-        "decided_at": approval.decided_at.map(time),
-        "reason": approval.reason,
-        "used": approval.used,
-        "summary": approval.summary,
-    })
 }
 
 fn resolution_json(record: &ResolutionRecord) -> Value {

@@ -1,0 +1,102 @@
+//! Operations and approvals as the operator tools print them: JSON with RFC 3339 times, the
+//! stored response's status and headers, and its body's size only (bodies may hold personal
+//! data). The PostgreSQL and Redis stores' command-line tools print with these, so that a
+//! script reading one reads the other.
+
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+
+use crate::approval::Approval;
+use crate::operation::Operation;
+
+/// `at` in RFC 3339, UTC, to the millisecond.
+pub fn time(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// An operation as the operator tools print it.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use tower_idempotency_core::{
+///     Fingerprint, IdempotencyKey, MemoryStore, Reservation, ReserveRequest, Scope, Store,
+/// };
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::default();
+/// let request = ReserveRequest {
+///     scope: Scope::new("acct_42"),
+///     key: IdempotencyKey::new("order-7f3a")?,
+///     fingerprint: Fingerprint::from_stored("sha256:0123"),
+///     method: "POST".to_owned(),
+///     route: "/v1/orders".to_owned(),
+///     lease: Duration::from_secs(30),
+///     retention: Duration::from_secs(24 * 3600),
+///     unknown_retention: Duration::from_secs(7 * 24 * 3600),
+///     take_over_unknown: false,
+///     marks_dispatch: false,
+///     approval: None,
+///     replace_delivered: None,
+/// };
+/// let Reservation::Acquired { operation, .. } = store.reserve(request).await? else {
+///     panic!("a fresh key is acquired");
+/// };
+/// let shown = tower_idempotency_core::report::operation_json(&operation);
+/// assert_eq!(shown["state"], "in_progress");
+/// assert_eq!(shown["key"], "order-7f3a");
+/// assert!(shown["response"].is_null());
+/// # Ok(())
+/// # }
+/// ```
+pub fn operation_json(operation: &Operation) -> Value {
+    let response = operation.response.as_ref().map(|response| {
+        json!({
+            "status": response.status,
+            "headers": response.headers.iter()
+                .map(|(name, value)| json!([name.as_str(), String::from_utf8_lossy(value.as_bytes())]))
+                .collect::<Vec<_>>(),
+            // Bodies may hold personal data: report their size, not their content.
+            "body_bytes": response.body.as_ref().map(|body| body.len()),
+        })
+    });
+    json!({
+        "operation_id": operation.id.to_string(),
+        "scope": operation.scope.as_str(),
+        "key": operation.key.as_str(),
+        "state": operation.state.as_str(),
+        "fingerprint": operation.fingerprint.as_str(),
+        "method": operation.method,
+        "route": operation.route,
+        "attempts": operation.attempts,
+        "created_at": time(operation.created_at),
+        "dispatched_at": operation.dispatched_at.map(time),
+        "completed_at": operation.completed_at.map(time),
+        "lease_expires_at": operation.lease_expires_at.map(time),
+        "expires_at": operation.expires_at.map(time),
+        "retention_seconds": operation.retention.as_secs(),
+        "response": response,
+        "delivered": operation.delivered,
+        "delivered_at": operation.delivered_at.map(time),
+        "replays": operation.replays,
+        "approval": operation.approval.as_deref().map(approval_json),
+    })
+}
+
+/// An approval as the operator tools print it.
+pub fn approval_json(approval: &Approval) -> Value {
+    json!({
+        "approval_id": approval.id.to_string(),
+        "state": approval.state.as_str(),
+        "requested_by": approval.requested_by,
+        "requested_at": time(approval.requested_at),
+        "expires_at": time(approval.expires_at),
+        "decided_by": approval.decided_by,
+        "decided_at": approval.decided_at.map(time),
+        "reason": approval.reason,
+        "used": approval.used,
+        "summary": approval.summary,
+    })
+}
