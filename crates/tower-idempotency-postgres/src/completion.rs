@@ -3,7 +3,7 @@
 //! `COMMIT`).
 
 use tokio_postgres::types::ToSql;
-use tower_idempotency_core::{Lease, Operation, StoredResponse};
+use tower_idempotency_core::{Lease, Operation, Scope, StoredResponse};
 
 use crate::row::OperationRow;
 
@@ -42,6 +42,14 @@ impl<'a> Completion<'a> {
                 .collect(),
             body: response.body.as_deref(),
             bytes: stored_bytes(response),
+        }
+    }
+
+    /// The completion succeeded: its bytes go to the scope's counters when `batch` counts
+    /// them (else the statement did).
+    pub(crate) fn counted(&self, batch: Option<&crate::usage::UsageBatch>, scope: &Scope) {
+        if let Some(batch) = batch {
+            batch.add(scope, 0, self.bytes);
         }
     }
 

@@ -80,6 +80,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0011_audit_lookup_columns.sql",
         sql: include_str!("../migrations/0011_audit_lookup_columns.sql"),
     },
+    Migration {
+        version: 12,
+        name: "0012_inline_journal.sql",
+        sql: include_str!("../migrations/0012_inline_journal.sql"),
+    },
+    Migration {
+        version: 13,
+        name: "0013_hot_completion.sql",
+        sql: include_str!("../migrations/0013_hot_completion.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

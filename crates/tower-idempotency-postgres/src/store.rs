@@ -9,6 +9,7 @@ pub(crate) mod unsealed;
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -39,9 +40,9 @@ use crate::replay_cache::ReplayCache;
 use crate::replays::ReplayCounts;
 use crate::reservation::{ReserveParams, settles};
 use crate::row::{self, OperationRow};
-use crate::sql::Queries;
+use crate::sql::{Queries, Usage};
 use crate::transaction::{PostgresTransaction, Reserved};
-use crate::usage::UsageCache;
+use crate::usage::{self, UsageBatch, UsageCache};
 
 /// Whether a reservation's writes wait for their WAL flush.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +65,12 @@ impl Commit {
 
 /// Most expired rows of one scope a quota refusal deletes before telling the scope to wait.
 const QUOTA_PURGE_BATCH: i64 = 1000;
+
+/// The table blocks one purge statement reads (8 MiB at PostgreSQL's default block size).
+const PURGE_RANGE_BLOCKS: i64 = 1024;
+
+/// The most table blocks one `purge_expired` call reads (1 GiB at the default block size).
+const PURGE_SCAN_BLOCKS: i64 = 131_072;
 
 /// The PostgreSQL [`Store`]. Cheap to clone: clones share one pool.
 ///
@@ -90,6 +97,11 @@ pub(crate) struct Inner {
     recent: RecentKeys,
     /// The scopes' usage as last read, to skip the quota check far below it (`usage.rs`).
     usage: UsageCache,
+    /// The hot statements' usage, counted in batches; `None`: counted in the statements
+    /// (`usage::counting`).
+    usage_batch: Option<Arc<UsageBatch>>,
+    /// The block the next purge starts from (`purge_expired`).
+    purge_from: AtomicI64,
     /// The journal's decisions, when this store journals (`PostgresStoreConfig::audit`).
     decisions: Option<DecisionQueue>,
     poll_initial: Duration,
@@ -172,9 +184,9 @@ impl TransactionStore for PostgresStore {
             &self.inner.executor,
             &self.inner.queries,
             (&request, &proposal),
-            sql,
-            params,
+            (sql, params),
             permit,
+            self.inner.usage_batch.clone(),
         )
         .await?;
         let Some((Reserved { row, usage }, transaction)) = reserved else {
@@ -222,7 +234,9 @@ impl TransactionStore for PostgresStore {
         let transaction =
             PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, lease, permit)
                 .await?;
-        Ok(Box::new(transaction))
+        Ok(Box::new(
+            transaction.counting(self.inner.usage_batch.clone()),
+        ))
     }
 }
 
@@ -362,7 +376,12 @@ impl PostgresStore {
             }
             Some(n) => n,
         };
-        let queries = Queries::new(&config.schema);
+        let quota = (
+            i64::try_from(config.scope_quota.max_records).unwrap_or(i64::MAX),
+            i64::try_from(config.scope_quota.max_bytes).unwrap_or(i64::MAX),
+        );
+        let counting = usage::counting(quota);
+        let queries = Queries::new(&config.schema, config.audit, counting);
         let executor = Executor::new(pool, config.query_timeout, config.statement_mode);
         let purge_deleted = names::register_purge_counter("postgres");
         let store = Self {
@@ -379,6 +398,13 @@ impl PostgresStore {
                 recent: RecentKeys::new(),
                 replayed: ReplayCache::new(config.replay_cache),
                 usage: UsageCache::new(),
+                purge_from: AtomicI64::new(0),
+                usage_batch: (counting == Usage::Batched).then(|| {
+                    Arc::new(UsageBatch::new(
+                        executor.clone(),
+                        queries.operations.add_usage.clone(),
+                    ))
+                }),
                 decisions: config.audit.then(|| {
                     DecisionQueue::new(executor.clone(), queries.audit.insert_decisions.clone())
                 }),
@@ -388,10 +414,7 @@ impl PostgresStore {
                 queries: Arc::new(queries),
                 poll_initial: config.poll_initial,
                 poll_max: config.poll_max,
-                quota: (
-                    i64::try_from(config.scope_quota.max_records).unwrap_or(i64::MAX),
-                    i64::try_from(config.scope_quota.max_bytes).unwrap_or(i64::MAX),
-                ),
+                quota,
             }),
         };
         if config.audit || config.statement_mode == StatementMode::Unnamed {
@@ -597,7 +620,9 @@ impl PostgresStore {
         proposal: &ReserveParams<'_>,
         row: OperationRow,
     ) -> Option<Reservation> {
-        if !proposal.won(&row) && !settles(request, &row) {
+        if proposal.won(&row) {
+            self.count_new_key(&request.scope);
+        } else if !settles(request, &row) {
             return None;
         }
         self.inner.recent.remember(&request.scope, &request.key);
@@ -606,6 +631,14 @@ impl PostgresStore {
             self.count_if_replay(request, operation);
         }
         Some(reservation)
+    }
+
+    /// A new key's record, inserted by `reserve_new` (which counts it in the statement
+    /// unless the store counts in batches).
+    fn count_new_key(&self, scope: &Scope) {
+        if let Some(batch) = &self.inner.usage_batch {
+            batch.add(scope, 1, 0);
+        }
     }
 
     /// Keeps the scope's usage a checking `reserve_new` read (see `usage.rs`).
@@ -750,7 +783,8 @@ impl PostgresStore {
         };
         let begun =
             PostgresTransaction::begin(&self.inner.executor, &self.inner.queries, &lease, permit)
-                .await;
+                .await
+                .map(|begun| begun.counting(self.inner.usage_batch.clone()));
         match begun {
             Ok(transaction) => Ok(TransactionalReservation::Acquired {
                 operation,
@@ -810,7 +844,10 @@ impl Store for PostgresStore {
             )
             .await?
         {
-            Some(row) => Ok(completed(row, response)),
+            Some(row) => {
+                completion.counted(self.inner.usage_batch.as_deref(), &lease.scope);
+                Ok(completed(row, response))
+            }
             None => Err(lease_lost("complete", lease)),
         }
     }
@@ -838,6 +875,7 @@ impl Store for PostgresStore {
         if completed == 0 {
             return Err(lease_lost("complete", lease));
         }
+        completion.counted(self.inner.usage_batch.as_deref(), &lease.scope);
         Ok(())
     }
 
@@ -950,22 +988,44 @@ impl Store for PostgresStore {
         }
     }
 
+    /// Walks the table's blocks from where this store's last purge stopped, a range of
+    /// [`PURGE_RANGE_BLOCKS`] per statement (see `OperationQueries::purge`), until `batch`
+    /// rows went or the call has read the whole table or [`PURGE_SCAN_BLOCKS`] blocks,
+    /// whichever is less; the next call goes on from there, wrapping at the table's end.
+    /// So a call that returns less than `batch` has read the whole table when it is at most
+    /// [`PURGE_SCAN_BLOCKS`] blocks (1 GiB) long, and a larger table is read whole over
+    /// several calls (several purge periods).
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
         if batch == 0 {
             return Ok(0);
         }
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        let rows = (self.inner.executor)
-            .query(
-                "purge_expired",
-                &self.inner.queries.operations.purge,
-                &[&limit],
-            )
-            .await?;
-        let deleted: i64 = match rows.first() {
-            Some(row) => row.try_get("purged").map_err(from_pg)?,
-            None => 0,
-        };
+        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+        let mut from = self.inner.purge_from.load(Ordering::Relaxed);
+        let (mut deleted, mut read) = (0_i64, 0_i64);
+        loop {
+            let to = from.saturating_add(PURGE_RANGE_BLOCKS);
+            let rows = (self.inner.executor)
+                .query(
+                    "purge_expired",
+                    &self.inner.queries.operations.purge,
+                    &[&(batch - deleted), &from, &to],
+                )
+                .await?;
+            let Some(row) = rows.first() else { break };
+            let purged: i64 = row.try_get("purged").map_err(from_pg)?;
+            let blocks: i64 = row.try_get("blocks").map_err(from_pg)?;
+            deleted += purged;
+            if deleted >= batch {
+                // The range may hold more: the next call starts it again.
+                break;
+            }
+            read += to - from;
+            from = if to >= blocks { 0 } else { to };
+            if read >= blocks.min(PURGE_SCAN_BLOCKS) {
+                break;
+            }
+        }
+        self.inner.purge_from.store(from, Ordering::Relaxed);
         let deleted = u64::try_from(deleted).unwrap_or(0);
         self.inner.purge_deleted.increment(deleted);
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))

@@ -38,6 +38,7 @@ use crate::executor::{Executor, execute_on, prepare, typed};
 use crate::reservation::ReserveParams;
 use crate::row::{self, OperationRow};
 use crate::sql::Queries;
+use crate::usage::UsageBatch;
 
 /// An open PostgreSQL transaction belonging to one reserved operation. The layer creates
 /// it (through [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction))
@@ -53,6 +54,9 @@ pub struct PostgresTransaction {
     /// The transaction's place in the store's transaction budget, given back after the
     /// connection (declared after `client`, so it is dropped after it).
     permit: Option<OwnedSemaphorePermit>,
+    /// Where the completion's bytes are counted once committed, when the store counts in
+    /// batches (`usage.rs`); `None`: the completion statement counts them.
+    usage: Option<Arc<UsageBatch>>,
 }
 
 impl fmt::Debug for PostgresTransaction {
@@ -83,6 +87,7 @@ impl PostgresTransaction {
                     lease: lease.clone(),
                     client: Some(executor.client().await?),
                     permit: Some(permit),
+                    usage: None,
                 };
                 transaction
                     .connection()?
@@ -111,9 +116,9 @@ impl PostgresTransaction {
         executor: &Executor,
         queries: &Arc<Queries>,
         (request, proposal): (&ReserveRequest, &ReserveParams<'_>),
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
+        (sql, params): (&str, &[&(dyn ToSql + Sync)]),
         permit: OwnedSemaphorePermit,
+        usage: Option<Arc<UsageBatch>>,
     ) -> Result<Option<(Reserved, Self)>> {
         executor
             .bounded("reserve", async {
@@ -125,6 +130,7 @@ impl PostgresTransaction {
                     lease: proposal.proposed_lease(request),
                     client: Some(executor.client().await?),
                     permit: Some(permit),
+                    usage,
                 };
                 let (rows, begun) = {
                     let client = transaction.connection()?;
@@ -145,6 +151,13 @@ impl PostgresTransaction {
                 };
                 let rows = rows.map_err(from_pg)?;
                 let row = rows.first().map(Reserved::read).transpose()?;
+                if let (Some(reserved), Some(batch)) = (&row, &transaction.usage) {
+                    // A new key's record: counted here, before anything can release it
+                    // (a release subtracts it in its statement).
+                    if proposal.won(&reserved.row) {
+                        batch.add(&request.scope, 1, 0);
+                    }
+                }
                 if let Err(error) = begun {
                     if let Some(reserved) = row {
                         transaction.give_back(request, proposal, reserved.row).await;
@@ -176,6 +189,12 @@ impl PostgresTransaction {
                 tracing::error!(error = %error, "could not release a reservation whose transaction did not begin; it reads unknown once its lease runs out");
             }
         }
+    }
+
+    /// Counts the completion's bytes in `usage` once committed (see the field).
+    pub(crate) fn counting(mut self, usage: Option<Arc<UsageBatch>>) -> Self {
+        self.usage = usage;
+        self
     }
 
     /// The transaction of the operation `lease` holds (the reservation was won).
@@ -222,6 +241,7 @@ impl PostgresTransaction {
                 &completion.params(),
             )
             .await?;
+        completion.counted(self.usage.as_deref(), &lease.scope);
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Backend("complete returned no row".into()))?;
@@ -243,6 +263,7 @@ impl PostgresTransaction {
             &completion.delivered_params(&delivered),
         )
         .await?;
+        completion.counted(self.usage.as_deref(), &lease.scope);
         Ok(delivered)
     }
 

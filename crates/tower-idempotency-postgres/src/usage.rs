@@ -19,11 +19,16 @@
 //! direct-mapped and fixed in size (a scope's entry lost to another scope's only costs a
 //! read).
 
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tower_idempotency_core::Scope;
+
+use crate::executor::Executor;
+use crate::sql::Usage;
 
 /// How long a read of a scope's usage stands in for the next ones.
 pub(crate) const FRESH_FOR: Duration = Duration::from_secs(1);
@@ -45,6 +50,18 @@ struct Entry {
     bytes: i64,
     /// New keys this store reserved in the scope since the read.
     since: i64,
+}
+
+/// Where a store with quota `(max_records, max_bytes)` counts its hot statements' usage:
+/// in batches when the quota leaves room for a lag (both at least [`MIN_RECORDS`] and
+/// [`MIN_BYTES`], the quotas a read may stand in for), else in the statements themselves,
+/// exactly.
+pub(crate) fn counting((max_records, max_bytes): (i64, i64)) -> Usage {
+    if max_records < MIN_RECORDS || max_bytes < MIN_BYTES {
+        Usage::InStatement
+    } else {
+        Usage::Batched
+    }
 }
 
 pub(crate) struct UsageCache {
@@ -105,6 +122,135 @@ impl UsageCache {
                 since: 0,
             };
         }
+    }
+}
+
+/// How long the counting task waits after a batch before it takes the next: a scope's
+/// counters lag its records by at most this plus one statement.
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(20);
+
+/// How soon a failed batch is tried again when nothing new arrives.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Most additions one batch takes (before adding them up per scope).
+const MAX_BATCH: usize = 4096;
+
+/// Scope usage counted off the request path ([`Usage::Batched`]): a new key's reservation
+/// and a completion hand their record and bytes here once their statement succeeded, and
+/// one task per store adds them up per scope and writes them in one statement every
+/// [`FLUSH_EVERY`] — one counter row per scope and batch instead of one upsert per
+/// reservation and per completion, none of them on a request's statement. The statements
+/// that remove records (release, purge, an operator's resolution) and the reservation of a
+/// key that has a row still count in the statement.
+///
+/// What it costs the quota: the counters lag the records by at most one batch (bounded in
+/// time, above), on top of what [`UsageCache`] already allows; both apply only to quotas
+/// of at least [`MIN_RECORDS`] records and [`MIN_BYTES`] bytes. What it can lose: a batch
+/// that failed is kept and retried with the next one; the additions of a process that dies
+/// between its statements and its next batch (at most [`FLUSH_EVERY`] of its new keys and
+/// completions) are never counted, so the scope's counters stay that much below its
+/// records until they are purged (which subtracts them). A store dropped while its runtime
+/// runs writes what it still holds.
+pub(crate) struct UsageBatch {
+    executor: Executor,
+    /// `OperationQueries::add_usage`.
+    sql: String,
+    /// This store's counter slot (random): concurrent app instances write different rows
+    /// of a busy scope's counter.
+    slot: i16,
+    queue: OnceLock<mpsc::UnboundedSender<(Scope, i64, i64)>>,
+}
+
+impl UsageBatch {
+    pub(crate) fn new(executor: Executor, sql: String) -> Self {
+        Self {
+            executor,
+            sql,
+            slot: i16::from(uuid::Uuid::new_v4().as_bytes()[15] % 64),
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Adds `records` and `bytes` to `scope`'s counters in the next batch; never waits.
+    pub(crate) fn add(&self, scope: &Scope, records: i64, bytes: i64) {
+        if records == 0 && bytes == 0 {
+            return;
+        }
+        let queue = match self.queue.get() {
+            Some(queue) => queue,
+            None => {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    tracing::warn!(scope = %scope.as_str(), "no runtime to count scope usage on");
+                    return;
+                };
+                self.queue.get_or_init(|| {
+                    let (sender, receiver) = mpsc::unbounded_channel();
+                    // The task holds no handle to the store: when the store (and so the
+                    // sender) is dropped, it writes what it holds and ends.
+                    runtime.spawn(run(
+                        receiver,
+                        self.executor.clone(),
+                        self.sql.clone(),
+                        self.slot,
+                    ));
+                    sender
+                })
+            }
+        };
+        if queue.send((scope.clone(), records, bytes)).is_err() {
+            tracing::warn!(scope = %scope.as_str(), "the usage counter has stopped; usage went uncounted");
+        }
+    }
+}
+
+async fn run(
+    mut queue: mpsc::UnboundedReceiver<(Scope, i64, i64)>,
+    executor: Executor,
+    sql: String,
+    slot: i16,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    // Per scope, in scope order (the batches of several instances lock rows in one order);
+    // kept across a failed statement.
+    let mut sums: BTreeMap<Scope, (i64, i64)> = BTreeMap::new();
+    loop {
+        // With a failed batch held, the next try does not wait for new additions.
+        let open = if sums.is_empty() {
+            queue.recv_many(&mut batch, MAX_BATCH).await > 0
+        } else {
+            tokio::time::timeout(RETRY_AFTER, queue.recv_many(&mut batch, MAX_BATCH))
+                .await
+                .map_or(true, |received| received > 0)
+        };
+        for (scope, records, bytes) in batch.drain(..) {
+            let sum = sums.entry(scope).or_default();
+            sum.0 += records;
+            sum.1 += bytes;
+        }
+        if !sums.is_empty() {
+            let scopes: Vec<&str> = sums.keys().map(Scope::as_str).collect();
+            let records: Vec<i64> = sums.values().map(|s| s.0).collect();
+            let bytes: Vec<i64> = sums.values().map(|s| s.1).collect();
+            match executor
+                .execute("add_usage", &sql, &[&scopes, &records, &bytes, &slot])
+                .await
+            {
+                Ok(_) => sums.clear(),
+                Err(error) => {
+                    tracing::warn!(error = %error, scopes = sums.len(), "could not count scope usage; retried with the next batch");
+                }
+            }
+        }
+        if !open {
+            if !sums.is_empty() {
+                tracing::warn!(
+                    scopes = sums.len(),
+                    "the store stopped before its scope usage was counted"
+                );
+            }
+            return;
+        }
+        tokio::time::sleep(FLUSH_EVERY).await;
     }
 }
 

@@ -7,3 +7,5 @@ mod cli_audit;
 mod cli_audit_database;
 mod delivered;
 mod journal;
+mod lean;
+mod usage;

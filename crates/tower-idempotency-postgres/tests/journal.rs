@@ -559,3 +559,101 @@ async fn the_journal_is_off_until_configured_and_its_unsealed_age_is_visible() {
     journal(&journaled, &key).seal().await.unwrap();
     assert_eq!(journaled.journal_unsealed_age().await.unwrap(), None);
 }
+
+/// The hot statements through `store`, on keys `{tag}-…`: a completion with its delivery in
+/// the same write, a completion then a delivery mark, and a transaction's completion.
+async fn hot_path(store: &PostgresStore, scope: &Scope, tag: &str) -> [OperationId; 3] {
+    let first = acquire(store, scope, &format!("{tag}-delivered")).await;
+    store
+        .complete_delivered(&first, response(201), true)
+        .await
+        .unwrap();
+    let second = acquire(store, scope, &format!("{tag}-marked")).await;
+    store.complete(&second, response(200)).await.unwrap();
+    store
+        .mark_delivered(scope, second.operation_id)
+        .await
+        .unwrap();
+    let third = acquire(store, scope, &format!("{tag}-tx")).await;
+    let transaction = store.begin_transaction(&third).await.unwrap();
+    transaction.complete(response(202)).await.unwrap();
+    [first.operation_id, second.operation_id, third.operation_id]
+}
+
+/// The pending events of `operation` as the sealer reads them, without the event's own
+/// order, time and operation id.
+async fn pending_of(client: &tokio_postgres::Client, operation: OperationId) -> Vec<String> {
+    client
+        .query(
+            "SELECT concat_ws('|', kind, scope, regexp_replace(idempotency_key, '^[a-z]+-', ''), \
+                 fingerprint, principal, method, route, tool, jsonrpc_id, session, status, actor, \
+                 reason, resolution, quota) \
+             FROM idempotency_audit_pending WHERE operation_id = $1 ORDER BY id",
+            &[&operation.as_uuid()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// A journaled store's reservations, completions and delivery marks write their events in
+/// their own statements — the same events, member for member, that the triggers write for
+/// a store whose statements leave journaling to them — and no trigger function runs for
+/// them; any other session's change of a record still runs the trigger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hot_statements_journal_inline_and_other_sessions_through_the_triggers() {
+    let database = pg::test_database().await;
+    let inline = store(&database, true).await;
+    // Journal off in the store's statements, but its sessions not marked `off` (a pooler's
+    // mode passes no startup option): the triggers journal its changes, as before 0012.
+    let triggered = PostgresStore::from_config(&PostgresStoreConfig {
+        audit: false,
+        statement_mode: tower_idempotency_postgres::StatementMode::Unnamed,
+        ..PostgresStoreConfig::new(database.url())
+    })
+    .unwrap();
+    let client = database.client().await;
+    let scope = Scope::new("acme");
+    let by_statement = hot_path(&inline, &scope, "inline").await;
+    let by_trigger = hot_path(&triggered, &scope, "trigger").await;
+    for (ours, theirs) in by_statement.iter().zip(&by_trigger) {
+        let events = pending_of(&client, *ours).await;
+        assert_eq!(events, pending_of(&client, *theirs).await);
+        assert!(events[0].starts_with("accepted|acme|"), "{events:?}");
+        assert_eq!(events.len(), if *ours == by_statement[2] { 2 } else { 3 });
+    }
+
+    // No trigger function may run for the store's hot statements from here on.
+    client
+        .batch_execute(
+            "CREATE OR REPLACE FUNCTION idempotency_audit_operation() RETURNS trigger \
+             LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the audit trigger ran'; END $$",
+        )
+        .await
+        .unwrap();
+    let [first, ..] = hot_path(&inline, &scope, "again").await;
+    assert_eq!(pending_of(&client, first).await.len(), 3);
+    // Another session (an administrator's psql) cannot change a record without its
+    // trigger: here the trigger refuses, so the change is refused.
+    let refused = client
+        .execute(
+            "UPDATE idempotency_operations SET state = 'unknown' WHERE operation_id = $1",
+            &[&first.as_uuid()],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("the audit trigger ran")
+            || format!("{refused:?}").contains("the audit trigger ran"),
+        "{refused:?}"
+    );
+    let refused = client
+        .execute(
+            "DELETE FROM idempotency_operations WHERE operation_id = $1",
+            &[&first.as_uuid()],
+        )
+        .await;
+    assert!(refused.is_err(), "a delete runs the trigger too");
+}

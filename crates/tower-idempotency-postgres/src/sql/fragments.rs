@@ -86,3 +86,89 @@ pub(super) fn count_usage(u: &str, select: &str) -> String {
              bytes = u.bytes + excluded.bytes"
     )
 }
+
+/// How the store's own statements journal the record changes they make.
+///
+/// With the journal on, the hot statements — a new key's reservation, the completions and
+/// the delivery marks — write their events into `idempotency_audit_pending` themselves, in
+/// a data-modifying CTE of the statement that changes the record (the same kinds and
+/// members the triggers of migrations 0007 and 0010 write), and mark their transaction
+/// `tower_idempotency.audit = inline` before the row changes, which the triggers' `WHEN`
+/// clauses skip (migration 0012): no PL/pgSQL runs for them. Every other statement, and
+/// every other session, is journaled by the triggers as before. With the journal off, no
+/// statement writes or marks anything.
+#[derive(Debug, Clone)]
+pub(crate) struct Journal {
+    /// The schema-qualified pending table, when journaled.
+    pending: Option<String>,
+}
+
+impl Journal {
+    /// Journaled into the schema-qualified pending table `pending`.
+    pub(super) fn inline(pending: String) -> Self {
+        Self {
+            pending: Some(pending),
+        }
+    }
+
+    /// Not journaled by the statements (the journal is off).
+    pub(super) fn off() -> Self {
+        Self { pending: None }
+    }
+
+    /// The condition appended to a journaling statement's row filter: sets the mark for
+    /// the rest of the transaction, evaluated before the row changes (an `AFTER` trigger's
+    /// `WHEN` is evaluated just after its row changed).
+    pub(super) fn mark(&self) -> &'static str {
+        if self.pending.is_some() {
+            " AND set_config('tower_idempotency.audit', 'inline', true) IS NOT NULL"
+        } else {
+            ""
+        }
+    }
+
+    /// `, journaled AS (…)`: `accepted` for every row the CTE `from` inserted.
+    pub(super) fn accepted(&self, from: &str) -> String {
+        let Some(p) = &self.pending else {
+            return String::new();
+        };
+        format!(
+            ", journaled AS (INSERT INTO {p} \
+                 (kind, scope, operation_id, idempotency_key, fingerprint, method, route) \
+             SELECT 'accepted', r.scope, r.operation_id, r.idempotency_key, r.fingerprint, \
+                 r.method, r.route FROM {from} AS r)"
+        )
+    }
+
+    /// `, journaled AS (…)`: for every row the completion CTE `done` completed, `completed`
+    /// with its status, then `delivered` when the same write recorded the delivery.
+    pub(super) fn completed(&self) -> String {
+        let Some(p) = &self.pending else {
+            return String::new();
+        };
+        format!(
+            ", journaled AS (INSERT INTO {p} \
+                 (kind, scope, operation_id, idempotency_key, fingerprint, status) \
+             SELECT e.kind, d.scope, d.operation_id, d.idempotency_key, d.fingerprint, \
+                 CASE WHEN e.n = 1 THEN d.response_status END \
+             FROM done AS d CROSS JOIN (VALUES (1, 'completed'), (2, 'delivered')) AS e(n, kind) \
+             WHERE (e.n = 1 AND d.response_status IS NOT NULL) OR (e.n = 2 AND d.delivered) \
+             ORDER BY d.operation_id, e.n)"
+        )
+    }
+
+    /// The delivery-marking `update` (its row filter ending in [`mark`](Self::mark)), with
+    /// `delivered` journaled for every row it marked. Executed, it counts the rows marked.
+    pub(super) fn delivered(&self, update: &str) -> String {
+        let Some(p) = &self.pending else {
+            return update.to_owned();
+        };
+        format!(
+            "WITH done AS ({update} \
+                 RETURNING o.scope, o.operation_id, o.idempotency_key, o.fingerprint) \
+             INSERT INTO {p} (kind, scope, operation_id, idempotency_key, fingerprint) \
+             SELECT 'delivered', d.scope, d.operation_id, d.idempotency_key, d.fingerprint \
+             FROM done AS d"
+        )
+    }
+}

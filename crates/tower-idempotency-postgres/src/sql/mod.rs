@@ -13,7 +13,9 @@ mod outbox;
 mod resolutions;
 
 use audit::AuditQueries;
+use fragments::Journal;
 use operations::OperationQueries;
+pub(crate) use operations::Usage;
 use outbox::OutboxQueries;
 use resolutions::ResolutionQueries;
 
@@ -31,14 +33,22 @@ pub(crate) struct Queries {
 }
 
 impl Queries {
-    pub(crate) fn new(schema: &str) -> Self {
+    /// The statements on the tables of `schema`; `journaled`: whether the store's journal is
+    /// on (its hot statements then journal their own changes, see [`fragments::Journal`]).
+    /// `usage`: where the hot statements count scope usage.
+    pub(crate) fn new(schema: &str, journaled: bool, usage: Usage) -> Self {
         let operations = format!("\"{schema}\".idempotency_operations");
         let resolutions = format!("\"{schema}\".idempotency_resolutions");
         let outbox = format!("\"{schema}\".idempotency_outbox");
-        let usage = format!("\"{schema}\".idempotency_scope_usage");
+        let usage_table = format!("\"{schema}\".idempotency_scope_usage");
+        let journal = if journaled {
+            Journal::inline(format!("\"{schema}\".idempotency_audit_pending"))
+        } else {
+            Journal::off()
+        };
         Self {
-            operations: OperationQueries::new(&operations, &usage),
-            resolutions: ResolutionQueries::new(&operations, &resolutions, &usage),
+            operations: OperationQueries::new(&operations, &usage_table, &journal, usage),
+            resolutions: ResolutionQueries::new(&operations, &resolutions, &usage_table),
             outbox: OutboxQueries::new(&outbox),
             audit: AuditQueries::new(schema),
         }

@@ -2,8 +2,8 @@
 //! delivery marks, the purge and the operator's listings.
 
 use super::fragments::{
-    APPROVAL_STATE, COLUMNS, COMPLETED_COLUMNS, EXPIRED, LAPSED, STALLED, UNKNOWN, count_usage,
-    micros, slot,
+    APPROVAL_STATE, COLUMNS, COMPLETED_COLUMNS, EXPIRED, Journal, LAPSED, STALLED, UNKNOWN,
+    count_usage, micros, slot,
 };
 
 /// The statements on `idempotency_operations` of one store.
@@ -45,6 +45,9 @@ pub(crate) struct OperationQueries {
     pub(crate) cancel: String,
     pub(crate) mark_delivered: String,
     pub(crate) mark_delivered_batch: String,
+    /// Scope usage counted in the background (`usage.rs`, [`Usage::Batched`]): adds `$2`
+    /// records and `$3` bytes to the scopes `$1`, pairwise, in counter slot `$4`.
+    pub(crate) add_usage: String,
     /// Replays counted in the background (`replays.rs`): `$1` scopes, `$2` operation ids,
     /// `$3` counts, pairwise; committed without waiting for its WAL flush.
     pub(crate) count_replays: String,
@@ -77,20 +80,44 @@ pub(crate) struct OperationQueries {
 /// rows the statement writes.
 const ASYNCHRONOUS_COMMIT: &str = "set_config('synchronous_commit', 'off', true)";
 
+/// The most rows of a scope a quota refusal reads (see [`quota_refusal`]): the smallest
+/// quota whose check may lag (`usage.rs`), so that every exactly checked quota is read
+/// whole.
+const QUOTA_SAMPLE: i64 = 10_000;
+
+/// Where the hot statements' scope usage is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Usage {
+    /// In the statement that adds the record or stores the response (an upsert of the
+    /// scope's counter row in a CTE): exact at every moment. For quotas too small to allow
+    /// any lag (`usage.rs`).
+    InStatement,
+    /// By the store, in background batches ([`OperationQueries::add_usage`]): the new key's
+    /// reservation and the completion write no counter row.
+    Batched,
+}
+
+/// What a completion that reads nothing back returns from its `done` CTE: what its journal
+/// event needs (see [`Journal::completed`]).
+const DONE: &str = "o.operation_id, o.scope, o.idempotency_key, o.fingerprint, \
+                    o.response_status, o.delivered";
+
 /// Fenced writes: the lease id is the fencing token; a stale worker matches no row.
 const FENCE: &str = "o.scope = $1 AND o.idempotency_key = $2 AND o.operation_id = $3 \
                      AND o.lease_id = $4 AND o.state <> 'completed'";
 
 impl OperationQueries {
     /// The statements for the schema-qualified tables `t` (operations) and `u` (scope
-    /// usage counters).
-    pub(super) fn new(t: &str, u: &str) -> Self {
+    /// usage counters); `journal` is how the hot statements journal their changes (see
+    /// [`Journal`]), `usage` where a new key's record and a completion's bytes are counted.
+    pub(super) fn new(t: &str, u: &str, journal: &Journal, usage: Usage) -> Self {
         let by = micros("$5");
+        let j = journal;
         Self {
             reserve: reserve(t, u, "NULL::text"),
             reserve_before_transaction: reserve(t, u, ASYNCHRONOUS_COMMIT),
-            reserve_new: reserve_new(t, u, "NULL::text"),
-            reserve_new_before_transaction: reserve_new(t, u, ASYNCHRONOUS_COMMIT),
+            reserve_new: reserve_new(t, u, "NULL::text", j, usage),
+            reserve_new_before_transaction: reserve_new(t, u, ASYNCHRONOUS_COMMIT, j, usage),
             get: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.scope = $1 AND o.idempotency_key = $2 AND NOT {EXPIRED}"
             ),
@@ -98,24 +125,26 @@ impl OperationQueries {
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.scope = $1 AND o.operation_id = $2 AND NOT {EXPIRED}"
             ),
             complete: format!(
-                "WITH done AS ({} RETURNING {COMPLETED_COLUMNS}), \
-                 counted AS ({}) \
+                "WITH done AS ({} RETURNING {COMPLETED_COLUMNS}){}{} \
                  SELECT * FROM done",
-                complete_update(t),
-                count_completion(u)
+                complete_update(t, j),
+                count_completion(u, usage),
+                j.completed()
             ),
-            complete_in_transaction: complete_in_transaction(t, u),
+            complete_in_transaction: complete_in_transaction(t, u, j, usage),
             complete_delivered: format!(
-                "WITH done AS ({} RETURNING o.operation_id), counted AS ({}) \
+                "WITH done AS ({} RETURNING {DONE}){}{} \
                  SELECT count(*) AS completed FROM done",
-                complete_delivered_update(t),
-                count_completion(u)
+                complete_delivered_update(t, j),
+                count_completion(u, usage),
+                j.completed()
             ),
             complete_delivered_in_transaction: format!(
-                "WITH done AS ({} RETURNING o.operation_id), counted AS ({}) \
+                "WITH done AS ({} RETURNING {DONE}){}{} \
                  SELECT 1 / (SELECT count(*) FROM done) AS fenced",
-                complete_delivered_update(t),
-                count_completion(u)
+                complete_delivered_update(t, j),
+                count_completion(u, usage),
+                j.completed()
             ),
             release: format!(
                 "WITH gone AS (DELETE FROM {t} AS o WHERE {FENCE} RETURNING o.stored_bytes) {}",
@@ -154,19 +183,28 @@ impl OperationQueries {
                                                ELSE o.unknown_retention END \
                  WHERE {FENCE} RETURNING {COLUMNS}"
             ),
-            mark_delivered: format!(
+            mark_delivered: j.delivered(&format!(
                 "UPDATE {t} AS o SET delivered = true, delivered_at = now() \
-                 WHERE o.scope = $1 AND o.operation_id = $2 AND o.state = 'completed' AND NOT o.delivered"
-            ),
+                 WHERE o.scope = $1 AND o.operation_id = $2 AND o.state = 'completed' \
+                     AND NOT o.delivered{}",
+                j.mark()
+            )),
             // Many marks in one statement: `$1` scopes and `$2` operation ids, pairwise;
             // in the background, so committed without waiting for the WAL flush (a database
             // crash may lose the last marks, never a completion).
-            mark_delivered_batch: format!(
+            mark_delivered_batch: j.delivered(&format!(
                 "UPDATE {t} AS o SET delivered = true, delivered_at = now() \
                  FROM unnest($1::text[], $2::uuid[]) AS d(scope, operation_id) \
                  WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
                      AND o.state = 'completed' AND NOT o.delivered \
-                     AND {ASYNCHRONOUS_COMMIT} IS NOT NULL"
+                     AND {ASYNCHRONOUS_COMMIT} IS NOT NULL{}",
+                j.mark()
+            )),
+            add_usage: count_usage(
+                u,
+                "SELECT d.scope, $4::smallint, d.records, d.bytes \
+                 FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS d(scope, records, bytes) \
+                 ORDER BY d.scope",
             ),
             count_replays: format!(
                 "UPDATE {t} AS o SET replays = o.replays + d.n \
@@ -376,8 +414,9 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
 /// statement's snapshot, unless it expired); without one, and with the scope under its
 /// quota — checked only when `$14` says so (see `usage.rs`), the sums then returned in
 /// `scope_records` and `scope_bytes` — `fresh` inserts
-/// the new operation (`ON CONFLICT DO NOTHING`) and `counted` adds it to the scope's
-/// counter. The statement returns the existing row as it stands (no write), the inserted
+/// the new operation (`ON CONFLICT DO NOTHING`); `counted` adds it to the scope's counter
+/// ([`Usage::InStatement`]; batched, the store counts it) and `journaled` writes its
+/// `accepted` event ([`Journal`]). The statement returns the existing row as it stands (no write), the inserted
 /// one, or nothing — an expired row (the insert conflicts with it), a key inserted by a
 /// concurrent reservation after the snapshot, or a scope at its quota — and the caller hands everything but a fresh insert, and an existing
 /// row that answers as it stands, to [`reserve`].
@@ -388,15 +427,23 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
 /// through a `CASE`, and the read of the row before it — every time it runs it, whichever
 /// case applies. Measured on PostgreSQL 15, starting and running this one for a new key
 /// costs about half (docs/benchmarks.md).
-fn reserve_new(t: &str, u: &str, commit_mode: &str) -> String {
+fn reserve_new(t: &str, u: &str, commit_mode: &str, journal: &Journal, usage: Usage) -> String {
     let lease = micros("$8");
     let retention = micros("$9");
     let unknown_retention = micros("$10");
     let unknown_expiry = micros("($8::bigint + $10::bigint)");
-    let counted = count_usage(
-        u,
-        &format!("SELECT $1::text, {}, 1, 0 FROM fresh", slot("$3")),
-    );
+    let counted = match usage {
+        Usage::Batched => String::new(),
+        Usage::InStatement => format!(
+            ", counted AS ({})",
+            count_usage(
+                u,
+                &format!("SELECT $1::text, {}, 1, 0 FROM fresh", slot("$3")),
+            )
+        ),
+    };
+    let mark = journal.mark();
+    let accepted = journal.accepted("fresh");
     format!(
         "WITH existing AS ( \
              SELECT {COLUMNS}, NULL::text AS commit_mode FROM {t} AS o \
@@ -413,10 +460,9 @@ fn reserve_new(t: &str, u: &str, commit_mode: &str) -> String {
              now() + {unknown_expiry}, CASE WHEN $13::boolean THEN NULL ELSE now() END \
          WHERE NOT EXISTS (SELECT 1 FROM existing) \
              AND (NOT $14::boolean \
-                  OR (SELECT q.records < $11::bigint AND q.bytes <= $12::bigint FROM quota AS q)) \
+                  OR (SELECT q.records < $11::bigint AND q.bytes <= $12::bigint FROM quota AS q)){mark} \
          ON CONFLICT (scope, idempotency_key) DO NOTHING \
-         RETURNING {COLUMNS}, {commit_mode} AS commit_mode), \
-         counted AS ({counted}) \
+         RETURNING {COLUMNS}, {commit_mode} AS commit_mode){counted}{accepted} \
          SELECT e.*, NULL::bigint AS scope_records, NULL::bigint AS scope_bytes FROM existing AS e \
          UNION ALL \
          SELECT f.*, (SELECT q.records::bigint FROM quota AS q WHERE $14::boolean), \
@@ -465,35 +511,45 @@ fn decide_approval(t: &str) -> String {
 }
 
 /// The fenced completion `UPDATE`, without its `RETURNING`.
-fn complete_update(t: &str) -> String {
+fn complete_update(t: &str, journal: &Journal) -> String {
     format!(
         "UPDATE {t} AS o SET state = 'completed', response_status = $5, \
              response_header_names = $6, response_header_values = $7, response_body = $8, \
              stored_bytes = $9, completed_at = now(), expires_at = now() + o.retention, \
              lease_id = NULL, lease_expires_at = NULL \
-         WHERE {FENCE}"
+         WHERE {FENCE}{}",
+        journal.mark()
     )
 }
 
 /// [`complete_update`] that also records the delivery when `$10` is true (as
 /// `mark_delivered` would, in the same row version).
-fn complete_delivered_update(t: &str) -> String {
+fn complete_delivered_update(t: &str, journal: &Journal) -> String {
     format!(
         "UPDATE {t} AS o SET state = 'completed', response_status = $5, \
              response_header_names = $6, response_header_values = $7, response_body = $8, \
              stored_bytes = $9, completed_at = now(), expires_at = now() + o.retention, \
              lease_id = NULL, lease_expires_at = NULL, delivered = $10::boolean, \
              delivered_at = CASE WHEN $10::boolean THEN now() END \
-         WHERE {FENCE}"
+         WHERE {FENCE}{}",
+        journal.mark()
     )
 }
 
 /// The completion's bytes (`$9`) added to its scope's counter, for the row `done` returned.
-fn count_completion(u: &str) -> String {
-    count_usage(
-        u,
-        &format!("SELECT $1::text, {}, 0, $9::bigint FROM done", slot("$3")),
-    )
+///
+/// `, counted AS (…)`, or nothing when the store counts in batches ([`Usage::Batched`]).
+fn count_completion(u: &str, usage: Usage) -> String {
+    match usage {
+        Usage::Batched => String::new(),
+        Usage::InStatement => format!(
+            ", counted AS ({})",
+            count_usage(
+                u,
+                &format!("SELECT $1::text, {}, 0, $9::bigint FROM done", slot("$3")),
+            )
+        ),
+    }
 }
 
 /// `complete` inside an operation's transaction, sent together with its `COMMIT` (one round
@@ -501,33 +557,41 @@ fn count_completion(u: &str) -> String {
 /// count of completed rows is the divisor, read from the one row the outer `VALUES` always
 /// yields), which aborts the transaction, so the `COMMIT` behind it rolls the handler's
 /// writes back instead of keeping them. Nothing else in the statement divides.
-fn complete_in_transaction(t: &str, u: &str) -> String {
+fn complete_in_transaction(t: &str, u: &str, journal: &Journal, usage: Usage) -> String {
     format!(
         "WITH done AS ( \
-             {} RETURNING {COMPLETED_COLUMNS}), \
-         counted AS ({}) \
+             {} RETURNING {COMPLETED_COLUMNS}){}{} \
          SELECT done.*, 1 / (SELECT count(*) FROM done) AS fenced \
          FROM (VALUES (1)) AS one LEFT JOIN done ON true",
-        complete_update(t),
-        count_completion(u)
+        complete_update(t, journal),
+        count_completion(u, usage),
+        journal.completed()
     )
 }
 
-/// Bounded and lock-friendly: the inner SELECT picks at most $1 expired rows and skips any a
-/// concurrent purge or reserve holds; the outer DELETE repeats the predicate so a row
-/// revived in between is never deleted. The deleted rows leave their scopes' counters (slot
-/// 0, in scope order so that concurrent purges lock counter rows in the same order); the
-/// statement returns how many rows went.
+/// Bounded and lock-friendly, by a scan of the heap rather than an index (no index holds a
+/// column the completion changes, migration 0013, so that completing is a HOT update): the
+/// inner SELECT reads the table's blocks `$2` (inclusive) to `$3` (exclusive) — a TID range
+/// scan — and picks at most `$1` expired rows, skipping any a concurrent purge or reserve
+/// holds; the outer DELETE takes them by their tuple ids (locked, so they stay put) and
+/// repeats the predicate so a row revived in between is never deleted. The deleted rows
+/// leave their scopes' counters (slot 0, in scope order so that concurrent purges lock
+/// counter rows in the same order); the statement returns how many rows went and how many
+/// blocks the table has (the caller walks them a range at a time, `PostgresStore::purge_expired`).
 fn purge(t: &str, u: &str) -> String {
     format!(
         "WITH gone AS ( \
-             DELETE FROM {t} AS o WHERE (o.scope, o.idempotency_key) IN ( \
-                 SELECT o.scope, o.idempotency_key FROM {t} AS o WHERE {EXPIRED} \
-                 LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM {t} AS o WHERE o.ctid = ANY (ARRAY( \
+                 SELECT o.ctid FROM {t} AS o \
+                 WHERE o.ctid >= ('(' || $2::bigint || ',0)')::tid \
+                     AND o.ctid < ('(' || $3::bigint || ',0)')::tid AND {EXPIRED} \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED)) \
              AND {EXPIRED} \
              RETURNING o.scope, o.stored_bytes), \
          counted AS ({}) \
-         SELECT count(*) AS purged FROM gone",
+         SELECT count(*) AS purged, \
+             (SELECT pg_relation_size('{t}') / current_setting('block_size')::bigint) AS blocks \
+         FROM gone",
         count_usage(
             u,
             "SELECT scope, 0, -count(*), -sum(stored_bytes) FROM gone GROUP BY scope ORDER BY scope"
@@ -538,22 +602,29 @@ fn purge(t: &str, u: &str) -> String {
 /// The refusal of a scope at its quota (`$1`), run only then: deletes up to `$2` of the
 /// scope's expired rows (they free the quota at once, without waiting for the purge task)
 /// and reads how long until its oldest remaining completed or unknown row expires, in
-/// microseconds (`NULL` when it has none), for the `Retry-After`. Both are range scans of the
-/// partial `(scope, expires_at)` index of migration 0008 (both compare `expires_at` with a
-/// strict operator, which implies its predicate).
+/// microseconds (`NULL` when it has none), for the `Retry-After`. Both read at most
+/// [`QUOTA_SAMPLE`] of the scope's rows, along the primary key (no index holds the expiry,
+/// migration 0013): for a scope of at most that many rows — every quota below it — both
+/// are exact; for a larger one they cover that sample of its keys, so the `Retry-After` is
+/// an estimate (never earlier than the true one).
 fn quota_refusal(t: &str, u: &str) -> String {
     format!(
-        "WITH gone AS ( \
-             DELETE FROM {t} AS o WHERE (o.scope, o.idempotency_key) IN ( \
-                 SELECT o.scope, o.idempotency_key FROM {t} AS o WHERE o.scope = $1 AND {EXPIRED} \
-                 LIMIT $2 FOR UPDATE SKIP LOCKED) \
-             AND {EXPIRED} \
+        "WITH sample AS MATERIALIZED ( \
+             SELECT o.ctid AS tid, o.expires_at, o.state, o.lease_expires_at FROM {t} AS o \
+             WHERE o.scope = $1 LIMIT {QUOTA_SAMPLE}), \
+         gone AS ( \
+             DELETE FROM {t} AS o WHERE o.ctid = ANY (ARRAY( \
+                 SELECT s.tid FROM sample AS s \
+                 WHERE s.expires_at <= now() \
+                     AND (s.state <> 'in_progress' OR s.lease_expires_at <= now()) \
+                 LIMIT $2)) \
+             AND o.scope = $1 AND {EXPIRED} \
              RETURNING o.stored_bytes), \
          counted AS ({}) \
          SELECT (SELECT count(*) FROM gone) AS purged, \
-             (SELECT (extract(epoch FROM min(o.expires_at) - now()) * 1000000)::bigint \
-              FROM {t} AS o WHERE o.scope = $1 AND o.expires_at > now() \
-                  AND o.state <> 'in_progress') AS until_expiry_us",
+             (SELECT (extract(epoch FROM min(s.expires_at) - now()) * 1000000)::bigint \
+              FROM sample AS s WHERE s.expires_at > now() \
+                  AND s.state <> 'in_progress') AS until_expiry_us",
         count_usage(
             u,
             "SELECT $1::text, 0, -count(*), -sum(stored_bytes) FROM gone HAVING count(*) > 0"
