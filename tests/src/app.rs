@@ -70,6 +70,40 @@ impl TestServer {
         server
     }
 
+    /// Serves the demo router built from `config` with its idempotency records on the test
+    /// binary's shared Redis Cluster (3 primaries, 1 replica each: [`shared_cluster`]), under a
+    /// key prefix of its own, so that servers never see each other's records. The demo's
+    /// `--redis-cluster` mode: the business records stay in memory.
+    ///
+    /// [`shared_cluster`]: test_harness::redis::shared_cluster
+    pub async fn demo_on_redis_cluster(config: demo::Config) -> Self {
+        Self::demo_on_redis_cluster_sharing(config, &fresh_key_prefix()).await
+    }
+
+    /// [`TestServer::demo_on_redis_cluster`] under the key prefix `prefix`: servers given the
+    /// same prefix share their idempotency records, as instances of one service do.
+    pub async fn demo_on_redis_cluster_sharing(config: demo::Config, prefix: &str) -> Self {
+        let seeds = test_harness::redis::shared_cluster().seed_urls();
+        Self::demo(demo::Config {
+            redis: Some(demo::RedisTarget::Cluster(seeds)),
+            redis_key_prefix: prefix.to_owned(),
+            ..config
+        })
+        .await
+    }
+
+    /// [`TestServer::demo_on_redis_cluster`] on the test binary's shared standalone Redis
+    /// server (the demo's `--redis-url` mode).
+    pub async fn demo_on_redis(config: demo::Config) -> Self {
+        let url = test_harness::redis::shared_server().url();
+        Self::demo(demo::Config {
+            redis: Some(demo::RedisTarget::Standalone(url)),
+            redis_key_prefix: fresh_key_prefix(),
+            ..config
+        })
+        .await
+    }
+
     /// The database a [`TestServer::demo_on_postgres`] server keeps its records in.
     pub fn database(&self) -> Option<&TestDatabase> {
         self.database.as_ref()
@@ -94,6 +128,13 @@ impl TestServer {
     pub fn anonymous(&self) -> Client {
         Client::new(self, None)
     }
+}
+
+/// A Redis key prefix no other server of this test run uses.
+pub fn fresh_key_prefix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("t{}-{n}", std::process::id())
 }
 
 impl Drop for TestServer {

@@ -3,7 +3,7 @@
 //! cluster between its tests (docs/testing.md).
 //!
 //! The demo suites in `suites/` are included once per mode of the demo (memory, PostgreSQL,
-//! autocommit), each time under a parent module that defines the server it runs against:
+//! autocommit, Redis), each time under a parent module that defines the server it runs against:
 //! the same file loaded as several modules is the point, not a mistake.
 #![allow(clippy::duplicate_mod)]
 
@@ -19,6 +19,10 @@ mod http_quota;
 mod http_quota_postgres;
 mod http_races;
 mod http_races_postgres;
+mod http_redis_cluster;
+mod http_redis_instances;
+mod http_redis_standalone;
+mod http_redis_store;
 mod http_security;
 mod http_security_postgres;
 mod http_store_down;

@@ -72,6 +72,25 @@ pub struct Stats {
     pub net_one_instance: AtomicU64,
     /// PgBouncer killed with `SIGKILL` and started again (the `pgbouncer` topology).
     pub pgbouncer_kills: AtomicU64,
+    /// Redis primaries killed with `SIGKILL`, their replica promoted and the killed node
+    /// restarted as a replica (the `redis-cluster` topology).
+    pub redis_kills: AtomicU64,
+    /// The longest a killed primary's slots went unserved: from the kill until the cluster
+    /// was healthy again with the replica promoted, in ms.
+    pub redis_failover_ms_max: AtomicU64,
+    /// Redis primaries stopped with `SIGSTOP`, then continued.
+    pub redis_pauses: AtomicU64,
+    /// Of those, paused past the node timeout: the replica took over and the paused node
+    /// came back as a replica.
+    pub redis_pause_promotions: AtomicU64,
+    /// Slot migrations of a live account's slot to another primary.
+    pub redis_migrations: AtomicU64,
+    /// Keys those migrations moved.
+    pub redis_migrated_keys: AtomicU64,
+    /// Keys a migration found on both its source and its target (`BUSYKEY`): written on
+    /// the target through `ASK` while the source held them, which only a script touching
+    /// keys it does not declare can do.
+    pub redis_keys_on_both_sides: std::sync::Mutex<Vec<String>>,
 }
 
 impl Stats {

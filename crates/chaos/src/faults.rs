@@ -5,8 +5,10 @@
 //! the same port), PostgreSQL crashes (`SIGKILL`, then crash recovery), failovers to a
 //! synchronous standby ([`crate::server`]), a slow and partitioned network between
 //! the instances and the database ([`crate::proxy`]) and, in the `pgbouncer` topology,
-//! PgBouncer killed and started again ([`crate::bouncer`]). Dropped client connections are
-//! injected by the clients themselves ([`crate::client`]).
+//! PgBouncer killed and started again ([`crate::bouncer`]) and, in the `redis-cluster`
+//! topology, Redis primaries killed, paused and a live slot migrated
+//! ([`crate::redis_cluster`]). Dropped client connections are injected by the clients
+//! themselves ([`crate::client`]).
 //!
 //! Each fault kind runs on its own schedule; the first fault of each kind comes early
 //! enough that even a short soak sees every kind at least once.
@@ -18,6 +20,7 @@ use crate::bouncer::Bouncer;
 use crate::client::Stats;
 use crate::instances::Fleet;
 use crate::proxy::Network;
+use crate::redis_cluster::RedisSide;
 use crate::rng::Rng;
 use crate::server::Servers;
 
@@ -291,4 +294,81 @@ fn cut(network: &Network, stats: &Stats, target: Option<usize>) {
     stats
         .net_cut_connections
         .fetch_add(cut, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Kills a Redis primary that holds records around every `every` until `end` (the first
+/// within the first quarter of the run): its replica is promoted after the node timeout,
+/// and the killed node is started again after 0.2–1.5 s and rejoins as a replica
+/// ([`RedisSide::kill_primary`]).
+pub async fn redis_kill_loop(
+    redis: Arc<RedisSide>,
+    stats: Arc<Stats>,
+    rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let mut schedule = Schedule::new(rng, every, end, 4);
+    while schedule.next().await {
+        let outage = Duration::from_millis(schedule.rng.between(200, 1500));
+        let unserved = redis.kill_primary(&mut schedule.rng, outage).await?;
+        Stats::bump(&stats.redis_kills);
+        stats.redis_failover_ms_max.fetch_max(
+            u64::try_from(unserved.as_millis()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+    Ok(())
+}
+
+/// Pauses a Redis primary that holds records around every `every` until `end`, for
+/// 0.5–4 s: shorter than the 1 s node timeout it is a stall, longer its replica takes over
+/// and the paused node wakes up as a replica ([`RedisSide::pause_primary`]).
+pub async fn redis_pause_loop(
+    redis: Arc<RedisSide>,
+    stats: Arc<Stats>,
+    rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let mut schedule = Schedule::new(rng, every, end, 3);
+    while schedule.next().await {
+        let frozen = Duration::from_millis(schedule.rng.between(500, 4000));
+        let paused = redis.pause_primary(&mut schedule.rng, frozen).await?;
+        Stats::bump(&stats.redis_pauses);
+        if paused.promoted {
+            Stats::bump(&stats.redis_pause_promotions);
+        }
+    }
+    Ok(())
+}
+
+/// Migrates a live account's slot to another primary around every `every` until `end`
+/// (the first within the first half of the run), while the clients write to it
+/// ([`RedisSide::migrate_live_slot`]).
+pub async fn redis_migrate_loop(
+    redis: Arc<RedisSide>,
+    stats: Arc<Stats>,
+    rng: Rng,
+    every: Duration,
+    end: Instant,
+) -> Result<(), String> {
+    let mut schedule = Schedule::new(rng, every, end, 2);
+    while schedule.next().await {
+        let migration = redis.migrate_live_slot(&mut schedule.rng).await?;
+        Stats::bump(&stats.redis_migrations);
+        stats
+            .redis_migrated_keys
+            .fetch_add(migration.keys_moved, std::sync::atomic::Ordering::Relaxed);
+        let mut both = stats
+            .redis_keys_on_both_sides
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        both.extend(
+            migration
+                .keys_on_both_sides
+                .iter()
+                .map(|key| String::from_utf8_lossy(key).into_owned()),
+        );
+    }
+    Ok(())
 }

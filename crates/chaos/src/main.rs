@@ -9,6 +9,11 @@
 //! effect twice, that every acknowledged intent took effect, and that every replay equals
 //! the first answer. It prints a table and exits non-zero on any violation.
 //!
+//! `--topology redis-cluster` keeps the idempotency records in a Redis Cluster of 3
+//! primaries with 1 replica each instead ([`redis_soak`]): Redis primaries are killed,
+//! paused and a live slot migrated under the same clients, and the effects are read from
+//! every instance.
+//!
 //! `chaos --help` lists the knobs, `chaos --version` prints the version; `chaos serve` is the demo instance it runs (internal).
 
 use test_harness::pg;
@@ -20,6 +25,8 @@ mod faults;
 mod instances;
 mod journal;
 mod proxy;
+mod redis_cluster;
+mod redis_soak;
 mod rng;
 mod serve;
 mod server;
@@ -29,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, ValueEnum, value_parser};
+use clap::{CommandFactory, Parser, ValueEnum, value_parser};
 
 use crate::bouncer::{Bouncer, Seen};
 use crate::client::{Behaviour, Client, Intent, Stats};
@@ -112,6 +119,23 @@ struct Options {
     /// pgbouncer), fewer than the instances' pools together
     #[arg(long, value_name = "N", default_value = "16", value_parser = at_least_one)]
     pgbouncer_pool_size: usize,
+    /// Replicas that acknowledge every reservation and completion before it counts (the
+    /// demo's --redis-wait-replicas, Redis WAIT; with --topology redis-cluster, whose
+    /// primaries have one replica each): 0 does not wait
+    #[arg(long, value_name = "N", default_value = "0", value_parser = value_parser!(u32).range(0..=1))]
+    redis_wait_replicas: u32,
+    /// Mean time between kill -9 of a Redis primary holding records, its replica promoted
+    /// and the node restarted as a replica (with --topology redis-cluster)
+    #[arg(long, value_name = "D", default_value = "20s", value_parser = interval)]
+    redis_kill_every: Duration,
+    /// Mean time between pausing a Redis primary (SIGSTOP for 0.5-4 s, then SIGCONT; past
+    /// the 1 s node timeout its replica takes over; with --topology redis-cluster)
+    #[arg(long, value_name = "D", default_value = "30s", value_parser = interval)]
+    redis_pause_every: Duration,
+    /// Mean time between migrating a live account's slot to another primary under load
+    /// (with --topology redis-cluster)
+    #[arg(long, value_name = "D", default_value = "25s", value_parser = interval)]
+    redis_migrate_every: Duration,
     /// Share of attempts abandoned mid-flight
     #[arg(long, value_name = "P", default_value = "0.25", value_parser = rate)]
     drop_rate: f64,
@@ -166,12 +190,24 @@ enum Topology {
     /// through a proxy of its own; the instances connect to PgBouncer and send unnamed
     /// statements (--pg-statements unnamed)
     Pgbouncer,
+    /// No PostgreSQL: a Redis Cluster of 3 primaries with 1 replica each keeps the
+    /// idempotency records (the demo's --redis-cluster), the instances keep their business
+    /// records in memory and are frozen but never killed; Redis primaries are killed and
+    /// paused and live slots migrated
+    RedisCluster,
 }
 
 impl Options {
     /// Parses the arguments after the program name.
     fn parse(args: Vec<String>) -> Result<Self, clap::Error> {
-        Self::try_parse_from(std::iter::once("chaos".to_owned()).chain(args))
+        let o = Self::try_parse_from(std::iter::once("chaos".to_owned()).chain(args))?;
+        if o.topology == Topology::RedisCluster && (o.non_transactional || o.async_commit) {
+            return Err(Self::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--non-transactional and --async-commit are about PostgreSQL: the redis-cluster topology has none",
+            ));
+        }
+        Ok(o)
     }
 }
 
@@ -256,6 +292,9 @@ fn main() -> ExitCode {
 /// Runs the soak; `Ok(false)` when an invariant was violated.
 async fn soak(o: Options) -> Result<bool, String> {
     let run = format!("chaos{:08x}", o.seed as u32 ^ (o.seed >> 32) as u32);
+    if o.topology == Topology::RedisCluster {
+        return redis_soak::soak(o, run).await;
+    }
     print_plan(&o, &run);
     if o.non_transactional {
         println!("non-transactional: the demo writes tickets and payments in autocommit");
@@ -271,6 +310,9 @@ async fn soak(o: Options) -> Result<bool, String> {
     let servers = Arc::new(match o.topology {
         Topology::Single | Topology::Pgbouncer => Servers::single(o.async_commit).await?,
         Topology::Failover => Servers::pair().await?,
+        Topology::RedisCluster => {
+            return Err("the redis-cluster topology has a soak of its own".to_owned());
+        }
     });
     let dbname = servers.create_database().await?;
     // The soak's own connections (checks, severing) go straight to the servers; the
@@ -293,7 +335,7 @@ async fn soak(o: Options) -> Result<bool, String> {
             let network = Network::start(o.instances, &[bouncer.port()]).await?;
             (network.with_shared(link), Some(Arc::new(bouncer)))
         }
-        Topology::Single | Topology::Failover => {
+        Topology::Single | Topology::Failover | Topology::RedisCluster => {
             (Network::start(o.instances, &servers.ports()).await?, None)
         }
     };
@@ -428,7 +470,7 @@ fn print_plan(o: &Options, run: &str) {
         o.accounts
     );
     let failover = match o.topology {
-        Topology::Single => String::new(),
+        Topology::Single | Topology::RedisCluster => String::new(),
         Topology::Failover => format!(
             ", failover every ~{}",
             humantime::format_duration(o.failover_every)
@@ -663,8 +705,19 @@ fn print_table(
 ) -> bool {
     let mut rows = outcome_rows(intents, found, stats, open_before_settle);
     rows.extend(check_rows(intents, found, stats));
+    rows.push(listing_row(found));
     rows.extend(journal.map(journal_rows).into_iter().flatten());
     rows.extend(fault_rows(found, stats, o.topology, pgbouncer));
+    print_rows(o, rows, found, journal)
+}
+
+/// Prints `rows` and the verdict; `true` when every invariant holds.
+fn print_rows(
+    o: &Options,
+    rows: Vec<Row>,
+    found: &check::Findings,
+    journal: Option<&journal::JournalFindings>,
+) -> bool {
     let notes_match = notifications_match(found);
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let value_width = rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
@@ -778,8 +831,7 @@ fn outcome_rows(
     ]
 }
 
-/// Changed-payload reuses, notifications, the status route, the listings and the
-/// outcomes left unknown.
+/// Changed-payload reuses, notifications, the status route and the outcomes left unknown.
 fn check_rows(intents: &[Intent], found: &check::Findings, stats: &Stats) -> Vec<Row> {
     let unknown = intents.iter().filter(|i| i.unknown).count();
     let unanswered = intents.iter().filter(|i| i.open()).count();
@@ -816,16 +868,20 @@ fn check_rows(intents: &[Intent], found: &check::Findings, stats: &Stats) -> Vec
             must_zero(found.status_disagreements),
         ),
         row(
-            "API listings vs tables",
-            format!("{} mismatches", found.api_mismatches),
-            must_zero(found.api_mismatches),
-        ),
-        row(
             "unknown outcomes left",
             unknown + unanswered,
             format!("{unknown} outcome-unknown, {unanswered} unanswered after settling"),
         ),
     ]
+}
+
+/// The API's listings against the tables.
+fn listing_row(found: &check::Findings) -> Row {
+    row(
+        "API listings vs tables",
+        format!("{} mismatches", found.api_mismatches),
+        must_zero(found.api_mismatches),
+    )
 }
 
 /// The audit journal after the storm: it verifies, and it holds every completion.
@@ -1045,6 +1101,67 @@ mod tests {
     }
 
     #[test]
+    fn the_redis_topology_runs_the_demo_on_the_cluster_with_its_wait() {
+        let o = parse(&[
+            "--topology",
+            "redis-cluster",
+            "--redis-wait-replicas=1",
+            "--redis-kill-every",
+            "5s",
+            "--redis-pause-every=7s",
+            "--redis-migrate-every",
+            "9s",
+        ])
+        .unwrap();
+        assert_eq!(o.topology, Topology::RedisCluster);
+        assert_eq!(o.redis_wait_replicas, 1);
+        assert_eq!(o.redis_kill_every, Duration::from_secs(5));
+        assert_eq!(o.redis_pause_every, Duration::from_secs(7));
+        assert_eq!(o.redis_migrate_every, Duration::from_secs(9));
+        let seeds = [
+            "redis://127.0.0.1:7001".to_owned(),
+            "redis://127.0.0.1:7002".to_owned(),
+        ];
+        let args = redis_soak::demo_args(&o, &seeds);
+        let after = |flag: &str| {
+            let at = args
+                .iter()
+                .position(|a| a == flag)
+                .unwrap_or_else(|| panic!("{flag} in {args:?}"));
+            args[at + 1].clone()
+        };
+        assert_eq!(
+            after("--redis-cluster"),
+            "redis://127.0.0.1:7001,redis://127.0.0.1:7002"
+        );
+        assert_eq!(after("--redis-wait-replicas"), "1");
+        assert_eq!(after("--lease-ms"), "1000");
+        assert!(
+            args.iter().any(|a| a == "--no-audit"),
+            "the Redis store keeps no journal"
+        );
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.starts_with("--database-url") || a.starts_with("--audit"))
+        );
+        assert!(!args.iter().any(|a| a == "--no-idempotency"));
+
+        let o = parse(&["--topology=redis-cluster", "--unguarded"]).unwrap();
+        assert_eq!(o.redis_wait_replicas, 0, "no WAIT by default");
+        let args = redis_soak::demo_args(&o, &seeds);
+        assert!(args.iter().any(|a| a == "--no-idempotency"));
+        assert_eq!(
+            args[args
+                .iter()
+                .position(|a| a == "--redis-wait-replicas")
+                .unwrap()
+                + 1],
+            "0"
+        );
+    }
+
+    #[test]
     fn mistakes_are_refused() {
         for args in [
             &["--duration"][..],
@@ -1063,6 +1180,13 @@ mod tests {
             &["--topology"],
             &["--unguarded=yes"],
             &["--verbose"],
+            &["--topology", "redis"],
+            &["--redis-wait-replicas", "2"],
+            &["--redis-wait-replicas", "-1"],
+            &["--redis-kill-every", "0s"],
+            &["--redis-migrate-every", "0s"],
+            &["--topology", "redis-cluster", "--non-transactional"],
+            &["--topology", "redis-cluster", "--async-commit"],
         ] {
             assert!(parse(args).is_err(), "{args:?}");
         }
@@ -1080,6 +1204,8 @@ mod tests {
         assert_eq!(o.failover_every, Duration::from_secs(120));
         assert_eq!(o.pgbouncer_kill_every, Duration::from_secs(30));
         assert_eq!(o.pgbouncer_pool_size, 16);
+        assert_eq!(o.redis_wait_replicas, 0);
+        assert_eq!(o.redis_kill_every, Duration::from_secs(20));
         assert!(!o.async_commit);
         assert_eq!((o.max_attempts, o.lease_ms, o.wait_ms), (10, 1000, 300));
         assert!(!o.unguarded && !o.non_transactional);
@@ -1096,6 +1222,11 @@ mod tests {
             "--topology <T>",
             "- failover: ",
             "- pgbouncer: ",
+            "- redis-cluster: ",
+            "--redis-wait-replicas <N>",
+            "--redis-kill-every <D>",
+            "--redis-pause-every <D>",
+            "--redis-migrate-every <D>",
             "--failover-every <D>",
             "--pgbouncer-kill-every <D>",
             "--pgbouncer-pool-size <N>",

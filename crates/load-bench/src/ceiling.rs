@@ -9,7 +9,8 @@
 //! - `payment`: the demo's payment `INSERT` (`--no-idempotency`'s handler) in autocommit —
 //!   the unguarded baseline of the load benchmark;
 //! - `payment + record`: `BEGIN`, the same `INSERT`, one `INSERT` of a completed
-//!   idempotency record into the store's own table (its indexes, checks and audit trigger),
+//!   idempotency record into the store's own table (its indexes, and its audit event written
+//!   in the same statement, as the store's own statements write theirs since migration 0012),
 //!   `COMMIT` — pipelined in one round trip, one commit. That is less than any design can
 //!   write for an exactly-once transactional request (no reservation before the handler, no
 //!   usage counter, no second write of the row), so its ratio to `payment` bounds the load
@@ -36,15 +37,27 @@ const PAYMENT: &str = "INSERT INTO demo_payments (account, id, amount_minor, cur
      invoice_ref, payee, created_at) VALUES ($1, $2, 1250, 'EUR', $3, 'Acme Supplies Ltd', \
      now()::text) ON CONFLICT (account, invoice_ref) DO NOTHING RETURNING *";
 
-const RECORD: &str = "INSERT INTO idempotency_operations (scope, idempotency_key, operation_id, \
-     fingerprint, method, route, state, attempts, retention, unknown_retention, created_at, \
-     completed_at, expires_at, response_status, response_header_names, \
+/// The record, journaled as the store journals it (migration 0012): the statement marks
+/// its transaction `inline` (the audit trigger skips it) and writes its `accepted` event
+/// itself, in a CTE. Not journaled (`tower_idempotency.audit = off`), the CTE still runs
+/// but the mark is what the triggers read, so the event is the only difference.
+const RECORD: &str = "WITH r AS (INSERT INTO idempotency_operations (scope, idempotency_key, \
+     operation_id, fingerprint, method, route, state, attempts, retention, unknown_retention, \
+     created_at, completed_at, expires_at, response_status, response_header_names, \
      response_header_values, response_body, stored_bytes, delivered, delivered_at, \
-     dispatched_at) VALUES ($1, $2, gen_random_uuid(), \
+     dispatched_at) SELECT $1, $2, gen_random_uuid(), \
      'sha256:9f2c6a1d0b7e4f3a8c5d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b', 'POST', \
      '/v1/payments', 'completed', 1, interval '24 hours', interval '24 hours', now(), now(), \
      now() + interval '24 hours', 201, ARRAY['content-type', 'location'], \
-     ARRAY['application/json'::bytea, '/v1/payments/pay'::bytea], $3, 260, true, now(), now())";
+     ARRAY['application/json'::bytea, '/v1/payments/pay'::bytea], $3, 260, true, now(), now() \
+     WHERE set_config('tower_idempotency.audit', \
+         CASE WHEN current_setting('tower_idempotency.audit', true) = 'off' THEN 'off' \
+              ELSE 'inline' END, true) IS NOT NULL \
+     RETURNING scope, operation_id, idempotency_key, fingerprint, method, route) \
+     INSERT INTO idempotency_audit_pending (kind, scope, operation_id, idempotency_key, \
+         fingerprint, method, route) \
+     SELECT 'accepted', r.scope, r.operation_id, r.idempotency_key, r.fingerprint, r.method, \
+         r.route FROM r WHERE current_setting('tower_idempotency.audit', true) <> 'off'";
 
 /// The measured cases, in the order of the first round.
 pub const CASES: [&str; 4] = [

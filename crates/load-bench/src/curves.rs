@@ -126,7 +126,7 @@ fn servers(
         if !started.iter().any(|(m, _)| m == mode) {
             started.push((
                 *mode,
-                Server::launch(mode, None, &settings.log_level, None, work, &[])?,
+                Server::launch(mode, None, None, &settings.log_level, None, work, &[])?,
             ));
         }
     }

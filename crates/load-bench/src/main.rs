@@ -9,7 +9,7 @@
 //!
 //! Subcommands (`load-bench --help`, `load-bench SUBCOMMAND --help`; `--version`):
 //!
-//! - `run [--suite memory|postgres|all|audit|mcp] [--rounds 3] [--duration 10] [--warmup 2]
+//! - `run [--suite memory|postgres|all|audit|mcp|redis] [--rounds 3] [--duration 10] [--warmup 2]
 //!   [--connections 64] [--threads 2] [--fsync on|off] [--log warn]` — the benchmark (also
 //!   without a subcommand); out-of-range values are refused (rounds 1–20, duration 1–120 s,
 //!   warm-up 0–60 s, threads 1–64, connections 1–1024);
@@ -25,6 +25,7 @@ mod curves;
 mod mcp;
 mod pgprofile;
 mod record_size;
+mod redis_ceiling;
 mod serve;
 mod wrk;
 
@@ -164,6 +165,12 @@ enum SuiteChoice {
     Audit,
     /// The mcp-demo's `tools/call` with and without the MCP layer
     Mcp,
+    /// The demo's records in Redis: a standalone server and a 3-primary, 3-replica cluster,
+    /// fresh keys and replays, against the unguarded demo
+    Redis,
+    /// The PostgreSQL suite's cases on `POST /v1/tickets` (the issue 27 shape: the ticket
+    /// `INSERT` and its outbox notification in the handler)
+    PostgresTickets,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -184,6 +191,12 @@ struct ServeArgs {
     /// PostgreSQL URL, for the pg-* modes
     #[arg(long, value_name = "URL")]
     database_url: Option<String>,
+    /// The standalone Redis of the `redis-*` modes
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// The seed nodes of the Redis Cluster of the `redis-cluster-*` modes, comma-separated
+    #[arg(long, value_name = "URLS")]
+    redis_cluster: Option<String>,
     /// Completed records stored before serving (memory-guarded only)
     #[arg(long, value_name = "N", default_value = "0")]
     prefill: usize,
@@ -284,7 +297,11 @@ fn serve_command(args: ServeArgs) -> Result<(), String> {
         .block_on(serve::serve(
             &mode,
             args.listen,
-            args.database_url,
+            serve::Backends {
+                database_url: args.database_url,
+                redis_url: args.redis_url,
+                redis_cluster: args.redis_cluster,
+            },
             args.prefill,
         ))
         .map_err(|e| format!("serve {mode}: {e}"))
@@ -322,7 +339,16 @@ impl Server {
         extra: &[String],
     ) -> Result<Self, String> {
         let exe = settings.server_exe.as_deref();
-        Self::launch(mode, database_url, &settings.log_level, exe, logs, extra)
+        let redis = settings.redis.as_ref();
+        Self::launch(
+            mode,
+            database_url,
+            redis,
+            &settings.log_level,
+            exe,
+            logs,
+            extra,
+        )
     }
 
     /// One server of `mode`, from `exe` (this program when `None`), logging at `log_level`
@@ -330,6 +356,7 @@ impl Server {
     fn launch(
         mode: &str,
         database_url: Option<&str>,
+        redis: Option<&RedisTargets>,
         log_level: &str,
         exe: Option<&std::path::Path>,
         logs: &std::path::Path,
@@ -349,6 +376,13 @@ impl Server {
             .stderr(log);
         if let Some(url) = database_url {
             command.args(["--database-url", url]);
+        }
+        if let Some(redis) = redis {
+            if mode.starts_with("redis-cluster") {
+                command.args(["--redis-cluster", &redis.cluster]);
+            } else if mode.starts_with("redis") {
+                command.args(["--redis-url", &redis.standalone]);
+            }
         }
         command.args(extra);
         let mut child = command.spawn().map_err(|e| format!("serve {mode}: {e}"))?;
@@ -448,6 +482,105 @@ fn memory_suite() -> Suite {
                 case: 2,
                 against: 0,
                 min: 1.0,
+            },
+        ],
+    }
+}
+
+fn redis_suite() -> Suite {
+    Suite {
+        name: "redis",
+        mcp: false,
+        // New servers every round, as in the memory suite; the records stay in Redis, under
+        // fresh keys.
+        restart_each_round: true,
+        route: "tickets",
+        cases: vec![
+            Case {
+                label: "unguarded (`--no-idempotency`)",
+                mode: "memory-unguarded",
+                workload: "fresh",
+            },
+            Case {
+                label: "ceiling: unguarded + `SET NX PX` / `SET XX PX`, standalone",
+                mode: "redis-ceiling",
+                workload: "fresh",
+            },
+            Case {
+                label: "Redis standalone (`--redis-url`), fresh keys",
+                mode: "redis-demo",
+                workload: "fresh",
+            },
+            Case {
+                label: "Redis standalone (`--redis-url`), replays of one key",
+                mode: "redis-demo",
+                workload: "replay",
+            },
+            Case {
+                label: "ceiling: unguarded + `SET NX PX` / `SET XX PX`, cluster",
+                mode: "redis-cluster-ceiling",
+                workload: "fresh",
+            },
+            Case {
+                label: "Redis Cluster 3+3 (`--redis-cluster`), fresh keys",
+                mode: "redis-cluster-demo",
+                workload: "fresh",
+            },
+            Case {
+                label: "Redis Cluster 3+3 (`--redis-cluster`), replays of one key",
+                mode: "redis-cluster-demo",
+                workload: "replay",
+            },
+        ],
+        targets: vec![
+            Target {
+                text: "redis standalone: guarded fresh ≥ 0.6× unguarded",
+                case: 2,
+                against: 0,
+                min: 0.6,
+            },
+            Target {
+                text: "redis standalone: replay ≥ 1.0× unguarded",
+                case: 3,
+                against: 0,
+                min: 1.0,
+            },
+            Target {
+                text: "redis cluster: guarded fresh ≥ 0.6× unguarded",
+                case: 5,
+                against: 0,
+                min: 0.6,
+            },
+            Target {
+                text: "redis cluster: replay ≥ 1.0× unguarded",
+                case: 6,
+                against: 0,
+                min: 1.0,
+            },
+            // Whether Redis on the path leaves 0.6× at all, and the store against that.
+            Target {
+                text: "redis standalone: ceiling ≥ 0.6× unguarded",
+                case: 1,
+                against: 0,
+                min: 0.6,
+            },
+            Target {
+                text: "redis standalone: guarded fresh ≥ 0.6× the ceiling",
+                case: 2,
+                against: 1,
+                min: 0.6,
+            },
+            Target {
+                text: "redis cluster: ceiling ≥ 0.6× unguarded",
+                case: 4,
+                against: 0,
+                min: 0.6,
+            },
+            Target {
+                text: "redis cluster: guarded fresh ≥ 0.6× the ceiling",
+                case: 5,
+                against: 4,
+                min: 0.6,
             },
         ],
     }
@@ -622,6 +755,7 @@ fn mcp_suite() -> Suite {
     }
 }
 
+#[derive(Clone)]
 struct Settings {
     rounds: u64,
     duration: Duration,
@@ -630,6 +764,17 @@ struct Settings {
     durable: bool,
     log_level: String,
     server_exe: Option<PathBuf>,
+    /// The Redis servers of the `redis-*` modes, once the Redis suite started them.
+    redis: Option<RedisTargets>,
+}
+
+/// The Redis suite's throwaway servers, as the `serve` subcommand's flags name them.
+#[derive(Debug, Clone)]
+struct RedisTargets {
+    /// `--redis-url` of the `redis-demo` mode.
+    standalone: String,
+    /// `--redis-cluster` of the `redis-cluster-demo` mode.
+    cluster: String,
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -653,6 +798,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         durable: args.fsync == Fsync::On,
         log_level: args.log.clone(),
         server_exe: args.server_exe.clone(),
+        redis: None,
     };
     let suites: Vec<Suite> = match args.suite {
         SuiteChoice::Memory => vec![memory_suite()],
@@ -660,6 +806,12 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         SuiteChoice::All => vec![memory_suite(), postgres_suite()],
         SuiteChoice::Audit => vec![audit_memory_suite(), audit_postgres_suite()],
         SuiteChoice::Mcp => vec![mcp_suite()],
+        SuiteChoice::Redis => vec![redis_suite()],
+        SuiteChoice::PostgresTickets => vec![Suite {
+            name: "postgres-tickets",
+            route: "tickets",
+            ..postgres_suite()
+        }],
     };
     wrk::ensure_installed()?;
     let work = std::env::temp_dir().join(format!("load-bench-{}", std::process::id()));
@@ -678,6 +830,22 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
                 print_record_sizes()?;
             }
             "audit-memory" => run_suite(suite, &settings, &script, &work, None)?,
+            "redis" => {
+                let server = test_harness::redis::RedisServer::launch();
+                let cluster = test_harness::redis::RedisCluster::launch(3, 1);
+                println!(
+                    "\nRedis {} (throwaway: one standalone server; a cluster of 3 primaries with 1 replica each), no persistence\n",
+                    redis_version(&server.url())
+                );
+                let settings = Settings {
+                    redis: Some(RedisTargets {
+                        standalone: server.url(),
+                        cluster: cluster.seed_urls().join(","),
+                    }),
+                    ..settings.clone()
+                };
+                run_suite(suite, &settings, &script, &work, None)?;
+            }
             _ => {
                 let options = cluster_options(settings.durable);
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -703,6 +871,21 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
+}
+
+/// The version `redis-cli INFO server` reports for the server at `url`.
+fn redis_version(url: &str) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-u", url, "INFO", "server"])
+        .output();
+    output
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .find_map(|line| line.strip_prefix("redis_version:").map(str::to_owned))
+        })
+        .unwrap_or_else(|| "(version unknown)".to_owned())
 }
 
 /// The PostgreSQL suite's throwaway cluster: `fsync` on (`durable`) or off.
@@ -1139,6 +1322,29 @@ async fn query(url: &str, sql: &str) -> Result<String, String> {
 }
 
 fn print_row_sizes(runtime: &tokio::runtime::Runtime, url: &str) -> Result<(), String> {
+    // As the run left the table: how many of its updates were HOT (no index entry written),
+    // and its heap per live row before compaction (once the servers' sessions reported).
+    std::thread::sleep(pgprofile::flush_wait());
+    let hot = runtime.block_on(query(
+        url,
+        "SELECT s.n_tup_upd, s.n_tup_hot_upd, s.n_live_tup, \
+             pg_relation_size('idempotency_operations') \
+         FROM pg_stat_user_tables AS s WHERE s.relname = 'idempotency_operations'",
+    ))?;
+    let fields: Vec<f64> = hot
+        .split('|')
+        .map(|v| v.trim().parse().unwrap_or(f64::NAN))
+        .collect();
+    if let [updates, hot_updates, live, heap] = fields[..] {
+        println!("\n### PostgreSQL: idempotency_operations as the run left it\n");
+        println!("| updates | of them HOT | live rows | heap / live row |");
+        println!("|---:|---:|---:|---:|");
+        println!(
+            "| {updates:.0} | {hot_updates:.0} ({:.0} %) | {live:.0} | {:.0} B |",
+            100.0 * hot_updates / updates,
+            heap / live
+        );
+    }
     // Compact first, so the sizes are of live rows rather than of dead versions left by
     // completions and delivery marks.
     runtime.block_on(query(url, "VACUUM (FULL, ANALYZE) idempotency_operations"))?;

@@ -14,6 +14,10 @@
 //! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
 //! | `memory-guarded-audit` | *(none)*, as `memory-guarded`, with the demo's audit journal | memory store, journaled | in memory |
 //! | `pg-transactional-no-audit` | `--database-url U --no-audit` | PostgreSQL store, not journaled | `INSERT` in the operation's transaction |
+//! | `redis-demo` | `--redis-url U` | Redis store, standalone server | in memory |
+//! | `redis-cluster-demo` | `--redis-cluster U,U,…` | Redis store, Redis Cluster | in memory |
+//! | `redis-ceiling` | `--redis-url U --no-idempotency`, plus two `SET`s per write (`redis_ceiling.rs`) | none: the least Redis work a fenced reservation needs | in memory |
+//! | `redis-cluster-ceiling` | as `redis-ceiling`, on the cluster | none: as `redis-ceiling` | in memory |
 //! | `mcp-unguarded` | the mcp-demo's `--no-idempotency` | none: rmcp's service alone | the effect in memory |
 //! | `mcp-guarded` | the mcp-demo's *(none)*: its router, store and journal | `McpIdempotencyLayer`, memory store, journaled | in memory |
 //!
@@ -48,7 +52,7 @@ use tower_idempotency::{
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The serving modes, by name.
-pub const MODES: [&str; 10] = [
+pub const MODES: [&str; 14] = [
     "memory-unguarded",
     "memory-demo",
     "memory-guarded",
@@ -59,16 +63,36 @@ pub const MODES: [&str; 10] = [
     "pg-transactional-no-audit",
     "mcp-unguarded",
     "mcp-guarded",
+    "redis-demo",
+    "redis-cluster-demo",
+    "redis-ceiling",
+    "redis-cluster-ceiling",
 ];
+
+/// Where a mode's records live outside this process: the `serve` subcommand's flags.
+#[derive(Debug, Default)]
+pub struct Backends {
+    /// `--database-url`, for the `pg-*` modes.
+    pub database_url: Option<String>,
+    /// `--redis-url`, for `redis-demo`.
+    pub redis_url: Option<String>,
+    /// `--redis-cluster` (comma-separated seeds), for `redis-cluster-demo`.
+    pub redis_cluster: Option<String>,
+}
 
 /// Serves `mode` on `listen` until SIGTERM; prints `listening on http://ADDR` once bound.
 /// `prefill` completed records are stored first (`memory-guarded` only).
 pub async fn serve(
     mode: &str,
     listen: SocketAddr,
-    database_url: Option<String>,
+    backends: Backends,
     prefill: usize,
 ) -> Result<(), Failure> {
+    let Backends {
+        database_url,
+        redis_url,
+        redis_cluster,
+    } = backends;
     if prefill > 0 && mode != "memory-guarded" {
         return Err("--prefill is for memory-guarded".into());
     }
@@ -125,6 +149,43 @@ pub async fn serve(
             .await?
         }
         "pg-transactional" => demo::app(&postgres()?).await?,
+        "redis-demo" => {
+            let url = redis_url.ok_or("this mode needs --redis-url")?;
+            demo::app(&Config {
+                redis: Some(demo::RedisTarget::Standalone(url)),
+                ..memory
+            })
+            .await?
+        }
+        "redis-cluster-demo" => {
+            let seeds = redis_cluster.ok_or("this mode needs --redis-cluster")?;
+            let seeds = seeds.split(',').map(str::to_owned).collect();
+            demo::app(&Config {
+                redis: Some(demo::RedisTarget::Cluster(seeds)),
+                ..memory
+            })
+            .await?
+        }
+        "redis-ceiling" => {
+            let url = redis_url.ok_or("this mode needs --redis-url")?;
+            let conn = crate::redis_ceiling::CeilingConn::standalone(&url).await?;
+            let router = demo::app(&Config {
+                idempotency: false,
+                ..memory
+            })
+            .await?;
+            crate::redis_ceiling::wrap(router, conn)
+        }
+        "redis-cluster-ceiling" => {
+            let seeds = redis_cluster.ok_or("this mode needs --redis-cluster")?;
+            let conn = crate::redis_ceiling::CeilingConn::cluster(&seeds).await?;
+            let router = demo::app(&Config {
+                idempotency: false,
+                ..memory
+            })
+            .await?;
+            crate::redis_ceiling::wrap(router, conn)
+        }
         "pg-transactional-no-audit" => {
             demo::app(&Config {
                 audit: false,

@@ -38,6 +38,24 @@ struct Cli {
     /// (and without DATABASE_URL) everything is in memory and lives in this process only
     #[arg(long, value_name = "URL", env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
+    /// Redis (standalone, `redis://HOST:PORT`): the idempotency records live there; the
+    /// tickets, payments and deploys stay in this process's memory
+    #[arg(long, value_name = "URL", conflicts_with = "redis_cluster", value_parser = redis_url)]
+    redis_url: Option<String>,
+    /// Redis Cluster: the seed nodes, comma-separated (`redis://HOST:PORT,redis://HOST:PORT`);
+    /// the idempotency records live in the cluster, sharded by account; the business records
+    /// stay in this process's memory
+    #[arg(long, value_name = "URLS", value_parser = redis_seeds)]
+    redis_cluster: Option<RedisSeeds>,
+    /// With Redis: every reservation and completion waits until N replicas acknowledged it
+    /// (`WAIT`) before the handler runs or the response is sent; 0 (the default) does not
+    /// wait, and a failover may lose an acknowledged write (docs/redis.md)
+    #[arg(long = "redis-wait-replicas", value_name = "N", default_value = "0")]
+    redis_wait_replicas: u32,
+    /// With Redis: the prefix of every key the store writes, so that several services (or
+    /// several demos) can share one Redis
+    #[arg(long = "redis-key-prefix", value_name = "P", default_value = DEFAULT_REDIS_KEY_PREFIX, value_parser = key_prefix)]
+    redis_key_prefix: String,
     /// Every write handler sleeps N ms after its write
     #[arg(long = "handler-delay-ms", value_name = "N", default_value = "0", value_parser = millis)]
     handler_delay: Duration,
@@ -148,6 +166,41 @@ fn millis(raw: &str) -> Result<Duration, String> {
         .map_err(|_| format!("`{raw}` is not a whole number of milliseconds"))
 }
 
+/// The prefix of the Redis store's keys when no `--redis-key-prefix` is given.
+pub const DEFAULT_REDIS_KEY_PREFIX: &str = "idem";
+
+fn key_prefix(raw: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
+    if !raw.is_empty() && raw.len() <= 64 && raw.chars().all(allowed) {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
+            "`{raw}` is not a key prefix (1–64 characters of A–Z a–z 0–9 - _ . :)"
+        ))
+    }
+}
+
+/// The seed nodes of `--redis-cluster`, as clap hands them over.
+#[derive(Debug, Clone)]
+struct RedisSeeds(Vec<String>);
+
+fn redis_url(raw: &str) -> Result<String, String> {
+    if raw.starts_with("redis://") || raw.starts_with("rediss://") {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
+            "`{raw}` is not a Redis URL like redis://127.0.0.1:6379"
+        ))
+    }
+}
+
+fn redis_seeds(raw: &str) -> Result<RedisSeeds, String> {
+    raw.split(',')
+        .map(|seed| redis_url(seed.trim()))
+        .collect::<Result<Vec<_>, _>>()
+        .map(RedisSeeds)
+}
+
 fn statements(raw: &str) -> Result<StatementMode, String> {
     match raw {
         "prepared" => Ok(StatementMode::Prepared),
@@ -185,6 +238,15 @@ pub enum Records {
     Memory,
 }
 
+/// Where the Redis that keeps the idempotency records is (`--redis-url`, `--redis-cluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One standalone server (`--redis-url`).
+    Standalone(String),
+    /// A Redis Cluster, by its seed nodes (`--redis-cluster`).
+    Cluster(Vec<String>),
+}
+
 /// How the demo server runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -193,6 +255,15 @@ pub struct Config {
     /// PostgreSQL URL of the idempotency store and, unless [`Records::Memory`], of the
     /// records; `None` keeps everything in memory.
     pub database_url: Option<String>,
+    /// The Redis that keeps the idempotency records instead of memory (the business records
+    /// stay in memory); `None` without `--redis-url` or `--redis-cluster`.
+    pub redis: Option<RedisTarget>,
+    /// With Redis: how many replicas acknowledge every reservation and completion before it
+    /// counts (`--redis-wait-replicas`, default 0: none, see `docs/redis.md`).
+    pub redis_wait_replicas: u32,
+    /// With Redis: the prefix of every key the store writes (`--redis-key-prefix`, default
+    /// [`DEFAULT_REDIS_KEY_PREFIX`]).
+    pub redis_key_prefix: String,
     /// How long every write handler sleeps after performing its write, so that faults
     /// (disconnects, crashes, lease expiry) can be made to land between effect and response.
     pub handler_delay: Duration,
@@ -260,6 +331,9 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
             database_url: None,
+            redis: None,
+            redis_wait_replicas: 0,
+            redis_key_prefix: DEFAULT_REDIS_KEY_PREFIX.to_owned(),
             handler_delay: Duration::ZERO,
             lease: Duration::from_secs(60),
             wait: Duration::from_secs(10),
@@ -350,9 +424,21 @@ fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::
     } else {
         Records::Transactional
     };
+    let redis = match (cli.redis_url, cli.redis_cluster) {
+        (Some(url), _) => Some(RedisTarget::Standalone(url)),
+        (None, Some(RedisSeeds(seeds))) => Some(RedisTarget::Cluster(seeds)),
+        (None, None) => None,
+    };
+    if redis.is_some() && database_url.is_some() {
+        let message = "the idempotency records live in PostgreSQL (--database-url or DATABASE_URL) or in Redis (--redis-url, --redis-cluster), not both";
+        return Err(command.error(ErrorKind::ArgumentConflict, message));
+    }
     Ok(Config {
         listen: cli.listen,
         database_url,
+        redis,
+        redis_wait_replicas: cli.redis_wait_replicas,
+        redis_key_prefix: cli.redis_key_prefix,
         handler_delay: cli.handler_delay,
         lease: cli.lease,
         wait: cli.wait,
@@ -403,6 +489,41 @@ mod tests {
         assert_eq!(config.scope_quota(default).max_bytes, 4096);
         assert!(parse(&["--scope-quota-records", "-1"]).is_err());
         assert!(parse(&["--scope-quota-bytes"]).is_err());
+    }
+
+    #[test]
+    fn redis_flags_pick_the_records_home() {
+        let config = parse(&["--redis-url", "redis://127.0.0.1:6379"]).unwrap();
+        assert_eq!(
+            config.redis,
+            Some(RedisTarget::Standalone("redis://127.0.0.1:6379".to_owned()))
+        );
+        assert_eq!(config.redis_wait_replicas, 0);
+        let config = parse(&[
+            "--redis-cluster=redis://127.0.0.1:7000, redis://127.0.0.1:7001",
+            "--redis-wait-replicas",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.redis,
+            Some(RedisTarget::Cluster(vec![
+                "redis://127.0.0.1:7000".to_owned(),
+                "redis://127.0.0.1:7001".to_owned()
+            ]))
+        );
+        assert_eq!(config.redis_wait_replicas, 1);
+        for args in [
+            &["--redis-url", "127.0.0.1:6379"][..],
+            &["--redis-cluster", "redis://a:1,"],
+            &["--redis-url=redis://a:1", "--redis-cluster=redis://b:2"],
+            &["--redis-url=redis://a:1", "--database-url=postgres://x/y"],
+            &["--redis-wait-replicas", "-1"],
+            &["--redis-key-prefix", "a{b}"],
+            &["--redis-key-prefix="],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
     }
 
     #[test]

@@ -47,11 +47,12 @@ use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, MemoryStoreConfig, RoutePolicy, Store};
 use tower_idempotency_postgres::{ConnectError, PostgresStore, PostgresStoreConfig, StatementMode};
+use tower_idempotency_redis::{RedisStore, RedisStoreConfig, Topology};
 
 pub use crate::audit::AuditJournal;
 pub use crate::auth::{Account, User};
 use crate::commands::{NewDeploy, NewPayment, NewTicket};
-pub use crate::config::{Config, Records};
+pub use crate::config::{Config, Records, RedisTarget};
 use crate::database::Database;
 pub use crate::ledger::Ledger;
 pub use crate::problem::Problem;
@@ -67,6 +68,10 @@ pub enum DemoError {
     /// The PostgreSQL store could not be reached or migrated.
     #[error("cannot use the PostgreSQL store")]
     Postgres(#[from] tower_idempotency_postgres::ConnectError),
+    /// The Redis store could not be reached, or its server's settings are unsafe for it
+    /// (`--redis-url`, `--redis-cluster`).
+    #[error("cannot use the Redis store")]
+    Redis(#[from] tower_idempotency_redis::RedisStoreError),
     /// The demo's own tables could not be prepared (records in PostgreSQL).
     #[error(transparent)]
     Schema(#[from] crate::database::SchemaError),
@@ -106,6 +111,7 @@ pub struct App {
 /// | given | `Transactional` (default) | PostgreSQL | PostgreSQL | in the operation's transaction |
 /// | given | `NonTransactional` | PostgreSQL | PostgreSQL | autocommit |
 /// | given | `Memory` | PostgreSQL | memory | in memory |
+/// | none, [`Config::redis`] set | `Transactional` (default) | Redis | memory | in memory |
 ///
 /// With [`Config::idempotency`] off there is no store and no operation transaction: the
 /// records are where the table says, PostgreSQL ones written in autocommit. Every
@@ -129,6 +135,9 @@ pub async fn app_with_audit(config: &Config) -> Result<App, DemoError> {
     // Installed before the stores and the layer exist, so that the series they register at
     // zero are exported from the first scrape.
     metrics::handle();
+    if let Some(target) = &config.redis {
+        return on_redis(config, target).await;
+    }
     let Some(url) = &config.database_url else {
         if config.pg_statements != StatementMode::Prepared {
             return Err(DemoError::Config(
@@ -185,6 +194,60 @@ pub async fn app_with_audit(config: &Config) -> Result<App, DemoError> {
     Ok(App {
         router: build(config, store, records, journal),
         audit_key,
+    })
+}
+
+/// The idempotency records in Redis, the business records in memory, no audit journal (the
+/// Redis store keeps none: `docs/redis.md`).
+async fn on_redis(config: &Config, target: &RedisTarget) -> Result<App, DemoError> {
+    if config.database_url.is_some() {
+        return Err(DemoError::Config(
+            "the idempotency records live in PostgreSQL or in Redis, not both",
+        ));
+    }
+    if config.pg_statements != StatementMode::Prepared {
+        return Err(DemoError::Config(
+            "--pg-statements says how PostgreSQL statements are sent: it needs a database URL (--database-url or DATABASE_URL)",
+        ));
+    }
+    match config.records {
+        Records::Transactional => {}
+        Records::NonTransactional => {
+            return Err(DemoError::Config(
+                "--non-transactional keeps the records in PostgreSQL: it needs a database URL (--database-url or DATABASE_URL)",
+            ));
+        }
+        Records::Memory => {
+            return Err(DemoError::Config(
+                "--memory-records keeps the idempotency store in PostgreSQL: it needs a database URL (--database-url or DATABASE_URL)",
+            ));
+        }
+    }
+    if config.audit_key.is_some() || config.audit_anchor.is_some() || config.audit_journal.is_some()
+    {
+        return Err(DemoError::Config(
+            "the Redis store keeps no audit journal: --audit-key, --audit-anchor and --audit-journal need the records in memory or PostgreSQL",
+        ));
+    }
+    if !config.idempotency {
+        return in_memory(config);
+    }
+    let defaults = RedisStoreConfig::standalone("");
+    let store_config = RedisStoreConfig {
+        topology: match target {
+            RedisTarget::Standalone(url) => Topology::Standalone(url.clone()),
+            RedisTarget::Cluster(seeds) => Topology::Cluster(seeds.clone()),
+        },
+        wait_replicas: config.redis_wait_replicas,
+        key_prefix: config.redis_key_prefix.clone(),
+        scope_quota: config.scope_quota(defaults.scope_quota),
+        ..defaults
+    };
+    let store = RedisStore::connect(&store_config).await?;
+    tower_idempotency::spawn_purge_task(store.clone(), PURGE_PERIOD, PURGE_BATCH);
+    Ok(App {
+        router: build(config, store, Backend::Memory(Ledger::new()), None),
+        audit_key: None,
     })
 }
 

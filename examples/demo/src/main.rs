@@ -39,6 +39,7 @@ async fn run(config: &demo::Config) -> Result<(), demo::DemoError> {
         %addr,
         idempotency = config.idempotency,
         postgres = config.database_url.is_some(),
+        redis = config.redis.is_some(),
         records = ?config.records,
         "demo ready"
     );
