@@ -42,6 +42,7 @@ pub mod problem_types;
 pub mod protocol;
 pub mod purge;
 pub mod quota;
+pub mod replay_cache;
 pub mod report;
 pub mod resolution;
 pub mod scope;

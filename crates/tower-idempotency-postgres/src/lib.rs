@@ -63,7 +63,8 @@
 //!   written in the background), `migrate`;
 //! - `executor` (statements run within the query timeout, errors classified);
 //! - the vocabulary: `config`, `sql` (every statement's text), `budget`, `usage`,
-//!   `recent`, `replay_cache`, `resolution`.
+//!   `recent`, `resolution` (the replay cache is core's `replay_cache`, shared with the
+//!   Redis store).
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -80,7 +81,6 @@ mod executor;
 mod migrate;
 mod outbox;
 mod recent;
-mod replay_cache;
 mod replays;
 mod reservation;
 mod resolution;

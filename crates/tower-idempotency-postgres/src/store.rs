@@ -36,13 +36,13 @@ use crate::delivered::DeliveryMarks;
 use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, MAX_SPAN, micros};
 use crate::recent::RecentKeys;
-use crate::replay_cache::ReplayCache;
 use crate::replays::ReplayCounts;
 use crate::reservation::{ReserveParams, settles};
 use crate::row::{self, OperationRow};
 use crate::sql::{Queries, Usage};
 use crate::transaction::{PostgresTransaction, Reserved};
 use crate::usage::{self, UsageBatch, UsageCache};
+use tower_idempotency_core::replay_cache::ReplayCache;
 
 /// Whether a reservation's writes wait for their WAL flush.
 #[derive(Debug, Clone, Copy)]
@@ -91,7 +91,7 @@ pub(crate) struct Inner {
     delivered: DeliveryMarks,
     /// Replays found by a plain read, counted in the background.
     replays: ReplayCounts,
-    /// Completed operations replayed moments ago (`replay_cache.rs`).
+    /// Completed operations replayed moments ago (core's `replay_cache`).
     replayed: ReplayCache,
     /// Keys that had a row when last seen: read those first (see `recent.rs`).
     recent: RecentKeys,
@@ -589,7 +589,11 @@ impl PostgresStore {
         let (scope, key) = (&request.scope, &request.key);
         let hash = self.inner.recent.hash(scope, key);
         if cached {
-            if let Some(operation) = self.inner.replayed.get(hash, scope, key) {
+            if let Some(operation) = self
+                .inner
+                .replayed
+                .get(hash, scope, key, &request.fingerprint)
+            {
                 self.count_if_replay(request, &operation);
                 return Ok(Some(operation));
             }

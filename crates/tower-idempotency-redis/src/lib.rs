@@ -20,8 +20,8 @@
 //! # Module stack
 //!
 //! [`RedisStore`] (`store`, with the operator reads of `admin`) on top; below it `conn` (the
-//! connection, script calls, `WAIT`, the settings read at connect), `replays` and
-//! `replay_cache` (replays counted off the request path, and answered from memory),
+//! connection, script calls, `WAIT`, the settings read at connect), `replays`
+//! (replays counted off the request path; core's `replay_cache` answers them from memory),
 //! `record` (a stored record
 //! read back as an [`Operation`](tower_idempotency_core::Operation)), `keys` (the key
 //! layout) and `scripts` (the Lua sources); at the bottom `config` and `error`.
@@ -34,7 +34,6 @@ mod conn;
 mod error;
 mod keys;
 mod record;
-mod replay_cache;
 mod replays;
 mod scripts;
 mod store;

@@ -23,9 +23,9 @@ use crate::record::{
     Stored, duration_arg, encode_headers, micros, pack_entries, record_bytes, response_bytes,
     strings,
 };
-use crate::replay_cache::ReplayCache;
 use crate::replays::ReplayCounts;
 use crate::scripts;
+use tower_idempotency_core::replay_cache::ReplayCache;
 
 /// The Redis store: cheap to clone (one connection manager, or one cluster connection,
 /// shared by the clones; no connection is opened per request).
@@ -44,7 +44,7 @@ pub(crate) struct Inner {
     purge_deleted: metrics::Counter,
     /// Replays counted off the request path (`replays.rs`).
     replays: ReplayCounts,
-    /// Completed operations replayed moments ago (`replay_cache.rs`).
+    /// Completed operations replayed moments ago (core's `replay_cache`).
     replayed: ReplayCache,
 }
 
