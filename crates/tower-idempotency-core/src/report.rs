@@ -100,3 +100,74 @@ pub fn approval_json(approval: &Approval) -> Value {
         "summary": approval.summary,
     })
 }
+
+/// The operator tools' command-line values, parsed the same way by the PostgreSQL and Redis
+/// tools (clap `value_parser`s: each returns the message clap prints after the flag's name).
+///
+/// ```
+/// use tower_idempotency_core::report::arg;
+///
+/// assert!(arg::positive("0").is_err());
+/// assert_eq!(arg::reason("  card stolen ").unwrap(), "card stolen");
+/// assert!(arg::operation_id("not-a-uuid").unwrap_err().contains("operation id"));
+/// ```
+pub mod arg {
+    use std::num::NonZeroUsize;
+
+    use crate::ids::OperationId;
+    use crate::key::IdempotencyKey;
+    use crate::operation::OperationState;
+    use crate::resolution::Resolution;
+
+    /// An operation id (a UUID).
+    pub fn operation_id(text: &str) -> Result<OperationId, String> {
+        text.parse()
+            .map_err(|_| format!("`{text}` is not an operation id (a UUID)"))
+    }
+
+    /// An idempotency key, under the same rules as the header's.
+    pub fn key(text: &str) -> Result<IdempotencyKey, String> {
+        IdempotencyKey::new(text).map_err(|err| err.to_string())
+    }
+
+    /// An operation state: `in_progress`, `completed` or `unknown`.
+    pub fn state(text: &str) -> Result<OperationState, String> {
+        text.parse::<OperationState>()
+            .map_err(|err| err.to_string())
+    }
+
+    /// How an operator resolves an `unknown` operation: `failed` or `completed`.
+    pub fn resolution(text: &str) -> Result<Resolution, String> {
+        text.parse::<Resolution>().map_err(|err| err.to_string())
+    }
+
+    /// A count of at least one.
+    pub fn positive(text: &str) -> Result<NonZeroUsize, String> {
+        text.parse()
+            .map_err(|_| format!("must be a positive number, got `{text}`"))
+    }
+
+    /// Free text that must say something (a reason, an operator's name), trimmed.
+    pub fn reason(text: &str) -> Result<String, String> {
+        let reason = text.trim();
+        if reason.is_empty() {
+            return Err("must not be empty".to_owned());
+        }
+        Ok(reason.to_owned())
+    }
+
+    /// Who decides: `flag` (`--operator`), else a non-blank `$USER`; `Err` with the advice
+    /// to print when neither names anyone.
+    pub fn operator(flag: Option<String>) -> Result<String, String> {
+        if let Some(name) = flag {
+            return Ok(name);
+        }
+        match std::env::var("USER") {
+            Ok(name) if !name.trim().is_empty() => Ok(name.trim().to_owned()),
+            _ => Err(
+                "this command records who decided: pass --operator NAME (USER is not set)"
+                    .to_owned(),
+            ),
+        }
+    }
+}

@@ -21,7 +21,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
-use tower_idempotency_core::report::{operation_json, time};
+use tower_idempotency_core::report::arg::{key, operation_id, positive, reason, resolution, state};
+use tower_idempotency_core::report::{arg, operation_json, time};
 use tower_idempotency_core::{IdempotencyKey, OperationId, OperationState, Scope, Store};
 use tower_idempotency_redis::{
     RedisStore, RedisStoreConfig, RedisStoreError, Resolution, ServerSettings, Topology,
@@ -132,37 +133,6 @@ enum Command {
     },
 }
 
-fn operation_id(text: &str) -> Result<OperationId, String> {
-    text.parse()
-        .map_err(|_| format!("`{text}` is not an operation id (a UUID)"))
-}
-
-fn key(text: &str) -> Result<IdempotencyKey, String> {
-    IdempotencyKey::new(text).map_err(|err| err.to_string())
-}
-
-fn state(text: &str) -> Result<OperationState, String> {
-    text.parse::<OperationState>()
-        .map_err(|err| err.to_string())
-}
-
-fn resolution(text: &str) -> Result<Resolution, String> {
-    text.parse::<Resolution>().map_err(|err| err.to_string())
-}
-
-fn positive(text: &str) -> Result<NonZeroUsize, String> {
-    text.parse()
-        .map_err(|_| format!("must be a positive number, got `{text}`"))
-}
-
-fn reason(text: &str) -> Result<String, String> {
-    let reason = text.trim();
-    if reason.is_empty() {
-        return Err("must not be empty".to_owned());
-    }
-    Ok(reason.to_owned())
-}
-
 /// How the tool ends, mapped onto the documented exit codes.
 #[derive(Debug)]
 enum Failure {
@@ -250,15 +220,7 @@ fn print(value: &Value) -> Result<(), Failure> {
 
 /// The operator a resolution is recorded for: `--operator`, else a non-blank `$USER`.
 fn operator(flag: Option<String>) -> Result<String, Failure> {
-    if let Some(name) = flag {
-        return Ok(name);
-    }
-    match std::env::var("USER") {
-        Ok(name) if !name.trim().is_empty() => Ok(name.trim().to_owned()),
-        _ => Err(Failure::Usage(
-            "this command records who decided: pass --operator NAME (USER is not set)".to_owned(),
-        )),
-    }
+    arg::operator(flag).map_err(Failure::Usage)
 }
 
 /// The store the flags name. The tool reads and resolves single records, so it connects
