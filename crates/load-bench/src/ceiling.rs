@@ -21,7 +21,13 @@
 //!   (one round trip), the payment (the handler's, a second), the record and `COMMIT` (a
 //!   third) — still one commit and no reservation, usage counter or second row version,
 //!   so it bounds from above every design that answers a replay without running the
-//!   handler.
+//!   handler;
+//! - `the store's transactional path`: the built design beside its ceiling, in the same
+//!   rounds, on the same clients' share of the database: the PostgreSQL store's
+//!   `TransactionStore::reserve_transaction` (a journaled store with the demo's quota:
+//!   reservation and `BEGIN`, one round trip), the payment on the transaction's connection,
+//!   and `complete_delivered` (completion, delivery and `COMMIT`, one round trip) — what a
+//!   fresh request of a transactional route costs the database, without HTTP.
 //!
 //! The record is the size of the benchmark's: a 213-byte body and two headers.
 
@@ -31,7 +37,11 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
-use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig};
+use tower_idempotency_core::{
+    Fingerprint, IdempotencyKey, OperationTx, ReserveRequest, Scope, Store, StoredResponse,
+    TransactionalReservation,
+};
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig, PostgresTx};
 
 const PAYMENT: &str = "INSERT INTO demo_payments (account, id, amount_minor, currency, \
      invoice_ref, payee, created_at) VALUES ($1, $2, 1250, 'EUR', $3, 'Acme Supplies Ltd', \
@@ -60,12 +70,16 @@ const RECORD: &str = "WITH r AS (INSERT INTO idempotency_operations (scope, idem
          r.route FROM r WHERE current_setting('tower_idempotency.audit', true) <> 'off'";
 
 /// The measured cases, in the order of the first round.
-pub const CASES: [&str; 4] = [
+pub const CASES: [&str; 5] = [
     "payment",
     "payment + record",
     "payment + record, not journaled",
     "check, payment, record (3 round trips)",
+    "the store's transactional path (built)",
 ];
+
+/// The case that runs the store's own statements.
+const STORE_CASE: usize = 4;
 
 const CHECK: &str = "SELECT operation_id, state, fingerprint FROM idempotency_operations \
      WHERE scope = $1 AND idempotency_key = $2";
@@ -78,9 +92,14 @@ pub async fn measure(
     connections: usize,
     rounds: u64,
     duration: Duration,
-) -> Result<Vec<[f64; 4]>, String> {
-    let store = PostgresStore::from_config(&PostgresStoreConfig::new(url))
-        .map_err(|e| format!("store: {e}"))?;
+) -> Result<Vec<[f64; CASES.len()]>, String> {
+    // Journaled, as the ceiling's record is; one pooled connection per client.
+    let config = PostgresStoreConfig {
+        max_connections: connections,
+        audit: true,
+        ..PostgresStoreConfig::new(url)
+    };
+    let store = PostgresStore::from_config(&config).map_err(|e| format!("store: {e}"))?;
     store.migrate().await.map_err(|e| format!("migrate: {e}"))?;
     demo::database::Database::open(&store)
         .await
@@ -97,13 +116,13 @@ pub async fn measure(
     let mut rates = Vec::new();
     // A short warm-up of every case: statements prepared, caches and plans warm.
     for case in 0..CASES.len() {
-        run_case(&clients, case, Duration::from_secs(1), &body, 0).await?;
+        run_case(&clients, &store, case, Duration::from_secs(1), &body, 0).await?;
     }
     for round in 0..rounds {
         let mut row = [0.0; CASES.len()];
         for step in 0..CASES.len() {
             let case = (step + round as usize) % CASES.len();
-            let rate = run_case(&clients, case, duration, &body, round + 1).await?;
+            let rate = run_case(&clients, &store, case, duration, &body, round + 1).await?;
             eprintln!(
                 "load-bench: ceiling round {}: {} — {rate:.0} transactions/s",
                 round + 1,
@@ -119,6 +138,7 @@ pub async fn measure(
 /// One case for `duration` on every client at once; its transactions per second.
 async fn run_case(
     clients: &[Arc<Client>],
+    store: &PostgresStore,
     case: usize,
     duration: Duration,
     body: &[u8],
@@ -130,69 +150,89 @@ async fn run_case(
     for (n, client) in clients.iter().enumerate() {
         let (client, stop, done, body) =
             (client.clone(), stop.clone(), done.clone(), body.to_vec());
-        tasks.push(tokio::spawn(async move {
-            let payment = client.prepare(PAYMENT).await?;
-            let record = client.prepare(RECORD).await?;
-            let begin = client.prepare("BEGIN").await?;
-            let quiet = client
-                .prepare("SELECT set_config('tower_idempotency.audit', 'off', true)")
-                .await?;
-            let commit = client.prepare("COMMIT").await?;
-            let check = client.prepare(CHECK).await?;
-            let mut i = 0_u64;
-            while !stop.load(Ordering::Relaxed) {
-                i += 1;
-                let key = format!("ceiling-{case}-{round}-{n}-{i}");
-                let invoice = format!("inv-{key}");
-                match case {
-                    0 => {
-                        client.query(&payment, &[&"acme", &key, &invoice]).await?;
-                    }
-                    3 => {
-                        let check_params: [&(dyn ToSql + Sync); 2] = [&"acme", &key];
-                        let record_params: [&(dyn ToSql + Sync); 3] = [&"acme", &key, &body];
-                        let (b, k) = tokio::join!(
-                            client.execute(&begin, &[]),
-                            client.query(&check, &check_params),
-                        );
-                        b?;
-                        k?;
-                        client.query(&payment, &[&"acme", &key, &invoice]).await?;
-                        let (r, c) = tokio::join!(
-                            client.execute(&record, &record_params),
-                            client.execute(&commit, &[]),
-                        );
-                        r?;
-                        c?;
-                    }
-                    _ => {
-                        // Sent together: one round trip, one commit.
-                        let journaled = case == 1;
-                        let payment_params: [&(dyn ToSql + Sync); 3] = [&"acme", &key, &invoice];
-                        let record_params: [&(dyn ToSql + Sync); 3] = [&"acme", &key, &body];
-                        let (b, q, p, r, c) = tokio::join!(
-                            client.execute(&begin, &[]),
-                            async {
-                                if journaled {
-                                    Ok(Vec::new())
-                                } else {
-                                    client.query(&quiet, &[]).await
-                                }
-                            },
-                            client.query(&payment, &payment_params),
-                            client.execute(&record, &record_params),
-                            client.execute(&commit, &[]),
-                        );
-                        b?;
-                        q?;
-                        p?;
-                        r?;
-                        c?;
-                    }
+        if case == STORE_CASE {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut i = 0_u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let key = format!("ceiling-{case}-{round}-{n}-{i}");
+                    store_request(&store, &key, &body)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    done.fetch_add(1, Ordering::Relaxed);
                 }
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<(), tokio_postgres::Error>(())
+                Ok::<(), String>(())
+            }));
+            continue;
+        }
+        tasks.push(tokio::spawn(async move {
+            let run = async {
+                let payment = client.prepare(PAYMENT).await?;
+                let record = client.prepare(RECORD).await?;
+                let begin = client.prepare("BEGIN").await?;
+                let quiet = client
+                    .prepare("SELECT set_config('tower_idempotency.audit', 'off', true)")
+                    .await?;
+                let commit = client.prepare("COMMIT").await?;
+                let check = client.prepare(CHECK).await?;
+                let mut i = 0_u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let key = format!("ceiling-{case}-{round}-{n}-{i}");
+                    let invoice = format!("inv-{key}");
+                    match case {
+                        0 => {
+                            client.query(&payment, &[&"acme", &key, &invoice]).await?;
+                        }
+                        3 => {
+                            let check_params: [&(dyn ToSql + Sync); 2] = [&"acme", &key];
+                            let record_params: [&(dyn ToSql + Sync); 3] = [&"acme", &key, &body];
+                            let (b, k) = tokio::join!(
+                                client.execute(&begin, &[]),
+                                client.query(&check, &check_params),
+                            );
+                            b?;
+                            k?;
+                            client.query(&payment, &[&"acme", &key, &invoice]).await?;
+                            let (r, c) = tokio::join!(
+                                client.execute(&record, &record_params),
+                                client.execute(&commit, &[]),
+                            );
+                            r?;
+                            c?;
+                        }
+                        _ => {
+                            // Sent together: one round trip, one commit.
+                            let journaled = case == 1;
+                            let payment_params: [&(dyn ToSql + Sync); 3] =
+                                [&"acme", &key, &invoice];
+                            let record_params: [&(dyn ToSql + Sync); 3] = [&"acme", &key, &body];
+                            let (b, q, p, r, c) = tokio::join!(
+                                client.execute(&begin, &[]),
+                                async {
+                                    if journaled {
+                                        Ok(Vec::new())
+                                    } else {
+                                        client.query(&quiet, &[]).await
+                                    }
+                                },
+                                client.query(&payment, &payment_params),
+                                client.execute(&record, &record_params),
+                                client.execute(&commit, &[]),
+                            );
+                            b?;
+                            q?;
+                            p?;
+                            r?;
+                            c?;
+                        }
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), tokio_postgres::Error>(())
+            };
+            run.await.map_err(|e| e.to_string())
         }));
     }
     let started = Instant::now();
@@ -206,4 +246,66 @@ async fn run_case(
             .map_err(|e| format!("{}: {e}", CASES[case]))?;
     }
     Ok(count as f64 / elapsed.as_secs_f64())
+}
+
+/// One fresh request of a transactional route, as the layer drives the store: reserve with
+/// the transaction, the payment in it, then the completion with the delivery and `COMMIT`.
+async fn store_request(
+    store: &PostgresStore,
+    key: &str,
+    body: &[u8],
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let request = ReserveRequest {
+        scope: Scope::new("acme"),
+        key: IdempotencyKey::new(key)?,
+        fingerprint: Fingerprint::from_stored(
+            "sha256:9f2c6a1d0b7e4f3a8c5d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b",
+        ),
+        method: "POST".to_owned(),
+        route: "/v1/payments".to_owned(),
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(24 * 3600),
+        unknown_retention: Duration::from_secs(24 * 3600),
+        take_over_unknown: false,
+        marks_dispatch: false,
+        approval: None,
+        replace_delivered: None,
+    };
+    let transactions = store
+        .transactions()
+        .ok_or("the PostgreSQL store has transactions")?;
+    let TransactionalReservation::Acquired {
+        operation,
+        transaction,
+        ..
+    } = transactions.reserve_transaction(request).await?
+    else {
+        return Err(format!("key {key} was not acquired").into());
+    };
+    let handle = OperationTx::new(operation.id, transaction);
+    {
+        let tx = PostgresTx::new(handle.clone());
+        let guard = tx.lock().await?;
+        let invoice = format!("inv-{key}");
+        let client = guard.client();
+        let payment = client.prepare_cached(PAYMENT).await?;
+        client.query(&payment, &[&"acme", &key, &invoice]).await?;
+    }
+    let transaction = handle.take().await.ok_or("the transaction was taken")?;
+    let response = StoredResponse {
+        status: 201,
+        headers: StoredResponse::header_map([
+            (
+                "content-type".to_owned(),
+                bytes::Bytes::from_static(b"application/json"),
+            ),
+            (
+                "location".to_owned(),
+                bytes::Bytes::from_static(b"/v1/payments/pay"),
+            ),
+        ]),
+        body: Some(bytes::Bytes::copy_from_slice(body)),
+    };
+    transaction.complete_delivered(response, true).await?;
+    Ok(())
 }

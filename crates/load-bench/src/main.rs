@@ -953,6 +953,19 @@ fn ceiling_command(args: &CeilingArgs) -> Result<(), String> {
             median(&mut ratios)
         );
     }
+    let mut shares: Vec<f64> = rounds
+        .iter()
+        .map(|r| r[ceiling::CASES.len() - 1] / r[3])
+        .collect();
+    let each = shares
+        .iter()
+        .map(|v| format!("{:.0} %", v * 100.0))
+        .collect::<Vec<_>>()
+        .join(", ");
+    println!(
+        "\nthe store's transactional path at {:.0} % of the three-round-trip ceiling (median; each round: {each})",
+        median(&mut shares) * 100.0
+    );
     println!("\nload average at the end: {}", load_average());
     Ok(())
 }
