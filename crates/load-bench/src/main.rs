@@ -153,6 +153,11 @@ struct RunArgs {
     /// subcommand), to measure another build of the layer with the same harness
     #[arg(long, value_name = "PATH")]
     server_exe: Option<PathBuf>,
+    /// After the suites, run `ceiling` in the same invocation (its defaults: 16 clients,
+    /// this run's rounds, 8 s per case), so that the built design and its ceiling are
+    /// measured in one run
+    #[arg(long)]
+    ceiling: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -870,6 +875,14 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         }
     }
     let _ = std::fs::remove_dir_all(&work);
+    if args.ceiling {
+        println!("\n`load-bench ceiling`, in the same run:\n");
+        ceiling_command(&CeilingArgs {
+            rounds: args.rounds,
+            duration: 8,
+            connections: 16,
+        })?;
+    }
     Ok(())
 }
 
