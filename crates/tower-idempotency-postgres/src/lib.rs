@@ -73,6 +73,7 @@
 mod admin;
 mod audit;
 mod budget;
+mod codec;
 mod completion;
 mod config;
 mod delivered;

@@ -1070,6 +1070,7 @@ impl PostgresStore {
         reason: Option<&str>,
     ) -> Result<Option<DecisionOutcome>> {
         let uuid = id.as_uuid();
+        let stored_fingerprint = fingerprint.map(crate::codec::fingerprint_bytes);
         let rows = (self.inner.executor)
             .query(
                 "decide_approval",
@@ -1078,7 +1079,7 @@ impl PostgresStore {
                     &scope.as_str(),
                     &uuid,
                     &approves,
-                    &fingerprint,
+                    &stored_fingerprint,
                     &decided_by,
                     &reason,
                 ],
