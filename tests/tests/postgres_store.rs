@@ -775,7 +775,7 @@ async fn rows_from_before_the_lifecycle_migration_read_as_dispatched() {
                      fingerprint, method, route, state, lease_id, lease_expires_at, retention_us, \
                      unknown_retention_us, created_at, expires_at) \
                      VALUES ($1, $2, $3, idempotency_fingerprint_bytes('sha256:old'), 'POST', \
-                     '/v1/old', $4, $5, {lease}, 3600000000, 86400000000, now() - interval '2 minutes', \
+                     '/v1/old', idempotency_state_code($4), $5, {lease}, 3600000000, 86400000000, now() - interval '2 minutes', \
                      now() + interval '1 day')"
                 ),
                 &[

@@ -1,9 +1,12 @@
 -- tower-idempotency: a leaner record row.
 --
 -- Measured with `pg_column_size` on a completed row of the ticket benchmark (a 261-B JSON
--- body, one `content-type` header; docs/postgres.md, "The record row"), three columns held
+-- body, one `content-type` header; docs/postgres.md, "The record row"), four columns held
 -- more bytes than their content needs:
 --
+--   state              text, `completed`: 10 B. Now `smallint`, 2 B: 1 in_progress,
+--                      2 completed, 3 unknown, 4 awaiting_approval, 5 authorized, 6 denied,
+--                      7 cancelled.
 --   fingerprint        text, `sha256:` + 64 hex digits: 72 B. Now `bytea`: one tag byte
 --                      (1 `sha256:`, 2 `hmac-sha256:`) then the 32-byte digest, 34 B on
 --                      disk; any other text (tag 0 then its UTF-8 bytes) is kept as it is,
@@ -17,18 +20,39 @@
 --                      value's length, the value (each length an unsigned LEB128 varint), 31 B
 --                      for the same header. Values stay raw bytes.
 --
--- SQL that needs the fingerprint as text — the audit triggers below, an operator's psql —
--- reads it with `idempotency_fingerprint_text(fingerprint)`; `idempotency_fingerprint_bytes`
--- is its inverse (`WHERE fingerprint = idempotency_fingerprint_bytes('sha256:…')`). Both are
--- IMMUTABLE and plain SQL, so the planner inlines them.
+-- SQL that needs the old text — the audit triggers below, an operator's psql — reads it
+-- with `idempotency_state_name(state)` and `idempotency_fingerprint_text(fingerprint)`;
+-- `idempotency_state_code` and `idempotency_fingerprint_bytes` are their inverses (`WHERE
+-- state = idempotency_state_code('unknown')`). All four are IMMUTABLE plain SQL, so the
+-- planner inlines them (and folds them for a constant argument).
 --
 -- Converting the existing rows rewrites the table once (one `ALTER TABLE`, under an ACCESS
 -- EXCLUSIVE lock that blocks every read and write of the table until the migration's
 -- transaction commits; docs/postgres.md gives the time per million rows). Nothing else
 -- changes: leases, fences, states, expiries and stored responses stay as they were. The
--- audit trigger functions of 0007 and 0010 are re-created to journal the fingerprint as
--- text, exactly as before. Applied inside one transaction under the migration lock (see
--- 0001). Idempotent: a table already converted is left as it is.
+-- triggers of 0012 are dropped for the conversion (their WHEN clauses read the state) and
+-- created again with the same conditions; the audit trigger functions of 0007 and 0010 are
+-- re-created to read the new columns and journal exactly the members they journaled
+-- before. Applied inside one transaction under the migration lock (see 0001). Idempotent: a
+-- table already converted is left as it is.
+
+CREATE OR REPLACE FUNCTION idempotency_state_name(state smallint) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE state
+        WHEN 1 THEN 'in_progress' WHEN 2 THEN 'completed' WHEN 3 THEN 'unknown'
+        WHEN 4 THEN 'awaiting_approval' WHEN 5 THEN 'authorized' WHEN 6 THEN 'denied'
+        WHEN 7 THEN 'cancelled'
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency_state_code(name text) RETURNS smallint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE name
+        WHEN 'in_progress' THEN 1 WHEN 'completed' THEN 2 WHEN 'unknown' THEN 3
+        WHEN 'awaiting_approval' THEN 4 WHEN 'authorized' THEN 5 WHEN 'denied' THEN 6
+        WHEN 'cancelled' THEN 7
+    END::smallint
+$$;
 
 CREATE OR REPLACE FUNCTION idempotency_fingerprint_bytes(fingerprint text) RETURNS bytea
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
@@ -77,6 +101,11 @@ BEGIN
 END
 $$;
 
+DROP TRIGGER IF EXISTS idempotency_audit_insert ON idempotency_operations;
+DROP TRIGGER IF EXISTS idempotency_audit_update ON idempotency_operations;
+DROP TRIGGER IF EXISTS idempotency_audit_delete ON idempotency_operations;
+DROP TRIGGER IF EXISTS idempotency_audit_superseded ON idempotency_operations;
+
 DO $migration$
 BEGIN
     IF EXISTS (
@@ -89,6 +118,7 @@ BEGIN
         -- One rewrite: the header names' column takes the encoded pair of both arrays (its
         -- USING reads the values' column of the same row), then the values' column goes.
         ALTER TABLE idempotency_operations
+            ALTER COLUMN state TYPE smallint USING idempotency_state_code(state),
             ALTER COLUMN fingerprint TYPE bytea
                 USING idempotency_fingerprint_bytes(fingerprint),
             ALTER COLUMN retention TYPE bigint
@@ -132,7 +162,7 @@ BEGIN
             (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
         VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
             new_fingerprint, NEW.method, NEW.route);
-        IF NEW.state = 'awaiting_approval' THEN
+        IF NEW.state = 4 /*awaiting_approval*/ THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, principal)
             VALUES ('approval_requested', NEW.scope, NEW.operation_id, NEW.idempotency_key,
@@ -142,7 +172,7 @@ BEGIN
     END IF;
     IF TG_OP = 'DELETE' OR OLD.operation_id <> NEW.operation_id THEN
         IF OLD.expires_at <= now()
-                AND (OLD.state <> 'in_progress' OR OLD.lease_expires_at <= now()) THEN
+                AND (OLD.state <> 1 /*in_progress*/ OR OLD.lease_expires_at <= now()) THEN
             IF OLD.approval_state = 'pending' AND NOT OLD.approval_used
                     AND OLD.approval_expires_at <= now() THEN
                 INSERT INTO %1$s.idempotency_audit_pending
@@ -169,7 +199,7 @@ BEGIN
             (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
         VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
             new_fingerprint, NEW.method, NEW.route);
-        IF NEW.state = 'awaiting_approval' THEN
+        IF NEW.state = 4 /*awaiting_approval*/ THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, principal)
             VALUES ('approval_requested', NEW.scope, NEW.operation_id, NEW.idempotency_key,
@@ -177,7 +207,7 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    IF NEW.state = 'in_progress' AND OLD.lease_id IS DISTINCT FROM NEW.lease_id THEN
+    IF NEW.state = 1 /*in_progress*/ AND OLD.lease_id IS DISTINCT FROM NEW.lease_id THEN
         INSERT INTO %1$s.idempotency_audit_pending
             (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
         VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
@@ -191,20 +221,20 @@ BEGIN
             new_fingerprint);
     END IF;
     IF NEW.state IS DISTINCT FROM OLD.state THEN
-        IF NEW.state = 'completed' AND NEW.response_status IS NOT NULL THEN
+        IF NEW.state = 2 /*completed*/ AND NEW.response_status IS NOT NULL THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, status)
             VALUES ('completed', NEW.scope, NEW.operation_id, NEW.idempotency_key,
                 new_fingerprint, NEW.response_status);
-        ELSIF NEW.state IN ('unknown', 'cancelled') THEN
+        ELSIF NEW.state IN (3 /*unknown*/, 7 /*cancelled*/) THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint)
-            VALUES (CASE NEW.state WHEN 'unknown' THEN 'unknown' ELSE 'abandoned' END,
+            VALUES (CASE NEW.state WHEN 3 /*unknown*/ THEN 'unknown' ELSE 'abandoned' END,
                 NEW.scope, NEW.operation_id, NEW.idempotency_key, new_fingerprint);
-        ELSIF NEW.state IN ('authorized', 'denied') THEN
+        ELSIF NEW.state IN (5 /*authorized*/, 6 /*denied*/) THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, actor)
-            VALUES (CASE NEW.state WHEN 'authorized' THEN 'approval_approved'
+            VALUES (CASE NEW.state WHEN 5 /*authorized*/ THEN 'approval_approved'
                         ELSE 'approval_denied' END,
                 NEW.scope, NEW.operation_id, NEW.idempotency_key, new_fingerprint,
                 coalesce(NEW.approval_decided_by, ''));
@@ -235,3 +265,36 @@ $body$
 $function$, s);
 END
 $migration$;
+
+-- 0012's triggers, as they were (the state as a code in the last one's condition).
+CREATE TRIGGER idempotency_audit_insert
+    AFTER INSERT ON idempotency_operations
+    FOR EACH ROW
+    WHEN (coalesce(current_setting('tower_idempotency.audit', true), '') NOT IN ('off', 'inline'))
+    EXECUTE FUNCTION idempotency_audit_operation();
+
+CREATE TRIGGER idempotency_audit_update
+    AFTER UPDATE ON idempotency_operations
+    FOR EACH ROW
+    WHEN (coalesce(current_setting('tower_idempotency.audit', true), '') NOT IN ('off', 'inline')
+          AND (OLD.state IS DISTINCT FROM NEW.state
+               OR OLD.operation_id IS DISTINCT FROM NEW.operation_id
+               OR OLD.lease_id IS DISTINCT FROM NEW.lease_id
+               OR OLD.dispatched_at IS DISTINCT FROM NEW.dispatched_at
+               OR OLD.delivered IS DISTINCT FROM NEW.delivered))
+    EXECUTE FUNCTION idempotency_audit_operation();
+
+CREATE TRIGGER idempotency_audit_delete
+    AFTER DELETE ON idempotency_operations
+    FOR EACH ROW
+    WHEN (coalesce(current_setting('tower_idempotency.audit', true), '') NOT IN ('off', 'inline'))
+    EXECUTE FUNCTION idempotency_audit_operation();
+
+CREATE TRIGGER idempotency_audit_superseded
+    AFTER UPDATE ON idempotency_operations
+    FOR EACH ROW
+    WHEN (coalesce(current_setting('tower_idempotency.audit', true), '') NOT IN ('off', 'inline')
+          AND OLD.operation_id IS DISTINCT FROM NEW.operation_id
+          AND NOT (OLD.expires_at <= now()
+                   AND (OLD.state <> 1 /*in_progress*/ OR OLD.lease_expires_at <= now())))
+    EXECUTE FUNCTION idempotency_audit_superseded();

@@ -62,12 +62,12 @@ impl PostgresStore {
     ) -> Result<Vec<Operation>> {
         let queries = &self.inner.queries.operations;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let name = state.as_str();
+        let code = crate::codec::state_code(state);
         let (sql, params): (_, &[&(dyn ToSql + Sync)]) = match state {
             OperationState::Unknown => (&queries.list_unknown, &[&limit]),
             OperationState::InProgress => (&queries.list_in_progress, &[&limit]),
             OperationState::Completed => (&queries.list_completed, &[&limit]),
-            _ => (&queries.list_state, &[&limit, &name]),
+            _ => (&queries.list_state, &[&limit, &code]),
         };
         self.inner
             .executor

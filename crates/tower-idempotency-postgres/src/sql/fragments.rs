@@ -1,5 +1,11 @@
 //! Column lists and row predicates shared by several statements, spelled once so that
 //! "expired" and "lapsed" mean exactly the same thing in reserve, read and purge.
+//!
+//! The operation's state is stored as a `smallint` (migration 0014; `crate::codec` maps
+//! it): `1` in_progress, `2` completed, `3` unknown, `4` awaiting_approval, `5`
+//! authorized, `6` denied, `7` cancelled. The statements spell the codes as literals, each
+//! with its name in a comment beside it; `idempotency_state_name(state)` reads them in
+//! psql.
 
 /// The column list of [`COLUMNS`] with `$response` in place of the stored headers and body.
 /// A macro so that both lists below are built from one text at compile time.
@@ -34,13 +40,13 @@ pub(super) const COMPLETED_COLUMNS: &str =
 /// delete it; a new reservation replaces it). An in-progress row never qualifies while its
 /// lease is live.
 pub(super) const EXPIRED: &str =
-    "(o.expires_at <= now() AND (o.state <> 'in_progress' OR o.lease_expires_at <= now()))";
+    "(o.expires_at <= now() AND (o.state <> 1 /*in_progress*/ OR o.lease_expires_at <= now()))";
 
 /// The row is `in_progress`, dispatched, and its lease ran out: its outcome is unknown. A
 /// macro so that [`UNKNOWN`] is built from the same text at compile time.
 macro_rules! lapsed {
     () => {
-        "(o.state = 'in_progress' AND o.lease_expires_at <= now() \
+        "(o.state = 1 /*in_progress*/ AND o.lease_expires_at <= now() \
          AND o.dispatched_at IS NOT NULL)"
     };
 }
@@ -49,7 +55,7 @@ pub(super) const LAPSED: &str = lapsed!();
 /// The row is `in_progress` but its lease ran out before its dispatch mark: no effect can
 /// have happened, so the next reservation of the same command takes it over.
 pub(super) const STALLED: &str =
-    "(o.state = 'in_progress' AND o.lease_expires_at <= now() AND o.dispatched_at IS NULL)";
+    "(o.state = 1 /*in_progress*/ AND o.lease_expires_at <= now() AND o.dispatched_at IS NULL)";
 
 /// The approval's state as read: a pending or approved approval that is not used is
 /// `expired` once its expiry passed; `NULL` for a row without an approval.
@@ -58,7 +64,7 @@ pub(super) const APPROVAL_STATE: &str = "(CASE WHEN o.approval_state IN ('pendin
      ELSE o.approval_state END)";
 
 /// The row is unknown: marked so, or its lease lapsed.
-pub(super) const UNKNOWN: &str = concat!("(o.state = 'unknown' OR ", lapsed!(), ")");
+pub(super) const UNKNOWN: &str = concat!("(o.state = 3 /*unknown*/ OR ", lapsed!(), ")");
 
 /// A microsecond count (a parameter or a column) as an interval.
 pub(super) fn micros(param: &str) -> String {
