@@ -772,10 +772,10 @@ async fn rows_from_before_the_lifecycle_migration_read_as_dispatched() {
             .execute(
                 &format!(
                     "INSERT INTO idempotency_operations (scope, idempotency_key, operation_id, \
-                     fingerprint, method, route, state, lease_id, lease_expires_at, retention_us, \
-                     unknown_retention_us, created_at, expires_at) \
-                     VALUES ($1, $2, $3, idempotency_fingerprint_bytes('sha256:old'), 'POST', \
-                     '/v1/old', idempotency_state_code($4), $5, {lease}, 3600000000, 86400000000, now() - interval '2 minutes', \
+                     fingerprint, method, route, state, lease_id, lease_expires_at, retention, \
+                     unknown_retention, created_at, expires_at) \
+                     VALUES ($1, $2, $3, 'sha256:old', 'POST', '/v1/old', $4, $5, {lease}, \
+                     interval '1 hour', interval '1 day', now() - interval '2 minutes', \
                      now() + interval '1 day')"
                 ),
                 &[
@@ -790,7 +790,10 @@ async fn rows_from_before_the_lifecycle_migration_read_as_dispatched() {
             .unwrap();
     }
     let store = PostgresStore::from_config(&PostgresStoreConfig::new(db.url())).unwrap();
-    assert_eq!(store.migrate().await.unwrap(), [6, 7, 8, 9, 10, 11, 12, 13]);
+    assert_eq!(
+        store.migrate().await.unwrap(),
+        [6, 7, 8, 9, 10, 11, 12, 13, 14]
+    );
     for (key, state) in [
         ("lapsed", OperationState::Unknown),
         ("running", OperationState::InProgress),

@@ -60,7 +60,7 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
         (OperationState::Completed, Some(status)) => {
             let stored: Option<&[u8]> = get(row, "response_headers")?;
             let headers = codec::headers_from_bytes(stored.unwrap_or_default())
-                .ok_or_else(|| corrupt("stored response headers are malformed"))?;
+                .ok_or_else(|| corrupt("stored response headers are malformed".to_owned()))?;
             let body: Option<Vec<u8>> = get(row, "response_body")?;
             Some(StoredResponse {
                 status: u16::try_from(status)
@@ -78,7 +78,7 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
     let id = OperationId::from_uuid(get(row, "operation_id")?);
     let scope = Scope::new(get::<String>(row, "scope")?);
     let fingerprint = codec::fingerprint_from_bytes(get(row, "fingerprint")?)
-        .ok_or_else(|| corrupt("stored fingerprint is malformed"))?;
+        .ok_or_else(|| corrupt("stored fingerprint is malformed".to_owned()))?;
     let approval = approval(row, db_now, (id, &scope, &key, &fingerprint))?;
     let operation = Operation {
         id,

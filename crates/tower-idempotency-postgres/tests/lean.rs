@@ -463,7 +463,7 @@ async fn every_released_schema_migrates_with_nothing_lost() {
             .iter()
             .map(|row| serde_json::from_str(row.get::<_, &str>(0)).unwrap())
             .collect();
-        assert_eq!(events.len(), old + 2, "from {base}");
+        assert_eq!(u64::try_from(events.len()).unwrap(), old + 2, "from {base}");
         for event in &events {
             let expected = if event["key"] == "live" {
                 LIVE_FINGERPRINT
