@@ -286,7 +286,7 @@ async fn operation_transactions_and_the_outbox_work_through_pgbouncer() {
     );
     assert_eq!(count("SELECT count(*) FROM idempotency_outbox").await, 6);
     assert_eq!(
-        count("SELECT count(*) FROM idempotency_operations WHERE state = idempotency_state_code('completed')").await,
+        count("SELECT count(*) FROM idempotency_operations WHERE state = 'completed'").await,
         6
     );
     assert_eq!(

@@ -361,7 +361,7 @@ async fn slow_transactional_requests_past_the_budget_starve_nobody() {
     }
     let unknown: i64 = sql
         .query_one(
-            "SELECT count(*) FROM idempotency_operations WHERE state <> idempotency_state_code('completed') \
+            "SELECT count(*) FROM idempotency_operations WHERE state <> 'completed' \
              OR attempts <> 1",
             &[],
         )

@@ -94,7 +94,7 @@ pub async fn check(
     let row = client
         .query_one(
             "SELECT count(*) FROM idempotency_operations AS o \
-             WHERE o.state = idempotency_state_code('completed') AND o.response_status IS NOT NULL AND NOT EXISTS ( \
+             WHERE o.state = 'completed' AND o.response_status IS NOT NULL AND NOT EXISTS ( \
                  SELECT 1 FROM idempotency_audit_events AS e \
                  WHERE e.operation_id = o.operation_id \
                      AND e.event LIKE '%\"type\":\"completed\"%')",

@@ -47,7 +47,7 @@ const RECORD: &str = "WITH r AS (INSERT INTO idempotency_operations (scope, idem
      response_headers, response_body, stored_bytes, delivered, delivered_at, \
      dispatched_at) SELECT $1, $2, gen_random_uuid(), \
      '\\x019f2c6a1d0b7e4f3a8c5d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b'::bytea, 'POST', \
-     '/v1/payments', 2, 1, 86400000000, 86400000000, now(), now(), \
+     '/v1/payments', 'completed', 1, 86400000000, 86400000000, now(), now(), \
      now() + interval '24 hours', 201, \
      '\\x0c636f6e74656e742d74797065106170706c69636174696f6e2f6a736f6e086c6f636174696f6e\
      102f76312f7061796d656e74732f706179'::bytea, $3, 260, true, now(), now() \

@@ -505,7 +505,7 @@ async fn fill_postgres(url: &str, from: u64, to: u64) -> Result<(), String> {
          SELECT 'prefill-' || (g % 1000), 'prefill-4e2b7d4d-0e9c-1a6f-' || lpad(to_hex(g), 12, '0'), \
              lpad(to_hex(g), 32, '0')::uuid, \
              '\\x01'::bytea || decode(md5(g::text) || md5((g + 1)::text), 'hex'), \
-             'POST', '/v1/payments', 2, 1, 86400000000, 604800000000, 201, \
+             'POST', '/v1/payments', 'completed', 1, 86400000000, 604800000000, 201, \
              idempotency_headers_bytes(ARRAY['content-type'], \
                  ARRAY[convert_to('application/json', 'UTF8')]), \
              convert_to(repeat('x', 200), 'UTF8'), true, now(), now(), now() + interval '24 hours' \

@@ -1353,7 +1353,7 @@ fn print_row_sizes(runtime: &tokio::runtime::Runtime, url: &str) -> Result<(), S
         "SELECT count(*), pg_total_relation_size('idempotency_operations'), \
              pg_relation_size('idempotency_operations'), pg_indexes_size('idempotency_operations'), \
              round(avg(pg_column_size(o.*))), round(avg(octet_length(o.response_body))) \
-         FROM idempotency_operations o WHERE o.state = idempotency_state_code('completed')",
+         FROM idempotency_operations o WHERE o.state = 'completed'",
     ))?;
     let fields: Vec<f64> = stats
         .split('|')

@@ -4,9 +4,10 @@
 -- body, one `content-type` header; docs/postgres.md, "The record row"), four columns held
 -- more bytes than their content needs:
 --
---   state              text, `completed`: 10 B. Now `smallint`, 2 B: 1 in_progress,
---                      2 completed, 3 unknown, 4 awaiting_approval, 5 authorized, 6 denied,
---                      7 cancelled.
+--   state              text, `completed`: 10 B. Now the enum `idempotency_state` (the
+--                      same seven names), 4 B: statements and psql compare it with the
+--                      names as before (`state = 'completed'`), and every released
+--                      migration file still applies to the converted table.
 --   fingerprint        text, `sha256:` + 64 hex digits: 72 B. Now `bytea`: one tag byte
 --                      (1 `sha256:`, 2 `hmac-sha256:`) then the 32-byte digest, 34 B on
 --                      disk; any other text (tag 0 then its UTF-8 bytes) is kept as it is,
@@ -20,39 +21,35 @@
 --                      value's length, the value (each length an unsigned LEB128 varint), 31 B
 --                      for the same header. Values stay raw bytes.
 --
--- SQL that needs the old text — the audit triggers below, an operator's psql — reads it
--- with `idempotency_state_name(state)` and `idempotency_fingerprint_text(fingerprint)`;
--- `idempotency_state_code` and `idempotency_fingerprint_bytes` are their inverses (`WHERE
--- state = idempotency_state_code('unknown')`). All four are IMMUTABLE plain SQL, so the
--- planner inlines them (and folds them for a constant argument).
+-- SQL that needs the fingerprint as text — the audit triggers below, an operator's psql —
+-- reads it with `idempotency_fingerprint_text(fingerprint)`; `idempotency_fingerprint_bytes`
+-- is its inverse (`WHERE fingerprint = idempotency_fingerprint_bytes('sha256:…')`). Both are
+-- IMMUTABLE and plain SQL, so the planner inlines them. The stored headers read as the two
+-- arrays they were, `o.response_header_names` and `o.response_header_values` (functions of
+-- the row, so that psql and the released migration files that name them keep working).
 --
 -- Converting the existing rows rewrites the table once (one `ALTER TABLE`, under an ACCESS
 -- EXCLUSIVE lock that blocks every read and write of the table until the migration's
 -- transaction commits; docs/postgres.md gives the time per million rows). Nothing else
 -- changes: leases, fences, states, expiries and stored responses stay as they were. The
--- triggers of 0012 are dropped for the conversion (their WHEN clauses read the state) and
--- created again with the same conditions; the audit trigger functions of 0007 and 0010 are
--- re-created to read the new columns and journal exactly the members they journaled
--- before. Applied inside one transaction under the migration lock (see 0001). Idempotent: a
--- table already converted is left as it is.
+-- triggers of 0012 are dropped for the conversion (their conditions read the state) and
+-- created again as they were; the audit trigger functions of 0007 and 0010 are re-created
+-- to journal the fingerprint as text, exactly as before. Applied inside one transaction
+-- under the migration lock (see 0001). Idempotent: a table already converted is left as
+-- it is.
 
-CREATE OR REPLACE FUNCTION idempotency_state_name(state smallint) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT CASE state
-        WHEN 1 THEN 'in_progress' WHEN 2 THEN 'completed' WHEN 3 THEN 'unknown'
-        WHEN 4 THEN 'awaiting_approval' WHEN 5 THEN 'authorized' WHEN 6 THEN 'denied'
-        WHEN 7 THEN 'cancelled'
-    END
-$$;
-
-CREATE OR REPLACE FUNCTION idempotency_state_code(name text) RETURNS smallint
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT CASE name
-        WHEN 'in_progress' THEN 1 WHEN 'completed' THEN 2 WHEN 'unknown' THEN 3
-        WHEN 'awaiting_approval' THEN 4 WHEN 'authorized' THEN 5 WHEN 'denied' THEN 6
-        WHEN 'cancelled' THEN 7
-    END::smallint
-$$;
+DO $migration$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_type AS t
+        JOIN pg_catalog.pg_namespace AS n ON n.oid = t.typnamespace
+        WHERE t.typname = 'idempotency_state' AND n.nspname = current_schema()
+    ) THEN
+        CREATE TYPE idempotency_state AS ENUM ('in_progress', 'completed', 'unknown',
+            'awaiting_approval', 'authorized', 'denied', 'cancelled');
+    END IF;
+END
+$migration$;
 
 CREATE OR REPLACE FUNCTION idempotency_fingerprint_bytes(fingerprint text) RETURNS bytea
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
@@ -118,7 +115,7 @@ BEGIN
         -- One rewrite: the header names' column takes the encoded pair of both arrays (its
         -- USING reads the values' column of the same row), then the values' column goes.
         ALTER TABLE idempotency_operations
-            ALTER COLUMN state TYPE smallint USING idempotency_state_code(state),
+            ALTER COLUMN state TYPE idempotency_state USING state::idempotency_state,
             ALTER COLUMN fingerprint TYPE bytea
                 USING idempotency_fingerprint_bytes(fingerprint),
             ALTER COLUMN retention TYPE bigint
@@ -138,12 +135,67 @@ END
 $migration$;
 
 -- 0007's and 0010's trigger functions, with the fingerprint journaled as text (the same
--- members, byte for byte). They name their tables and the function with this schema
--- spelled out (a trigger runs with the session's search_path, not the migration's).
+-- members, byte for byte), and the stored headers' two arrays as functions of the row. They
+-- name their tables and functions with this schema spelled out (a trigger runs with the
+-- session's search_path, not the migration's).
 DO $migration$
 DECLARE
     s text := quote_ident(current_schema());
 BEGIN
+    -- The parts of stored headers, in order: name, value, name, value, ….
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION %1$s.idempotency_header_parts(headers bytea) RETURNS bytea[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $body$
+DECLARE
+    parts  bytea[] := '{}';
+    pos    integer := 0;
+    len    bigint;
+    shift  integer;
+    b      integer;
+BEGIN
+    IF headers IS NULL THEN
+        RETURN NULL;
+    END IF;
+    WHILE pos < octet_length(headers) LOOP
+        len := 0;
+        shift := 0;
+        LOOP
+            b := get_byte(headers, pos);
+            pos := pos + 1;
+            len := len + ((b & 127)::bigint << shift);
+            EXIT WHEN b < 128;
+            shift := shift + 7;
+        END LOOP;
+        parts := parts || substr(headers, pos + 1, len::integer);
+        pos := pos + len::integer;
+    END LOOP;
+    RETURN parts;
+END
+$body$
+$function$, s);
+
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION %1$s.response_header_names(o %1$s.idempotency_operations)
+RETURNS text[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $body$
+    SELECT CASE WHEN o.response_headers IS NOT NULL THEN coalesce(
+        (SELECT array_agg(convert_from(p.part, 'UTF8') ORDER BY p.i)
+         FROM unnest(%1$s.idempotency_header_parts(o.response_headers)) WITH ORDINALITY
+             AS p(part, i)
+         WHERE p.i %% 2 = 1), '{}') END
+$body$
+$function$, s);
+
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION %1$s.response_header_values(o %1$s.idempotency_operations)
+RETURNS bytea[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $body$
+    SELECT CASE WHEN o.response_headers IS NOT NULL THEN coalesce(
+        (SELECT array_agg(p.part ORDER BY p.i)
+         FROM unnest(%1$s.idempotency_header_parts(o.response_headers)) WITH ORDINALITY
+             AS p(part, i)
+         WHERE p.i %% 2 = 0), '{}') END
+$body$
+$function$, s);
+
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION %1$s.idempotency_audit_operation() RETURNS trigger
 LANGUAGE plpgsql AS $body$
@@ -162,7 +214,7 @@ BEGIN
             (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
         VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
             new_fingerprint, NEW.method, NEW.route);
-        IF NEW.state = 4 /*awaiting_approval*/ THEN
+        IF NEW.state = 'awaiting_approval' THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, principal)
             VALUES ('approval_requested', NEW.scope, NEW.operation_id, NEW.idempotency_key,
@@ -172,7 +224,7 @@ BEGIN
     END IF;
     IF TG_OP = 'DELETE' OR OLD.operation_id <> NEW.operation_id THEN
         IF OLD.expires_at <= now()
-                AND (OLD.state <> 1 /*in_progress*/ OR OLD.lease_expires_at <= now()) THEN
+                AND (OLD.state <> 'in_progress' OR OLD.lease_expires_at <= now()) THEN
             IF OLD.approval_state = 'pending' AND NOT OLD.approval_used
                     AND OLD.approval_expires_at <= now() THEN
                 INSERT INTO %1$s.idempotency_audit_pending
@@ -199,7 +251,7 @@ BEGIN
             (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
         VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
             new_fingerprint, NEW.method, NEW.route);
-        IF NEW.state = 4 /*awaiting_approval*/ THEN
+        IF NEW.state = 'awaiting_approval' THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, principal)
             VALUES ('approval_requested', NEW.scope, NEW.operation_id, NEW.idempotency_key,
@@ -207,7 +259,7 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    IF NEW.state = 1 /*in_progress*/ AND OLD.lease_id IS DISTINCT FROM NEW.lease_id THEN
+    IF NEW.state = 'in_progress' AND OLD.lease_id IS DISTINCT FROM NEW.lease_id THEN
         INSERT INTO %1$s.idempotency_audit_pending
             (kind, scope, operation_id, idempotency_key, fingerprint, method, route)
         VALUES ('accepted', NEW.scope, NEW.operation_id, NEW.idempotency_key,
@@ -221,20 +273,20 @@ BEGIN
             new_fingerprint);
     END IF;
     IF NEW.state IS DISTINCT FROM OLD.state THEN
-        IF NEW.state = 2 /*completed*/ AND NEW.response_status IS NOT NULL THEN
+        IF NEW.state = 'completed' AND NEW.response_status IS NOT NULL THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, status)
             VALUES ('completed', NEW.scope, NEW.operation_id, NEW.idempotency_key,
                 new_fingerprint, NEW.response_status);
-        ELSIF NEW.state IN (3 /*unknown*/, 7 /*cancelled*/) THEN
+        ELSIF NEW.state IN ('unknown', 'cancelled') THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint)
-            VALUES (CASE NEW.state WHEN 3 /*unknown*/ THEN 'unknown' ELSE 'abandoned' END,
+            VALUES (CASE NEW.state WHEN 'unknown' THEN 'unknown' ELSE 'abandoned' END,
                 NEW.scope, NEW.operation_id, NEW.idempotency_key, new_fingerprint);
-        ELSIF NEW.state IN (5 /*authorized*/, 6 /*denied*/) THEN
+        ELSIF NEW.state IN ('authorized', 'denied') THEN
             INSERT INTO %1$s.idempotency_audit_pending
                 (kind, scope, operation_id, idempotency_key, fingerprint, actor)
-            VALUES (CASE NEW.state WHEN 5 /*authorized*/ THEN 'approval_approved'
+            VALUES (CASE NEW.state WHEN 'authorized' THEN 'approval_approved'
                         ELSE 'approval_denied' END,
                 NEW.scope, NEW.operation_id, NEW.idempotency_key, new_fingerprint,
                 coalesce(NEW.approval_decided_by, ''));
@@ -266,7 +318,7 @@ $function$, s);
 END
 $migration$;
 
--- 0012's triggers, as they were (the state as a code in the last one's condition).
+-- 0012's triggers, as they were.
 CREATE TRIGGER idempotency_audit_insert
     AFTER INSERT ON idempotency_operations
     FOR EACH ROW
@@ -296,5 +348,5 @@ CREATE TRIGGER idempotency_audit_superseded
     WHEN (coalesce(current_setting('tower_idempotency.audit', true), '') NOT IN ('off', 'inline')
           AND OLD.operation_id IS DISTINCT FROM NEW.operation_id
           AND NOT (OLD.expires_at <= now()
-                   AND (OLD.state <> 1 /*in_progress*/ OR OLD.lease_expires_at <= now())))
+                   AND (OLD.state <> 'in_progress' OR OLD.lease_expires_at <= now())))
     EXECUTE FUNCTION idempotency_audit_superseded();

@@ -62,12 +62,12 @@ impl PostgresStore {
     ) -> Result<Vec<Operation>> {
         let queries = &self.inner.queries.operations;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let code = crate::codec::state_code(state);
+        let name = state.as_str();
         let (sql, params): (_, &[&(dyn ToSql + Sync)]) = match state {
             OperationState::Unknown => (&queries.list_unknown, &[&limit]),
             OperationState::InProgress => (&queries.list_in_progress, &[&limit]),
             OperationState::Completed => (&queries.list_completed, &[&limit]),
-            _ => (&queries.list_state, &[&limit, &code]),
+            _ => (&queries.list_state, &[&limit, &name]),
         };
         self.inner
             .executor

@@ -1,37 +1,10 @@
-//! The compact forms of three columns of `idempotency_operations` (migration 0014): the
-//! state, the fingerprint and the stored response headers. They are written and read
-//! here; the SQL functions of migration 0014 (`idempotency_state_name`,
-//! `idempotency_state_code`, `idempotency_fingerprint_text`,
+//! The compact binary forms of two columns of `idempotency_operations` (migration 0014):
+//! the fingerprint and the stored response headers. Both are written and read here; the
+//! SQL functions of migration 0014 (`idempotency_fingerprint_text`,
 //! `idempotency_fingerprint_bytes`, `idempotency_headers_bytes`) produce and read the same
-//! values for the SQL that needs them.
+//! bytes for the statements that need them in SQL.
 
-use tower_idempotency_core::{Fingerprint, OperationState};
-
-/// Every state with its stored code (`smallint`). The statements' SQL spells the codes as
-/// literals (`sql/fragments.rs` lists them), and migration 0014's functions map the same
-/// codes to and from the names.
-const STATES: [(i16, OperationState); 7] = [
-    (1, OperationState::InProgress),
-    (2, OperationState::Completed),
-    (3, OperationState::Unknown),
-    (4, OperationState::AwaitingApproval),
-    (5, OperationState::Authorized),
-    (6, OperationState::Denied),
-    (7, OperationState::Cancelled),
-];
-
-/// The stored code of `state`.
-pub(crate) fn state_code(state: OperationState) -> i16 {
-    STATES
-        .iter()
-        .find(|(_, s)| *s == state)
-        .map_or(0, |(code, _)| *code)
-}
-
-/// The state stored as `code`; `None` for a code the store never writes.
-pub(crate) fn state_from_code(code: i16) -> Option<OperationState> {
-    STATES.iter().find(|(c, _)| *c == code).map(|(_, s)| *s)
-}
+use tower_idempotency_core::Fingerprint;
 
 /// Tag byte of a fingerprint that is not one of the two digest forms: its UTF-8 text
 /// follows as it is.
@@ -167,16 +140,6 @@ fn take_part<'a>(bytes: &mut &'a [u8]) -> Option<&'a [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_state_has_its_own_code() {
-        for (code, state) in STATES {
-            assert_eq!(state_code(state), code);
-            assert_eq!(state_from_code(code), Some(state));
-        }
-        assert_eq!(state_from_code(0), None);
-        assert_eq!(state_from_code(8), None);
-    }
 
     #[test]
     fn digest_fingerprints_take_a_tag_byte_and_32_bytes() {

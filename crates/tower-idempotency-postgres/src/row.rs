@@ -37,10 +37,11 @@ pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
 
 pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
     let db_now: SystemTime = get(row, "db_now")?;
-    let state_code: i16 = get(row, "state")?;
+    let state_name: String = get(row, "state")?;
     let lease_expires_at: Option<SystemTime> = get(row, "lease_expires_at")?;
-    let mut state = codec::state_from_code(state_code)
-        .ok_or_else(|| corrupt(format!("unexpected operation state {state_code}")))?;
+    let mut state: OperationState = state_name
+        .parse()
+        .map_err(|_| corrupt(format!("unexpected operation state `{state_name}`")))?;
     let dispatched_at: Option<SystemTime> = get(row, "dispatched_at")?;
     // A lapse after the dispatch mark is unknown; one before it stays in progress (its lease
     // in the past), for the next reservation of the command to take over.

@@ -639,8 +639,7 @@ async fn the_hot_statements_journal_inline_and_other_sessions_through_the_trigge
     // trigger: here the trigger refuses, so the change is refused.
     let refused = client
         .execute(
-            "UPDATE idempotency_operations SET state = idempotency_state_code('unknown') \
-             WHERE operation_id = $1",
+            "UPDATE idempotency_operations SET state = 'unknown' WHERE operation_id = $1",
             &[&first.as_uuid()],
         )
         .await

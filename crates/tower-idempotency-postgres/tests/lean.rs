@@ -137,7 +137,7 @@ async fn the_purge_walks_the_table_in_block_ranges_and_finds_every_expired_row()
                  stored_bytes) \
              SELECT 'acme', 'live-' || i, gen_random_uuid(), \
                  idempotency_fingerprint_bytes('sha256:x'), 'POST', '/v1/x', \
-                 2, 86400000000, 86400000000, now(), now(), \
+                 'completed', 86400000000, 86400000000, now(), now(), \
                  now() + interval '1 day', 201, decode(repeat('ab', 1500), 'hex'), 0 \
              FROM generate_series(1, 6000) AS i; \
              INSERT INTO idempotency_operations (scope, idempotency_key, operation_id, \
@@ -146,7 +146,7 @@ async fn the_purge_walks_the_table_in_block_ranges_and_finds_every_expired_row()
                  stored_bytes) \
              SELECT 'acme', 'gone-' || i, gen_random_uuid(), \
                  idempotency_fingerprint_bytes('sha256:x'), 'POST', '/v1/x', \
-                 2, 1000000, 1000000, now(), now(), \
+                 'completed', 1000000, 1000000, now(), now(), \
                  now() - interval '1 s', 201, NULL, 0 \
              FROM generate_series(1, 250) AS i;",
         )

@@ -1,18 +1,13 @@
 //! Column lists and row predicates shared by several statements, spelled once so that
 //! "expired" and "lapsed" mean exactly the same thing in reserve, read and purge.
-//!
-//! The operation's state is stored as a `smallint` (migration 0014; `crate::codec` maps
-//! it): `1` in_progress, `2` completed, `3` unknown, `4` awaiting_approval, `5`
-//! authorized, `6` denied, `7` cancelled. The statements spell the codes as literals, each
-//! with its name in a comment beside it; `idempotency_state_name(state)` reads them in
-//! psql.
 
 /// The column list of [`COLUMNS`] with `$response` in place of the stored headers and body.
 /// A macro so that both lists below are built from one text at compile time.
 macro_rules! columns {
     ($response:literal) => {
         concat!(
-            "operation_id, scope, idempotency_key, fingerprint, method, route, state, \
+            "operation_id, scope, idempotency_key, fingerprint, method, route, \
+             state::text AS state, \
              attempts, created_at, completed_at, lease_id, lease_expires_at, expires_at, \
              retention_us, response_status, ",
             $response,
@@ -28,7 +23,8 @@ macro_rules! columns {
 /// at the time of the statement, used to tell a lapsed lease from a live one.
 ///
 /// The fingerprint and the stored headers are read in their stored binary forms (migration
-/// 0014, decoded by `crate::codec`); the retentions are stored as microseconds.
+/// 0014, decoded by `crate::codec`), the state (an enum since 0014) by its name; the
+/// retentions are stored as microseconds.
 pub(super) const COLUMNS: &str = columns!("response_headers, response_body");
 
 /// [`COLUMNS`] for a completion, without the stored headers and body: the caller sent them
@@ -40,13 +36,13 @@ pub(super) const COMPLETED_COLUMNS: &str =
 /// delete it; a new reservation replaces it). An in-progress row never qualifies while its
 /// lease is live.
 pub(super) const EXPIRED: &str =
-    "(o.expires_at <= now() AND (o.state <> 1 /*in_progress*/ OR o.lease_expires_at <= now()))";
+    "(o.expires_at <= now() AND (o.state <> 'in_progress' OR o.lease_expires_at <= now()))";
 
 /// The row is `in_progress`, dispatched, and its lease ran out: its outcome is unknown. A
 /// macro so that [`UNKNOWN`] is built from the same text at compile time.
 macro_rules! lapsed {
     () => {
-        "(o.state = 1 /*in_progress*/ AND o.lease_expires_at <= now() \
+        "(o.state = 'in_progress' AND o.lease_expires_at <= now() \
          AND o.dispatched_at IS NOT NULL)"
     };
 }
@@ -55,7 +51,7 @@ pub(super) const LAPSED: &str = lapsed!();
 /// The row is `in_progress` but its lease ran out before its dispatch mark: no effect can
 /// have happened, so the next reservation of the same command takes it over.
 pub(super) const STALLED: &str =
-    "(o.state = 1 /*in_progress*/ AND o.lease_expires_at <= now() AND o.dispatched_at IS NULL)";
+    "(o.state = 'in_progress' AND o.lease_expires_at <= now() AND o.dispatched_at IS NULL)";
 
 /// The approval's state as read: a pending or approved approval that is not used is
 /// `expired` once its expiry passed; `NULL` for a row without an approval.
@@ -64,7 +60,15 @@ pub(super) const APPROVAL_STATE: &str = "(CASE WHEN o.approval_state IN ('pendin
      ELSE o.approval_state END)";
 
 /// The row is unknown: marked so, or its lease lapsed.
-pub(super) const UNKNOWN: &str = concat!("(o.state = 3 /*unknown*/ OR ", lapsed!(), ")");
+pub(super) const UNKNOWN: &str = concat!("(o.state = 'unknown' OR ", lapsed!(), ")");
+
+/// The schema's enum of operation states (migration 0014), beside the schema-qualified
+/// operations table `t`: an expression whose branches are all literals must be cast to it
+/// to be stored (PostgreSQL resolves such a `CASE` as text, which is not assignable to an
+/// enum); a single literal needs no cast.
+pub(super) fn state_type(t: &str) -> String {
+    t.replace("idempotency_operations", "idempotency_state")
+}
 
 /// A microsecond count (a parameter or a column) as an interval.
 pub(super) fn micros(param: &str) -> String {

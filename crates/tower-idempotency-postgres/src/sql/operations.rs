@@ -3,7 +3,7 @@
 
 use super::fragments::{
     APPROVAL_STATE, COLUMNS, COMPLETED_COLUMNS, EXPIRED, Journal, LAPSED, STALLED, UNKNOWN,
-    count_usage, micros, slot,
+    count_usage, micros, slot, state_type,
 };
 
 /// The statements on `idempotency_operations` of one store.
@@ -104,7 +104,7 @@ const DONE: &str = "o.operation_id, o.scope, o.idempotency_key, o.fingerprint, \
 
 /// Fenced writes: the lease id is the fencing token; a stale worker matches no row.
 const FENCE: &str = "o.scope = $1 AND o.idempotency_key = $2 AND o.operation_id = $3 \
-                     AND o.lease_id = $4 AND o.state <> 2 /*completed*/";
+                     AND o.lease_id = $4 AND o.state <> 'completed'";
 
 impl OperationQueries {
     /// The statements for the schema-qualified tables `t` (operations) and `u` (scope
@@ -119,6 +119,7 @@ impl OperationQueries {
             "CASE WHEN o.dispatched_at IS NULL THEN o.retention_us ELSE o.unknown_retention_us END",
         );
         let j = journal;
+        let st = state_type(t);
         Self {
             reserve: reserve(t, u, "NULL::text"),
             reserve_before_transaction: reserve(t, u, ASYNCHRONOUS_COMMIT),
@@ -163,26 +164,25 @@ impl OperationQueries {
                 )
             ),
             abandon: format!(
-                "UPDATE {t} AS o SET state = 3 /*unknown*/, lease_id = NULL, \
+                "UPDATE {t} AS o SET state = 'unknown', lease_id = NULL, \
                      lease_expires_at = LEAST(o.lease_expires_at, now()), \
                      expires_at = now() + {unknown_retention} \
                  WHERE {FENCE}"
             ),
             extend_lease: format!(
-                "UPDATE {t} AS o SET state = 1 /*in_progress*/, lease_expires_at = now() + {by}, \
+                "UPDATE {t} AS o SET state = 'in_progress', lease_expires_at = now() + {by}, \
                      expires_at = now() + {by} + {unknown_retention} \
                  WHERE {FENCE}"
             ),
             mark_dispatched: format!(
                 "UPDATE {t} AS o SET dispatched_at = coalesce(o.dispatched_at, now()), \
-                     state = 1 /*in_progress*/, lease_expires_at = now() + {by}, \
+                     state = 'in_progress', lease_expires_at = now() + {by}, \
                      expires_at = now() + {by} + {unknown_retention} \
                  WHERE {FENCE} RETURNING {COLUMNS}"
             ),
             cancel: format!(
                 "UPDATE {t} AS o SET \
-                     state = CASE WHEN o.dispatched_at IS NULL THEN 7 /*cancelled*/ \
-                                  ELSE 3 /*unknown*/ END, \
+                     state = CASE WHEN o.dispatched_at IS NULL THEN 'cancelled' ELSE 'unknown' END::{st}, \
                      lease_id = NULL, \
                      lease_expires_at = CASE WHEN o.dispatched_at IS NULL THEN NULL \
                                              ELSE LEAST(o.lease_expires_at, now()) END, \
@@ -191,7 +191,7 @@ impl OperationQueries {
             ),
             mark_delivered: j.delivered(&format!(
                 "UPDATE {t} AS o SET delivered = true, delivered_at = now() \
-                 WHERE o.scope = $1 AND o.operation_id = $2 AND o.state = 2 /*completed*/ \
+                 WHERE o.scope = $1 AND o.operation_id = $2 AND o.state = 'completed' \
                      AND NOT o.delivered{}",
                 j.mark()
             )),
@@ -202,7 +202,7 @@ impl OperationQueries {
                 "UPDATE {t} AS o SET delivered = true, delivered_at = now() \
                  FROM unnest($1::text[], $2::uuid[]) AS d(scope, operation_id) \
                  WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
-                     AND o.state = 2 /*completed*/ AND NOT o.delivered \
+                     AND o.state = 'completed' AND NOT o.delivered \
                      AND {ASYNCHRONOUS_COMMIT} IS NOT NULL{}",
                 j.mark()
             )),
@@ -216,7 +216,7 @@ impl OperationQueries {
                 "UPDATE {t} AS o SET replays = o.replays + d.n \
                  FROM unnest($1::text[], $2::uuid[], $3::bigint[]) AS d(scope, operation_id, n) \
                  WHERE o.operation_id = d.operation_id AND o.scope = d.scope \
-                     AND o.state = 2 /*completed*/ AND {ASYNCHRONOUS_COMMIT} IS NOT NULL"
+                     AND o.state = 'completed' AND {ASYNCHRONOUS_COMMIT} IS NOT NULL"
             ),
             purge: purge(t, u),
             quota_refusal: quota_refusal(t, u),
@@ -238,14 +238,14 @@ impl OperationQueries {
                 "SELECT {COLUMNS} FROM {t} AS o WHERE {UNKNOWN} ORDER BY o.created_at LIMIT $1"
             ),
             list_in_progress: format!(
-                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = 1 /*in_progress*/ AND NOT {LAPSED} \
+                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = 'in_progress' AND NOT {LAPSED} \
                  ORDER BY o.created_at LIMIT $1"
             ),
             list_completed: format!(
-                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = 2 /*completed*/ ORDER BY o.created_at DESC LIMIT $1"
+                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = 'completed' ORDER BY o.created_at DESC LIMIT $1"
             ),
             list_state: format!(
-                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = $2::smallint ORDER BY o.created_at LIMIT $1"
+                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state::text = $2 ORDER BY o.created_at LIMIT $1"
             ),
             find_approval: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.approval_id = $1 AND NOT {EXPIRED}"
@@ -301,6 +301,7 @@ impl OperationQueries {
 /// Concurrent new keys of one scope may each pass the check, so a scope can exceed its
 /// record quota by the number of reservations in flight at once.
 fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
+    let st = state_type(t);
     let lease = micros("$8");
     let retention = micros("$9");
     let unknown_expiry = micros("($8::bigint + $10::bigint)");
@@ -308,7 +309,7 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
     // Gone: the row's retention ended, or (derived matching, `$19` the window) its
     // execution was delivered: either way the key takes a new operation.
     let gone = format!(
-        "({EXPIRED} OR ($19::bigint IS NOT NULL AND o.state = 2 /*completed*/ AND o.delivered \
+        "({EXPIRED} OR ($19::bigint IS NOT NULL AND o.state = 'completed' AND o.delivered \
               AND o.fingerprint = $4::bytea \
               AND coalesce(o.delivered_at, o.completed_at) + {} <= now()))",
         micros("$19")
@@ -316,7 +317,7 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
     let same = "o.fingerprint = excluded.fingerprint";
     let start = format!(
         "(NOT {gone} AND {same} AND (($11::boolean AND {UNKNOWN}) OR {STALLED} \
-              OR o.state = 7 /*cancelled*/ OR {authorized}))",
+              OR o.state = 'cancelled' OR {authorized}))",
         authorized = AUTHORIZED
     );
     let authorized = format!("(NOT {gone} AND {same} AND {AUTHORIZED})");
@@ -325,7 +326,7 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
     // awaits the decision.
     let plain = "$15::uuid IS NULL";
     // A replay: the row is completed with the request's fingerprint and still retained.
-    let replay = format!("(NOT {gone} AND o.state = 2 /*completed*/ AND o.fingerprint = $4)");
+    let replay = format!("(NOT {gone} AND o.state = 'completed' AND o.fingerprint = $4)");
     let counted = count_usage(
         u,
         &format!(
@@ -365,7 +366,7 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
              approval_summary, approval_requested_by, approval_requested_at, \
              approval_expires_at) \
          SELECT $1::text, $2::text, $3::uuid, $4::bytea, $5::text, $6::text, \
-             CASE WHEN {plain} THEN 1 /*in_progress*/ ELSE 4 /*awaiting_approval*/ END, \
+             CASE WHEN {plain} THEN 'in_progress' ELSE 'awaiting_approval' END::{st}, \
              CASE WHEN {plain} THEN $7::uuid END, CASE WHEN {plain} THEN now() + {lease} END, \
              CASE WHEN {plain} THEN 1 ELSE 0 END, $9::bigint, $10::bigint, now(), \
              CASE WHEN {plain} THEN now() + {unknown_expiry} ELSE now() + {ttl} + {retention} END, \
@@ -380,8 +381,8 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
              fingerprint = CASE WHEN {gone} THEN excluded.fingerprint ELSE o.fingerprint END, \
              method = CASE WHEN {gone} THEN excluded.method ELSE o.method END, \
              route = CASE WHEN {gone} THEN excluded.route ELSE o.route END, \
-             state = CASE WHEN {gone} THEN excluded.state WHEN {start} THEN 1 /*in_progress*/ \
-                          WHEN {LAPSED} THEN 3 /*unknown*/ ELSE o.state END, \
+             state = CASE WHEN {gone} THEN excluded.state WHEN {start} THEN 'in_progress' \
+                          WHEN {LAPSED} THEN 'unknown' ELSE o.state END, \
              lease_id = CASE WHEN {gone} THEN excluded.lease_id WHEN {start} THEN $7::uuid \
                              ELSE o.lease_id END, \
              lease_expires_at = CASE WHEN {gone} THEN excluded.lease_expires_at \
@@ -459,7 +460,7 @@ fn reserve_new(t: &str, u: &str, commit_mode: &str, journal: &Journal, usage: Us
          INSERT INTO {t} AS o (scope, idempotency_key, operation_id, fingerprint, method, route, \
              state, lease_id, lease_expires_at, attempts, retention_us, unknown_retention_us, \
              created_at, expires_at, dispatched_at) \
-         SELECT $1::text, $2::text, $3::uuid, $4::bytea, $5::text, $6::text, 1 /*in_progress*/, \
+         SELECT $1::text, $2::text, $3::uuid, $4::bytea, $5::text, $6::text, 'in_progress', \
              $7::uuid, now() + {lease}, 1, $9::bigint, $10::bigint, now(), \
              now() + {unknown_expiry}, CASE WHEN $13::boolean THEN NULL ELSE now() END \
          WHERE NOT EXISTS (SELECT 1 FROM existing) \
@@ -477,7 +478,7 @@ fn reserve_new(t: &str, u: &str, commit_mode: &str, journal: &Journal, usage: Us
 /// The row is authorized and its approval has not expired: the next reservation of its
 /// command starts it. (An authorized row's approval is never used: its first attempt moves
 /// it to `in_progress`.)
-const AUTHORIZED: &str = "(o.state = 5 /*authorized*/ AND o.approval_expires_at > now())";
+const AUTHORIZED: &str = "(o.state = 'authorized' AND o.approval_expires_at > now())";
 
 /// The decision on an approval, in one statement: `target` locks the approval's row and
 /// reads it as it stands once the lock is held (a decision committed meanwhile included);
@@ -490,6 +491,7 @@ const AUTHORIZED: &str = "(o.state = 5 /*authorized*/ AND o.approval_expires_at 
 /// retention after the decision; an approval keeps the expiry it had (the approval's + the
 /// retention).
 fn decide_approval(t: &str) -> String {
+    let st = state_type(t);
     let retention = micros("o.retention_us");
     format!(
         "WITH target AS ( \
@@ -499,7 +501,7 @@ fn decide_approval(t: &str) -> String {
          decided AS ( \
              UPDATE {t} AS o SET \
                  approval_state = CASE WHEN $3::boolean THEN 'approved' ELSE 'denied' END, \
-                 state = CASE WHEN $3::boolean THEN 5 /*authorized*/ ELSE 6 /*denied*/ END, \
+                 state = CASE WHEN $3::boolean THEN 'authorized' ELSE 'denied' END::{st}, \
                  approval_decided_by = $5::text, approval_decided_at = now(), \
                  approval_reason = $6::text, \
                  expires_at = CASE WHEN $3::boolean THEN o.expires_at \
@@ -518,7 +520,7 @@ fn decide_approval(t: &str) -> String {
 /// The fenced completion `UPDATE`, without its `RETURNING`.
 fn complete_update(t: &str, journal: &Journal) -> String {
     format!(
-        "UPDATE {t} AS o SET state = 2 /*completed*/, response_status = $5, \
+        "UPDATE {t} AS o SET state = 'completed', response_status = $5, \
              response_headers = $6, response_body = $7, stored_bytes = $8, \
              completed_at = now(), expires_at = now() + {}, \
              lease_id = NULL, lease_expires_at = NULL \
@@ -532,7 +534,7 @@ fn complete_update(t: &str, journal: &Journal) -> String {
 /// `mark_delivered` would, in the same row version).
 fn complete_delivered_update(t: &str, journal: &Journal) -> String {
     format!(
-        "UPDATE {t} AS o SET state = 2 /*completed*/, response_status = $5, \
+        "UPDATE {t} AS o SET state = 'completed', response_status = $5, \
              response_headers = $6, response_body = $7, stored_bytes = $8, \
              completed_at = now(), expires_at = now() + {}, \
              lease_id = NULL, lease_expires_at = NULL, delivered = $9::boolean, \
@@ -623,7 +625,7 @@ fn quota_refusal(t: &str, u: &str) -> String {
              DELETE FROM {t} AS o WHERE o.ctid = ANY (ARRAY( \
                  SELECT s.tid FROM sample AS s \
                  WHERE s.expires_at <= now() \
-                     AND (s.state <> 1 /*in_progress*/ OR s.lease_expires_at <= now()) \
+                     AND (s.state <> 'in_progress' OR s.lease_expires_at <= now()) \
                  LIMIT $2)) \
              AND o.scope = $1 AND {EXPIRED} \
              RETURNING o.stored_bytes), \
@@ -631,7 +633,7 @@ fn quota_refusal(t: &str, u: &str) -> String {
          SELECT (SELECT count(*) FROM gone) AS purged, \
              (SELECT (extract(epoch FROM min(s.expires_at) - now()) * 1000000)::bigint \
               FROM sample AS s WHERE s.expires_at > now() \
-                  AND s.state <> 1 /*in_progress*/) AS until_expiry_us",
+                  AND s.state <> 'in_progress') AS until_expiry_us",
         count_usage(
             u,
             "SELECT $1::text, 0, -count(*), -sum(stored_bytes) FROM gone HAVING count(*) > 0"

@@ -45,8 +45,7 @@ impl ResolutionQueries {
             ),
             resolve_completed: format!(
                 "WITH target AS ( \
-                     UPDATE {t} AS o SET state = 2 /*completed*/, lease_id = NULL, \
-                         lease_expires_at = NULL, \
+                     UPDATE {t} AS o SET state = 'completed', lease_id = NULL, lease_expires_at = NULL, \
                          completed_at = now(), expires_at = now() + {retention}, \
                          response_status = NULL, response_headers = NULL, response_body = NULL \
                      WHERE o.operation_id = $1 AND {UNKNOWN} \
