@@ -616,6 +616,23 @@ async fn the_record_row_is_lean() {
         .unwrap();
     assert_eq!(read.response, Some(ticket));
     assert_eq!(read.fingerprint.as_str(), LIVE_FINGERPRINT);
+    // In SQL, the state compares by name, and the fingerprint and the headers read as
+    // they did before 0014.
+    let row = client
+        .query_one(
+            "SELECT idempotency_fingerprint_text(o.fingerprint), o.response_header_names, \
+                 o.response_header_values FROM idempotency_operations AS o \
+             WHERE o.idempotency_key = $1 AND o.state = 'completed'",
+            &[&key],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), LIVE_FINGERPRINT);
+    assert_eq!(row.get::<_, Vec<String>>(1), ["content-type"]);
+    assert_eq!(
+        row.get::<_, Vec<Vec<u8>>>(2),
+        [b"application/json".to_vec()]
+    );
 
     let cell = |s: Option<i32>| s.map_or_else(|| "NULL".to_owned(), |s| s.to_string());
     eprintln!("| column (0014) | at 0013 | migrated | written by the store |");
