@@ -24,7 +24,10 @@
 -- SQL that needs the fingerprint as text — the audit triggers below, an operator's psql —
 -- reads it with `idempotency_fingerprint_text(fingerprint)`; `idempotency_fingerprint_bytes`
 -- is its inverse (`WHERE fingerprint = idempotency_fingerprint_bytes('sha256:…')`). Both are
--- IMMUTABLE and plain SQL, so the planner inlines them. The stored headers read as the two
+-- plain SQL, so the planner inlines them into the statement that calls them; they are
+-- STABLE rather than IMMUTABLE because PostgreSQL's text-to-bytes conversions
+-- (`convert_from`, `convert_to`) are, and an IMMUTABLE function around them would not be
+-- inlined. The stored headers read as the two
 -- arrays they were, `o.response_header_names` and `o.response_header_values` (functions of
 -- the row, so that psql and the released migration files that name them keep working).
 --
@@ -52,7 +55,7 @@ END
 $migration$;
 
 CREATE OR REPLACE FUNCTION idempotency_fingerprint_bytes(fingerprint text) RETURNS bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE
         WHEN fingerprint ~ '^sha256:[0-9a-f]{64}$'
             THEN '\x01'::bytea || decode(substr(fingerprint, 8), 'hex')
@@ -63,7 +66,7 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION idempotency_fingerprint_text(fingerprint bytea) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE get_byte(fingerprint, 0)
         WHEN 1 THEN 'sha256:' || encode(substr(fingerprint, 2), 'hex')
         WHEN 2 THEN 'hmac-sha256:' || encode(substr(fingerprint, 2), 'hex')
@@ -74,7 +77,7 @@ $$;
 -- The stored headers of the two arrays in the one-value encoding (the migration's
 -- conversion; the store encodes in the application).
 CREATE OR REPLACE FUNCTION idempotency_headers_bytes(names text[], header_values bytea[])
-RETURNS bytea LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+RETURNS bytea LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 DECLARE
     encoded bytea := ''::bytea;
     part    bytea;
@@ -176,7 +179,7 @@ $function$, s);
 
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION %1$s.response_header_names(o %1$s.idempotency_operations)
-RETURNS text[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $body$
+RETURNS text[] LANGUAGE sql STABLE PARALLEL SAFE AS $body$
     SELECT CASE WHEN o.response_headers IS NOT NULL THEN coalesce(
         (SELECT array_agg(convert_from(p.part, 'UTF8') ORDER BY p.i)
          FROM unnest(%1$s.idempotency_header_parts(o.response_headers)) WITH ORDINALITY
@@ -187,7 +190,7 @@ $function$, s);
 
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION %1$s.response_header_values(o %1$s.idempotency_operations)
-RETURNS bytea[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $body$
+RETURNS bytea[] LANGUAGE sql STABLE PARALLEL SAFE AS $body$
     SELECT CASE WHEN o.response_headers IS NOT NULL THEN coalesce(
         (SELECT array_agg(p.part ORDER BY p.i)
          FROM unnest(%1$s.idempotency_header_parts(o.response_headers)) WITH ORDINALITY
