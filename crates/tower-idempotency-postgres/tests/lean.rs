@@ -257,8 +257,9 @@ async fn at_schema(database: &pg::TestDatabase, base: usize) -> tokio_postgres::
                      VALUES ('acme', $1, $2, $6, 'POST', '/v1/old', $3, $4, {lease}, \
                      interval '1 day', interval '1 day', now() - interval '2 minutes', \
                      CASE WHEN $5 THEN now() END, {expires}, CASE WHEN $5 THEN 201 END, \
-                     CASE WHEN $5 THEN ARRAY['content-type', 'x-raw'] END, \
-                     CASE WHEN $5 THEN ARRAY['application/json'::bytea, '\\xff80'::bytea] END, \
+                     CASE WHEN $5 THEN ARRAY['content-type', 'x-raw', 'x-long'] END, \
+                     CASE WHEN $5 THEN ARRAY['application/json'::bytea, '\\xff80'::bytea, \
+                         convert_to(repeat('v', 300), 'UTF8')] END, \
                      CASE WHEN $5 THEN '{{\"id\":1}}'::bytea END)"
                 ),
                 &[
@@ -357,11 +358,13 @@ async fn every_released_schema_migrates_with_nothing_lost() {
             .iter()
             .map(|(name, value)| (name.as_str(), value.as_bytes()))
             .collect();
+        let long = [b'v'; 300];
         assert_eq!(
             headers,
             [
                 ("content-type", &b"application/json"[..]),
-                ("x-raw", &[0xff, 0x80][..])
+                ("x-raw", &[0xff, 0x80][..]),
+                ("x-long", &long[..])
             ],
             "from {base}"
         );
