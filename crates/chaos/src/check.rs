@@ -165,7 +165,7 @@ pub async fn check(
     ] {
         for row in client
             .query(
-                &format!("SELECT state, count(*) FROM {table} GROUP BY state ORDER BY state"),
+                &format!("SELECT state::text, count(*) FROM {table} GROUP BY state ORDER BY 1"),
                 &[],
             )
             .await

@@ -52,22 +52,23 @@ const PAYMENT: &str = "INSERT INTO demo_payments (account, id, amount_minor, cur
 /// itself, in a CTE. Not journaled (`tower_idempotency.audit = off`), the CTE still runs
 /// but the mark is what the triggers read, so the event is the only difference.
 const RECORD: &str = "WITH r AS (INSERT INTO idempotency_operations (scope, idempotency_key, \
-     operation_id, fingerprint, method, route, state, attempts, retention, unknown_retention, \
-     created_at, completed_at, expires_at, response_status, response_header_names, \
-     response_header_values, response_body, stored_bytes, delivered, delivered_at, \
+     operation_id, fingerprint, method, route, state, attempts, retention_us, \
+     unknown_retention_us, created_at, completed_at, expires_at, response_status, \
+     response_headers, response_body, stored_bytes, delivered, delivered_at, \
      dispatched_at) SELECT $1, $2, gen_random_uuid(), \
-     'sha256:9f2c6a1d0b7e4f3a8c5d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b', 'POST', \
-     '/v1/payments', 'completed', 1, interval '24 hours', interval '24 hours', now(), now(), \
-     now() + interval '24 hours', 201, ARRAY['content-type', 'location'], \
-     ARRAY['application/json'::bytea, '/v1/payments/pay'::bytea], $3, 260, true, now(), now() \
+     '\\x019f2c6a1d0b7e4f3a8c5d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b'::bytea, 'POST', \
+     '/v1/payments', 'completed', 1, 86400000000, 86400000000, now(), now(), \
+     now() + interval '24 hours', 201, \
+     '\\x0c636f6e74656e742d74797065106170706c69636174696f6e2f6a736f6e086c6f636174696f6e\
+     102f76312f7061796d656e74732f706179'::bytea, $3, 260, true, now(), now() \
      WHERE set_config('tower_idempotency.audit', \
          CASE WHEN current_setting('tower_idempotency.audit', true) = 'off' THEN 'off' \
               ELSE 'inline' END, true) IS NOT NULL \
      RETURNING scope, operation_id, idempotency_key, fingerprint, method, route) \
      INSERT INTO idempotency_audit_pending (kind, scope, operation_id, idempotency_key, \
          fingerprint, method, route) \
-     SELECT 'accepted', r.scope, r.operation_id, r.idempotency_key, r.fingerprint, r.method, \
-         r.route FROM r WHERE current_setting('tower_idempotency.audit', true) <> 'off'";
+     SELECT 'accepted', r.scope, r.operation_id, r.idempotency_key, \
+         idempotency_fingerprint_text(r.fingerprint), r.method, r.route FROM r WHERE current_setting('tower_idempotency.audit', true) <> 'off'";
 
 /// The measured cases, in the order of the first round.
 pub const CASES: [&str; 5] = [

@@ -499,13 +499,15 @@ async fn fill_postgres(url: &str, from: u64, to: u64) -> Result<(), String> {
     // one stored header, as the demo's payments have.
     let sql = format!(
         "INSERT INTO idempotency_operations (scope, idempotency_key, operation_id, fingerprint, \
-             method, route, state, attempts, retention, unknown_retention, response_status, \
-             response_header_names, response_header_values, response_body, delivered, \
+             method, route, state, attempts, retention_us, unknown_retention_us, response_status, \
+             response_headers, response_body, delivered, \
              created_at, completed_at, expires_at) \
          SELECT 'prefill-' || (g % 1000), 'prefill-4e2b7d4d-0e9c-1a6f-' || lpad(to_hex(g), 12, '0'), \
-             lpad(to_hex(g), 32, '0')::uuid, 'sha256:' || md5(g::text) || md5((g + 1)::text), \
-             'POST', '/v1/payments', 'completed', 1, interval '24 hours', interval '7 days', 201, \
-             ARRAY['content-type'], ARRAY[convert_to('application/json', 'UTF8')], \
+             lpad(to_hex(g), 32, '0')::uuid, \
+             '\\x01'::bytea || decode(md5(g::text) || md5((g + 1)::text), 'hex'), \
+             'POST', '/v1/payments', 'completed', 1, 86400000000, 604800000000, 201, \
+             idempotency_headers_bytes(ARRAY['content-type'], \
+                 ARRAY[convert_to('application/json', 'UTF8')]), \
              convert_to(repeat('x', 200), 'UTF8'), true, now(), now(), now() + interval '24 hours' \
          FROM generate_series({}, {to}) AS g",
         from + 1

@@ -15,8 +15,8 @@ pub(crate) struct Completion<'a> {
     operation_id: uuid::Uuid,
     lease_id: uuid::Uuid,
     status: i32,
-    names: Vec<&'a str>,
-    values: Vec<&'a [u8]>,
+    /// The headers in their stored form (`crate::codec`).
+    headers: Vec<u8>,
     body: Option<&'a [u8]>,
     /// What the response counts against the scope's byte quota.
     bytes: i64,
@@ -30,16 +30,12 @@ impl<'a> Completion<'a> {
             operation_id: lease.operation_id.as_uuid(),
             lease_id: lease.lease_id.as_uuid(),
             status: i32::from(response.status),
-            names: response
-                .headers
-                .iter()
-                .map(|(name, _)| name.as_str())
-                .collect(),
-            values: response
-                .headers
-                .iter()
-                .map(|(_, value)| value.as_bytes())
-                .collect(),
+            headers: crate::codec::headers_bytes(
+                response
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_bytes())),
+            ),
             body: response.body.as_deref(),
             bytes: stored_bytes(response),
         }
@@ -54,34 +50,32 @@ impl<'a> Completion<'a> {
     }
 
     /// The values of `OperationQueries::complete_delivered`: [`params`](Self::params) and
-    /// the delivery (`$10`).
+    /// the delivery (`$9`).
     pub(crate) fn delivered_params<'b>(
         &'b self,
         delivered: &'b bool,
-    ) -> [&'b (dyn ToSql + Sync); 10] {
+    ) -> [&'b (dyn ToSql + Sync); 9] {
         [
             &self.scope,
             &self.key,
             &self.operation_id,
             &self.lease_id,
             &self.status,
-            &self.names,
-            &self.values,
+            &self.headers,
             &self.body,
             &self.bytes,
             delivered,
         ]
     }
 
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 9] {
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
         [
             &self.scope,
             &self.key,
             &self.operation_id,
             &self.lease_id,
             &self.status,
-            &self.names,
-            &self.values,
+            &self.headers,
             &self.body,
             &self.bytes,
         ]

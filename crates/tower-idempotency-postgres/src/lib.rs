@@ -74,6 +74,7 @@
 mod admin;
 mod audit;
 mod budget;
+mod codec;
 mod completion;
 mod config;
 mod delivered;

@@ -90,6 +90,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0013_hot_completion.sql",
         sql: include_str!("../migrations/0013_hot_completion.sql"),
     },
+    Migration {
+        version: 14,
+        name: "0014_lean_record.sql",
+        sql: include_str!("../migrations/0014_lean_record.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

@@ -8,6 +8,7 @@ use tower_idempotency_core::{
 };
 use uuid::Uuid;
 
+use crate::codec;
 use crate::executor::micros;
 use crate::row::OperationRow;
 
@@ -18,7 +19,8 @@ pub(crate) struct ReserveParams<'a> {
     scope: &'a str,
     key: &'a str,
     operation_id: Uuid,
-    fingerprint: &'a str,
+    /// Its stored form (`crate::codec`).
+    fingerprint: Vec<u8>,
     method: &'a str,
     route: &'a str,
     lease_id: Uuid,
@@ -47,7 +49,7 @@ impl<'a> ReserveParams<'a> {
             scope: request.scope.as_str(),
             key: request.key.as_str(),
             operation_id: OperationId::new().as_uuid(),
-            fingerprint: request.fingerprint.as_str(),
+            fingerprint: codec::fingerprint_bytes(request.fingerprint.as_str()),
             method: request.method.as_str(),
             route: request.route.as_str(),
             lease_id: LeaseId::new().as_uuid(),

@@ -15,6 +15,7 @@ use tower_idempotency_core::{
 };
 use uuid::Uuid;
 
+use crate::codec;
 use crate::executor::classify::{corrupt, decode};
 use crate::resolution::{Resolution, ResolutionRecord};
 
@@ -58,16 +59,17 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
     let replays: i64 = get(row, "replays")?;
     let response = match (state, get::<Option<i32>>(row, "response_status")?) {
         (OperationState::Completed, Some(status)) => {
-            let names: Vec<String> =
-                get::<Option<Vec<String>>>(row, "response_header_names")?.unwrap_or_default();
-            let values: Vec<Vec<u8>> =
-                get::<Option<Vec<Vec<u8>>>>(row, "response_header_values")?.unwrap_or_default();
+            let stored: Option<&[u8]> = get(row, "response_headers")?;
+            let headers = codec::headers_from_bytes(stored.unwrap_or_default())
+                .ok_or_else(|| corrupt("stored response headers are malformed".to_owned()))?;
             let body: Option<Vec<u8>> = get(row, "response_body")?;
             Some(StoredResponse {
                 status: u16::try_from(status)
                     .map_err(|_| corrupt(format!("stored status {status} out of range")))?,
                 headers: StoredResponse::header_map(
-                    names.into_iter().zip(values.into_iter().map(Bytes::from)),
+                    headers
+                        .into_iter()
+                        .map(|(name, value)| (name, Bytes::from(value))),
                 ),
                 body: body.map(Bytes::from),
             })
@@ -76,7 +78,8 @@ pub(crate) fn operation(row: &Row) -> Result<OperationRow, StoreError> {
     };
     let id = OperationId::from_uuid(get(row, "operation_id")?);
     let scope = Scope::new(get::<String>(row, "scope")?);
-    let fingerprint = Fingerprint::from_stored(get::<String>(row, "fingerprint")?);
+    let fingerprint = codec::fingerprint_from_bytes(get(row, "fingerprint")?)
+        .ok_or_else(|| corrupt("stored fingerprint is malformed".to_owned()))?;
     let approval = approval(row, db_now, (id, &scope, &key, &fingerprint))?;
     let operation = Operation {
         id,

@@ -1074,6 +1074,7 @@ impl PostgresStore {
         reason: Option<&str>,
     ) -> Result<Option<DecisionOutcome>> {
         let uuid = id.as_uuid();
+        let stored_fingerprint = fingerprint.map(crate::codec::fingerprint_bytes);
         let rows = (self.inner.executor)
             .query(
                 "decide_approval",
@@ -1082,7 +1083,7 @@ impl PostgresStore {
                     &scope.as_str(),
                     &uuid,
                     &approves,
-                    &fingerprint,
+                    &stored_fingerprint,
                     &decided_by,
                     &reason,
                 ],

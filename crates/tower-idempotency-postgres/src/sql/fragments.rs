@@ -6,9 +6,10 @@
 macro_rules! columns {
     ($response:literal) => {
         concat!(
-            "operation_id, scope, idempotency_key, fingerprint, method, route, state, \
+            "operation_id, scope, idempotency_key, fingerprint, method, route, \
+             state::text AS state, \
              attempts, created_at, completed_at, lease_id, lease_expires_at, expires_at, \
-             (extract(epoch FROM retention) * 1000000)::bigint AS retention_us, response_status, ",
+             retention_us, response_status, ",
             $response,
             ", delivered, replays, dispatched_at, delivered_at, approval_id, approval_state, \
              approval_summary, approval_requested_by, approval_requested_at, \
@@ -21,20 +22,15 @@ macro_rules! columns {
 /// The columns every read returns, decoded by [`crate::row`]. `db_now` is the database clock
 /// at the time of the statement, used to tell a lapsed lease from a live one.
 ///
-/// `retention` stays an `interval` in the table (the statements add it to `now()`) and is
-/// converted to microseconds here because tokio-postgres has no `interval` decoder. The
-/// conversion is not worth avoiding: measured on PostgreSQL 15, it adds about 0.15 µs per
-/// row (1,000,000 rows: 65–81 ms → 216–234 ms), against the tens of microseconds a
-/// one-row statement takes before its round trip.
-pub(super) const COLUMNS: &str =
-    columns!("response_header_names, response_header_values, response_body");
+/// The fingerprint and the stored headers are read in their stored binary forms (migration
+/// 0014, decoded by `crate::codec`), the state (an enum since 0014) by its name; the
+/// retentions are stored as microseconds.
+pub(super) const COLUMNS: &str = columns!("response_headers, response_body");
 
 /// [`COLUMNS`] for a completion, without the stored headers and body: the caller sent them
 /// in the same statement and fills them in, so a large body does not travel back.
-pub(super) const COMPLETED_COLUMNS: &str = columns!(
-    "NULL::text[] AS response_header_names, NULL::bytea[] AS response_header_values, \
-     NULL::bytea AS response_body"
-);
+pub(super) const COMPLETED_COLUMNS: &str =
+    columns!("NULL::bytea AS response_headers, NULL::bytea AS response_body");
 
 /// The row's retention has ended and nothing holds it: it is as good as absent (purge will
 /// delete it; a new reservation replaces it). An in-progress row never qualifies while its
@@ -66,7 +62,15 @@ pub(super) const APPROVAL_STATE: &str = "(CASE WHEN o.approval_state IN ('pendin
 /// The row is unknown: marked so, or its lease lapsed.
 pub(super) const UNKNOWN: &str = concat!("(o.state = 'unknown' OR ", lapsed!(), ")");
 
-/// A microsecond count parameter as an interval.
+/// The schema's enum of operation states (migration 0014), beside the schema-qualified
+/// operations table `t`: an expression whose branches are all literals must be cast to it
+/// to be stored (PostgreSQL resolves such a `CASE` as text, which is not assignable to an
+/// enum); a single literal needs no cast.
+pub(super) fn state_type(t: &str) -> String {
+    t.replace("idempotency_operations", "idempotency_state")
+}
+
+/// A microsecond count (a parameter or a column) as an interval.
 pub(super) fn micros(param: &str) -> String {
     format!("({param}::bigint * interval '1 microsecond')")
 }
@@ -97,23 +101,34 @@ pub(super) fn count_usage(u: &str, select: &str) -> String {
 /// clauses skip (migration 0012): no PL/pgSQL runs for them. Every other statement, and
 /// every other session, is journaled by the triggers as before. With the journal off, no
 /// statement writes or marks anything.
+///
+/// The events carry the fingerprint as text, as the triggers write it: the stored bytes
+/// (migration 0014) pass through the schema's `idempotency_fingerprint_text`, a plain SQL
+/// function the planner inlines.
 #[derive(Debug, Clone)]
 pub(crate) struct Journal {
     /// The schema-qualified pending table, when journaled.
     pending: Option<String>,
+    /// The schema-qualified `idempotency_fingerprint_text`.
+    fingerprint_text: String,
 }
 
 impl Journal {
-    /// Journaled into the schema-qualified pending table `pending`.
-    pub(super) fn inline(pending: String) -> Self {
+    /// Journaled into the schema-qualified pending table `pending`; `fingerprint_text` is
+    /// the schema-qualified `idempotency_fingerprint_text`.
+    pub(super) fn inline(pending: String, fingerprint_text: String) -> Self {
         Self {
             pending: Some(pending),
+            fingerprint_text,
         }
     }
 
     /// Not journaled by the statements (the journal is off).
     pub(super) fn off() -> Self {
-        Self { pending: None }
+        Self {
+            pending: None,
+            fingerprint_text: String::new(),
+        }
     }
 
     /// The condition appended to a journaling statement's row filter: sets the mark for
@@ -132,10 +147,11 @@ impl Journal {
         let Some(p) = &self.pending else {
             return String::new();
         };
+        let f = &self.fingerprint_text;
         format!(
             ", journaled AS (INSERT INTO {p} \
                  (kind, scope, operation_id, idempotency_key, fingerprint, method, route) \
-             SELECT 'accepted', r.scope, r.operation_id, r.idempotency_key, r.fingerprint, \
+             SELECT 'accepted', r.scope, r.operation_id, r.idempotency_key, {f}(r.fingerprint), \
                  r.method, r.route FROM {from} AS r)"
         )
     }
@@ -146,10 +162,11 @@ impl Journal {
         let Some(p) = &self.pending else {
             return String::new();
         };
+        let f = &self.fingerprint_text;
         format!(
             ", journaled AS (INSERT INTO {p} \
                  (kind, scope, operation_id, idempotency_key, fingerprint, status) \
-             SELECT e.kind, d.scope, d.operation_id, d.idempotency_key, d.fingerprint, \
+             SELECT e.kind, d.scope, d.operation_id, d.idempotency_key, {f}(d.fingerprint), \
                  CASE WHEN e.n = 1 THEN d.response_status END \
              FROM done AS d CROSS JOIN (VALUES (1, 'completed'), (2, 'delivered')) AS e(n, kind) \
              WHERE (e.n = 1 AND d.response_status IS NOT NULL) OR (e.n = 2 AND d.delivered) \
@@ -163,11 +180,12 @@ impl Journal {
         let Some(p) = &self.pending else {
             return update.to_owned();
         };
+        let f = &self.fingerprint_text;
         format!(
             "WITH done AS ({update} \
                  RETURNING o.scope, o.operation_id, o.idempotency_key, o.fingerprint) \
              INSERT INTO {p} (kind, scope, operation_id, idempotency_key, fingerprint) \
-             SELECT 'delivered', d.scope, d.operation_id, d.idempotency_key, d.fingerprint \
+             SELECT 'delivered', d.scope, d.operation_id, d.idempotency_key, {f}(d.fingerprint) \
              FROM done AS d"
         )
     }

@@ -41,14 +41,23 @@ impl Queries {
         let resolutions = format!("\"{schema}\".idempotency_resolutions");
         let outbox = format!("\"{schema}\".idempotency_outbox");
         let usage_table = format!("\"{schema}\".idempotency_scope_usage");
+        let fingerprint_text = format!("\"{schema}\".idempotency_fingerprint_text");
         let journal = if journaled {
-            Journal::inline(format!("\"{schema}\".idempotency_audit_pending"))
+            Journal::inline(
+                format!("\"{schema}\".idempotency_audit_pending"),
+                fingerprint_text.clone(),
+            )
         } else {
             Journal::off()
         };
         Self {
             operations: OperationQueries::new(&operations, &usage_table, &journal, usage),
-            resolutions: ResolutionQueries::new(&operations, &resolutions, &usage_table),
+            resolutions: ResolutionQueries::new(
+                &operations,
+                &resolutions,
+                &usage_table,
+                &fingerprint_text,
+            ),
             outbox: OutboxQueries::new(&outbox),
             audit: AuditQueries::new(schema),
         }

@@ -3,7 +3,7 @@
 
 use super::fragments::{
     APPROVAL_STATE, COLUMNS, COMPLETED_COLUMNS, EXPIRED, Journal, LAPSED, STALLED, UNKNOWN,
-    count_usage, micros, slot,
+    count_usage, micros, slot, state_type,
 };
 
 /// The statements on `idempotency_operations` of one store.
@@ -31,7 +31,7 @@ pub(crate) struct OperationQueries {
     pub(crate) complete: String,
     pub(crate) complete_in_transaction: String,
     /// [`complete`](Self::complete) returning only how many rows it completed (the caller
-    /// reads nothing back), with `$10` the delivery: `true` records it in the same write.
+    /// reads nothing back), with `$9` the delivery: `true` records it in the same write.
     pub(crate) complete_delivered: String,
     /// [`complete_in_transaction`](Self::complete_in_transaction) as
     /// [`complete_delivered`](Self::complete_delivered) is `complete`.
@@ -112,7 +112,14 @@ impl OperationQueries {
     /// [`Journal`]), `usage` where a new key's record and a completion's bytes are counted.
     pub(super) fn new(t: &str, u: &str, journal: &Journal, usage: Usage) -> Self {
         let by = micros("$5");
+        let unknown_retention = micros("o.unknown_retention_us");
+        // A cancellation keeps the row for its retention before the dispatch mark, for its
+        // unknown retention after it.
+        let cancelled_retention = micros(
+            "CASE WHEN o.dispatched_at IS NULL THEN o.retention_us ELSE o.unknown_retention_us END",
+        );
         let j = journal;
+        let st = state_type(t);
         Self {
             reserve: reserve(t, u, "NULL::text"),
             reserve_before_transaction: reserve(t, u, ASYNCHRONOUS_COMMIT),
@@ -159,28 +166,27 @@ impl OperationQueries {
             abandon: format!(
                 "UPDATE {t} AS o SET state = 'unknown', lease_id = NULL, \
                      lease_expires_at = LEAST(o.lease_expires_at, now()), \
-                     expires_at = now() + o.unknown_retention \
+                     expires_at = now() + {unknown_retention} \
                  WHERE {FENCE}"
             ),
             extend_lease: format!(
                 "UPDATE {t} AS o SET state = 'in_progress', lease_expires_at = now() + {by}, \
-                     expires_at = now() + {by} + o.unknown_retention \
+                     expires_at = now() + {by} + {unknown_retention} \
                  WHERE {FENCE}"
             ),
             mark_dispatched: format!(
                 "UPDATE {t} AS o SET dispatched_at = coalesce(o.dispatched_at, now()), \
                      state = 'in_progress', lease_expires_at = now() + {by}, \
-                     expires_at = now() + {by} + o.unknown_retention \
+                     expires_at = now() + {by} + {unknown_retention} \
                  WHERE {FENCE} RETURNING {COLUMNS}"
             ),
             cancel: format!(
                 "UPDATE {t} AS o SET \
-                     state = CASE WHEN o.dispatched_at IS NULL THEN 'cancelled' ELSE 'unknown' END, \
+                     state = CASE WHEN o.dispatched_at IS NULL THEN 'cancelled' ELSE 'unknown' END::{st}, \
                      lease_id = NULL, \
                      lease_expires_at = CASE WHEN o.dispatched_at IS NULL THEN NULL \
                                              ELSE LEAST(o.lease_expires_at, now()) END, \
-                     expires_at = now() + CASE WHEN o.dispatched_at IS NULL THEN o.retention \
-                                               ELSE o.unknown_retention END \
+                     expires_at = now() + {cancelled_retention} \
                  WHERE {FENCE} RETURNING {COLUMNS}"
             ),
             mark_delivered: j.delivered(&format!(
@@ -239,7 +245,7 @@ impl OperationQueries {
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = 'completed' ORDER BY o.created_at DESC LIMIT $1"
             ),
             list_state: format!(
-                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state = $2 ORDER BY o.created_at LIMIT $1"
+                "SELECT {COLUMNS} FROM {t} AS o WHERE o.state::text = $2 ORDER BY o.created_at LIMIT $1"
             ),
             find_approval: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.approval_id = $1 AND NOT {EXPIRED}"
@@ -295,16 +301,16 @@ impl OperationQueries {
 /// Concurrent new keys of one scope may each pass the check, so a scope can exceed its
 /// record quota by the number of reservations in flight at once.
 fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
+    let st = state_type(t);
     let lease = micros("$8");
     let retention = micros("$9");
-    let unknown_retention = micros("$10");
     let unknown_expiry = micros("($8::bigint + $10::bigint)");
     let ttl = micros("$18");
     // Gone: the row's retention ended, or (derived matching, `$19` the window) its
     // execution was delivered: either way the key takes a new operation.
     let gone = format!(
         "({EXPIRED} OR ($19::bigint IS NOT NULL AND o.state = 'completed' AND o.delivered \
-              AND o.fingerprint = $4::text \
+              AND o.fingerprint = $4::bytea \
               AND coalesce(o.delivered_at, o.completed_at) + {} <= now()))",
         micros("$19")
     );
@@ -355,14 +361,14 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
              FROM {u} AS s WHERE s.scope = $1), \
          reserved AS ( \
          INSERT INTO {t} AS o (scope, idempotency_key, operation_id, fingerprint, method, route, \
-             state, lease_id, lease_expires_at, attempts, retention, unknown_retention, \
+             state, lease_id, lease_expires_at, attempts, retention_us, unknown_retention_us, \
              created_at, expires_at, dispatched_at, approval_id, approval_state, \
              approval_summary, approval_requested_by, approval_requested_at, \
              approval_expires_at) \
-         SELECT $1::text, $2::text, $3::uuid, $4::text, $5::text, $6::text, \
-             CASE WHEN {plain} THEN 'in_progress' ELSE 'awaiting_approval' END, \
+         SELECT $1::text, $2::text, $3::uuid, $4::bytea, $5::text, $6::text, \
+             CASE WHEN {plain} THEN 'in_progress' ELSE 'awaiting_approval' END::{st}, \
              CASE WHEN {plain} THEN $7::uuid END, CASE WHEN {plain} THEN now() + {lease} END, \
-             CASE WHEN {plain} THEN 1 ELSE 0 END, {retention}, {unknown_retention}, now(), \
+             CASE WHEN {plain} THEN 1 ELSE 0 END, $9::bigint, $10::bigint, now(), \
              CASE WHEN {plain} THEN now() + {unknown_expiry} ELSE now() + {ttl} + {retention} END, \
              CASE WHEN {plain} THEN {dispatched} END, \
              $15::uuid, CASE WHEN NOT {plain} THEN 'pending' END, $17::jsonb, $16::text, \
@@ -384,14 +390,15 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
                                      ELSE o.lease_expires_at END, \
              attempts = CASE WHEN {gone} THEN excluded.attempts WHEN {start} THEN o.attempts + 1 \
                              ELSE o.attempts END, \
-             retention = CASE WHEN {gone} OR {start} THEN excluded.retention ELSE o.retention END, \
-             unknown_retention = CASE WHEN {gone} OR {start} THEN excluded.unknown_retention \
-                                      ELSE o.unknown_retention END, \
+             retention_us = CASE WHEN {gone} OR {start} THEN excluded.retention_us \
+                                 ELSE o.retention_us END, \
+             unknown_retention_us = CASE WHEN {gone} OR {start} \
+                                         THEN excluded.unknown_retention_us \
+                                         ELSE o.unknown_retention_us END, \
              dispatched_at = CASE WHEN {gone} THEN excluded.dispatched_at \
                                   WHEN {start} THEN {dispatched} ELSE o.dispatched_at END, \
              response_status = CASE WHEN {gone} THEN NULL ELSE o.response_status END, \
-             response_header_names = CASE WHEN {gone} THEN NULL ELSE o.response_header_names END, \
-             response_header_values = CASE WHEN {gone} THEN NULL ELSE o.response_header_values END, \
+             response_headers = CASE WHEN {gone} THEN NULL ELSE o.response_headers END, \
              response_body = CASE WHEN {gone} THEN NULL ELSE o.response_body END, \
              stored_bytes = CASE WHEN {gone} THEN 0 ELSE o.stored_bytes END, \
              delivered = CASE WHEN {gone} THEN false ELSE o.delivered END, \
@@ -429,8 +436,6 @@ fn reserve(t: &str, u: &str, commit_mode: &str) -> String {
 /// costs about half (docs/benchmarks.md).
 fn reserve_new(t: &str, u: &str, commit_mode: &str, journal: &Journal, usage: Usage) -> String {
     let lease = micros("$8");
-    let retention = micros("$9");
-    let unknown_retention = micros("$10");
     let unknown_expiry = micros("($8::bigint + $10::bigint)");
     let counted = match usage {
         Usage::Batched => String::new(),
@@ -453,10 +458,10 @@ fn reserve_new(t: &str, u: &str, commit_mode: &str, journal: &Journal, usage: Us
              FROM {u} AS s WHERE s.scope = $1), \
          fresh AS ( \
          INSERT INTO {t} AS o (scope, idempotency_key, operation_id, fingerprint, method, route, \
-             state, lease_id, lease_expires_at, attempts, retention, unknown_retention, \
+             state, lease_id, lease_expires_at, attempts, retention_us, unknown_retention_us, \
              created_at, expires_at, dispatched_at) \
-         SELECT $1::text, $2::text, $3::uuid, $4::text, $5::text, $6::text, 'in_progress', \
-             $7::uuid, now() + {lease}, 1, {retention}, {unknown_retention}, now(), \
+         SELECT $1::text, $2::text, $3::uuid, $4::bytea, $5::text, $6::text, 'in_progress', \
+             $7::uuid, now() + {lease}, 1, $9::bigint, $10::bigint, now(), \
              now() + {unknown_expiry}, CASE WHEN $13::boolean THEN NULL ELSE now() END \
          WHERE NOT EXISTS (SELECT 1 FROM existing) \
              AND (NOT $14::boolean \
@@ -486,6 +491,8 @@ const AUTHORIZED: &str = "(o.state = 'authorized' AND o.approval_expires_at > no
 /// retention after the decision; an approval keeps the expiry it had (the approval's + the
 /// retention).
 fn decide_approval(t: &str) -> String {
+    let st = state_type(t);
+    let retention = micros("o.retention_us");
     format!(
         "WITH target AS ( \
              SELECT {COLUMNS} FROM {t} AS o \
@@ -494,15 +501,15 @@ fn decide_approval(t: &str) -> String {
          decided AS ( \
              UPDATE {t} AS o SET \
                  approval_state = CASE WHEN $3::boolean THEN 'approved' ELSE 'denied' END, \
-                 state = CASE WHEN $3::boolean THEN 'authorized' ELSE 'denied' END, \
+                 state = CASE WHEN $3::boolean THEN 'authorized' ELSE 'denied' END::{st}, \
                  approval_decided_by = $5::text, approval_decided_at = now(), \
                  approval_reason = $6::text, \
                  expires_at = CASE WHEN $3::boolean THEN o.expires_at \
-                                   ELSE now() + o.retention END \
+                                   ELSE now() + {retention} END \
              WHERE o.scope = $1 AND o.approval_id = $2 \
                  AND EXISTS (SELECT 1 FROM target AS d \
                      WHERE d.approval_state = 'pending' AND d.approval_expires_at > now() \
-                         AND (NOT $3::boolean OR d.fingerprint = $4::text)) \
+                         AND (NOT $3::boolean OR d.fingerprint = $4::bytea)) \
              RETURNING {COLUMNS}) \
          SELECT *, true AS changed FROM decided \
          UNION ALL SELECT *, false AS changed FROM target \
@@ -514,29 +521,31 @@ fn decide_approval(t: &str) -> String {
 fn complete_update(t: &str, journal: &Journal) -> String {
     format!(
         "UPDATE {t} AS o SET state = 'completed', response_status = $5, \
-             response_header_names = $6, response_header_values = $7, response_body = $8, \
-             stored_bytes = $9, completed_at = now(), expires_at = now() + o.retention, \
+             response_headers = $6, response_body = $7, stored_bytes = $8, \
+             completed_at = now(), expires_at = now() + {}, \
              lease_id = NULL, lease_expires_at = NULL \
          WHERE {FENCE}{}",
+        micros("o.retention_us"),
         journal.mark()
     )
 }
 
-/// [`complete_update`] that also records the delivery when `$10` is true (as
+/// [`complete_update`] that also records the delivery when `$9` is true (as
 /// `mark_delivered` would, in the same row version).
 fn complete_delivered_update(t: &str, journal: &Journal) -> String {
     format!(
         "UPDATE {t} AS o SET state = 'completed', response_status = $5, \
-             response_header_names = $6, response_header_values = $7, response_body = $8, \
-             stored_bytes = $9, completed_at = now(), expires_at = now() + o.retention, \
-             lease_id = NULL, lease_expires_at = NULL, delivered = $10::boolean, \
-             delivered_at = CASE WHEN $10::boolean THEN now() END \
+             response_headers = $6, response_body = $7, stored_bytes = $8, \
+             completed_at = now(), expires_at = now() + {}, \
+             lease_id = NULL, lease_expires_at = NULL, delivered = $9::boolean, \
+             delivered_at = CASE WHEN $9::boolean THEN now() END \
          WHERE {FENCE}{}",
+        micros("o.retention_us"),
         journal.mark()
     )
 }
 
-/// The completion's bytes (`$9`) added to its scope's counter, for the row `done` returned.
+/// The completion's bytes (`$8`) added to its scope's counter, for the row `done` returned.
 ///
 /// `, counted AS (…)`, or nothing when the store counts in batches ([`Usage::Batched`]).
 fn count_completion(u: &str, usage: Usage) -> String {
@@ -546,7 +555,7 @@ fn count_completion(u: &str, usage: Usage) -> String {
             ", counted AS ({})",
             count_usage(
                 u,
-                &format!("SELECT $1::text, {}, 0, $9::bigint FROM done", slot("$3")),
+                &format!("SELECT $1::text, {}, 0, $8::bigint FROM done", slot("$3")),
             )
         ),
     }
