@@ -68,7 +68,8 @@ const RECORD: &str = "WITH r AS (INSERT INTO idempotency_operations (scope, idem
      INSERT INTO idempotency_audit_pending (kind, scope, operation_id, idempotency_key, \
          fingerprint, method, route) \
      SELECT 'accepted', r.scope, r.operation_id, r.idempotency_key, \
-         idempotency_fingerprint_text(r.fingerprint), r.method, r.route FROM r WHERE current_setting('tower_idempotency.audit', true) <> 'off'";
+         idempotency_fingerprint_text(r.fingerprint), r.method, r.route FROM r \
+     WHERE coalesce(current_setting('tower_idempotency.audit', true), '') <> 'off'";
 
 /// The measured cases, in the order of the first round.
 pub const CASES: [&str; 5] = [

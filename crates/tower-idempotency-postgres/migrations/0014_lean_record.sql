@@ -6,8 +6,10 @@
 --
 --   state              text, `completed`: 10 B. Now the enum `idempotency_state` (the
 --                      same seven names), 4 B: statements and psql compare it with the
---                      names as before (`state = 'completed'`), and every released
---                      migration file still applies to the converted table.
+--                      names as before (`state = 'completed'`), and the released
+--                      migration files that compare it by name still parse against the
+--                      converted table (apply each file once, in order: 0007 or 0012 run
+--                      again after this one would re-create what this one replaced).
 --   fingerprint        text, `sha256:` + 64 hex digits: 72 B. Now `bytea`: one tag byte
 --                      (1 `sha256:`, 2 `hmac-sha256:`) then the 32-byte digest, 34 B on
 --                      disk; any other text (tag 0 then its UTF-8 bytes) is kept as it is,

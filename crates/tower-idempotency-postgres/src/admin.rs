@@ -22,6 +22,31 @@ use crate::row;
 use crate::store::PostgresStore;
 
 impl PostgresStore {
+    /// Sets the quota counters of `scope` (of every scope when `None`) to what its rows
+    /// hold now, and returns how many scopes were recounted (operator use only).
+    ///
+    /// Counters counted in batches (`docs/postgres.md`, *Per-scope quotas*) drift when a
+    /// process dies before its last batch is written; this makes them exact again. It reads
+    /// every row of the scopes it recounts, and a reservation or completion committing
+    /// meanwhile may be counted on top of the recount or left out of it (by one request
+    /// each): run it when the scope is quiet, or again.
+    pub async fn recount_usage(
+        &self,
+        scope: Option<&tower_idempotency_core::Scope>,
+    ) -> Result<u64> {
+        let scope = scope.map(tower_idempotency_core::Scope::as_str);
+        let rows = self
+            .inner
+            .executor
+            .query(
+                "recount_usage",
+                &self.inner.queries.operations.recount_usage,
+                &[&scope],
+            )
+            .await?;
+        Ok(rows.len() as u64)
+    }
+
     /// Loads an operation by id in any scope (operator use only).
     pub async fn find_operation(&self, id: OperationId) -> Result<Option<Operation>> {
         let id = id.as_uuid();

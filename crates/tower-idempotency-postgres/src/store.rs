@@ -521,6 +521,18 @@ impl PostgresStore {
         &self.inner.executor.pool
     }
 
+    /// Writes the scope usage this store still holds in its batch (a store that counts
+    /// in batches: `docs/postgres.md`, *Per-scope quotas*) and waits for the write; `true`
+    /// once nothing is held. Call it before the runtime shuts down (after the server has
+    /// drained), or the last batch's additions are lost as in a crash and the scopes'
+    /// counters read that much low.
+    pub async fn flush_usage(&self) -> bool {
+        match &self.inner.usage_batch {
+            Some(batch) => batch.flush().await,
+            None => true,
+        }
+    }
+
     /// The schema holding the tables.
     pub fn schema(&self) -> &str {
         &self.inner.schema

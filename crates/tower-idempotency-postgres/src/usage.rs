@@ -24,7 +24,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tower_idempotency_core::Scope;
 
 use crate::executor::Executor;
@@ -158,7 +158,15 @@ pub(crate) struct UsageBatch {
     /// This store's counter slot (random): concurrent app instances write different rows
     /// of a busy scope's counter.
     slot: i16,
-    queue: OnceLock<mpsc::UnboundedSender<(Scope, i64, i64)>>,
+    queue: OnceLock<mpsc::UnboundedSender<Message>>,
+}
+
+/// What the counting task receives.
+enum Message {
+    /// Records and bytes to add to a scope's counters.
+    Add(Scope, i64, i64),
+    /// Write what is held now, then answer whether it was written.
+    Flush(oneshot::Sender<bool>),
 }
 
 impl UsageBatch {
@@ -176,12 +184,39 @@ impl UsageBatch {
         if records == 0 && bytes == 0 {
             return;
         }
-        let queue = match self.queue.get() {
+        let Some(queue) = self.queue(scope) else {
+            return;
+        };
+        if queue
+            .send(Message::Add(scope.clone(), records, bytes))
+            .is_err()
+        {
+            tracing::warn!(scope = %scope.as_str(), "the usage counter has stopped; usage went uncounted");
+        }
+    }
+
+    /// Writes the additions held now and waits for the write: `true` once they are
+    /// counted (or there were none), `false` when the write failed (they stay held, and
+    /// are tried again with the next batch).
+    pub(crate) async fn flush(&self) -> bool {
+        let Some(queue) = self.queue.get() else {
+            return true;
+        };
+        let (done, written) = oneshot::channel();
+        if queue.send(Message::Flush(done)).is_err() {
+            return false;
+        }
+        written.await.unwrap_or(false)
+    }
+
+    /// The counting task's queue, started on the first addition.
+    fn queue(&self, scope: &Scope) -> Option<&mpsc::UnboundedSender<Message>> {
+        Some(match self.queue.get() {
             Some(queue) => queue,
             None => {
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                     tracing::warn!(scope = %scope.as_str(), "no runtime to count scope usage on");
-                    return;
+                    return None;
                 };
                 self.queue.get_or_init(|| {
                     let (sender, receiver) = mpsc::unbounded_channel();
@@ -196,15 +231,12 @@ impl UsageBatch {
                     sender
                 })
             }
-        };
-        if queue.send((scope.clone(), records, bytes)).is_err() {
-            tracing::warn!(scope = %scope.as_str(), "the usage counter has stopped; usage went uncounted");
-        }
+        })
     }
 }
 
 async fn run(
-    mut queue: mpsc::UnboundedReceiver<(Scope, i64, i64)>,
+    mut queue: mpsc::UnboundedReceiver<Message>,
     executor: Executor,
     sql: String,
     slot: i16,
@@ -222,10 +254,16 @@ async fn run(
                 .await
                 .map_or(true, |received| received > 0)
         };
-        for (scope, records, bytes) in batch.drain(..) {
-            let sum = sums.entry(scope).or_default();
-            sum.0 += records;
-            sum.1 += bytes;
+        let mut flushes = Vec::new();
+        for message in batch.drain(..) {
+            match message {
+                Message::Add(scope, records, bytes) => {
+                    let sum = sums.entry(scope).or_default();
+                    sum.0 += records;
+                    sum.1 += bytes;
+                }
+                Message::Flush(done) => flushes.push(done),
+            }
         }
         if !sums.is_empty() {
             let scopes: Vec<&str> = sums.keys().map(Scope::as_str).collect();
@@ -240,6 +278,9 @@ async fn run(
                     tracing::warn!(error = %error, scopes = sums.len(), "could not count scope usage; retried with the next batch");
                 }
             }
+        }
+        for done in flushes {
+            let _ = done.send(sums.is_empty());
         }
         if !open {
             if !sums.is_empty() {

@@ -813,3 +813,42 @@ async fn purge_is_exact_on_a_never_analyzed_table_and_on_one_of_only_expired_row
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "purged 0 expired record(s)");
 }
+
+/// `usage recount` sets drifted counters back to what the rows hold, for one scope or all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_recount_sets_the_counters_to_the_rows() {
+    let db = pg::test_database().await;
+    let env = [("DATABASE_URL", db.url())];
+    let store = PostgresStore::connect(db.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    let client = store.pool().get().await.unwrap();
+    let (a, b) = (Scope::new("acct_recount_a"), Scope::new("acct_recount_b"));
+    completed(&store, &a, "k", 12, Duration::from_secs(3600)).await;
+    completed(&store, &b, "k", 5, Duration::from_secs(3600)).await;
+    assert!(store.flush_usage().await);
+    assert_eq!(rows_and_usage(&store).await, (17, 17));
+    client
+        .batch_execute(
+            "UPDATE idempotency_scope_usage SET records = records - 4 \
+             WHERE scope = 'acct_recount_a'; \
+             UPDATE idempotency_scope_usage SET records = records + 9 \
+             WHERE scope = 'acct_recount_b'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows_and_usage(&store).await, (17, 22));
+
+    let out = cli(&["usage", "recount", "--scope", "acct_recount_a"], &env);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "recounted the usage of 1 scope(s)");
+    assert_eq!(
+        rows_and_usage(&store).await,
+        (17, 26),
+        "only acct_recount_a changed"
+    );
+
+    let out = cli(&["usage", "recount"], &env);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "recounted the usage of 2 scope(s)");
+    assert_eq!(rows_and_usage(&store).await, (17, 17));
+}

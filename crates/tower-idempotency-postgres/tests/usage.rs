@@ -115,3 +115,68 @@ async fn new_keys_and_completions_count_their_usage_in_batches_off_their_stateme
         .unwrap();
     assert_eq!(usage, (20, 20 * 14));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_writes_the_held_batch_and_a_recount_repairs_drifted_counters() {
+    let database = pg::test_database().await;
+    let store = PostgresStore::from_config(&PostgresStoreConfig::new(database.url())).unwrap();
+    store.migrate().await.unwrap();
+    let client = database.client().await;
+    let fingerprint = Fingerprint::from_stored("sha256:recount");
+    let (acme, globex) = (Scope::new("acme"), Scope::new("globex"));
+    for (scope, n) in [(&acme, 7), (&globex, 3)] {
+        for i in 0..n {
+            let key = IdempotencyKey::new(&format!("recount-{i}")).unwrap();
+            let Reservation::Acquired { lease, .. } = store
+                .reserve(reserve_request(scope, &key, &fingerprint))
+                .await
+                .unwrap()
+            else {
+                panic!("fresh key {i} of {scope:?} was not acquired");
+            };
+            store.complete(&lease, response()).await.unwrap();
+        }
+    }
+    // Flushed: the counters match the rows at once, without waiting for the next batch.
+    assert!(store.flush_usage().await);
+    assert_eq!(drift(&client).await, 0, "flushed counters match the rows");
+
+    // Drift as a crash leaves it (a batch never written), and a stray counter row of a
+    // scope that has no records left.
+    client
+        .batch_execute(
+            "UPDATE idempotency_scope_usage SET records = records - 2, bytes = bytes - 30 \
+                 WHERE scope = 'acme'; \
+             INSERT INTO idempotency_scope_usage (scope, slot, records, bytes) \
+                 VALUES ('initech', 5, 4, 400), ('globex', 9, 1, 1)",
+        )
+        .await
+        .unwrap();
+    assert_eq!(drift(&client).await, 3, "three scopes drifted");
+
+    // One scope: only its counters change.
+    assert_eq!(store.recount_usage(Some(&acme)).await.unwrap(), 1);
+    assert_eq!(drift(&client).await, 2, "acme is exact, the others are not");
+    let acme_records: i64 = client
+        .query_one(
+            "SELECT sum(records)::bigint FROM idempotency_scope_usage WHERE scope = 'acme'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(acme_records, 7);
+
+    // Every scope: the stray scope's counters go, globex's extra slot too.
+    assert_eq!(store.recount_usage(None).await.unwrap(), 3);
+    assert_eq!(drift(&client).await, 0, "every scope is exact");
+    let initech: i64 = client
+        .query_one(
+            "SELECT count(*) FROM idempotency_scope_usage WHERE scope = 'initech'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(initech, 0, "a scope without records keeps no counter row");
+}

@@ -67,7 +67,11 @@ pub(super) const UNKNOWN: &str = concat!("(o.state = 'unknown' OR ", lapsed!(), 
 /// to be stored (PostgreSQL resolves such a `CASE` as text, which is not assignable to an
 /// enum); a single literal needs no cast.
 pub(super) fn state_type(t: &str) -> String {
-    t.replace("idempotency_operations", "idempotency_state")
+    // Only the table's own name is replaced: the schema's name may contain anything.
+    match t.strip_suffix("idempotency_operations") {
+        Some(schema) => format!("{schema}idempotency_state"),
+        None => "idempotency_state".to_owned(),
+    }
 }
 
 /// A microsecond count (a parameter or a column) as an interval.
@@ -134,6 +138,12 @@ impl Journal {
     /// The condition appended to a journaling statement's row filter: sets the mark for
     /// the rest of the transaction, evaluated before the row changes (an `AFTER` trigger's
     /// `WHEN` is evaluated just after its row changed).
+    ///
+    /// The mark lasts until the transaction ends, and the triggers skip every change made
+    /// under it: a statement that carries it must be the last write to the operations table
+    /// in its transaction (today each is: autocommit, or the completion sent with its
+    /// `COMMIT`). A statement added after one of them in the same transaction must journal
+    /// its own change, or reset the mark first.
     pub(super) fn mark(&self) -> &'static str {
         if self.pending.is_some() {
             " AND set_config('tower_idempotency.audit', 'inline', true) IS NOT NULL"

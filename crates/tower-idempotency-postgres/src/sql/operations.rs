@@ -48,6 +48,10 @@ pub(crate) struct OperationQueries {
     /// Scope usage counted in the background (`usage.rs`, [`Usage::Batched`]): adds `$2`
     /// records and `$3` bytes to the scopes `$1`, pairwise, in counter slot `$4`.
     pub(crate) add_usage: String,
+    /// An operator's recount (`PostgresStore::recount_usage`): the counters of scope `$1`
+    /// (every scope when `NULL`) set to what its rows hold, in slot 0, its other slots
+    /// removed; returns one row per scope recounted.
+    pub(crate) recount_usage: String,
     /// Replays counted in the background (`replays.rs`): `$1` scopes, `$2` operation ids,
     /// `$3` counts, pairwise; committed without waiting for its WAL flush.
     pub(crate) count_replays: String,
@@ -211,6 +215,25 @@ impl OperationQueries {
                 "SELECT d.scope, $4::smallint, d.records, d.bytes \
                  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS d(scope, records, bytes) \
                  ORDER BY d.scope",
+            ),
+            recount_usage: format!(
+                "WITH actual AS MATERIALIZED ( \
+                     SELECT o.scope, count(*)::bigint AS records, \
+                         coalesce(sum(o.stored_bytes), 0)::bigint AS bytes \
+                     FROM {t} AS o WHERE $1::text IS NULL OR o.scope = $1::text \
+                     GROUP BY o.scope), \
+                 cleared AS ( \
+                     DELETE FROM {u} AS u \
+                     WHERE ($1::text IS NULL OR u.scope = $1::text) \
+                         AND (u.slot <> 0 OR u.scope NOT IN (SELECT scope FROM actual)) \
+                     RETURNING u.scope), \
+                 set AS ( \
+                     INSERT INTO {u} AS u (scope, slot, records, bytes) \
+                     SELECT scope, 0, records, bytes FROM actual ORDER BY scope \
+                     ON CONFLICT (scope, slot) DO UPDATE \
+                         SET records = excluded.records, bytes = excluded.bytes \
+                     RETURNING u.scope) \
+                 SELECT scope FROM set UNION SELECT scope FROM cleared"
             ),
             count_replays: format!(
                 "UPDATE {t} AS o SET replays = o.replays + d.n \
@@ -620,7 +643,7 @@ fn quota_refusal(t: &str, u: &str) -> String {
     format!(
         "WITH sample AS MATERIALIZED ( \
              SELECT o.ctid AS tid, o.expires_at, o.state, o.lease_expires_at FROM {t} AS o \
-             WHERE o.scope = $1 LIMIT {QUOTA_SAMPLE}), \
+             WHERE o.scope = $1 ORDER BY o.idempotency_key LIMIT {QUOTA_SAMPLE}), \
          gone AS ( \
              DELETE FROM {t} AS o WHERE o.ctid = ANY (ARRAY( \
                  SELECT s.tid FROM sample AS s \

@@ -34,6 +34,18 @@ use tower_idempotency_postgres::{
     PostgresStore, PostgresStoreConfig, Resolution, ResolutionRecord, ResolveOutcome, StatementMode,
 };
 
+/// `tower-idempotency usage …`.
+#[derive(Debug, Subcommand)]
+enum UsageCommand {
+    /// Set the counters of one scope (or of every scope) to the records and bytes its rows
+    /// hold now; run it when the scope is quiet
+    Recount {
+        /// The scope (account) to recount; every scope when omitted
+        #[arg(long, value_name = "SCOPE")]
+        scope: Option<String>,
+    },
+}
+
 /// Shown under every command's help.
 const EXIT_CODES: &str = "\
 EXIT CODES:
@@ -139,6 +151,13 @@ enum Command {
         /// Records deleted per statement
         #[arg(long, value_name = "N", default_value = "1000", value_parser = positive)]
         batch: NonZeroUsize,
+    },
+    /// Per-scope quota counters: `recount` sets them to what the rows hold (after crashes
+    /// of app instances that counted in batches)
+    #[command(after_help = EXIT_CODES)]
+    Usage {
+        #[command(subcommand)]
+        command: UsageCommand,
     },
     /// The audit journal: make a key, verify an export or an event proof, show an
     /// operation's events (offline, no database); export, verify, prove, seal the database's
@@ -324,6 +343,14 @@ async fn run(command: Command, target: Target) -> Result<(), Failure> {
         }
         Command::Approvals { command } => approvals::run(&store, command).await,
         Command::Purge { batch } => purge(&store, batch.get()).await,
+        Command::Usage {
+            command: UsageCommand::Recount { scope },
+        } => {
+            let scope = scope.map(Scope::new);
+            let scopes = store.recount_usage(scope.as_ref()).await?;
+            println!("recounted the usage of {scopes} scope(s)");
+            Ok(())
+        }
         Command::Audit { .. } => unreachable!("handled before connecting"),
     }
 }
