@@ -96,6 +96,9 @@ pub struct App {
     /// The key the journal's checkpoints verify with (`None` without the journal:
     /// `--no-audit` or `--no-idempotency`).
     pub audit_key: Option<tower_idempotency::audit::NoteVerifyingKey>,
+    /// The PostgreSQL store, when the records live there: the binary writes its batched
+    /// quota counters (`PostgresStore::flush_usage`) once the server has drained.
+    pub postgres: Option<PostgresStore>,
 }
 
 /// Builds the demo's router for `config`: `/healthz`, `/metrics` and `/openapi.json` (no
@@ -192,8 +195,9 @@ pub async fn app_with_audit(config: &Config) -> Result<App, DemoError> {
         (None, None)
     };
     Ok(App {
-        router: build(config, store, records, journal),
+        router: build(config, store.clone(), records, journal),
         audit_key,
+        postgres: Some(store),
     })
 }
 
@@ -248,6 +252,7 @@ async fn on_redis(config: &Config, target: &RedisTarget) -> Result<App, DemoErro
     Ok(App {
         router: build(config, store, Backend::Memory(Ledger::new()), None),
         audit_key: None,
+        postgres: None,
     })
 }
 
@@ -277,6 +282,7 @@ fn in_memory(config: &Config) -> Result<App, DemoError> {
     Ok(App {
         router: build(config, store, Backend::Memory(Ledger::new()), journal),
         audit_key,
+        postgres: None,
     })
 }
 

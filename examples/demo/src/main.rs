@@ -34,7 +34,7 @@ async fn run(config: &demo::Config) -> Result<(), demo::DemoError> {
         // Second, so that tools reading the first line still find the address there.
         println!("audit public key: {}", key.to_text());
     }
-    let router = app.router;
+    let router = app.router.clone();
     tracing::info!(
         %addr,
         idempotency = config.idempotency,
@@ -50,6 +50,11 @@ async fn run(config: &demo::Config) -> Result<(), demo::DemoError> {
         demo::shutdown_signal(),
     )
     .await?;
+    if let Some(store) = &app.postgres {
+        if !store.flush_usage().await {
+            tracing::warn!("the last quota counter batch could not be written");
+        }
+    }
     tracing::info!("demo stopped");
     Ok(())
 }
