@@ -146,11 +146,14 @@ const MAX_BATCH: usize = 4096;
 /// What it costs the quota: the counters lag the records by at most one batch (bounded in
 /// time, above), on top of what [`UsageCache`] already allows; both apply only to quotas
 /// of at least [`MIN_RECORDS`] records and [`MIN_BYTES`] bytes. What it can lose: a batch
-/// that failed is kept and retried with the next one; the additions of a process that dies
-/// between its statements and its next batch (at most [`FLUSH_EVERY`] of its new keys and
-/// completions) are never counted, so the scope's counters stay that much below its
-/// records until they are purged (which subtracts them). A store dropped while its runtime
-/// runs writes what it still holds.
+/// that failed is kept and retried with the next one (one whose statement committed but
+/// whose answer was lost, a timeout, is then counted twice); the additions of a process
+/// that dies between its statements and its next batch (at most [`FLUSH_EVERY`] of its new
+/// keys and completions) are never counted, so the scope's counters stay that much below
+/// its records for good (the purge subtracts every row it deletes). A store dropped while
+/// its runtime runs writes what it still holds; `PostgresStore::flush_usage` writes it and
+/// waits; `PostgresStore::recount_usage` (`tower-idempotency usage recount`) sets drifted
+/// counters back to what the rows hold.
 pub(crate) struct UsageBatch {
     executor: Executor,
     /// `OperationQueries::add_usage`.
