@@ -5,7 +5,7 @@
 //! `INSERT` (one statement in autocommit, through a pool of 16 sqlx connections) and answers
 //! `201` with the ticket. By default the route sits behind `cratestack-axum`'s
 //! `IdempotencyLayer` over `cratestack-sqlx`'s `SqlxIdempotencyStore` (its table created at
-//! start, a 24-hour retention, the default principal: a hash of `Authorization`), as
+//! start under an advisory lock, a 24-hour retention, the default principal: a hash of `Authorization`), as
 //! cratestack's documentation wires it; `--no-idempotency` serves the same handler alone.
 //!
 //! ```text
@@ -24,7 +24,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use cratestack_axum::idempotency::IdempotencyLayer;
+use cratestack_axum::idempotency::{IDEMPOTENCY_TABLE_DDL, IdempotencyLayer};
 use cratestack_sqlx::SqlxIdempotencyStore;
 use cratestack_sqlx::sqlx;
 use cratestack_sqlx::sqlx::postgres::PgPoolOptions;
@@ -114,7 +114,8 @@ struct NewTicket {
 }
 
 fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
-    let body = json!({"type": "about:blank", "title": title, "status": status.as_u16(), "detail": detail});
+    let body =
+        json!({"type": "about:blank", "title": title, "status": status.as_u16(), "detail": detail});
     (
         status,
         [(header::CONTENT_TYPE, "application/problem+json")],
@@ -233,13 +234,18 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .acquire_timeout(Duration::from_secs(10))
         .connect(&args.database_url)
         .await?;
-    sqlx::raw_sql(TICKETS_DDL).execute(&pool).await?;
+    // The tables, created under an advisory lock so that servers starting together do not
+    // race on `CREATE TABLE IF NOT EXISTS`; the store's is its own DDL (what
+    // `SqlxIdempotencyStore::ensure_schema` runs).
+    let ddl = format!(
+        "BEGIN; SELECT pg_advisory_xact_lock(7165537); {TICKETS_DDL}; {IDEMPOTENCY_TABLE_DDL} COMMIT;"
+    );
+    sqlx::raw_sql(&ddl).execute(&pool).await?;
     let router = Router::new()
         .route("/v1/tickets", post(create_ticket))
         .with_state(pool.clone());
     let router = if args.idempotency {
         let store = SqlxIdempotencyStore::new(pool);
-        store.ensure_schema().await?;
         router.layer(IdempotencyLayer::new(
             Arc::new(store),
             Duration::from_secs(24 * 3600),
