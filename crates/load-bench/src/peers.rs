@@ -35,37 +35,37 @@ pub fn suite() -> Suite {
         body_bytes: BODY_BYTES,
         cases: vec![
             Case {
-                label: "unguarded (`--no-idempotency`)",
+                label: "demo: unguarded (`--no-idempotency`)",
                 mode: "pg-unguarded",
                 workload: "fresh",
             },
             Case {
-                label: "transactional (default), fresh keys",
+                label: "demo: transactional (default), fresh keys",
                 mode: "pg-transactional",
                 workload: "fresh",
             },
             Case {
-                label: "not transactional (`--non-transactional`), fresh keys",
+                label: "demo: not transactional (`--non-transactional`), fresh keys",
                 mode: "pg-non-transactional",
                 workload: "fresh",
             },
             Case {
-                label: "unguarded (`--no-idempotency`)",
+                label: "peer: unguarded (`--no-idempotency`)",
                 mode: UNGUARDED,
                 workload: "fresh",
             },
             Case {
-                label: "`IdempotencyLayer` + `SqlxIdempotencyStore`, fresh keys",
+                label: "peer: `IdempotencyLayer` + `SqlxIdempotencyStore`, fresh keys",
                 mode: GUARDED,
                 workload: "fresh",
             },
             Case {
-                label: "transactional, replays of one key",
+                label: "demo: transactional, replays of one key",
                 mode: "pg-transactional",
                 workload: "replay",
             },
             Case {
-                label: "`IdempotencyLayer`, replays of one key",
+                label: "peer: `IdempotencyLayer`, replays of one key",
                 mode: GUARDED,
                 workload: "replay",
             },
@@ -172,21 +172,16 @@ pub fn print_table(suite: &Suite, results: &[Vec<Run>]) {
         suite.name, suite.route, suite.body_bytes
     );
     println!(
-        "| server | case | req/s, each round | median | vs its unguarded, each round | median | p50 ms | p99 ms | non-2xx / socket errors |"
+        "| case | req/s, each round | median | vs its unguarded, each round | median | p50 ms | p99 ms | non-2xx / socket errors |"
     );
-    println!("|---|---|---|---:|---|---:|---:|---:|---:|");
+    println!("|---|---|---:|---|---:|---:|---:|---:|");
     for (i, case) in suite.cases.iter().enumerate() {
         let runs = &results[i];
         let rps: Vec<f64> = runs.iter().map(|r| r.rps).collect();
         let mut each = ratios(i);
         let shown = join(&each, 3);
-        let server = if is_peer(case.mode) {
-            "cratestack-sqlx 0.8.15"
-        } else {
-            "tower-idempotency (demo)"
-        };
         println!(
-            "| {server} | {} | {} | {:.0} | {shown} | {:.3}× | {:.2} | {:.2} | {} / {} |",
+            "| {} | {} | {:.0} | {shown} | {:.3}× | {:.2} | {:.2} | {} / {} |",
             case.label,
             join(&rps, 0),
             median(&mut rps.clone()),
