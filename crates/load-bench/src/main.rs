@@ -9,10 +9,11 @@
 //!
 //! Subcommands (`load-bench --help`, `load-bench SUBCOMMAND --help`; `--version`):
 //!
-//! - `run [--suite memory|postgres|all|audit|mcp|redis] [--rounds 3] [--duration 10] [--warmup 2]
-//!   [--connections 64] [--threads 2] [--fsync on|off] [--log warn]` — the benchmark (also
-//!   without a subcommand); out-of-range values are refused (rounds 1–20, duration 1–120 s,
-//!   warm-up 0–60 s, threads 1–64, connections 1–1024);
+//! - `run [--suite memory|postgres|all|audit|mcp|redis|postgres-tickets|peers] [--rounds 3]
+//!   [--duration 10] [--warmup 2] [--connections 64] [--threads 2] [--fsync on|off] [--log warn]
+//!   [--peer-exe PATH]` — the benchmark (also without a subcommand); out-of-range values are
+//!   refused (rounds 1–20, duration 1–120 s, warm-up 0–60 s, threads 1–64, connections
+//!   1–1024); `--suite peers` sets the demo beside a peer server (`peers.rs`);
 //! - `serve MODE --listen ADDR [--database-url URL]` — one server (used by `run`);
 //! - `record-size [--records 200000] [--body-bytes 256]` — memory store bytes per record;
 //! - `curves` — the cost curves, charted (`scripts/load-curves`);
@@ -23,6 +24,7 @@
 mod ceiling;
 mod curves;
 mod mcp;
+mod peers;
 mod pgprofile;
 mod record_size;
 mod redis_ceiling;
@@ -158,6 +160,10 @@ struct RunArgs {
     /// measured in one run
     #[arg(long)]
     ceiling: bool,
+    /// The peer server of `--suite peers` (`cratestack-peer`), instead of building it from
+    /// `crates/load-bench/peers/cratestack`
+    #[arg(long, value_name = "PATH")]
+    peer_exe: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -176,6 +182,9 @@ enum SuiteChoice {
     /// The PostgreSQL suite's cases on `POST /v1/tickets` (the issue 27 shape: the ticket
     /// `INSERT` and its outbox notification in the handler)
     PostgresTickets,
+    /// The demo beside a peer server on cratestack-sqlx (`crates/load-bench/peers`), each
+    /// guarded route against its own unguarded handler, on `POST /v1/tickets`
+    Peers,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -343,6 +352,13 @@ impl Server {
         logs: &std::path::Path,
         extra: &[String],
     ) -> Result<Self, String> {
+        if mode.starts_with("peer-") {
+            let exe = settings
+                .peer_exe
+                .as_deref()
+                .ok_or("no peer server was built")?;
+            return peers::start(exe, mode, database_url, logs);
+        }
         let exe = settings.server_exe.as_deref();
         let redis = settings.redis.as_ref();
         Self::launch(
@@ -371,14 +387,10 @@ impl Server {
             Some(exe) => exe.to_path_buf(),
             None => std::env::current_exe().map_err(|e| e.to_string())?,
         };
-        let log = std::fs::File::create(logs.join(format!("{mode}.log")))
-            .map_err(|e| format!("log file: {e}"))?;
         let mut command = Command::new(exe);
         command
             .args(["serve", mode, "--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", log_level)
-            .stdout(Stdio::piped())
-            .stderr(log);
+            .env("RUST_LOG", log_level);
         if let Some(url) = database_url {
             command.args(["--database-url", url]);
         }
@@ -390,6 +402,15 @@ impl Server {
             }
         }
         command.args(extra);
+        Self::spawn(command, mode, logs)
+    }
+
+    /// Spawns `command`, its stderr into `logs/MODE.log`, and waits for the
+    /// `listening on http://ADDR` line it prints on stdout once bound.
+    fn spawn(mut command: Command, mode: &str, logs: &std::path::Path) -> Result<Self, String> {
+        let log = std::fs::File::create(logs.join(format!("{mode}.log")))
+            .map_err(|e| format!("log file: {e}"))?;
+        command.stdout(Stdio::piped()).stderr(log);
         let mut child = command.spawn().map_err(|e| format!("serve {mode}: {e}"))?;
         let mut line = String::new();
         if let Some(stdout) = child.stdout.take() {
@@ -445,6 +466,9 @@ struct Suite {
     restart_each_round: bool,
     /// `tickets` or `payments`: the route every case of the suite writes to.
     route: &'static str,
+    /// The request body's size in bytes (tickets: the description padded to it), or 0 for
+    /// the script's usual body.
+    body_bytes: usize,
     cases: Vec<Case>,
     targets: Vec<Target>,
 }
@@ -454,6 +478,7 @@ fn memory_suite() -> Suite {
         name: "memory",
         mcp: false,
         restart_each_round: true,
+        body_bytes: 0,
         // The in-memory ledger checks invoice references by scanning the account's
         // payments, so a payments run would slow down as it goes; tickets without a
         // source_event_id are a constant-time append.
@@ -499,6 +524,7 @@ fn redis_suite() -> Suite {
         // New servers every round, as in the memory suite; the records stay in Redis, under
         // fresh keys.
         restart_each_round: true,
+        body_bytes: 0,
         route: "tickets",
         cases: vec![
             Case {
@@ -596,6 +622,7 @@ fn postgres_suite() -> Suite {
         name: "postgres",
         mcp: false,
         restart_each_round: false,
+        body_bytes: 0,
         // A payment is one INSERT checked by a unique constraint; a ticket would also
         // enqueue an outbox notification that a dispatcher delivers.
         route: "payments",
@@ -663,6 +690,7 @@ fn audit_memory_suite() -> Suite {
         route: "tickets",
         // New servers (and empty stores) every round, as in the memory suite.
         restart_each_round: true,
+        body_bytes: 0,
         cases: vec![
             Case {
                 label: "guarded, fresh keys, no journal",
@@ -691,6 +719,7 @@ fn audit_postgres_suite() -> Suite {
         mcp: false,
         route: "payments",
         restart_each_round: false,
+        body_bytes: 0,
         // The journaled server starts first, so that the server started first (and its
         // connections opened first) is not always the baseline.
         cases: vec![
@@ -725,6 +754,7 @@ fn mcp_suite() -> Suite {
         mcp: true,
         // New servers (an empty store and ledger) every round, as in the memory suite.
         restart_each_round: true,
+        body_bytes: 0,
         route: "create_ticket",
         cases: vec![
             Case {
@@ -769,6 +799,8 @@ struct Settings {
     durable: bool,
     log_level: String,
     server_exe: Option<PathBuf>,
+    /// The peer server's binary, once `--suite peers` built it (or `--peer-exe`).
+    peer_exe: Option<PathBuf>,
     /// The Redis servers of the `redis-*` modes, once the Redis suite started them.
     redis: Option<RedisTargets>,
 }
@@ -803,6 +835,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         durable: args.fsync == Fsync::On,
         log_level: args.log.clone(),
         server_exe: args.server_exe.clone(),
+        peer_exe: None,
         redis: None,
     };
     let suites: Vec<Suite> = match args.suite {
@@ -817,6 +850,15 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
             route: "tickets",
             ..postgres_suite()
         }],
+        SuiteChoice::Peers => vec![peers::suite()],
+    };
+    let settings = if args.suite == SuiteChoice::Peers {
+        Settings {
+            peer_exe: Some(peers::executable(args.peer_exe.as_deref())?),
+            ..settings
+        }
+    } else {
+        settings
     };
     wrk::ensure_installed()?;
     let work = std::env::temp_dir().join(format!("load-bench-{}", std::process::id()));
@@ -871,6 +913,9 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
                 );
                 run_suite(suite, &settings, &script, &work, Some(database.url()))?;
                 print_row_sizes(&runtime, database.url())?;
+                if suite.name == "peers" {
+                    peers::print_row_size(&runtime, database.url())?;
+                }
             }
         }
     }
@@ -1068,7 +1113,7 @@ fn warm_up(
             Workload {
                 mode: case.workload,
                 route: suite.route,
-                body_bytes: 0,
+                body_bytes: suite.body_bytes,
                 session: session_of(servers, case.mode),
             },
         )?;
@@ -1113,7 +1158,7 @@ fn run_suite(
                 Workload {
                     mode: case.workload,
                     route: suite.route,
-                    body_bytes: 0,
+                    body_bytes: suite.body_bytes,
                     session: session_of(&servers, case.mode),
                 },
             )?;
@@ -1182,7 +1227,7 @@ fn profile_cases(
             Workload {
                 mode: case.workload,
                 route: suite.route,
-                body_bytes: 0,
+                body_bytes: suite.body_bytes,
                 session: server.session.as_deref(),
             },
         )?;
@@ -1205,6 +1250,10 @@ fn profile_cases(
 }
 
 fn print_table(suite: &Suite, results: &[Vec<Run>]) {
+    if suite.name == "peers" {
+        peers::print_table(suite, results);
+        return;
+    }
     let medians: Vec<f64> = results
         .iter()
         .map(|runs| median(&mut runs.iter().map(|r| r.rps).collect::<Vec<_>>()))
@@ -1456,6 +1505,16 @@ mod tests {
         assert_eq!(custom.fsync, Fsync::Off);
         assert_eq!(custom.log, "info");
         assert_eq!(run(&["run", "--suite", "mcp"]).suite, SuiteChoice::Mcp);
+        assert_eq!(run(&["run"]).peer_exe, None);
+        let peers = run(&[
+            "run",
+            "--suite",
+            "peers",
+            "--peer-exe",
+            "/opt/cratestack-peer",
+        ]);
+        assert_eq!(peers.suite, SuiteChoice::Peers);
+        assert_eq!(peers.peer_exe, Some(PathBuf::from("/opt/cratestack-peer")));
     }
 
     #[test]
