@@ -45,6 +45,11 @@ pub fn suite() -> Suite {
                 workload: "fresh",
             },
             Case {
+                label: "demo: transactional, no audit journal (`--no-audit`, as the peer keeps none), fresh keys",
+                mode: "pg-transactional-no-audit",
+                workload: "fresh",
+            },
+            Case {
                 label: "demo: not transactional (`--non-transactional`), fresh keys",
                 mode: "pg-non-transactional",
                 workload: "fresh",
