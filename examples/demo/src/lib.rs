@@ -401,7 +401,7 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
     };
     let policy = tune(RoutePolicy::required());
     let written = if transactional {
-        tune(RoutePolicy::transactional())
+        tune(RoutePolicy::transactional()).with_commit_path(config.commit_path)
     } else {
         policy.clone()
     };
