@@ -11,7 +11,7 @@
 //! | `memory-guarded` | *(none)*, but a store of capacity 20 M, no byte budget or quota | memory store | in memory |
 //! | `pg-unguarded` | `--database-url U --no-idempotency` | none | `INSERT`, autocommit |
 //! | `pg-non-transactional` | `--database-url U --non-transactional` | PostgreSQL store | `INSERT`, autocommit |
-//! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
+//! | `pg-transactional` | `--database-url U --commit-path reservation-first` | PostgreSQL store | `INSERT` in the operation's transaction |
 //! | `pg-transactional-single` | `--database-url U --commit-path single` | PostgreSQL store, the reservation in the operation's transaction | `INSERT` in the operation's transaction |
 //! | `memory-guarded-audit` | *(none)*, as `memory-guarded`, with the demo's audit journal | memory store, journaled | in memory |
 //! | `pg-transactional-no-audit` | `--database-url U --no-audit` | PostgreSQL store, not journaled | `INSERT` in the operation's transaction |
@@ -150,10 +150,16 @@ pub async fn serve(
             })
             .await?
         }
-        "pg-transactional" => demo::app(&postgres()?).await?,
+        "pg-transactional" => {
+            demo::app(&Config {
+                commit_path: Some(tower_idempotency::CommitPath::ReservationFirst),
+                ..postgres()?
+            })
+            .await?
+        }
         "pg-transactional-single" => {
             demo::app(&Config {
-                commit_path: tower_idempotency::CommitPath::Single,
+                commit_path: Some(tower_idempotency::CommitPath::Single),
                 ..postgres()?
             })
             .await?

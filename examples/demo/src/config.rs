@@ -82,9 +82,10 @@ struct Cli {
     non_transactional: bool,
     /// How the transactional routes (tickets, payments) commit their reservation:
     /// `reservation-first` (committed, asynchronously, before the handler runs) or
-    /// `single` (written inside the operation's transaction, one commit)
-    #[arg(long = "commit-path", value_name = "PATH", default_value = "reservation-first", value_parser = commit_path)]
-    commit_path: CommitPath,
+    /// `single` (written inside the operation's transaction, one commit); default: the
+    /// transactional policy's
+    #[arg(long = "commit-path", value_name = "PATH", value_parser = commit_path)]
+    commit_path: Option<CommitPath>,
     /// With a database URL: only the idempotency store is in PostgreSQL; the records live
     /// in this process's memory
     #[arg(long)]
@@ -291,8 +292,9 @@ pub struct Config {
     pub idempotency: bool,
     /// Where the records live with a database URL, and how they are written.
     pub records: Records,
-    /// How the transactional routes commit their reservation (`--commit-path`).
-    pub commit_path: CommitPath,
+    /// How the transactional routes commit their reservation (`--commit-path`); `None`
+    /// keeps [`RoutePolicy::transactional`](tower_idempotency::RoutePolicy::transactional)'s.
+    pub commit_path: Option<CommitPath>,
     /// Most live idempotency records one account may hold (`--scope-quota-records`);
     /// `None` keeps the store's default.
     pub scope_quota_records: Option<u64>,
@@ -352,7 +354,7 @@ impl Default for Config {
             heartbeat: true,
             idempotency: true,
             records: Records::Transactional,
-            commit_path: CommitPath::ReservationFirst,
+            commit_path: None,
             scope_quota_records: None,
             scope_quota_bytes: None,
             pg_statements: StatementMode::Prepared,
