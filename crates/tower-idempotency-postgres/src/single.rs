@@ -47,6 +47,9 @@ pub(crate) struct SingleQueries {
     /// The session holding the advisory lock of `$1` scope, `$2` key, if any: its
     /// `application_name`, when its transaction started, and the database clock.
     pub(crate) holder: String,
+    /// Whether the advisory lock of `$1` scope, `$2` key is free (`free`): taken without
+    /// waiting and released at once with the statement's implicit transaction.
+    pub(crate) probe: String,
 }
 
 /// The advisory lock key of `(scope, key)` in the store's schema, as SQL over `scope` and
@@ -60,7 +63,9 @@ impl SingleQueries {
     pub(crate) fn new(schema: &str) -> Self {
         let prologue_key = lock_key(schema, "$3::text", "$4::text");
         let holder_key = lock_key(schema, "$1::text", "$2::text");
+        let probe_key = lock_key(schema, "$1::text", "$2::text");
         Self {
+            probe: format!("SELECT pg_try_advisory_xact_lock({probe_key}) AS free"),
             prologue: format!(
                 "SELECT set_config('lock_timeout', $1::text, true), \
                  set_config('idle_in_transaction_session_timeout', $2::text, true), \

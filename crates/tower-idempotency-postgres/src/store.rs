@@ -236,9 +236,9 @@ impl TransactionStore for PostgresStore {
     /// duplicate of a committed reservation), a command that needs approval, a key whose
     /// row needs the full reservation statement (a take-over), a scope at its quota, a
     /// store that counts usage in its statements (the counter row would stay locked for
-    /// the whole transaction), and a full budget. A key held by a running single-commit
-    /// transaction is answered with that operation `in_progress` instead (the caller waits
-    /// for it with [`Store::wait`]).
+    /// the whole transaction). With the budget full, the reservation waits for a place
+    /// first (up to `wait_timeout`): unlike the default path, a duplicate of a running
+    /// operation then waits for a place too (a replay of a committed one does not).
     async fn reserve_single_commit(
         &self,
         request: ReserveRequest,
@@ -250,11 +250,12 @@ impl TransactionStore for PostgresStore {
         if request.approval.is_some() || self.inner.usage_batch.is_none() {
             return self.reserve_transaction(request).await;
         }
-        let Some(permit) = self.inner.transactions.try_acquire() else {
-            if let Some(operation) = self.held(&request).await? {
-                return Ok(TransactionalReservation::Existing(operation));
-            }
-            return self.reserve_then_wait_for_a_place(request).await;
+        // The reservation is written in the transaction, so it needs its place first: a
+        // full budget is waited for (at most `wait_timeout`, then `503 store-unavailable`).
+        // Replays found above never wait.
+        let permit = match self.inner.transactions.try_acquire() {
+            Some(permit) => permit,
+            None => self.inner.transactions.acquire().await?,
         };
         let mut proposal = ReserveParams::new(&request, self.inner.quota);
         proposal.check_quota = self
@@ -898,6 +899,22 @@ impl PostgresStore {
     /// The running single-commit operation holding `(scope, key)`, if a session holds the
     /// key's advisory lock (`single.rs`).
     async fn holder(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Holder>> {
+        // Taking the lock for an instant (released with the statement's implicit
+        // transaction) says whether anyone holds it, far cheaper than reading `pg_locks`.
+        let free = (self.inner.executor)
+            .query(
+                "get",
+                &self.inner.queries.single.probe,
+                &[&scope.as_str(), &key.as_str()],
+            )
+            .await?;
+        let free: bool = match free.first() {
+            Some(row) => row::get(row, "free")?,
+            None => true,
+        };
+        if free {
+            return Ok(None);
+        }
         let rows = (self.inner.executor)
             .query(
                 "get",
