@@ -276,7 +276,7 @@ impl TransactionStore for PostgresStore {
         )
         .await?;
         let (Reserved { row, usage }, transaction) = match reserved {
-            Single::Row(reserved, transaction) => (reserved, transaction),
+            Single::Row(reserved) => *reserved,
             // A new key of a scope at its quota: the plain path purges and decides.
             Single::NoRow => return self.reserve_then_wait_for_a_place(request).await,
             Single::Busy => {

@@ -299,7 +299,7 @@ impl PostgresTransaction {
                 return Ok(Single::NoRow);
             };
             transaction.new_record = proposal.won(&row.row);
-            Ok(Single::Row(row, transaction))
+            Ok(Single::Row(Box::new((row, transaction))))
         };
         match tokio::time::timeout(bound, reserving).await {
             Ok(result) => result,
@@ -497,7 +497,7 @@ impl Reserved {
 /// The answer of [`PostgresTransaction::reserve_single`].
 pub(crate) enum Single {
     /// The reservation statement's row, with the transaction still open.
-    Row(Reserved, PostgresTransaction),
+    Row(Box<(Reserved, PostgresTransaction)>),
     /// The statement returned no row (a new key of a scope at its quota); the transaction
     /// is rolled back.
     NoRow,
