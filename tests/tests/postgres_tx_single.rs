@@ -23,7 +23,7 @@ use tower_idempotency::{
     CommitPath, ConfigError, IdempotencyKey, IdempotencyLayer, OperationState, RoutePolicy, Scope,
     Store,
 };
-use tower_idempotency_postgres::{PostgresStore, PostgresTx};
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig, PostgresTx, StatementMode};
 
 const SCOPE: &str = "acct_single";
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -83,8 +83,16 @@ fn single() -> RoutePolicy {
 }
 
 async fn harness(policy: RoutePolicy, script: Script) -> Harness {
+    harness_in(StatementMode::Prepared, policy, script).await
+}
+
+async fn harness_in(mode: StatementMode, policy: RoutePolicy, script: Script) -> Harness {
     let database = test_database().await;
-    let store = PostgresStore::connect(database.url()).await.unwrap();
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        statement_mode: mode,
+        ..PostgresStoreConfig::new(database.url())
+    })
+    .unwrap();
     store.migrate().await.unwrap();
     let db = database.client().await;
     db.batch_execute(
@@ -228,12 +236,22 @@ async fn reservation_write_and_completion_are_one_transaction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_waits_for_the_transaction_then_replays_and_the_status_shows_it_running() {
+    duplicate_waits_then_replays(StatementMode::Prepared).await;
+}
+
+/// The same with every statement unnamed (the mode for a pooler in transaction mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unnamed_statements_take_the_same_path() {
+    duplicate_waits_then_replays(StatementMode::Unnamed).await;
+}
+
+async fn duplicate_waits_then_replays(mode: StatementMode) {
     let (entered, proceed) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let script = Script {
         hold_first: Some((entered.clone(), proceed.clone())),
         ..Script::default()
     };
-    let h = harness(single().with_wait(Duration::from_secs(30)), script).await;
+    let h = harness_in(mode, single().with_wait(Duration::from_secs(30)), script).await;
     let app = h.app.clone();
     let first = tokio::spawn(async move { send(&app, "k-dup").await });
     entered.notified().await;
