@@ -37,3 +37,4 @@ mod postgres_tx_budget;
 mod postgres_tx_demo;
 mod postgres_tx_outbox;
 mod postgres_tx_routes;
+mod postgres_tx_single;

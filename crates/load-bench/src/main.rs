@@ -179,8 +179,9 @@ enum SuiteChoice {
     /// The demo's records in Redis: a standalone server and a 3-primary, 3-replica cluster,
     /// fresh keys and replays, against the unguarded demo
     Redis,
-    /// The PostgreSQL suite's cases on `POST /v1/tickets` (the issue 27 shape: the ticket
-    /// `INSERT` and its outbox notification in the handler)
+    /// `POST /v1/tickets` on PostgreSQL (the issue 27 shape: the ticket `INSERT` and its
+    /// outbox notification in the handler): the PostgreSQL suite's cases with the
+    /// transactional route on both commit paths
     PostgresTickets,
     /// The demo beside a peer server on cratestack-sqlx (`crates/load-bench/peers`), each
     /// guarded route against its own unguarded handler, on `POST /v1/tickets`
@@ -682,6 +683,77 @@ fn postgres_suite() -> Suite {
     }
 }
 
+/// `POST /v1/tickets` on PostgreSQL: the unguarded handler, the guarded routes, and the
+/// transactional route on both commit paths (`--commit-path`), rounds alternated in one run.
+fn postgres_tickets_suite() -> Suite {
+    Suite {
+        name: "postgres-tickets",
+        mcp: false,
+        restart_each_round: false,
+        route: "tickets",
+        // The issue 27 shape: a 256-byte request body (the description padded to it).
+        body_bytes: 256,
+        cases: vec![
+            Case {
+                label: "unguarded, handler INSERTs in autocommit (`--no-idempotency`)",
+                mode: "pg-unguarded",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded, not transactional (`--non-transactional`), fresh keys",
+                mode: "pg-non-transactional",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded, transactional, reservation first (default), fresh keys",
+                mode: "pg-transactional",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded, transactional, single commit (`--commit-path single`), fresh keys",
+                mode: "pg-transactional-single",
+                workload: "fresh",
+            },
+            Case {
+                label: "guarded, transactional, reservation first, replays of one key",
+                mode: "pg-transactional",
+                workload: "replay",
+            },
+            Case {
+                label: "guarded, transactional, single commit, replays of one key",
+                mode: "pg-transactional-single",
+                workload: "replay",
+            },
+        ],
+        targets: vec![
+            Target {
+                text: "PostgreSQL tickets: transactional fresh (reservation first) ≥ 0.30× unguarded",
+                case: 2,
+                against: 0,
+                min: 0.30,
+            },
+            Target {
+                text: "PostgreSQL tickets: transactional fresh (single commit) ≥ 0.30× unguarded",
+                case: 3,
+                against: 0,
+                min: 0.30,
+            },
+            Target {
+                text: "PostgreSQL tickets: single commit ≥ reservation first (fresh)",
+                case: 3,
+                against: 2,
+                min: 1.0,
+            },
+            Target {
+                text: "PostgreSQL tickets: replay ≥ 1.4× unguarded (single commit)",
+                case: 5,
+                against: 0,
+                min: 1.4,
+            },
+        ],
+    }
+}
+
 /// Memory fresh keys with the audit journal off and on (issue 15's target: within 10 %).
 fn audit_memory_suite() -> Suite {
     Suite {
@@ -845,11 +917,7 @@ fn run_command(args: &RunArgs) -> Result<(), String> {
         SuiteChoice::Audit => vec![audit_memory_suite(), audit_postgres_suite()],
         SuiteChoice::Mcp => vec![mcp_suite()],
         SuiteChoice::Redis => vec![redis_suite()],
-        SuiteChoice::PostgresTickets => vec![Suite {
-            name: "postgres-tickets",
-            route: "tickets",
-            ..postgres_suite()
-        }],
+        SuiteChoice::PostgresTickets => vec![postgres_tickets_suite()],
         SuiteChoice::Peers => vec![peers::suite()],
     };
     let settings = if args.suite == SuiteChoice::Peers {

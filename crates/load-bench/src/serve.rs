@@ -11,7 +11,8 @@
 //! | `memory-guarded` | *(none)*, but a store of capacity 20 M, no byte budget or quota | memory store | in memory |
 //! | `pg-unguarded` | `--database-url U --no-idempotency` | none | `INSERT`, autocommit |
 //! | `pg-non-transactional` | `--database-url U --non-transactional` | PostgreSQL store | `INSERT`, autocommit |
-//! | `pg-transactional` | `--database-url U` | PostgreSQL store | `INSERT` in the operation's transaction |
+//! | `pg-transactional` | `--database-url U --commit-path reservation-first` | PostgreSQL store | `INSERT` in the operation's transaction |
+//! | `pg-transactional-single` | `--database-url U --commit-path single` | PostgreSQL store, the reservation in the operation's transaction | `INSERT` in the operation's transaction |
 //! | `memory-guarded-audit` | *(none)*, as `memory-guarded`, with the demo's audit journal | memory store, journaled | in memory |
 //! | `pg-transactional-no-audit` | `--database-url U --no-audit` | PostgreSQL store, not journaled | `INSERT` in the operation's transaction |
 //! | `redis-demo` | `--redis-url U` | Redis store, standalone server | in memory |
@@ -52,13 +53,14 @@ use tower_idempotency::{
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The serving modes, by name.
-pub const MODES: [&str; 14] = [
+pub const MODES: [&str; 15] = [
     "memory-unguarded",
     "memory-demo",
     "memory-guarded",
     "pg-unguarded",
     "pg-non-transactional",
     "pg-transactional",
+    "pg-transactional-single",
     "memory-guarded-audit",
     "pg-transactional-no-audit",
     "mcp-unguarded",
@@ -148,7 +150,20 @@ pub async fn serve(
             })
             .await?
         }
-        "pg-transactional" => demo::app(&postgres()?).await?,
+        "pg-transactional" => {
+            demo::app(&Config {
+                commit_path: Some(tower_idempotency::CommitPath::ReservationFirst),
+                ..postgres()?
+            })
+            .await?
+        }
+        "pg-transactional-single" => {
+            demo::app(&Config {
+                commit_path: Some(tower_idempotency::CommitPath::Single),
+                ..postgres()?
+            })
+            .await?
+        }
         "redis-demo" => {
             let url = redis_url.ok_or("this mode needs --redis-url")?;
             demo::app(&Config {

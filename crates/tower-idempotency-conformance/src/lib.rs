@@ -64,6 +64,10 @@
 //!   with the operation's transaction open; the reservation is visible while it is, a
 //!   commit completes the operation, an abort releases it, and a lease taken over fences
 //!   the commit (checked on a store that declares transactions).
+//! - The single-commit path ([`TransactionStore::reserve_single_commit`](tower_idempotency_core::TransactionStore::reserve_single_commit))
+//!   acquires once; a concurrent reservation answers the running operation `in_progress`
+//!   (at the latest at the end of its wait) or, waiting past the commit, replays it; a read
+//!   of the key finds it running; an abort keeps nothing.
 //! - A completion that reads nothing back ([`Store::complete_delivered`]) is fenced like
 //!   `complete` and records the delivery with the completion when asked to.
 //! - Scopes are isolated, by key and by operation id.
@@ -142,8 +146,8 @@ pub use reserve::{
     reserve_is_atomic_under_concurrency,
 };
 pub use transaction::{
-    reserve_transaction_abort_releases, reserve_transaction_acquires_once_and_commits,
-    reserve_transaction_commit_is_fenced,
+    reserve_single_commit_acquires_once_waits_and_replays, reserve_transaction_abort_releases,
+    reserve_transaction_acquires_once_and_commits, reserve_transaction_commit_is_fenced,
 };
 pub use wait::{in_progress_then_wait_wakes_on_complete, wait_times_out};
 
@@ -189,6 +193,7 @@ pub async fn run_all<S: Store + Clone>(store: &S) {
         reserve_transaction_abort_releases(store).await;
         reserve_transaction_commit_is_fenced(store).await;
         transaction_complete_delivered_says_what_it_recorded(store).await;
+        reserve_single_commit_acquires_once_waits_and_replays(store).await;
     }
     run_lifecycle(store).await;
 }

@@ -9,7 +9,7 @@ use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 use super::fixture::{Fixture, expect_lost, get, must, response, transactions};
-use super::{LONG, PAST_SHORT};
+use super::{LONG, PAST_SHORT, SHORT};
 use tower_idempotency_core::error::Result;
 use tower_idempotency_core::{
     Lease, Operation, OperationState, OperationTransaction, Reservation, ReserveRequest, Store,
@@ -211,5 +211,143 @@ pub async fn reserve_transaction_commit_is_fenced<S: Store>(store: &S) {
         read.response,
         Some(response("takeover")),
         "{CHECK}: the take-over's outcome stands"
+    );
+}
+
+/// The single-commit path ([`TransactionStore::reserve_single_commit`]), whatever way the
+/// store takes (the default reserves as `reserve_transaction`): of 4 concurrent
+/// reservations of one key exactly one acquires; the others, their wait short, answer the
+/// same operation `in_progress` (a store that makes them wait for the open transaction
+/// answers them at the end of their wait). While the transaction is open, a read of the key
+/// finds the operation `in_progress` under its id. A reservation that waits longer than the
+/// transaction stays open gets the committed record, a replay; after an abort the key is
+/// free, and the next reservation acquires a new operation.
+///
+/// [`TransactionStore::reserve_single_commit`]: tower_idempotency_core::TransactionStore::reserve_single_commit
+pub async fn reserve_single_commit_acquires_once_waits_and_replays<S: Store + Clone>(store: &S) {
+    const CHECK: &str = "reserve_single_commit_acquires_once_waits_and_replays";
+    let fixture = Fixture::new();
+    let (operation, _, transaction) = match must(
+        CHECK,
+        "reserve_single_commit",
+        transactions(store)
+            .reserve_single_commit(fixture.request(), LONG)
+            .await,
+    ) {
+        TransactionalReservation::Acquired {
+            operation,
+            lease,
+            takeover: false,
+            transaction,
+        } => (operation, lease, transaction),
+        other => panic!("{CHECK}: a fresh key must be acquired, got {other:?}"),
+    };
+    assert_eq!(operation.state, OperationState::InProgress, "{CHECK}");
+    let mut tasks = JoinSet::new();
+    for _ in 0..4 {
+        let (store, request) = (store.clone(), fixture.request());
+        tasks.spawn(async move {
+            transactions(&store)
+                .reserve_single_commit(request, SHORT)
+                .await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let duplicate = existing(
+            CHECK,
+            joined.unwrap_or_else(|error| panic!("{CHECK}: a reserve task failed: {error}")),
+        );
+        assert_eq!(
+            (duplicate.id, duplicate.state),
+            (operation.id, OperationState::InProgress),
+            "{CHECK}: a duplicate sees the running operation"
+        );
+        assert!(
+            duplicate.lease_expires_at.is_some(),
+            "{CHECK}: a running operation has a lease end (the Retry-After)"
+        );
+    }
+    let read = get(CHECK, store, &fixture.scope, &fixture.key).await;
+    assert_eq!(
+        (read.id, read.state),
+        (operation.id, OperationState::InProgress),
+        "{CHECK}: the running operation is found by its key"
+    );
+
+    // A duplicate that waits longer than the transaction stays open replays it.
+    let waiting = {
+        let (store, request) = (store.clone(), fixture.request());
+        tokio::spawn(async move {
+            transactions(&store)
+                .reserve_single_commit(request, LONG)
+                .await
+        })
+    };
+    tokio::time::sleep(SHORT).await;
+    must(
+        CHECK,
+        "commit",
+        transaction.complete(response("single")).await,
+    );
+    let waited = waiting
+        .await
+        .unwrap_or_else(|error| panic!("{CHECK}: the waiting task failed: {error}"));
+    let replay = match waited {
+        // A store that does not wait answers the running operation: it is settled now.
+        Ok(TransactionalReservation::Existing(op)) if op.state == OperationState::InProgress => {
+            existing(
+                CHECK,
+                transactions(store)
+                    .reserve_single_commit(fixture.request(), LONG)
+                    .await,
+            )
+        }
+        other => existing(CHECK, other),
+    };
+    assert_eq!(
+        (replay.id, replay.state),
+        (operation.id, OperationState::Completed),
+        "{CHECK}: after the commit, a replay"
+    );
+    assert_eq!(replay.response, Some(response("single")), "{CHECK}");
+
+    // Aborted: nothing is kept, and the key is acquired afresh.
+    let other = Fixture::new();
+    let TransactionalReservation::Acquired {
+        operation: first,
+        transaction,
+        ..
+    } = must(
+        CHECK,
+        "reserve_single_commit",
+        transactions(store)
+            .reserve_single_commit(other.request(), LONG)
+            .await,
+    )
+    else {
+        panic!("{CHECK}: a fresh key must be acquired");
+    };
+    must(CHECK, "abort", transaction.abort().await);
+    let kept = must(CHECK, "get", store.get(&other.scope, &other.key).await);
+    assert!(kept.is_none(), "{CHECK}: an aborted reservation: {kept:?}");
+    let TransactionalReservation::Acquired {
+        operation: again,
+        transaction,
+        ..
+    } = must(
+        CHECK,
+        "reserve_single_commit",
+        transactions(store)
+            .reserve_single_commit(other.request(), LONG)
+            .await,
+    )
+    else {
+        panic!("{CHECK}: the released key must be acquired again");
+    };
+    assert_ne!(again.id, first.id, "{CHECK}: a new operation");
+    must(
+        CHECK,
+        "commit",
+        transaction.complete(response("again")).await,
     );
 }

@@ -63,8 +63,9 @@ pub use operation::{Lease, LeaseId, Operation, OperationId, OperationState, Stor
 pub use quota::ScopeQuota;
 pub use scope::Scope;
 pub use store::capability::{
-    ApprovalStore, Capabilities, Capability, DecisionJournal, DerivedMatching, DispatchStore,
-    MissingCapability, TransactionStore, TransactionalReservation, reserve_then_begin,
+    ApprovalStore, Capabilities, Capability, CommitPath, DecisionJournal, DerivedMatching,
+    DispatchStore, MissingCapability, TransactionStore, TransactionalReservation,
+    reserve_then_begin,
 };
 pub use store::{Reservation, ReserveRequest, Store};
 pub use transaction::{OperationTransaction, OperationTx, TransactionAccessError};

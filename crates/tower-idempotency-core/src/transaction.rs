@@ -54,6 +54,15 @@ pub trait OperationTransaction: Send + fmt::Debug + 'static {
     /// that a retry executes again: nothing the attempt wrote was kept.
     async fn abort(self: Box<Self>) -> Result<()>;
 
+    /// Whether the operation's record can be renewed from outside the transaction while
+    /// it is open ([`Store::extend_lease`](crate::Store::extend_lease), the layer's
+    /// heartbeat). `true` (the default) when the reservation was committed before the
+    /// transaction; `false` on the single-commit path, where the record is written inside
+    /// the transaction and its lease is the transaction's session.
+    fn renews_lease(&self) -> bool {
+        true
+    }
+
     /// The concrete transaction, for handlers that downcast to their store's type (see
     /// [`OperationTx::lock_as`]).
     fn as_any_mut(&mut self) -> &mut dyn Any;

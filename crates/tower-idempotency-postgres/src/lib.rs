@@ -86,6 +86,7 @@ mod replays;
 mod reservation;
 mod resolution;
 mod row;
+mod single;
 mod sql;
 mod store;
 mod transaction;

@@ -21,10 +21,10 @@ use tower_idempotency_core::approval::ApprovalCursor;
 use tower_idempotency_core::error::Result;
 use tower_idempotency_core::metrics as names;
 use tower_idempotency_core::{
-    Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, IdempotencyKey, Lease,
-    Operation, OperationId, OperationState, OperationTransaction, Reservation, ReserveRequest,
-    Scope, Store, StoreError, StoredResponse, TransactionalReservation, quota::quota_retry_after,
-    reserve_then_begin,
+    Approval, ApprovalDecision, ApprovalId, ApprovalState, DecisionOutcome, Fingerprint,
+    IdempotencyKey, Lease, Operation, OperationId, OperationState, OperationTransaction,
+    Reservation, ReserveRequest, Scope, Store, StoreError, StoredResponse,
+    TransactionalReservation, quota::quota_retry_after, reserve_then_begin,
 };
 use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore, TransactionStore};
 
@@ -39,8 +39,9 @@ use crate::recent::RecentKeys;
 use crate::replays::ReplayCounts;
 use crate::reservation::{ReserveParams, settles};
 use crate::row::{self, OperationRow};
+use crate::single::Holder;
 use crate::sql::{Queries, Usage};
-use crate::transaction::{PostgresTransaction, Reserved};
+use crate::transaction::{PostgresTransaction, Reserved, Single};
 use crate::usage::{self, UsageBatch, UsageCache};
 use tower_idempotency_core::replay_cache::ReplayCache;
 
@@ -192,6 +193,100 @@ impl TransactionStore for PostgresStore {
         let Some((Reserved { row, usage }, transaction)) = reserved else {
             // A new key of a scope at its quota: the plain path purges and decides.
             return self.reserve_then_wait_for_a_place(request).await;
+        };
+        if let Some(usage) = usage {
+            self.inner.usage.read(&request.scope, usage);
+        }
+        if !proposal.won(&row) && !settles(&request, &row) {
+            // Not a new key, and its record needs the reservation statement.
+            transaction.not_needed();
+            return self.reserve_then_wait_for_a_place(request).await;
+        }
+        self.inner.recent.remember(&request.scope, &request.key);
+        Ok(match proposal.reservation(&request, row) {
+            Reservation::Acquired {
+                operation,
+                lease,
+                takeover,
+            } => TransactionalReservation::Acquired {
+                operation,
+                transaction: Box::new(transaction.owned_by(lease.clone())),
+                lease,
+                takeover,
+            },
+            Reservation::Existing(operation) => {
+                transaction.not_needed();
+                self.count_if_replay(&request, &operation);
+                TransactionalReservation::Existing(operation)
+            }
+            Reservation::ApprovalRequested(operation) => {
+                transaction.not_needed();
+                TransactionalReservation::ApprovalRequested(operation)
+            }
+        })
+    }
+
+    /// The single-commit path (`single.rs`, `docs/transactional.md`): with a free place in
+    /// the transaction budget, `BEGIN`, the key's advisory lock (waiting at most `wait` for
+    /// a concurrent transaction holding it) and the new-key reservation in one round trip,
+    /// the reservation left uncommitted in the operation's transaction.
+    ///
+    /// Everything else reserves as [`reserve_transaction`](Self::reserve_transaction) does,
+    /// its reservation committed first: a key whose row settles the request (a replay, a
+    /// duplicate of a committed reservation), a command that needs approval, a key whose
+    /// row needs the full reservation statement (a take-over), a scope at its quota, a
+    /// store that counts usage in its statements (the counter row would stay locked for
+    /// the whole transaction). With the budget full, the reservation waits for a place
+    /// first (up to `wait_timeout`): unlike the default path, a duplicate of a running
+    /// operation then waits for a place too (a replay of a committed one does not).
+    async fn reserve_single_commit(
+        &self,
+        request: ReserveRequest,
+        wait: Duration,
+    ) -> Result<TransactionalReservation> {
+        if let Some(operation) = self.settled(&request).await? {
+            return Ok(TransactionalReservation::Existing(operation));
+        }
+        if request.approval.is_some() || self.inner.usage_batch.is_none() {
+            return self.reserve_transaction(request).await;
+        }
+        // The reservation is written in the transaction, so it needs its place first: a
+        // full budget is waited for (at most `wait_timeout`, then `503 store-unavailable`).
+        // Replays found above never wait.
+        let permit = match self.inner.transactions.try_acquire() {
+            Some(permit) => permit,
+            None => self.inner.transactions.acquire().await?,
+        };
+        let mut proposal = ReserveParams::new(&request, self.inner.quota);
+        proposal.check_quota = self
+            .inner
+            .usage
+            .must_check(&request.scope, self.inner.quota);
+        let (sql, params) = (
+            &self.inner.queries.operations.reserve_new,
+            &proposal.new_key_params()[..],
+        );
+        let reserved = PostgresTransaction::reserve_single(
+            &self.inner.executor,
+            &self.inner.queries,
+            (&request, &proposal),
+            (sql, params),
+            permit,
+            (self.inner.usage_batch.clone(), wait),
+        )
+        .await?;
+        let (Reserved { row, usage }, transaction) = match reserved {
+            Single::Row(reserved) => *reserved,
+            // A new key of a scope at its quota: the plain path purges and decides.
+            Single::NoRow => return self.reserve_then_wait_for_a_place(request).await,
+            Single::Busy => {
+                // Still running at the end of the wait: answered with the running
+                // operation. Gone meanwhile: its outcome is committed, or nothing is.
+                if let Some(operation) = self.held(&request).await? {
+                    return Ok(TransactionalReservation::Existing(operation));
+                }
+                return self.reserve_then_wait_for_a_place(request).await;
+            }
         };
         if let Some(usage) = usage {
             self.inner.usage.read(&request.scope, usage);
@@ -817,6 +912,54 @@ impl PostgresStore {
         }
     }
 
+    /// The running single-commit operation holding `(scope, key)`, if a session holds the
+    /// key's advisory lock (`single.rs`).
+    async fn holder(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Holder>> {
+        // Taking the lock for an instant (released with the statement's implicit
+        // transaction) says whether anyone holds it, far cheaper than reading `pg_locks`.
+        let free = (self.inner.executor)
+            .query(
+                "get",
+                &self.inner.queries.single.probe,
+                &[&scope.as_str(), &key.as_str()],
+            )
+            .await?;
+        let free: bool = match free.first() {
+            Some(row) => row::get(row, "free")?,
+            None => true,
+        };
+        if free {
+            return Ok(None);
+        }
+        let rows = (self.inner.executor)
+            .query(
+                "get",
+                &self.inner.queries.single.holder,
+                &[&scope.as_str(), &key.as_str()],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => Holder::read(row),
+            None => Ok(None),
+        }
+    }
+
+    /// [`holder`](Self::holder) as the request's view of the running operation (its own
+    /// fingerprint and route: only the uncommitted row has the original's).
+    async fn held(&self, request: &ReserveRequest) -> Result<Option<Operation>> {
+        Ok(self
+            .holder(&request.scope, &request.key)
+            .await?
+            .map(|holder| {
+                holder.operation(
+                    &request.scope,
+                    &request.key,
+                    request.fingerprint.clone(),
+                    &request.route,
+                )
+            }))
+    }
+
     async fn get_row(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<OperationRow>> {
         self.read_one(
             "get",
@@ -950,8 +1093,16 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    /// A key without a row may be held by a running single-commit transaction: then the
+    /// operation it published, `in_progress` (see `single.rs` for what is known of it).
     async fn get(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Operation>> {
-        Ok(self.get_row(scope, key).await?.map(|row| row.operation))
+        if let Some(row) = self.get_row(scope, key).await? {
+            return Ok(Some(row.operation));
+        }
+        Ok(self
+            .holder(scope, key)
+            .await?
+            .map(|holder| holder.operation(scope, key, Fingerprint::from_stored(""), "")))
     }
 
     async fn get_by_id(&self, scope: &Scope, id: OperationId) -> Result<Option<Operation>> {
@@ -981,19 +1132,27 @@ impl Store for PostgresStore {
         let deadline = started.checked_add(timeout).unwrap_or(started + MAX_SPAN);
         let mut pause = self.inner.poll_initial;
         loop {
-            let Some(row) = self.get_row(scope, key).await? else {
-                return Ok(None);
+            let (operation, db_now) = match self.get_row(scope, key).await? {
+                Some(row) => (row.operation, row.db_now),
+                // A running single-commit transaction: waited for like a row in progress.
+                None => match self.holder(scope, key).await? {
+                    Some(holder) => (
+                        holder.operation(scope, key, Fingerprint::from_stored(""), ""),
+                        holder.db_now,
+                    ),
+                    None => return Ok(None),
+                },
             };
-            if row.operation.state != OperationState::InProgress {
-                return Ok(Some(row.operation));
+            if operation.state != OperationState::InProgress {
+                return Ok(Some(operation));
             }
             // By the database clock, as every lease decision. A lease that lapsed before its
             // dispatch mark still reads in progress, but nobody drives it any more: return it
             // for the caller to take over.
-            let lease_left = row.operation.lease_remaining(row.db_now);
+            let lease_left = operation.lease_remaining(db_now);
             let now = Instant::now();
             if now >= deadline || lease_left.is_zero() {
-                return Ok(Some(row.operation));
+                return Ok(Some(operation));
             }
             // Wake just after the lease ends so the lapse is observed, not before it.
             let sleep = pause

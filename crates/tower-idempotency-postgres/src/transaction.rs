@@ -18,6 +18,7 @@ use std::ops::Deref;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Waker};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
@@ -37,6 +38,7 @@ use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, execute_on, prepare, typed};
 use crate::reservation::ReserveParams;
 use crate::row::{self, OperationRow};
+use crate::single;
 use crate::sql::Queries;
 use crate::usage::UsageBatch;
 
@@ -57,6 +59,12 @@ pub struct PostgresTransaction {
     /// Where the completion's bytes are counted once committed, when the store counts in
     /// batches (`usage.rs`); `None`: the completion statement counts them.
     usage: Option<Arc<UsageBatch>>,
+    /// The single-commit path: the reservation was written inside this transaction
+    /// (`single.rs`), so a rollback leaves nothing to release and nothing renews the lease.
+    single: bool,
+    /// On the single-commit path: a new key's record, counted in `usage` only once it
+    /// committed (a rollback leaves no record to count).
+    new_record: bool,
 }
 
 impl fmt::Debug for PostgresTransaction {
@@ -88,6 +96,8 @@ impl PostgresTransaction {
                     client: Some(executor.client().await?),
                     permit: Some(permit),
                     usage: None,
+                    single: false,
+                    new_record: false,
                 };
                 transaction
                     .connection()?
@@ -131,6 +141,8 @@ impl PostgresTransaction {
                     client: Some(executor.client().await?),
                     permit: Some(permit),
                     usage,
+                    single: false,
+                    new_record: false,
                 };
                 let (rows, begun) = {
                     let client = transaction.connection()?;
@@ -173,6 +185,126 @@ impl PostgresTransaction {
                 }
             })
             .await
+    }
+
+    /// The single-commit path (`single.rs`): checks out a connection and sends, in one round
+    /// trip, `BEGIN`, the prologue (the lock wait bounded by `wait`, the idle bound set to
+    /// the lease, the key's advisory lock, the published operation), the reservation
+    /// statement `sql`, and the reset of `lock_timeout` (the handler's own statements wait
+    /// as the session says). The reservation is written inside the transaction and commits
+    /// with it.
+    ///
+    /// A concurrent transaction holding the key makes the prologue wait, at most `wait`:
+    /// then [`Single::Busy`], the connection back in the pool after its `ROLLBACK`.
+    /// Otherwise the reservation's row, with the connection inside the open transaction
+    /// (the caller gives it back with [`not_needed`](Self::not_needed) unless it won), or
+    /// [`Single::NoRow`].
+    pub(crate) async fn reserve_single(
+        executor: &Executor,
+        queries: &Arc<Queries>,
+        (request, proposal): (&ReserveRequest, &ReserveParams<'_>),
+        (sql, params): (&str, &[&(dyn ToSql + Sync)]),
+        permit: OwnedSemaphorePermit,
+        (usage, wait): (Option<Arc<UsageBatch>>, Duration),
+    ) -> Result<Single> {
+        let lease = proposal.proposed_lease(request);
+        let lock_timeout = single::setting_ms(wait);
+        let idle = single::setting_ms(request.lease);
+        let (scope, key) = (request.scope.as_str(), request.key.as_str());
+        let operation = lease.operation_id.as_uuid().simple().to_string();
+        let lease_ms = single::lease_ms(request.lease);
+        let method = single::short_method(&request.method);
+        let prologue_params: [&(dyn ToSql + Sync); 7] = [
+            &lock_timeout,
+            &idle,
+            &scope,
+            &key,
+            &operation,
+            &lease_ms,
+            &method,
+        ];
+        let prologue_sql = queries.single.prologue.as_str();
+        // The wait for a concurrent transaction is PostgreSQL's (`lock_timeout`), inside
+        // this call: its bound grows by it.
+        let bound = executor.query_timeout.saturating_add(wait);
+        let reserving = async {
+            // Built before anything is sent, so that a failure, or the timeout dropping
+            // this future, closes the connection instead of pooling it mid-transaction.
+            let mut transaction = Self {
+                executor: executor.clone(),
+                queries: Arc::clone(queries),
+                lease,
+                client: Some(executor.client().await?),
+                permit: Some(permit),
+                usage,
+                single: true,
+                new_record: false,
+            };
+            let (begun, locked, rows, reset) = {
+                let client = transaction.connection()?;
+                let (prologue, reserve) = match executor.statements {
+                    StatementMode::Prepared => (
+                        Update::Prepared(prepare(client, prologue_sql).await?),
+                        Update::Prepared(prepare(client, sql).await?),
+                    ),
+                    StatementMode::Unnamed => (
+                        Update::Unnamed(typed(&prologue_params)?),
+                        Update::Unnamed(typed(params)?),
+                    ),
+                };
+                // Polled in this order, each sends its messages on its first poll.
+                let locking = async {
+                    match &prologue {
+                        Update::Prepared(statement) => {
+                            client.query(statement, &prologue_params).await
+                        }
+                        Update::Unnamed(typed) => client.query_typed(prologue_sql, typed).await,
+                    }
+                };
+                let query = async {
+                    match &reserve {
+                        Update::Prepared(statement) => client.query(statement, params).await,
+                        Update::Unnamed(typed) => client.query_typed(sql, typed).await,
+                    }
+                };
+                tokio::join!(
+                    client.batch_execute("BEGIN"),
+                    locking,
+                    query,
+                    client.batch_execute("SET LOCAL lock_timeout TO DEFAULT")
+                )
+            };
+            begun.map_err(from_pg)?;
+            if let Err(error) = locked {
+                if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                    // Another transaction holds the key past this request's wait.
+                    transaction.roll_back().await?;
+                    return Ok(Single::Busy);
+                }
+                return Err(from_pg(error));
+            }
+            let rows = match rows {
+                Ok(rows) => rows,
+                Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    // The key's row is locked by a transaction that took no advisory lock
+                    // (a reservation-first transaction completing, a take-over).
+                    transaction.roll_back().await?;
+                    return Ok(Single::Busy);
+                }
+                Err(error) => return Err(from_pg(error)),
+            };
+            reset.map_err(from_pg)?;
+            let Some(row) = rows.first().map(Reserved::read).transpose()? else {
+                transaction.not_needed();
+                return Ok(Single::NoRow);
+            };
+            transaction.new_record = proposal.won(&row.row);
+            Ok(Single::Row(Box::new((row, transaction))))
+        };
+        match tokio::time::timeout(bound, reserving).await {
+            Ok(result) => result,
+            Err(_) => Err(crate::executor::classify::timed_out("reserve")),
+        }
     }
 
     /// The reservation was won but its transaction could not begin: released (on a pooled
@@ -242,6 +374,7 @@ impl PostgresTransaction {
             )
             .await?;
         completion.counted(self.usage.as_deref(), &lease.scope);
+        self.count_new_record(&lease.scope);
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Backend("complete returned no row".into()))?;
@@ -264,6 +397,7 @@ impl PostgresTransaction {
         )
         .await?;
         completion.counted(self.usage.as_deref(), &lease.scope);
+        self.count_new_record(&lease.scope);
         Ok(delivered)
     }
 
@@ -321,6 +455,13 @@ impl PostgresTransaction {
         Ok(())
     }
 
+    /// A new key's record reserved on the single-commit path, counted once committed.
+    fn count_new_record(&self, scope: &Scope) {
+        if let (true, Some(batch)) = (self.new_record, &self.usage) {
+            batch.add(scope, 1, 0);
+        }
+    }
+
     /// `COMMIT` or `ROLLBACK` went through: the connection goes back to the pool.
     fn finished(&mut self) {
         drop(self.client.take());
@@ -351,6 +492,17 @@ impl Reserved {
             usage,
         })
     }
+}
+
+/// The answer of [`PostgresTransaction::reserve_single`].
+pub(crate) enum Single {
+    /// The reservation statement's row, with the transaction still open.
+    Row(Box<(Reserved, PostgresTransaction)>),
+    /// The statement returned no row (a new key of a scope at its quota); the transaction
+    /// is rolled back.
+    NoRow,
+    /// Another transaction held the key for longer than the wait; rolled back.
+    Busy,
 }
 
 /// A statement of [`PostgresTransaction::complete_and_commit`] or
@@ -403,14 +555,25 @@ impl OperationTransaction for PostgresTransaction {
         let executor = self.executor.clone();
         let queries = Arc::clone(&self.queries);
         let lease = self.lease.clone();
+        let single = self.single;
         if let Err(error) = executor.bounded("rollback", self.roll_back()).await {
             tracing::warn!(error = %error, "ROLLBACK failed; closing the connection instead");
         }
         drop(self);
+        if single {
+            // The reservation was written in the transaction: rolled back (or, with the
+            // connection closed, rolled back by PostgreSQL) with everything else.
+            return Ok(());
+        }
         // The plain release (`Store::release`), on a pooled connection.
         executor
             .fenced("release", &queries.operations.release, &lease, &[])
             .await
+    }
+
+    /// `false` on the single-commit path: the record is inside the transaction.
+    fn renews_lease(&self) -> bool {
+        !self.single
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {

@@ -61,4 +61,13 @@ pub enum ConfigError {
         /// What the store lacks.
         capability: tower_idempotency_core::Capability,
     },
+    /// A policy whose settings cannot work together (the single-commit path with handlers
+    /// that mark their own dispatch): refused when it is set.
+    #[error("{}: {reason}", route.as_deref().unwrap_or("the default policy"))]
+    IncompatiblePolicy {
+        /// `METHOD /route` of the policy; `None` for the default policy.
+        route: Option<String>,
+        /// Which settings conflict, and why.
+        reason: &'static str,
+    },
 }

@@ -96,6 +96,11 @@ where
         left,
     } = run;
     let lease = execution.lease().clone();
+    // On the single-commit path nothing outside the transaction sees the record: its
+    // session is its lease, and there is nothing to renew.
+    let renews = transaction
+        .as_ref()
+        .is_none_or(|transaction| transaction.renews_lease());
     let mut request = Request::from_parts(parts, RequestBody::buffered(body));
     // Handlers can key their own side effects by the operation (outbound idempotency keys),
     // and mark their dispatch through the execution handle.
@@ -113,7 +118,11 @@ where
     });
     let in_flight = shared.metrics().in_flight();
     let call = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
-    let outcome = with_heartbeat(call, shared, &lease, policy).await;
+    let outcome = if renews {
+        with_heartbeat(call, shared, &lease, policy).await
+    } else {
+        call.await
+    };
     drop(in_flight);
     let sink = match handle {
         None => Sink::Store,

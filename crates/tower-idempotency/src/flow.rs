@@ -446,6 +446,7 @@ where
     let mode = ReserveMode {
         transactional: policy.transactional,
         fail_open: policy.store_failure == StoreFailurePolicy::FailOpen,
+        commit_path: policy.commit_path,
     };
     let asked = Instant::now();
     let reserved = shared

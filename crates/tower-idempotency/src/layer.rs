@@ -161,7 +161,8 @@ impl IdempotencyLayer {
     ///
     /// [`ConfigError::MissingCapability`] when the policy needs a capability the store does
     /// not declare (approvals, transactions, dispatch marks): refused here, so that no
-    /// request ever meets it.
+    /// request ever meets it. [`ConfigError::IncompatiblePolicy`] for the single-commit path
+    /// with dispatch marks.
     pub fn with_default_policy(self, policy: RoutePolicy) -> Result<Self, ConfigError> {
         self.check_capabilities(&policy, None)?;
         Ok(self.edit(|s| s.default_policy = Arc::new(policy)))
@@ -172,6 +173,12 @@ impl IdempotencyLayer {
         policy: &RoutePolicy,
         route: Option<(&Method, &str)>,
     ) -> Result<(), ConfigError> {
+        if policy.single_commit() && policy.marks_dispatch {
+            return Err(ConfigError::IncompatiblePolicy {
+                route: route.map(|(method, route)| format!("{method} {route}")),
+                reason: "the single-commit path cannot carry dispatch marks: the reservation is not visible outside its transaction, so the mark could not be written",
+            });
+        }
         let capabilities = self.shared.store.capabilities();
         capabilities
             .require(policy.needs())
@@ -193,7 +200,8 @@ impl IdempotencyLayer {
     ///
     /// [`ConfigError::MissingCapability`] when the policy needs a capability the store does
     /// not declare (approvals, transactions, dispatch marks): refused here, so that no
-    /// request ever meets it.
+    /// request ever meets it. [`ConfigError::IncompatiblePolicy`] for the single-commit path
+    /// with dispatch marks.
     pub fn with_route_policy(
         self,
         method: Method,

@@ -191,8 +191,8 @@ pub use tower_idempotency_core::{
 // What a store declares beside the base trait (checked when a policy is set).
 #[doc(inline)]
 pub use tower_idempotency_core::{
-    ApprovalStore, Capabilities, Capability, DecisionJournal, DerivedMatching, DispatchStore,
-    MissingCapability, TransactionStore,
+    ApprovalStore, Capabilities, Capability, CommitPath, DecisionJournal, DerivedMatching,
+    DispatchStore, MissingCapability, TransactionStore,
 };
 // The records a store keeps and the status routes show.
 #[doc(inline)]

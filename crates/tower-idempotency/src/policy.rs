@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::HeaderName;
 use tower_idempotency_core::ApprovalPolicy;
 use tower_idempotency_core::Capability;
+use tower_idempotency_core::CommitPath;
 // The flow and the OpenAPI document read it from here; its one public path is core's,
 // re-exported at this crate's root.
 pub(crate) use tower_idempotency_core::KeyRequirement;
@@ -115,6 +116,7 @@ pub struct RoutePolicy {
     pub(crate) heartbeat: bool,
     pub(crate) marks_dispatch: bool,
     pub(crate) transactional: bool,
+    pub(crate) commit_path: CommitPath,
     pub(crate) fingerprint_headers: Arc<[HeaderName]>,
     pub(crate) normalizer: Option<Normalizer>,
     pub(crate) command: Option<CommandType>,
@@ -136,6 +138,7 @@ impl fmt::Debug for RoutePolicy {
             .field("heartbeat", &self.heartbeat)
             .field("marks_dispatch", &self.marks_dispatch)
             .field("transactional", &self.transactional)
+            .field("commit_path", &self.commit_path)
             .field("fingerprint_headers", &self.fingerprint_headers)
             .field("normalizer", &self.normalizer.as_ref().map(|_| ".."))
             .field(
@@ -202,6 +205,7 @@ impl RoutePolicy {
             heartbeat: true,
             marks_dispatch: false,
             transactional: false,
+            commit_path: CommitPath::ReservationFirst,
             fingerprint_headers: Arc::from(Vec::new()),
             normalizer: None,
             command: None,
@@ -262,6 +266,43 @@ impl RoutePolicy {
     /// Whether the handler runs inside the operation's database transaction.
     pub fn is_transactional(&self) -> bool {
         self.transactional
+    }
+
+    /// How a transactional route commits its reservation (default
+    /// [`CommitPath::ReservationFirst`]; no effect on a route that is not transactional).
+    ///
+    /// [`CommitPath::Single`] writes the reservation inside the operation's transaction, so
+    /// that the reservation, the handler's writes and the completion commit once. A
+    /// concurrent duplicate then waits for the original's transaction (at most the route's
+    /// [`wait`](RoutePolicy::with_wait)) and replays it, executes if it rolled back, or
+    /// gets `409 request-in-progress`; the lease is not renewed (nothing outside the
+    /// transaction sees the record), and a worker that stalls longer than the lease
+    /// between statements loses its session and rolls back. A store without the path
+    /// reserves as with [`CommitPath::ReservationFirst`]. Not with
+    /// [`with_marks_dispatch`](RoutePolicy::with_marks_dispatch): the mark is written from
+    /// outside the transaction, so the layer refuses the combination when it is set
+    /// ([`ConfigError::IncompatiblePolicy`]). See `docs/transactional.md`.
+    ///
+    /// ```
+    /// use tower_idempotency::{CommitPath, RoutePolicy};
+    ///
+    /// let tickets = RoutePolicy::transactional().with_commit_path(CommitPath::Single);
+    /// assert_eq!(tickets.commit_path(), CommitPath::Single);
+    /// assert_eq!(RoutePolicy::transactional().commit_path(), CommitPath::ReservationFirst);
+    /// ```
+    pub fn with_commit_path(mut self, commit_path: CommitPath) -> Self {
+        self.commit_path = commit_path;
+        self
+    }
+
+    /// How a transactional route commits its reservation.
+    pub fn commit_path(&self) -> CommitPath {
+        self.commit_path
+    }
+
+    /// The single-commit path on this route, when it is transactional.
+    pub(crate) fn single_commit(&self) -> bool {
+        self.transactional && self.commit_path == CommitPath::Single
     }
 
     /// How long a completed operation is kept and replayed.

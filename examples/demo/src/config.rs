@@ -11,6 +11,7 @@ use clap::ArgAction;
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
+use tower_idempotency::CommitPath;
 use tower_idempotency_postgres::StatementMode;
 
 /// What `--help` adds after the options.
@@ -79,6 +80,12 @@ struct Cli {
     /// routes)
     #[arg(long, conflicts_with = "memory_records")]
     non_transactional: bool,
+    /// How the transactional routes (tickets, payments) commit their reservation:
+    /// `reservation-first` (committed, asynchronously, before the handler runs) or
+    /// `single` (written inside the operation's transaction, one commit); default: the
+    /// transactional policy's
+    #[arg(long = "commit-path", value_name = "PATH", value_parser = commit_path)]
+    commit_path: Option<CommitPath>,
     /// With a database URL: only the idempotency store is in PostgreSQL; the records live
     /// in this process's memory
     #[arg(long)]
@@ -201,6 +208,10 @@ fn redis_seeds(raw: &str) -> Result<RedisSeeds, String> {
         .map(RedisSeeds)
 }
 
+fn commit_path(raw: &str) -> Result<CommitPath, String> {
+    raw.parse()
+}
+
 fn statements(raw: &str) -> Result<StatementMode, String> {
     match raw {
         "prepared" => Ok(StatementMode::Prepared),
@@ -281,6 +292,9 @@ pub struct Config {
     pub idempotency: bool,
     /// Where the records live with a database URL, and how they are written.
     pub records: Records,
+    /// How the transactional routes commit their reservation (`--commit-path`); `None`
+    /// keeps [`RoutePolicy::transactional`](tower_idempotency::RoutePolicy::transactional)'s.
+    pub commit_path: Option<CommitPath>,
     /// Most live idempotency records one account may hold (`--scope-quota-records`);
     /// `None` keeps the store's default.
     pub scope_quota_records: Option<u64>,
@@ -340,6 +354,7 @@ impl Default for Config {
             heartbeat: true,
             idempotency: true,
             records: Records::Transactional,
+            commit_path: None,
             scope_quota_records: None,
             scope_quota_bytes: None,
             pg_statements: StatementMode::Prepared,
@@ -445,6 +460,7 @@ fn parse(mut command: clap::Command, args: Vec<String>) -> Result<Config, clap::
         heartbeat: !cli.no_heartbeat,
         idempotency: !cli.no_idempotency,
         records,
+        commit_path: cli.commit_path,
         scope_quota_records: cli.scope_quota_records,
         scope_quota_bytes: cli.scope_quota_bytes,
         pg_statements: cli.pg_statements,

@@ -407,7 +407,11 @@ fn layer(config: &Config, store: impl Store, transactional: bool) -> Idempotency
     };
     let policy = tune(RoutePolicy::required());
     let written = if transactional {
-        tune(RoutePolicy::transactional())
+        let policy = tune(RoutePolicy::transactional());
+        match config.commit_path {
+            Some(path) => policy.with_commit_path(path),
+            None => policy,
+        }
     } else {
         policy.clone()
     };

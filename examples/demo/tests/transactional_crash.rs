@@ -166,3 +166,108 @@ async fn retries_of_a_completed_create_add_no_ticket_and_no_effect() {
     let notifications = get_json(&http, &demo, &account, "/v1/notifications").await;
     assert_eq!(notifications["notifications"].as_array().unwrap().len(), 1);
 }
+
+/// The same crash on the single-commit path (`--commit-path single`): while the handler
+/// sleeps, no row of the operation is visible to other sessions, yet the status route shows
+/// it running; the kill rolls back the reservation with the ticket and its notification, and
+/// the retry after a restart executes at once (no lease to wait out), once, as a new
+/// operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_commit_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() {
+    let database = pg::test_database().await;
+    let db = database.client().await;
+    let http = http();
+    let (account, key) = (fresh("acct"), fresh("key"));
+
+    // A lease longer than the test: the session is ended by the kill, not by its idle bound.
+    let doomed = DemoProcess::start(
+        database.url(),
+        &[
+            "--commit-path",
+            "single",
+            "--handler-delay-ms",
+            "60000",
+            "--lease-ms",
+            "120000",
+        ],
+    )
+    .await;
+    let abandoned = tokio::spawn(ticket_request(&http, &doomed.base, &account, &key).send());
+    until(
+        "the handler to write and sleep in its open transaction",
+        || async {
+            count(
+                &db,
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'
+               AND query LIKE 'INSERT INTO \"public\".idempotency_outbox%'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM idempotency_operations").await,
+        0,
+        "the reservation is not committed"
+    );
+    let running = get_json(
+        &http,
+        &doomed,
+        &account,
+        &format!("/operations?idempotency_key={key}"),
+    )
+    .await;
+    assert_eq!(running["state"], "in_progress", "{running}");
+    let crashed_id = running["operation_id"].clone();
+    doomed.kill();
+    abandoned.abort();
+
+    until("the dead session to end", || async {
+        count(
+            &db,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'",
+        )
+        .await
+            == 0
+    })
+    .await;
+    assert_eq!(count(&db, "SELECT count(*) FROM demo_tickets").await, 0);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM idempotency_outbox").await,
+        0
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM idempotency_operations").await,
+        0
+    );
+
+    let demo = DemoProcess::start(database.url(), &["--commit-path", "single"]).await;
+    let retry = demo.create_ticket(&http, &account, &key).await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    assert!(!retry.replayed, "the retry executed the operation again");
+    let again = demo.create_ticket(&http, &account, &key).await;
+    assert!(again.replayed);
+    assert_eq!(again.body, retry.body);
+    assert_eq!(count(&db, "SELECT count(*) FROM demo_tickets").await, 1);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM idempotency_outbox").await,
+        1,
+        "exactly one notification effect"
+    );
+    let status = get_json(
+        &http,
+        &demo,
+        &account,
+        &format!("/operations?idempotency_key={key}"),
+    )
+    .await;
+    assert_eq!(status["state"], "completed");
+    assert_eq!(
+        status["attempts"], 1,
+        "nothing of the crashed attempt was kept"
+    );
+    assert_ne!(status["operation_id"], crashed_id, "a new operation");
+}

@@ -44,7 +44,7 @@ use crate::audit::{AuditEventKind, Correlation, DecisionEvent};
 use crate::error::StoreError;
 use crate::metrics::{StoreMetrics, StoreOp};
 use crate::operation::{Lease, Operation, OperationId, OperationState};
-use crate::store::capability::TransactionalReservation;
+use crate::store::capability::{CommitPath, TransactionalReservation};
 use crate::store::{Reservation, Store};
 use crate::transaction::OperationTransaction;
 
@@ -75,6 +75,10 @@ pub struct ReserveMode {
     /// Run the handler unprotected when the store is unavailable (never for a command that
     /// needs approval, nor for a transactional route).
     pub fail_open: bool,
+    /// On a transactional route: how the reservation commits
+    /// ([`TransactionStore::reserve_single_commit`](crate::TransactionStore::reserve_single_commit)
+    /// for [`CommitPath::Single`], bounded by the attempt's remaining wait).
+    pub commit_path: CommitPath,
 }
 
 /// The answer to [`Engine::reserve`].
@@ -140,6 +144,16 @@ impl Engine {
     ) -> Result<Reserved, NotReserved> {
         let request = attempt.request();
         let reserved = match self.store.transactions().filter(|_| mode.transactional) {
+            Some(transactions) if mode.commit_path == CommitPath::Single => {
+                // A duplicate waits for the original's transaction inside the store, at
+                // most what is left of this attempt's wait.
+                let wait = attempt
+                    .in_progress_deadline
+                    .saturating_duration_since(Instant::now());
+                let reserving = transactions.reserve_single_commit(request.clone(), wait);
+                let reserved = metrics.time(StoreOp::Reserve, reserving).await;
+                reserved.map(from_transactional)
+            }
             Some(transactions) => {
                 let reserving = transactions.reserve_transaction(request.clone());
                 let reserved = metrics.time(StoreOp::Reserve, reserving).await;

@@ -252,6 +252,57 @@ pub async fn reserve_then_begin<S: TransactionStore + ?Sized>(
     Err(failure)
 }
 
+/// How a transactional route commits its reservation: what
+/// [`TransactionStore::reserve_single_commit`] is asked for instead of
+/// [`TransactionStore::reserve_transaction`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CommitPath {
+    /// The reservation is committed before the handler runs (on its own, or, on the
+    /// PostgreSQL store, asynchronously in the round trip that opens the transaction); the
+    /// operation's transaction then commits the handler's writes with the completion. The
+    /// record is visible and its lease renewed while the handler runs.
+    #[default]
+    ReservationFirst,
+    /// One transaction from the reservation to the completion: the reservation is written
+    /// inside the operation's transaction and commits with the handler's writes, in one
+    /// commit. Until then no other session sees the record; a concurrent duplicate waits
+    /// for the transaction (bounded by its route's wait), and the lease is the database
+    /// session (see `docs/transactional.md`, *The single-commit path*). A store that cannot
+    /// do it reserves as with [`ReservationFirst`](Self::ReservationFirst).
+    Single,
+}
+
+impl CommitPath {
+    /// The path's name, as flags and logs spell it: `reservation-first` or `single`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ReservationFirst => "reservation-first",
+            Self::Single => "single",
+        }
+    }
+}
+
+impl fmt::Display for CommitPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for CommitPath {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "reservation-first" => Ok(Self::ReservationFirst),
+            "single" => Ok(Self::Single),
+            other => Err(format!(
+                "unknown commit path {other:?} (expected reservation-first or single)"
+            )),
+        }
+    }
+}
+
 /// Operation transactions: a transactional route's handler writes in a database transaction
 /// that commits together with the stored response and the completion.
 #[async_trait]
@@ -281,4 +332,27 @@ pub trait TransactionStore: Store {
     /// Opening must not lock the operation's record: lease extensions and take-overs go on
     /// while the handler runs, and the fence is checked at completion.
     async fn begin_transaction(&self, lease: &Lease) -> Result<Box<dyn OperationTransaction>>;
+
+    /// [`reserve_transaction`](TransactionStore::reserve_transaction) on the
+    /// [`CommitPath::Single`] path: the reservation written inside the operation's
+    /// transaction, committed with the handler's writes and the completion in one commit.
+    ///
+    /// A concurrent reservation of the same key waits for that transaction at most `wait`
+    /// and then answers as the record then stands: the completed record (a replay), the
+    /// key acquired afresh (the transaction rolled back), or, still running at the end of
+    /// `wait`, [`TransactionalReservation::Existing`] with an `in_progress` record whose
+    /// lease end is the `Retry-After` its caller answers with. The acquired transaction's
+    /// [`OperationTransaction::renews_lease`] is `false` when the record is not visible to
+    /// other sessions (nothing can renew it).
+    ///
+    /// The default reserves as [`reserve_transaction`](TransactionStore::reserve_transaction)
+    /// does (the reservation committed first), so every store supports the policy.
+    async fn reserve_single_commit(
+        &self,
+        request: ReserveRequest,
+        wait: Duration,
+    ) -> Result<TransactionalReservation> {
+        let _ = wait;
+        self.reserve_transaction(request).await
+    }
 }

@@ -19,6 +19,8 @@ pub(crate) use operations::Usage;
 use outbox::OutboxQueries;
 use resolutions::ResolutionQueries;
 
+use crate::single::SingleQueries;
+
 /// The statements of one store.
 #[derive(Debug, Clone)]
 pub(crate) struct Queries {
@@ -30,6 +32,8 @@ pub(crate) struct Queries {
     pub(crate) outbox: OutboxQueries,
     /// On the audit journal's tables.
     pub(crate) audit: AuditQueries,
+    /// The single-commit path's prologue and its holder look-up (`single.rs`).
+    pub(crate) single: SingleQueries,
 }
 
 impl Queries {
@@ -60,6 +64,7 @@ impl Queries {
             ),
             outbox: OutboxQueries::new(&outbox),
             audit: AuditQueries::new(schema),
+            single: SingleQueries::new(schema),
         }
     }
 }

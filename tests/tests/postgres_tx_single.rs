@@ -1,0 +1,453 @@
+//! The single-commit path of a transactional route (`CommitPath::Single`) over a real
+//! PostgreSQL: the reservation, the handler's write and the completion are one transaction;
+//! a concurrent duplicate waits for it (bounded by its route's wait) and replays, or gets
+//! `409 request-in-progress` with `Retry-After`; the running operation is visible to the
+//! status look-up; a dropped connection or a stalled worker rolls everything back and the
+//! retry executes once; the combination with dispatch marks is refused when it is set.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http::{Method, Request, StatusCode};
+use integration_tests::app::eventually;
+use integration_tests::pg::{TestDatabase, test_database};
+use tokio::sync::Notify;
+use tower::ServiceExt;
+use tower_idempotency::{
+    CommitPath, ConfigError, IdempotencyKey, IdempotencyLayer, OperationState, RoutePolicy, Scope,
+    Store,
+};
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig, PostgresTx, StatementMode};
+
+const SCOPE: &str = "acct_single";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Default)]
+struct Script {
+    attempts: Arc<AtomicUsize>,
+    /// Attempts up to this number answer `500` after writing.
+    fail_until: usize,
+    /// The first attempt signals `entered` after writing, then waits for `proceed`.
+    hold_first: Option<(Arc<Notify>, Arc<Notify>)>,
+    /// The first attempt sleeps this long after writing, idle in its transaction.
+    first_sleep: Duration,
+}
+
+async fn create_thing(State(script): State<Script>, tx: PostgresTx) -> Response {
+    let attempt = script.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+    {
+        let connection = tx.lock().await.unwrap();
+        let attempt = i32::try_from(attempt).unwrap();
+        connection
+            .execute(
+                "INSERT INTO things (operation_id, attempt) VALUES ($1, $2)",
+                &[&tx.operation_id().as_uuid(), &attempt],
+            )
+            .await
+            .unwrap();
+    }
+    if attempt == 1 {
+        if let Some((entered, proceed)) = &script.hold_first {
+            entered.notify_one();
+            proceed.notified().await;
+        }
+        tokio::time::sleep(script.first_sleep).await;
+    }
+    if attempt <= script.fail_until {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response();
+    }
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!("{{\"attempt\":{attempt}}}"),
+    )
+        .into_response()
+}
+
+struct Harness {
+    app: Router,
+    store: PostgresStore,
+    db: tokio_postgres::Client,
+    script: Script,
+    _database: TestDatabase,
+}
+
+fn single() -> RoutePolicy {
+    RoutePolicy::transactional().with_commit_path(CommitPath::Single)
+}
+
+async fn harness(policy: RoutePolicy, script: Script) -> Harness {
+    harness_in(StatementMode::Prepared, policy, script).await
+}
+
+async fn harness_in(mode: StatementMode, policy: RoutePolicy, script: Script) -> Harness {
+    let database = test_database().await;
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        statement_mode: mode,
+        ..PostgresStoreConfig::new(database.url())
+    })
+    .unwrap();
+    store.migrate().await.unwrap();
+    let db = database.client().await;
+    db.batch_execute(
+        "CREATE TABLE things (id bigserial PRIMARY KEY, operation_id uuid NOT NULL, attempt int NOT NULL)",
+    )
+    .await
+    .unwrap();
+    let layer = IdempotencyLayer::new(store.clone())
+        .with_scope(|_| Some(Scope::new(SCOPE)))
+        .with_default_policy(policy)
+        .expect("the store has what the policy needs");
+    let app = Router::new()
+        .route("/v1/things", post(create_thing))
+        .layer(layer)
+        .with_state(script.clone());
+    Harness {
+        app,
+        store,
+        db,
+        script,
+        _database: database,
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    replayed: bool,
+    retry_after: Option<String>,
+    body: String,
+}
+
+impl Reply {
+    fn problem_type(&self) -> String {
+        let json: serde_json::Value = serde_json::from_str(&self.body).unwrap();
+        json["type"].as_str().unwrap().to_owned()
+    }
+}
+
+async fn send(app: &Router, key: &str) -> Reply {
+    let request = Request::post("/v1/things")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"name":"thing"}"#))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|value| value.to_str().unwrap().to_owned());
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    Reply {
+        status,
+        replayed,
+        retry_after,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+impl Harness {
+    async fn things(&self) -> Vec<i32> {
+        self.db
+            .query("SELECT attempt FROM things ORDER BY id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+
+    async fn operation(&self, key: &str) -> Option<tower_idempotency::Operation> {
+        self.store
+            .get(&Scope::new(SCOPE), &IdempotencyKey::new(key).unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// Rows of the operations table for `key`, as another session sees them.
+    async fn rows(&self, key: &str) -> i64 {
+        self.db
+            .query_one(
+                "SELECT count(*) FROM idempotency_operations WHERE idempotency_key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// The backend of the open single-commit transaction (what published its operation).
+    async fn holder_pid(&self) -> Option<i32> {
+        self.db
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'ti1 %'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .map(|row| row.get(0))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservation_write_and_completion_are_one_transaction() {
+    let h = harness(single(), Script::default()).await;
+    let first = send(&h.app, "k-one").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(h.things().await, [1]);
+    let operation = h.operation("k-one").await.unwrap();
+    assert_eq!(operation.state, OperationState::Completed);
+    assert_eq!(operation.attempts, 1);
+    // One transaction wrote the record (inserted and completed) and the handler's row:
+    // both carry its transaction id.
+    let record_xid: String =
+        h.db.query_one(
+            "SELECT xmin::text FROM idempotency_operations WHERE idempotency_key = 'k-one'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let thing_xid: String =
+        h.db.query_one("SELECT xmin::text FROM things", &[])
+            .await
+            .unwrap()
+            .get(0);
+    assert_eq!(record_xid, thing_xid, "one commit for record and write");
+    for _ in 0..3 {
+        let retry = send(&h.app, "k-one").await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(retry.replayed);
+        assert_eq!(retry.body, first.body);
+    }
+    assert_eq!(h.things().await, [1]);
+    // Nothing of the transaction stays on the pooled connections.
+    assert_eq!(h.holder_pid().await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_waits_for_the_transaction_then_replays_and_the_status_shows_it_running() {
+    duplicate_waits_then_replays(StatementMode::Prepared).await;
+}
+
+/// The same with every statement unnamed (the mode for a pooler in transaction mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unnamed_statements_take_the_same_path() {
+    duplicate_waits_then_replays(StatementMode::Unnamed).await;
+}
+
+async fn duplicate_waits_then_replays(mode: StatementMode) {
+    let (entered, proceed) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let script = Script {
+        hold_first: Some((entered.clone(), proceed.clone())),
+        ..Script::default()
+    };
+    let h = harness_in(mode, single().with_wait(Duration::from_secs(30)), script).await;
+    let app = h.app.clone();
+    let first = tokio::spawn(async move { send(&app, "k-dup").await });
+    entered.notified().await;
+
+    // The record is not committed, so no other session sees its row...
+    assert_eq!(h.rows("k-dup").await, 0);
+    // ...but the status look-up finds the running operation, with the handler's id.
+    let running = h.operation("k-dup").await.expect("the running operation");
+    assert_eq!(running.state, OperationState::InProgress);
+    assert!(
+        h.things().await.is_empty(),
+        "the write is not committed either"
+    );
+    let lease_end = running.lease_expires_at.expect("a lease end");
+    assert!(lease_end > std::time::SystemTime::now());
+
+    let app = h.app.clone();
+    let duplicate = tokio::spawn(async move { send(&app, "k-dup").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!duplicate.is_finished(), "the duplicate waits");
+    proceed.notify_one();
+    let first = first.await.unwrap();
+    let duplicate = duplicate.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(duplicate.status, StatusCode::CREATED, "{}", duplicate.body);
+    assert!(duplicate.replayed, "the duplicate waited and replayed");
+    assert_eq!(duplicate.body, first.body);
+    assert_eq!(h.things().await, [1]);
+    let done = h.operation("k-dup").await.unwrap();
+    assert_eq!(done.id, running.id, "the status look-up showed the real id");
+    assert_eq!(done.state, OperationState::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_past_its_wait_gets_request_in_progress_with_retry_after() {
+    let (entered, proceed) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let script = Script {
+        hold_first: Some((entered.clone(), proceed.clone())),
+        ..Script::default()
+    };
+    let wait = Duration::from_millis(400);
+    let h = harness(
+        single().with_wait(wait).with_lease(Duration::from_secs(20)),
+        script,
+    )
+    .await;
+    let app = h.app.clone();
+    let first = tokio::spawn(async move { send(&app, "k-busy").await });
+    entered.notified().await;
+
+    let started = Instant::now();
+    let duplicate = send(&h.app, "k-busy").await;
+    let waited = started.elapsed();
+    assert_eq!(duplicate.status, StatusCode::CONFLICT, "{}", duplicate.body);
+    assert!(
+        duplicate.problem_type().ends_with("/request-in-progress"),
+        "{}",
+        duplicate.body
+    );
+    let retry_after: u64 = duplicate
+        .retry_after
+        .as_deref()
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=20).contains(&retry_after), "Retry-After {retry_after}");
+    assert!(
+        waited >= wait,
+        "waited {waited:?}, the route's wait is {wait:?}"
+    );
+    assert!(waited < wait + Duration::from_secs(5), "waited {waited:?}");
+
+    proceed.notify_one();
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    let retry = send(&h.app, "k-busy").await;
+    assert!(retry.replayed, "{}", retry.body);
+    assert_eq!(h.things().await, [1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_rolls_everything_back_and_the_retry_executes() {
+    let script = Script {
+        fail_until: 1,
+        ..Script::default()
+    };
+    let h = harness(single(), script).await;
+    let failed = send(&h.app, "k-500").await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(h.things().await.is_empty());
+    assert!(h.operation("k-500").await.is_none(), "nothing was kept");
+    let retry = send(&h.app, "k-500").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert!(!retry.replayed);
+    assert_eq!(h.things().await, [2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_rolls_everything_back_and_the_retry_executes_once() {
+    let (entered, proceed) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let script = Script {
+        hold_first: Some((entered.clone(), proceed.clone())),
+        ..Script::default()
+    };
+    let h = harness(single(), script).await;
+    let app = h.app.clone();
+    let first = tokio::spawn(async move { send(&app, "k-crash").await });
+    entered.notified().await;
+
+    // The worker's database session dies mid-request (a crash of the app loses it the
+    // same way).
+    let pid = h.holder_pid().await.expect("the open transaction");
+    h.db.execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    eventually(DEADLINE, "the session is gone", || async {
+        h.holder_pid().await.is_none().then_some(())
+    })
+    .await;
+    assert!(h.things().await.is_empty(), "the write was rolled back");
+    assert!(
+        h.operation("k-crash").await.is_none(),
+        "and the reservation"
+    );
+
+    // A retry meanwhile executes at once (no lease to run out), once.
+    let retry = send(&h.app, "k-crash").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert!(!retry.replayed);
+    assert_eq!(retry.body, r#"{"attempt":2}"#);
+
+    // The first worker wakes up: its commit cannot happen.
+    proceed.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(
+        first.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        first.body
+    );
+    assert!(first.problem_type().ends_with("/not-committed"));
+    assert_eq!(h.things().await, [2], "executed once");
+    let again = send(&h.app, "k-crash").await;
+    assert!(again.replayed);
+    assert_eq!(again.body, r#"{"attempt":2}"#);
+    assert_eq!(h.script.attempts.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stalled_past_its_lease_loses_its_session_and_rolls_back() {
+    let script = Script {
+        first_sleep: Duration::from_millis(1500),
+        ..Script::default()
+    };
+    let h = harness(single().with_lease(Duration::from_millis(300)), script).await;
+    let stalled = send(&h.app, "k-stall").await;
+    assert_eq!(
+        stalled.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        stalled.body
+    );
+    assert!(stalled.problem_type().ends_with("/not-committed"));
+    assert!(h.things().await.is_empty());
+    assert!(h.operation("k-stall").await.is_none());
+    let retry = send(&h.app, "k-stall").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert_eq!(h.things().await, [2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_marks_on_the_single_commit_path_are_refused_when_set() {
+    let database = test_database().await;
+    let store = PostgresStore::connect(database.url()).await.unwrap();
+    let refused = IdempotencyLayer::new(store.clone()).with_route_policy(
+        Method::POST,
+        "/v1/things",
+        single().with_marks_dispatch(true),
+    );
+    assert!(
+        matches!(refused, Err(ConfigError::IncompatiblePolicy { .. })),
+        "{:?}",
+        refused.err()
+    );
+    // Either alone is fine.
+    assert!(
+        IdempotencyLayer::new(store.clone())
+            .with_route_policy(Method::POST, "/v1/things", single())
+            .is_ok()
+    );
+    assert!(
+        IdempotencyLayer::new(store)
+            .with_route_policy(
+                Method::POST,
+                "/v1/things",
+                RoutePolicy::transactional().with_marks_dispatch(true),
+            )
+            .is_ok()
+    );
+}
