@@ -189,7 +189,8 @@ impl Harness {
     async fn holder_pid(&self) -> Option<i32> {
         self.db
             .query_opt(
-                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'ti1 %'",
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE application_name LIKE 'ti1 %' AND datname = current_database()",
                 &[],
             )
             .await

@@ -27,7 +27,9 @@
 //!   `TransactionStore::reserve_transaction` (a journaled store with the demo's quota:
 //!   reservation and `BEGIN`, one round trip), the payment on the transaction's connection,
 //!   and `complete_delivered` (completion, delivery and `COMMIT`, one round trip) — what a
-//!   fresh request of a transactional route costs the database, without HTTP.
+//!   fresh request of a transactional route costs the database, without HTTP;
+//! - the same on the single-commit path (`TransactionStore::reserve_single_commit`:
+//!   `BEGIN` and the reservation in one round trip, one commit).
 //!
 //! The record is the size of the benchmark's: a 213-byte body and two headers.
 
@@ -72,15 +74,17 @@ const RECORD: &str = "WITH r AS (INSERT INTO idempotency_operations (scope, idem
      WHERE coalesce(current_setting('tower_idempotency.audit', true), '') <> 'off'";
 
 /// The measured cases, in the order of the first round.
-pub const CASES: [&str; 5] = [
+pub const CASES: [&str; 6] = [
     "payment",
     "payment + record",
     "payment + record, not journaled",
     "check, payment, record (3 round trips)",
-    "the store's transactional path (built)",
+    "the store's transactional path, reservation first (built, default)",
+    "the store's transactional path, single commit (built)",
 ];
 
-/// The case that runs the store's own statements.
+/// The first case that runs the store's own statements: reservation first, then the
+/// single-commit path.
 const STORE_CASE: usize = 4;
 
 const CHECK: &str = "SELECT operation_id, state, fingerprint FROM idempotency_operations \
@@ -152,14 +156,15 @@ async fn run_case(
     for (n, client) in clients.iter().enumerate() {
         let (client, stop, done, body) =
             (client.clone(), stop.clone(), done.clone(), body.to_vec());
-        if case == STORE_CASE {
+        if case >= STORE_CASE {
+            let single = case > STORE_CASE;
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
                 let mut i = 0_u64;
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
                     let key = format!("ceiling-{case}-{round}-{n}-{i}");
-                    store_request(&store, &key, &body)
+                    store_request(&store, &key, &body, single)
                         .await
                         .map_err(|e| e.to_string())?;
                     done.fetch_add(1, Ordering::Relaxed);
@@ -251,11 +256,13 @@ async fn run_case(
 }
 
 /// One fresh request of a transactional route, as the layer drives the store: reserve with
-/// the transaction, the payment in it, then the completion with the delivery and `COMMIT`.
+/// the transaction (on the single-commit path when `single`), the payment in it, then the
+/// completion with the delivery and `COMMIT`.
 async fn store_request(
     store: &PostgresStore,
     key: &str,
     body: &[u8],
+    single: bool,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let request = ReserveRequest {
         scope: Scope::new("acme"),
@@ -276,11 +283,18 @@ async fn store_request(
     let transactions = store
         .transactions()
         .ok_or("the PostgreSQL store has transactions")?;
+    let reserved = if single {
+        transactions
+            .reserve_single_commit(request, Duration::from_secs(5))
+            .await?
+    } else {
+        transactions.reserve_transaction(request).await?
+    };
     let TransactionalReservation::Acquired {
         operation,
         transaction,
         ..
-    } = transactions.reserve_transaction(request).await?
+    } = reserved
     else {
         return Err(format!("key {key} was not acquired").into());
     };

@@ -1079,19 +1079,18 @@ fn ceiling_command(args: &CeilingArgs) -> Result<(), String> {
             median(&mut ratios)
         );
     }
-    let mut shares: Vec<f64> = rounds
-        .iter()
-        .map(|r| r[ceiling::CASES.len() - 1] / r[3])
-        .collect();
-    let each = shares
-        .iter()
-        .map(|v| format!("{:.0} %", v * 100.0))
-        .collect::<Vec<_>>()
-        .join(", ");
-    println!(
-        "\nthe store's transactional path at {:.0} % of the three-round-trip ceiling (median; each round: {each})",
-        median(&mut shares) * 100.0
-    );
+    for (case, path) in [(4, "reservation first"), (5, "single commit")] {
+        let mut shares: Vec<f64> = rounds.iter().map(|r| r[case] / r[3]).collect();
+        let each = shares
+            .iter()
+            .map(|v| format!("{:.0} %", v * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!(
+            "\nthe store's transactional path ({path}) at {:.0} % of the three-round-trip ceiling (median; each round: {each})",
+            median(&mut shares) * 100.0
+        );
+    }
     println!("\nload average at the end: {}", load_average());
     Ok(())
 }
