@@ -229,7 +229,10 @@ fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// CPU seconds of the postmaster whose data directory is `data` and of its children.
+/// CPU seconds of the postmaster whose data directory is `data` and of its children: the
+/// live ones, and those that have exited (the postmaster's waited-for children's time), so
+/// that a backend ending between two snapshots moves its time from one part of the sum to
+/// the other instead of taking it out of the difference.
 fn postgres_cpu(data: &Path) -> f64 {
     let Some(postmaster) = std::fs::read_to_string(data.join("postmaster.pid"))
         .ok()
@@ -237,7 +240,7 @@ fn postgres_cpu(data: &Path) -> f64 {
     else {
         return 0.0;
     };
-    let mut total = process_cpu(postmaster, false);
+    let mut total = process_cpu(postmaster, true);
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for entry in entries.flatten() {
             let Some(pid) = entry

@@ -8,4 +8,5 @@ mod cli_audit_database;
 mod delivered;
 mod journal;
 mod lean;
+mod timeout;
 mod usage;

@@ -77,10 +77,12 @@ impl Executor {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>> {
-        self.bounded(what, async {
-            query_on(&*self.client().await?, self.statements, sql, params).await
-        })
-        .await
+        let deadline = tokio::time::Instant::now() + self.query_timeout;
+        let client = self.checkout(what, deadline).await?;
+        let outcome =
+            tokio::time::timeout_at(deadline, query_on(&client, self.statements, sql, params))
+                .await;
+        finish(what, client, outcome)
     }
 
     /// One prepared statement returning the number of rows it touched, on a pooled
@@ -91,10 +93,25 @@ impl Executor {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64> {
-        self.bounded(what, async {
-            execute_on(&*self.client().await?, self.statements, sql, params).await
-        })
-        .await
+        let deadline = tokio::time::Instant::now() + self.query_timeout;
+        let client = self.checkout(what, deadline).await?;
+        let outcome =
+            tokio::time::timeout_at(deadline, execute_on(&client, self.statements, sql, params))
+                .await;
+        finish(what, client, outcome)
+    }
+
+    /// A pooled connection, checked out by `deadline` (the start of the call's query
+    /// timeout, which the statement then shares).
+    async fn checkout(
+        &self,
+        what: &'static str,
+        deadline: tokio::time::Instant,
+    ) -> Result<deadpool_postgres::Client> {
+        match tokio::time::timeout_at(deadline, self.client()).await {
+            Ok(client) => client,
+            Err(_) => Err(timed_out(what)),
+        }
     }
 
     /// A write fenced by `lease` (`$1`–`$4`: scope, key, operation id, lease id; `extra`
@@ -115,6 +132,44 @@ impl Executor {
             0 => Err(lease_lost(what, lease)),
             _ => Ok(()),
         }
+    }
+}
+
+/// The outcome of a statement on a pooled connection: a statement still running when its
+/// query timeout ran out is cancelled on the server and its connection closed instead of
+/// pooled ([`abandon`]).
+fn finish<T>(
+    what: &'static str,
+    client: deadpool_postgres::Client,
+    outcome: std::result::Result<Result<T>, tokio::time::error::Elapsed>,
+) -> Result<T> {
+    match outcome {
+        Ok(result) => result,
+        Err(_) => {
+            abandon(client);
+            Err(timed_out(what))
+        }
+    }
+}
+
+/// Gives up on the statement running on `client`: sends the server a cancel request (as
+/// `pg_cancel_backend` does) and closes the connection rather than returning it to the
+/// pool. A statement the store gave up on must not land later (a reservation inserted
+/// after its caller was answered `503`), keep its locks, snapshot and a core while the
+/// callers retry beside it, or hold up the next statement sent on its connection.
+fn abandon(client: deadpool_postgres::Client) {
+    let cancel = client.cancel_token();
+    let connection = deadpool_postgres::Object::take(client);
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                if let Err(error) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                    tracing::warn!(error = %error, "could not cancel a statement past its query timeout");
+                }
+                drop(connection);
+            });
+        }
+        Err(_) => drop(connection),
     }
 }
 
