@@ -194,36 +194,11 @@ impl TransactionStore for PostgresStore {
             // A new key of a scope at its quota: the plain path purges and decides.
             return self.reserve_then_wait_for_a_place(request).await;
         };
-        if let Some(usage) = usage {
-            self.inner.usage.read(&request.scope, usage);
-        }
-        if !proposal.won(&row) && !settles(&request, &row) {
+        match self.answer_reserved(&request, &proposal, (row, usage), transaction) {
+            Some(answer) => Ok(answer),
             // Not a new key, and its record needs the reservation statement.
-            transaction.not_needed();
-            return self.reserve_then_wait_for_a_place(request).await;
+            None => self.reserve_then_wait_for_a_place(request).await,
         }
-        self.inner.recent.remember(&request.scope, &request.key);
-        Ok(match proposal.reservation(&request, row) {
-            Reservation::Acquired {
-                operation,
-                lease,
-                takeover,
-            } => TransactionalReservation::Acquired {
-                operation,
-                transaction: Box::new(transaction.owned_by(lease.clone())),
-                lease,
-                takeover,
-            },
-            Reservation::Existing(operation) => {
-                transaction.not_needed();
-                self.count_if_replay(&request, &operation);
-                TransactionalReservation::Existing(operation)
-            }
-            Reservation::ApprovalRequested(operation) => {
-                transaction.not_needed();
-                TransactionalReservation::ApprovalRequested(operation)
-            }
-        })
     }
 
     /// The single-commit path (`single.rs`, `docs/transactional.md`): with a free place in
@@ -288,36 +263,11 @@ impl TransactionStore for PostgresStore {
                 return self.reserve_then_wait_for_a_place(request).await;
             }
         };
-        if let Some(usage) = usage {
-            self.inner.usage.read(&request.scope, usage);
-        }
-        if !proposal.won(&row) && !settles(&request, &row) {
+        match self.answer_reserved(&request, &proposal, (row, usage), transaction) {
+            Some(answer) => Ok(answer),
             // Not a new key, and its record needs the reservation statement.
-            transaction.not_needed();
-            return self.reserve_then_wait_for_a_place(request).await;
+            None => self.reserve_then_wait_for_a_place(request).await,
         }
-        self.inner.recent.remember(&request.scope, &request.key);
-        Ok(match proposal.reservation(&request, row) {
-            Reservation::Acquired {
-                operation,
-                lease,
-                takeover,
-            } => TransactionalReservation::Acquired {
-                operation,
-                transaction: Box::new(transaction.owned_by(lease.clone())),
-                lease,
-                takeover,
-            },
-            Reservation::Existing(operation) => {
-                transaction.not_needed();
-                self.count_if_replay(&request, &operation);
-                TransactionalReservation::Existing(operation)
-            }
-            Reservation::ApprovalRequested(operation) => {
-                transaction.not_needed();
-                TransactionalReservation::ApprovalRequested(operation)
-            }
-        })
     }
 
     /// Opens a transaction on a connection of its own (see [`PostgresTransaction`]) within
@@ -859,6 +809,48 @@ impl PostgresStore {
             self.count_if_replay(&request, operation);
         }
         Ok(reservation)
+    }
+
+    /// What a reservation sent with its transaction's `BEGIN` (either commit path) answers,
+    /// from the row it returned: the operation acquired with its transaction, or the
+    /// record that settles the request (the transaction not needed); `None` — a key whose
+    /// record needs the reservation statement — for the plain path.
+    fn answer_reserved(
+        &self,
+        request: &ReserveRequest,
+        proposal: &ReserveParams<'_>,
+        (row, usage): (OperationRow, Option<(i64, i64)>),
+        transaction: PostgresTransaction,
+    ) -> Option<TransactionalReservation> {
+        if let Some(usage) = usage {
+            self.inner.usage.read(&request.scope, usage);
+        }
+        if !proposal.won(&row) && !settles(request, &row) {
+            transaction.not_needed();
+            return None;
+        }
+        self.inner.recent.remember(&request.scope, &request.key);
+        Some(match proposal.reservation(request, row) {
+            Reservation::Acquired {
+                operation,
+                lease,
+                takeover,
+            } => TransactionalReservation::Acquired {
+                operation,
+                transaction: Box::new(transaction.owned_by(lease.clone())),
+                lease,
+                takeover,
+            },
+            Reservation::Existing(operation) => {
+                transaction.not_needed();
+                self.count_if_replay(request, &operation);
+                TransactionalReservation::Existing(operation)
+            }
+            Reservation::ApprovalRequested(operation) => {
+                transaction.not_needed();
+                TransactionalReservation::ApprovalRequested(operation)
+            }
+        })
     }
 
     /// [`reserve_then_begin`](tower_idempotency_core::reserve_then_begin) with the reservation committed asynchronously: the
