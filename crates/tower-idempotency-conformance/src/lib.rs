@@ -44,7 +44,7 @@
 //!   dispatch ([`DispatchStore::mark_dispatched`](tower_idempotency_core::DispatchStore::mark_dispatched): fenced, the first time kept, the lease renewed). A
 //!   lease that lapses before the mark reads `in_progress` (lease in the past), wakes its
 //!   waiters, and is taken over by the next reservation of the same command, exactly once,
-//!   whatever `take_over_unknown` says. [`Store::cancel`] before the mark leaves a
+//!   whatever `take_over_unknown` says. [`DispatchStore::cancel`](tower_idempotency_core::DispatchStore::cancel) before the mark leaves a
 //!   `cancelled` record a retry takes over; after it, `unknown`.
 //! - A new key that needs approval is created `awaiting_approval` with a pending approval
 //!   bound to its fingerprint; [`ApprovalStore::decide_approval`](tower_idempotency_core::ApprovalStore::decide_approval) decides exactly once (approving

@@ -187,7 +187,7 @@ pub struct Approval {
 /// assert!("not a cursor".parse::<ApprovalCursor>().is_err());
 /// ```
 ///
-/// [`Store::list_approvals`]: crate::Store::list_approvals
+/// [`Store::list_approvals`]: crate::ApprovalStore::list_approvals
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ApprovalCursor {
     /// The request time of the last approval listed.
@@ -268,7 +268,7 @@ pub enum ApprovalDecision {
     },
 }
 
-/// The answer to [`Store::decide_approval`](crate::Store::decide_approval).
+/// The answer to [`ApprovalStore::decide_approval`](crate::ApprovalStore::decide_approval).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub enum DecisionOutcome {

@@ -5,7 +5,7 @@
 //! keys for the handler's downstream requests, and carries the **dispatch mark**: the
 //! line between "safe to run again" (a lease that lapses before the mark is taken over and
 //! executed) and "outcome unknown" (one that lapses after it). The mark is stored on the
-//! operation record by [`Store::mark_dispatched`], fenced by the attempt's lease, so an
+//! operation record by [`DispatchStore::mark_dispatched`](crate::DispatchStore::mark_dispatched), fenced by the attempt's lease, so an
 //! attempt whose lease was taken over is refused before it crosses its effect boundary.
 
 use std::fmt;

@@ -207,7 +207,7 @@ pub struct Operation {
     /// reservation for routes whose handlers do not mark it). `None` while accepted but not
     /// dispatched.
     ///
-    /// [`Store::mark_dispatched`]: crate::Store::mark_dispatched
+    /// [`Store::mark_dispatched`]: crate::DispatchStore::mark_dispatched
     pub dispatched_at: Option<SystemTime>,
     /// When the result was stored.
     pub completed_at: Option<SystemTime>,

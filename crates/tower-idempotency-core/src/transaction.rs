@@ -2,7 +2,7 @@
 //! operation's completion commit in one database transaction.
 //!
 //! A store that supports it opens an [`OperationTransaction`] for a reserved operation
-//! ([`Store::begin_transaction`](crate::Store::begin_transaction)); the layer hands it to
+//! ([`TransactionStore::begin_transaction`](crate::TransactionStore::begin_transaction)); the layer hands it to
 //! the handler through an [`OperationTx`] in the request extensions, then commits it
 //! together with the completion, or rolls it back and releases the reservation. Invariant:
 //! the completion is fenced by the lease inside the transaction, so an attempt whose lease

@@ -7,7 +7,7 @@
 //! decision label [`DECISION`](tower_idempotency_core::metrics::DECISION) and the values
 //! of the HTTP layer. The tool takes the place of the HTTP route: the labels are
 //! [`MCP_METHOD`] (always `tools/call`), [`TOOL_NAME`] and the decision. Running executions
-//! are counted in [`OPERATIONS_IN_FLIGHT`](tower_idempotency_core::metrics::OPERATIONS_IN_FLIGHT).
+//! are counted in [`OPERATIONS_IN_FLIGHT`].
 //!
 //! Labels stay low-cardinality: the tool name is the name the server configured
 //! (`with_tool` / `with_tool_definitions`, plus the status tool); any other name a client

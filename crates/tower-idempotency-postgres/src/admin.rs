@@ -118,7 +118,7 @@ impl PostgresStore {
 
     /// Lists up to `limit` approvals across scopes in `state` as read (every state when
     /// `None`), oldest request first (operator use only; one scope's are
-    /// [`Store::list_approvals`](tower_idempotency_core::Store::list_approvals)).
+    /// [`ApprovalStore::list_approvals`](tower_idempotency_core::ApprovalStore::list_approvals)).
     pub async fn list_all_approvals(
         &self,
         state: Option<ApprovalState>,

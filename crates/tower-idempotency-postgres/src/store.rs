@@ -147,13 +147,13 @@ impl fmt::Debug for PostgresStore {
 #[async_trait]
 impl TransactionStore for PostgresStore {
     /// With a free place in the transaction budget: the reservation on a connection of
-    /// its own, pipelined with `BEGIN` (see [`PostgresTransaction::reserve`]) — one
+    /// its own, pipelined with `BEGIN` (see `PostgresTransaction::reserve`) — one
     /// checkout and one round trip, after which the connection holds the operation's
     /// transaction if the reservation was won, and goes back to the pool otherwise. With
     /// the budget full: the reservation takes a connection of the short statements' share
     /// and waits for a place (up to `wait_timeout`) only once it has won, so that replays
     /// and duplicates of transactional routes never wait for the budget (see
-    /// [`reserve_then_wait_for_a_place`](Self::reserve_then_wait_for_a_place)).
+    /// `reserve_then_wait_for_a_place`).
     async fn reserve_transaction(
         &self,
         request: ReserveRequest,
@@ -1156,11 +1156,11 @@ impl Store for PostgresStore {
     }
 
     /// Walks the table's blocks from where this store's last purge stopped, a range of
-    /// [`PURGE_RANGE_BLOCKS`] per statement (see `OperationQueries::purge`), until `batch`
-    /// rows went or the call has read the whole table or [`PURGE_SCAN_BLOCKS`] blocks,
+    /// `PURGE_RANGE_BLOCKS` per statement (see `OperationQueries::purge`), until `batch`
+    /// rows went or the call has read the whole table or `PURGE_SCAN_BLOCKS` blocks,
     /// whichever is less; the next call goes on from there, wrapping at the table's end.
     /// So a call that returns less than `batch` has read the whole table when it is at most
-    /// [`PURGE_SCAN_BLOCKS`] blocks (1 GiB) long, and a larger table is read whole over
+    /// `PURGE_SCAN_BLOCKS` blocks (1 GiB) long, and a larger table is read whole over
     /// several calls (several purge periods).
     async fn purge_expired(&self, batch: usize) -> Result<usize> {
         if batch == 0 {

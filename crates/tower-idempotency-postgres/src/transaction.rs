@@ -43,7 +43,7 @@ use crate::sql::Queries;
 use crate::usage::UsageBatch;
 
 /// An open PostgreSQL transaction belonging to one reserved operation. The layer creates
-/// it (through [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction))
+/// it (through [`TransactionStore::begin_transaction`](tower_idempotency_core::TransactionStore::begin_transaction))
 /// and finishes it; handlers reach its connection
 /// through [`PostgresTx`].
 pub struct PostgresTransaction {

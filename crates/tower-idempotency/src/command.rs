@@ -29,7 +29,7 @@ use crate::built_command::CommandRejection;
 /// `normalize` applies defaults, drops server-assigned fields and refuses invalid or
 /// unknown fields (see [`RoutePolicy::with_normalizer`](crate::RoutePolicy::with_normalizer));
 /// [`RoutePolicy::with_command`](crate::RoutePolicy::with_command) makes it the route's
-/// normalizer, so that the layer and the [`ValidatedJson`] extractor's fallback run the same
+/// normalizer, so that the layer and the `ValidatedJson` extractor's fallback run the same
 /// validation. The default normalizes nothing.
 ///
 /// ```

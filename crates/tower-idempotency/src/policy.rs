@@ -249,7 +249,7 @@ impl RoutePolicy {
     /// `false`).
     ///
     /// On a transactional route the layer opens a transaction through
-    /// [`Store::begin_transaction`](tower_idempotency_core::Store::begin_transaction) after
+    /// [`TransactionStore::begin_transaction`](tower_idempotency_core::TransactionStore::begin_transaction) after
     /// the reservation and puts an [`OperationTx`](tower_idempotency_core::OperationTx) in
     /// the request extensions. The handler writes through it; the layer then commits those
     /// writes, the stored response and the completion in one transaction. A `5xx`, a

@@ -166,7 +166,7 @@ pub enum SummaryError {
 }
 
 /// What an approver is shown, as typed fields: built from the validated command, checked
-/// field by field (see the [module docs](self) for what is neutralised and what is
+/// field by field (see the module docs of `approval::summary` for what is neutralised and what is
 /// refused), rendered as a flat JSON object.
 ///
 /// The builder records the first refusal and keeps going, so a summary is one expression;

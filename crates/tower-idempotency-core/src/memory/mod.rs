@@ -39,7 +39,7 @@
 //! arrives late is real, so [`Store::complete`](crate::Store::complete) still accepts it,
 //! turning an unknown outcome into a replayable one (and a late
 //! [`Store::extend_lease`](crate::Store::extend_lease) puts it back `in_progress`). A lease
-//! that runs out before its dispatch mark ([`Store::mark_dispatched`](crate::Store::mark_dispatched),
+//! that runs out before its dispatch mark ([`DispatchStore::mark_dispatched`](crate::DispatchStore::mark_dispatched),
 //! for requests with `marks_dispatch`) leaves the record `in_progress`, its waiters woken,
 //! and the next reservation of the same command takes it over. A take-over, completion,
 //! abandonment, cancellation or release ends the lease; after that every call with it fails

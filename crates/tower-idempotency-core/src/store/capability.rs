@@ -165,7 +165,7 @@ pub trait DispatchStore: Send + Sync {
     /// [`extend_lease`](Store::extend_lease), it also renews a lease that ran out but was not
     /// taken over. Returns the record as it now stands.
     ///
-    /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
+    /// Fails with [`StoreError::LeaseLost`](crate::StoreError::LeaseLost) when the lease is no longer current.
     async fn mark_dispatched(&self, lease: &Lease, renew: Duration) -> Result<Operation>;
 
     /// Cancels the attempt, fenced by the lease: `cancelled` when it had not dispatched

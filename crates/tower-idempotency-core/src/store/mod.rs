@@ -50,7 +50,7 @@ pub struct ReserveRequest {
     /// Whether an `unknown` record with the same fingerprint may be taken over and
     /// executed again (only for routes that declared re-execution safe).
     pub take_over_unknown: bool,
-    /// `true` when the handler marks its own dispatch ([`Store::mark_dispatched`]): the
+    /// `true` when the handler marks its own dispatch ([`DispatchStore::mark_dispatched`]): the
     /// operation is reserved accepted-but-not-dispatched, and a lease that lapses before the
     /// mark leaves it safe to take over (attempt + 1, same operation id) instead of
     /// `unknown`. `false` (the HTTP default): the reservation itself is the dispatch mark,
@@ -136,7 +136,7 @@ pub trait Store: Send + Sync + Debug + 'static {
 
     /// Stores the response and marks the operation `completed`, fenced by the lease.
     ///
-    /// Fails with [`StoreError::LeaseLost`] when the lease is no longer current.
+    /// Fails with [`StoreError::LeaseLost`](crate::StoreError::LeaseLost) when the lease is no longer current.
     async fn complete(&self, lease: &Lease, response: StoredResponse) -> Result<Operation>;
 
     /// [`complete`](Store::complete) for a caller that does not read the completed record
