@@ -162,43 +162,7 @@ impl TransactionStore for PostgresStore {
         if let Some(operation) = self.settled(&request).await? {
             return Ok(TransactionalReservation::Existing(operation));
         }
-        // A command that needs approval: its reservation may create the approval request,
-        // which must be committed whatever the handler later does, so it is reserved on its
-        // own (two steps; rare: once per approval, and once for the approved attempt).
-        if request.approval.is_some() {
-            return reserve_then_begin(self, request).await;
-        }
-        let Some(permit) = self.inner.transactions.try_acquire() else {
-            return self.reserve_then_wait_for_a_place(request).await;
-        };
-        // Reserved by the new-key statement: a key that has a row goes the plain path.
-        let mut proposal = ReserveParams::new(&request, self.inner.quota);
-        proposal.check_quota = self
-            .inner
-            .usage
-            .must_check(&request.scope, self.inner.quota);
-        let (sql, params) = (
-            &self.inner.queries.operations.reserve_new_before_transaction,
-            &proposal.new_key_params()[..],
-        );
-        let reserved = PostgresTransaction::reserve(
-            &self.inner.executor,
-            &self.inner.queries,
-            (&request, &proposal),
-            (sql, params),
-            permit,
-            self.inner.usage_batch.clone(),
-        )
-        .await?;
-        let Some((Reserved { row, usage }, transaction)) = reserved else {
-            // A new key of a scope at its quota: the plain path purges and decides.
-            return self.reserve_then_wait_for_a_place(request).await;
-        };
-        match self.answer_reserved(&request, &proposal, (row, usage), transaction) {
-            Some(answer) => Ok(answer),
-            // Not a new key, and its record needs the reservation statement.
-            None => self.reserve_then_wait_for_a_place(request).await,
-        }
+        self.reserve_transaction_unsettled(request).await
     }
 
     /// The single-commit path (`single.rs`, `docs/transactional.md`): with a free place in
@@ -223,7 +187,7 @@ impl TransactionStore for PostgresStore {
             return Ok(TransactionalReservation::Existing(operation));
         }
         if request.approval.is_some() || self.inner.usage_batch.is_none() {
-            return self.reserve_transaction(request).await;
+            return self.reserve_transaction_unsettled(request).await;
         }
         // The reservation is written in the transaction, so it needs its place first: a
         // full budget is waited for (at most `wait_timeout`, then `503 store-unavailable`).
@@ -232,11 +196,7 @@ impl TransactionStore for PostgresStore {
             Some(permit) => permit,
             None => self.inner.transactions.acquire().await?,
         };
-        let mut proposal = ReserveParams::new(&request, self.inner.quota);
-        proposal.check_quota = self
-            .inner
-            .usage
-            .must_check(&request.scope, self.inner.quota);
+        let proposal = self.new_key_proposal(&request);
         let (sql, params) = (
             &self.inner.queries.operations.reserve_new,
             &proposal.new_key_params()[..],
@@ -758,10 +718,7 @@ impl PostgresStore {
         }
         let mut proposal = ReserveParams::new(&request, self.inner.quota);
         if request.approval.is_none() {
-            proposal.check_quota = self
-                .inner
-                .usage
-                .must_check(&request.scope, self.inner.quota);
+            proposal = self.new_key_proposal(&request);
             let rows = (self.inner.executor)
                 .query(
                     "reserve",
@@ -809,6 +766,58 @@ impl PostgresStore {
             self.count_if_replay(&request, operation);
         }
         Ok(reservation)
+    }
+
+    /// [`reserve_transaction`](TransactionStore::reserve_transaction) for a request whose
+    /// key the caller has already looked up (`settled`).
+    async fn reserve_transaction_unsettled(
+        &self,
+        request: ReserveRequest,
+    ) -> Result<TransactionalReservation> {
+        // A command that needs approval: its reservation may create the approval request,
+        // which must be committed whatever the handler later does, so it is reserved on its
+        // own (two steps; rare: once per approval, and once for the approved attempt).
+        if request.approval.is_some() {
+            return reserve_then_begin(self, request).await;
+        }
+        let Some(permit) = self.inner.transactions.try_acquire() else {
+            return self.reserve_then_wait_for_a_place(request).await;
+        };
+        // Reserved by the new-key statement: a key that has a row goes the plain path.
+        let proposal = self.new_key_proposal(&request);
+        let (sql, params) = (
+            &self.inner.queries.operations.reserve_new_before_transaction,
+            &proposal.new_key_params()[..],
+        );
+        let reserved = PostgresTransaction::reserve(
+            &self.inner.executor,
+            &self.inner.queries,
+            (&request, &proposal),
+            (sql, params),
+            permit,
+            self.inner.usage_batch.clone(),
+        )
+        .await?;
+        let Some((Reserved { row, usage }, transaction)) = reserved else {
+            // A new key of a scope at its quota: the plain path purges and decides.
+            return self.reserve_then_wait_for_a_place(request).await;
+        };
+        match self.answer_reserved(&request, &proposal, (row, usage), transaction) {
+            Some(answer) => Ok(answer),
+            // Not a new key, and its record needs the reservation statement.
+            None => self.reserve_then_wait_for_a_place(request).await,
+        }
+    }
+
+    /// The parameters of a new key's reservation, checking the scope's quota in the
+    /// statement unless this store's last read of its usage stands in (`usage.rs`).
+    fn new_key_proposal<'r>(&self, request: &'r ReserveRequest) -> ReserveParams<'r> {
+        let mut proposal = ReserveParams::new(request, self.inner.quota);
+        proposal.check_quota = self
+            .inner
+            .usage
+            .must_check(&request.scope, self.inner.quota);
+        proposal
     }
 
     /// What a reservation sent with its transaction's `BEGIN` (either commit path) answers,
