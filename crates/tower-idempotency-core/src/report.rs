@@ -101,6 +101,33 @@ pub fn approval_json(approval: &Approval) -> Value {
     })
 }
 
+/// Operations as the operator tools list them: a header line, then one tab-separated line
+/// each (id, state, scope, key, method, route, attempts, creation time).
+pub fn write_operations(
+    out: &mut impl std::io::Write,
+    operations: &[Operation],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "operation_id\tstate\tscope\tkey\tmethod\troute\tattempts\tcreated_at"
+    )?;
+    for op in operations {
+        writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            op.id,
+            op.state,
+            op.scope,
+            op.key,
+            op.method,
+            op.route,
+            op.attempts,
+            time(op.created_at)
+        )?;
+    }
+    Ok(())
+}
+
 /// The operator tools' command-line values, parsed the same way by the PostgreSQL and Redis
 /// tools (clap `value_parser`s: each returns the message clap prints after the flag's name).
 ///

@@ -15,14 +15,13 @@
 //! `--redis-cluster` with its seed nodes (or `REDIS_CLUSTER`); a URL may carry a password,
 //! so prefer the environment to the command line.
 
-use std::io::Write;
 use std::num::NonZeroUsize;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 use tower_idempotency_core::report::arg::{key, operation_id, positive, reason, resolution, state};
-use tower_idempotency_core::report::{arg, operation_json, time};
+use tower_idempotency_core::report::{arg, operation_json, write_operations};
 use tower_idempotency_core::{IdempotencyKey, OperationId, OperationState, Scope, Store};
 use tower_idempotency_redis::{
     RedisStore, RedisStoreConfig, RedisStoreError, Resolution, ServerSettings, Topology,
@@ -306,25 +305,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::List { state, limit } => {
             let operations = store.list(state, limit.get()).await?;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(
-                out,
-                "operation_id\tstate\tscope\tkey\tmethod\troute\tattempts\tcreated_at"
-            );
-            for op in &operations {
-                let _ = writeln!(
-                    out,
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    op.id,
-                    op.state,
-                    op.scope,
-                    op.key,
-                    op.method,
-                    op.route,
-                    op.attempts,
-                    time(op.created_at)
-                );
-            }
+            let _ = write_operations(&mut std::io::stdout().lock(), &operations);
             eprintln!("{} {state} operation(s)", operations.len());
             Ok(())
         }

@@ -16,7 +16,6 @@
 mod approvals;
 mod audit;
 
-use std::io::Write;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,7 +25,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::{Value, json};
 use tower_idempotency_core::report::arg::{key, operation_id, positive, reason, resolution, state};
-use tower_idempotency_core::report::{arg, operation_json, time};
+use tower_idempotency_core::report::{arg, operation_json, time, write_operations};
 use tower_idempotency_core::{
     IdempotencyKey, OperationId, OperationState, Scope, Store, StoreError,
 };
@@ -395,25 +394,7 @@ async fn find(store: &PostgresStore, scope: Scope, key: IdempotencyKey) -> Resul
 
 async fn list(store: &PostgresStore, state: OperationState, limit: usize) -> Result<(), Failure> {
     let operations = store.list_operations(state, limit).await?;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(
-        out,
-        "operation_id\tstate\tscope\tkey\tmethod\troute\tattempts\tcreated_at"
-    );
-    for op in &operations {
-        let _ = writeln!(
-            out,
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-            op.id,
-            op.state,
-            op.scope,
-            op.key,
-            op.method,
-            op.route,
-            op.attempts,
-            time(op.created_at)
-        );
-    }
+    let _ = write_operations(&mut std::io::stdout().lock(), &operations);
     eprintln!("{} {state} operation(s)", operations.len());
     Ok(())
 }
