@@ -96,8 +96,9 @@ async fn client_killed_mid_request(database_url: Option<String>) {
         .spawn()
         .unwrap();
     let key = wait_until_sent(&journal).await;
-    // The request is on the wire and the handler is sleeping after its write.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The request reached the server and the handler is sleeping after its write.
+    demo.wait_until_reserved("acme", &key).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     first.kill().await.unwrap();
     let status = first.wait().await.unwrap();
     assert_eq!(status.code(), None, "killed by a signal, not exited");
@@ -148,7 +149,7 @@ async fn a_server_killed_between_attempts_and_restarted_leaves_one_effect_postgr
         async move { agent.run("/v1/tickets", "server-kill-1", TICKET).await }
     });
     let key = wait_until_sent(&journal).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    demo.wait_until_reserved("acme", &key).await;
     // Mid-handler: its transaction never commits; its lease is never renewed again.
     demo.kill().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -250,7 +251,7 @@ async fn request_in_progress_is_waited_out_for_retry_after() {
         async move { agent.run("/v1/tickets", "busy-1", TICKET).await }
     });
     let key = wait_until_sent(&journal).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    demo.wait_until_reserved("acme", &key).await;
 
     // …what a duplicate gets while it runs: the server's Retry-After.
     let probe = reqwest::Client::new()

@@ -169,6 +169,22 @@ impl Demo {
             .await
             .unwrap()
     }
+
+    /// Waits until the server holds a record for `key`: the request reached the store.
+    /// A journal line that says "sent" only means the client wrote it before sending.
+    pub async fn wait_until_reserved(&self, token: &str, key: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.operation(token, key).await.get("state").is_some() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server recorded no operation for {key} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// A fresh journal path.
