@@ -116,10 +116,7 @@ async fn the_layers_decisions_come_out_of_the_database_journal_in_order() {
             "deploy",
             ToolPolicy::guarded().with_wait(Duration::from_secs(10)),
         )
-        .layer(support::server(
-            Arc::clone(&runs),
-            Duration::from_millis(400),
-        ));
+        .layer(support::server(Arc::clone(&runs), Duration::from_secs(2)));
     let arguments = json!({"service": "api", "version": "v-pg-secret-7"});
 
     let first = tokio::spawn({
@@ -127,7 +124,15 @@ async fn the_layers_decisions_come_out_of_the_database_journal_in_order() {
         let request = post(json!(1), arguments.clone(), Some("s-pg"));
         async move { send(&service, request).await }
     });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The tool runs only after the call's reservation: from then on a retry attaches.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while runs.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first call never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let retry = send(&service, post(json!("retry-2"), arguments.clone(), None)).await;
     let first = first.await.unwrap();
     assert_eq!(retry["id"], "retry-2");

@@ -38,7 +38,7 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
     }
 }
 
-/// A Streamable HTTP server whose tool waits 1 s before its (never reached) dispatch mark
+/// A Streamable HTTP server whose tool waits 5 s before its (never reached) dispatch mark
 /// on the first run, and answers at once after.
 fn slow_server(
     runs: Arc<AtomicUsize>,
@@ -57,7 +57,7 @@ fn slow_server(
             let message: Value = serde_json::from_slice(&body).unwrap();
             let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
             if run == 1 {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
             }
             let reply = json!({"jsonrpc": "2.0", "id": message["id"],
                                "result": {"content": [], "structuredContent": {"run": run}}});
@@ -111,12 +111,15 @@ async fn cancelled_then_taken_over(store: Arc<dyn Store>) {
         response.json::<Value>().await.unwrap()["result"]["structuredContent"].clone()
     };
 
-    // The client gives up after 200 ms, before the tool reached its dispatch mark.
-    assert!(
-        post(tool_call(1), Duration::from_millis(200))
-            .await
-            .is_err()
-    );
+    // The client gives up once the tool runs, before it reached its dispatch mark.
+    let first = tokio::spawn(post(tool_call(1), Duration::from_secs(30)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while runs.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the tool never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
     let mut record = Value::Null;
     for n in 0..500 {
         record = status(100 + n).await;

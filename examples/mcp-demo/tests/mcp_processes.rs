@@ -79,8 +79,27 @@ async fn kill_before_dispatch_then_retry_executes_once() {
             support::tool_call(call_id, "create_ticket", support::ticket("Kill me"), None);
         tokio::spawn(async move { raw.post(message, &[]).await })
     };
-    // Accepted and sleeping before its dispatch mark.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Accepted and sleeping before its dispatch mark: its record is in the table.
+    let db = database.client().await;
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    loop {
+        let reserved: i64 = db
+            .query_one(
+                "SELECT count(*) FROM idempotency_operations WHERE state = 'in_progress'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if reserved == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first call never reserved"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     first.kill();
     let _ = pending.await;
 

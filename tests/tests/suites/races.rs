@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use integration_tests::app::{Client, TestServer, demo_config, new_account, new_key};
+use integration_tests::app::{TestServer, demo_config, new_account, new_key};
 use serde_json::Value;
 
 const TICKET: &str = r#"{"project":"ops","title":"Disk full on db-1","priority":"high"}"#;
@@ -153,26 +153,17 @@ async fn thirty_two_concurrent_copies_execute_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_handler_gets_a_replay_on_retry() {
-    let server = demo_with(800, 60_000, 10_000).await;
+    let server = demo_with(3_000, 60_000, 10_000).await;
     let account = new_account();
     let client = server.client(&account);
-    let impatient = client.clone().with_http(
-        Client::builder()
-            .timeout(Duration::from_millis(200))
-            .build()
-            .unwrap(),
-    );
     let key = new_key();
-    let gave_up = impatient
-        .request(reqwest::Method::POST, "/v1/tickets")
-        .header("content-type", "application/json")
-        .header("idempotency-key", &key)
-        .body(TICKET)
-        .send()
-        .await;
+    let running = client.spawn_post("/v1/tickets", Some(&key), TICKET);
+    // The request reached the handler; the client then gives up and drops its connection.
+    client.until_state(&key, "in_progress", DEADLINE).await;
+    running.abort();
     assert!(
-        gave_up.is_err(),
-        "the client gives up before the handler answers"
+        running.await.unwrap_err().is_cancelled(),
+        "the client gave up before the handler answered"
     );
 
     // The handler was not cancelled with the connection: it finishes and its result is
