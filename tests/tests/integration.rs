@@ -38,3 +38,5 @@ mod postgres_tx_demo;
 mod postgres_tx_outbox;
 mod postgres_tx_routes;
 mod postgres_tx_single;
+/// The fixture of the two modules above.
+mod tx_things;

@@ -4,168 +4,40 @@
 //! transactions refuses the route instead of running it unprotected.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::{Method, Request, StatusCode};
 use integration_tests::app::eventually;
-use integration_tests::pg::{TestDatabase, test_database};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 use tower_idempotency::{
-    Capability, ConfigError, IdempotencyKey, IdempotencyLayer, MemoryStore, OperationState,
-    RoutePolicy, Scope, Store,
+    Capability, ConfigError, IdempotencyLayer, MemoryStore, OperationState, RoutePolicy, Scope,
 };
-use tower_idempotency_postgres::{PostgresStore, PostgresTx};
+use tower_idempotency_postgres::{PostgresStore, PostgresTx, StatementMode};
+
+use crate::tx_things::{Harness, Script, send};
 
 const SCOPE: &str = "acct_tx";
 /// Generous bound on waiting for a lease to lapse, so a take-over that never comes fails
 /// the test instead of hanging it.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// What the handler does, per attempt (1-based).
-#[derive(Clone, Default)]
-struct Script {
-    attempts: Arc<AtomicUsize>,
-    /// Attempts up to this number answer `500` after writing.
-    fail_until: usize,
-    /// Attempts up to this number panic after writing.
-    panic_until: usize,
-    /// The first attempt signals `entered` after writing, then waits for `proceed`.
-    hold_first: Option<(Arc<Notify>, Arc<Notify>)>,
-    /// Every attempt sleeps this long after writing.
-    sleep: Duration,
-}
-
-async fn create_thing(State(script): State<Script>, tx: PostgresTx) -> Response {
-    let attempt = script.attempts.fetch_add(1, Ordering::SeqCst) + 1;
-    {
-        let connection = tx.lock().await.unwrap();
-        let attempt = i32::try_from(attempt).unwrap();
-        connection
-            .execute(
-                "INSERT INTO things (operation_id, attempt) VALUES ($1, $2)",
-                &[&tx.operation_id().as_uuid(), &attempt],
-            )
-            .await
-            .unwrap();
-    }
-    if attempt == 1
-        && let Some((entered, proceed)) = &script.hold_first
-    {
-        entered.notify_one();
-        proceed.notified().await;
-    }
-    tokio::time::sleep(script.sleep).await;
-    if attempt <= script.panic_until {
-        panic!("handler panics on attempt {attempt}");
-    }
-    if attempt <= script.fail_until {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response();
-    }
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json")],
-        format!("{{\"attempt\":{attempt}}}"),
-    )
-        .into_response()
-}
-
-struct Harness {
-    app: Router,
-    store: PostgresStore,
-    db: tokio_postgres::Client,
-    script: Script,
-    _database: TestDatabase,
-}
-
-/// A fresh database holding the store's schema and `schema`, the store on it, and a plain
-/// client for reading what the handlers wrote.
-async fn database_with(schema: &str) -> (TestDatabase, PostgresStore, tokio_postgres::Client) {
-    let database = test_database().await;
-    let store = PostgresStore::connect(database.url()).await.unwrap();
-    store.migrate().await.unwrap();
-    let db = database.client().await;
-    db.batch_execute(schema).await.unwrap();
-    (database, store, db)
-}
-
 async fn harness(policy: RoutePolicy, script: Script) -> Harness {
-    let (database, store, db) = database_with(
-        "CREATE TABLE things (id bigserial PRIMARY KEY, operation_id uuid NOT NULL, attempt int NOT NULL)",
-    )
-    .await;
-    let layer = IdempotencyLayer::new(store.clone())
-        .with_scope(|_| Some(Scope::new(SCOPE)))
-        .with_default_policy(policy)
-        .expect("the store has what the policy needs");
-    let app = Router::new()
-        .route("/v1/things", post(create_thing))
-        .layer(layer)
-        .with_state(script.clone());
-    Harness {
-        app,
-        store,
-        db,
-        script,
-        _database: database,
-    }
+    crate::tx_things::harness(SCOPE, StatementMode::Prepared, policy, script).await
 }
 
-struct Reply {
-    status: StatusCode,
-    replayed: bool,
-    body: String,
-}
-
-impl Reply {
-    fn problem_type(&self) -> String {
-        let json: serde_json::Value = serde_json::from_str(&self.body).unwrap();
-        json["type"].as_str().unwrap().to_owned()
-    }
-}
-
-async fn send(app: &Router, key: &str) -> Reply {
-    let request = Request::post("/v1/things")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(Body::from(r#"{"name":"thing"}"#))
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    Reply {
-        status,
-        replayed,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
-}
-
-impl Harness {
-    async fn things(&self) -> Vec<i32> {
-        self.db
-            .query("SELECT attempt FROM things ORDER BY id", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect()
-    }
-
-    async fn operation(&self, key: &str) -> Option<tower_idempotency::Operation> {
-        self.store
-            .get(&Scope::new(SCOPE), &IdempotencyKey::new(key).unwrap())
-            .await
-            .unwrap()
-    }
+async fn database_with(
+    schema: &str,
+) -> (
+    integration_tests::pg::TestDatabase,
+    PostgresStore,
+    tokio_postgres::Client,
+) {
+    crate::tx_things::database_with(StatementMode::Prepared, schema).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,7 +187,7 @@ async fn an_open_transaction_blocks_neither_heartbeats_nor_duplicates() {
     // A lease far shorter than the handler: only heartbeats keep it, and they must get
     // through while the transaction is open.
     let policy = RoutePolicy::transactional()
-        .with_lease(Duration::from_millis(150))
+        .with_lease(Duration::from_millis(600))
         .with_wait(Duration::from_secs(30));
     let h = harness(policy, script).await;
     let app = h.app.clone();
@@ -325,8 +197,8 @@ async fn an_open_transaction_blocks_neither_heartbeats_nor_duplicates() {
     // The reservation was committed before the transaction began: it is visible.
     let app = h.app.clone();
     let duplicate = tokio::spawn(async move { send(&app, "k-slow").await });
-    for _ in 0..8 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
         let operation = h.operation("k-slow").await.unwrap();
         assert_eq!(
             operation.state,
@@ -454,7 +326,7 @@ async fn a_response_too_large_to_store_still_commits_and_is_not_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_kept_past_the_answer_finds_the_transaction_finished() {
-    let database = test_database().await;
+    let database = integration_tests::pg::test_database().await;
     let store = PostgresStore::connect(database.url()).await.unwrap();
     store.migrate().await.unwrap();
     let (kept, mut later) = tokio::sync::mpsc::unbounded_channel::<PostgresTx>();

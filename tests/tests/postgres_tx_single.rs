@@ -6,77 +6,19 @@
 //! retry executes once; the combination with dispatch marks is refused when it is set.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use http::{Method, Request, StatusCode};
+use http::{Method, StatusCode};
 use integration_tests::app::eventually;
-use integration_tests::pg::{TestDatabase, test_database};
 use tokio::sync::Notify;
-use tower::ServiceExt;
-use tower_idempotency::{
-    CommitPath, ConfigError, IdempotencyKey, IdempotencyLayer, OperationState, RoutePolicy, Scope,
-    Store,
-};
-use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig, PostgresTx, StatementMode};
+use tower_idempotency::{CommitPath, ConfigError, IdempotencyLayer, OperationState, RoutePolicy};
+use tower_idempotency_postgres::{PostgresStore, StatementMode};
+
+use crate::tx_things::{Harness, Script, send};
 
 const SCOPE: &str = "acct_single";
 const DEADLINE: Duration = Duration::from_secs(30);
-
-#[derive(Clone, Default)]
-struct Script {
-    attempts: Arc<AtomicUsize>,
-    /// Attempts up to this number answer `500` after writing.
-    fail_until: usize,
-    /// The first attempt signals `entered` after writing, then waits for `proceed`.
-    hold_first: Option<(Arc<Notify>, Arc<Notify>)>,
-    /// The first attempt sleeps this long after writing, idle in its transaction.
-    first_sleep: Duration,
-}
-
-async fn create_thing(State(script): State<Script>, tx: PostgresTx) -> Response {
-    let attempt = script.attempts.fetch_add(1, Ordering::SeqCst) + 1;
-    {
-        let connection = tx.lock().await.unwrap();
-        let attempt = i32::try_from(attempt).unwrap();
-        connection
-            .execute(
-                "INSERT INTO things (operation_id, attempt) VALUES ($1, $2)",
-                &[&tx.operation_id().as_uuid(), &attempt],
-            )
-            .await
-            .unwrap();
-    }
-    if attempt == 1 {
-        if let Some((entered, proceed)) = &script.hold_first {
-            entered.notify_one();
-            proceed.notified().await;
-        }
-        tokio::time::sleep(script.first_sleep).await;
-    }
-    if attempt <= script.fail_until {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response();
-    }
-    (
-        StatusCode::CREATED,
-        [("content-type", "application/json")],
-        format!("{{\"attempt\":{attempt}}}"),
-    )
-        .into_response()
-}
-
-struct Harness {
-    app: Router,
-    store: PostgresStore,
-    db: tokio_postgres::Client,
-    script: Script,
-    _database: TestDatabase,
-}
 
 fn single() -> RoutePolicy {
     RoutePolicy::transactional().with_commit_path(CommitPath::Single)
@@ -87,92 +29,16 @@ async fn harness(policy: RoutePolicy, script: Script) -> Harness {
 }
 
 async fn harness_in(mode: StatementMode, policy: RoutePolicy, script: Script) -> Harness {
-    let database = test_database().await;
-    let store = PostgresStore::from_config(&PostgresStoreConfig {
-        statement_mode: mode,
-        ..PostgresStoreConfig::new(database.url())
-    })
-    .unwrap();
-    store.migrate().await.unwrap();
-    let db = database.client().await;
-    db.batch_execute(
-        "CREATE TABLE things (id bigserial PRIMARY KEY, operation_id uuid NOT NULL, attempt int NOT NULL)",
-    )
-    .await
-    .unwrap();
-    let layer = IdempotencyLayer::new(store.clone())
-        .with_scope(|_| Some(Scope::new(SCOPE)))
-        .with_default_policy(policy)
-        .expect("the store has what the policy needs");
-    let app = Router::new()
-        .route("/v1/things", post(create_thing))
-        .layer(layer)
-        .with_state(script.clone());
-    Harness {
-        app,
-        store,
-        db,
-        script,
-        _database: database,
-    }
+    crate::tx_things::harness(SCOPE, mode, policy, script).await
 }
 
-struct Reply {
-    status: StatusCode,
-    replayed: bool,
-    retry_after: Option<String>,
-    body: String,
+/// What only the single-commit path's tests read.
+trait SingleReads {
+    async fn rows(&self, key: &str) -> i64;
+    async fn holder_pid(&self) -> Option<i32>;
 }
 
-impl Reply {
-    fn problem_type(&self) -> String {
-        let json: serde_json::Value = serde_json::from_str(&self.body).unwrap();
-        json["type"].as_str().unwrap().to_owned()
-    }
-}
-
-async fn send(app: &Router, key: &str) -> Reply {
-    let request = Request::post("/v1/things")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(Body::from(r#"{"name":"thing"}"#))
-        .unwrap();
-    let response = app.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    let retry_after = response
-        .headers()
-        .get("retry-after")
-        .map(|value| value.to_str().unwrap().to_owned());
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    Reply {
-        status,
-        replayed,
-        retry_after,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
-}
-
-impl Harness {
-    async fn things(&self) -> Vec<i32> {
-        self.db
-            .query("SELECT attempt FROM things ORDER BY id", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect()
-    }
-
-    async fn operation(&self, key: &str) -> Option<tower_idempotency::Operation> {
-        self.store
-            .get(&Scope::new(SCOPE), &IdempotencyKey::new(key).unwrap())
-            .await
-            .unwrap()
-    }
-
+impl SingleReads for Harness {
     /// Rows of the operations table for `key`, as another session sees them.
     async fn rows(&self, key: &str) -> i64 {
         self.db
@@ -424,7 +290,7 @@ async fn a_worker_stalled_past_its_lease_loses_its_session_and_rolls_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dispatch_marks_on_the_single_commit_path_are_refused_when_set() {
-    let database = test_database().await;
+    let database = integration_tests::pg::test_database().await;
     let store = PostgresStore::connect(database.url()).await.unwrap();
     let refused = IdempotencyLayer::new(store.clone()).with_route_policy(
         Method::POST,

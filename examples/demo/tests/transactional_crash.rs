@@ -21,6 +21,46 @@ async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {
     db.query_one(query, &[]).await.unwrap().get(0)
 }
 
+/// Waits until a handler has written its ticket and enqueued its notification — the
+/// enqueue is its last statement — and sleeps with its transaction open: a session sits idle
+/// in a transaction after that statement.
+async fn until_asleep_in_transaction(db: &tokio_postgres::Client) {
+    until(
+        "the handler to write and sleep in its open transaction",
+        || async {
+            count(
+                db,
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'
+               AND query LIKE 'INSERT INTO \"public\".idempotency_outbox%'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+}
+
+/// Waits until the killed process's session has ended, and checks that PostgreSQL rolled
+/// its transaction back: no ticket, no notification.
+async fn until_rolled_back(db: &tokio_postgres::Client) {
+    until("the dead session to end", || async {
+        count(
+            db,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'",
+        )
+        .await
+            == 0
+    })
+    .await;
+    assert_eq!(count(db, "SELECT count(*) FROM demo_tickets").await, 0);
+    assert_eq!(
+        count(db, "SELECT count(*) FROM idempotency_outbox").await,
+        0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() {
     let database = pg::test_database().await;
@@ -37,41 +77,12 @@ async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() 
     .await;
     // Its client sees the connection drop; that answer is not the point.
     let abandoned = tokio::spawn(ticket_request(&http, &doomed.base, &account, &key).send());
-    // The enqueue is the handler's last statement: once a session sits idle in a
-    // transaction after it, the ticket and its notification are written, uncommitted.
-    until(
-        "the handler to write and sleep in its open transaction",
-        || async {
-            count(
-                &db,
-                "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'idle in transaction'
-               AND query LIKE 'INSERT INTO \"public\".idempotency_outbox%'",
-            )
-            .await
-                == 1
-        },
-    )
-    .await;
+    until_asleep_in_transaction(&db).await;
     doomed.kill();
     abandoned.abort();
 
     // PostgreSQL rolls the dead session's transaction back: nothing was kept.
-    until("the dead session to end", || async {
-        count(
-            &db,
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'idle in transaction'",
-        )
-        .await
-            == 0
-    })
-    .await;
-    assert_eq!(count(&db, "SELECT count(*) FROM demo_tickets").await, 0);
-    assert_eq!(
-        count(&db, "SELECT count(*) FROM idempotency_outbox").await,
-        0
-    );
+    until_rolled_back(&db).await;
 
     // A fresh process; the client retries the same key until it succeeds. Until the
     // lease has run out (by the database's clock) the operation is still in progress.
@@ -193,20 +204,7 @@ async fn a_single_commit_demo_killed_mid_handler_leaves_nothing_and_the_retry_ex
     )
     .await;
     let abandoned = tokio::spawn(ticket_request(&http, &doomed.base, &account, &key).send());
-    until(
-        "the handler to write and sleep in its open transaction",
-        || async {
-            count(
-                &db,
-                "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'idle in transaction'
-               AND query LIKE 'INSERT INTO \"public\".idempotency_outbox%'",
-            )
-            .await
-                == 1
-        },
-    )
-    .await;
+    until_asleep_in_transaction(&db).await;
     assert_eq!(
         count(&db, "SELECT count(*) FROM idempotency_operations").await,
         0,
@@ -224,21 +222,7 @@ async fn a_single_commit_demo_killed_mid_handler_leaves_nothing_and_the_retry_ex
     doomed.kill();
     abandoned.abort();
 
-    until("the dead session to end", || async {
-        count(
-            &db,
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND state = 'idle in transaction'",
-        )
-        .await
-            == 0
-    })
-    .await;
-    assert_eq!(count(&db, "SELECT count(*) FROM demo_tickets").await, 0);
-    assert_eq!(
-        count(&db, "SELECT count(*) FROM idempotency_outbox").await,
-        0
-    );
+    until_rolled_back(&db).await;
     assert_eq!(
         count(&db, "SELECT count(*) FROM idempotency_operations").await,
         0
