@@ -174,7 +174,7 @@ async fn with_unnamed_statements_the_store_passes_the_conformance_suite_through_
     // Migrations through the pooler too: one transaction, its advisory lock included.
     assert_eq!(
         store.migrate().await.unwrap(),
-        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     );
     assert!(store.migrate().await.unwrap().is_empty());
     tower_idempotency_conformance::run_all(&store).await;

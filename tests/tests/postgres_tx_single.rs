@@ -318,3 +318,61 @@ async fn dispatch_marks_on_the_single_commit_path_are_refused_when_set() {
             .is_ok()
     );
 }
+
+/// A new key's record is written only by its completion: a reservation that takes no
+/// advisory lock (the default path, during a deploy that mixes the two) can take the key
+/// meanwhile. Then the single-commit attempt's completion fails as a fenced-out one does —
+/// everything it wrote is rolled back — and the key keeps the other operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_taken_meanwhile_by_the_default_path_rolls_the_single_commit_attempt_back() {
+    use tower_idempotency::{
+        Fingerprint, IdempotencyKey, Reservation, Scope, Store, StoreError, StoredResponse,
+        TransactionStore,
+    };
+    use tower_idempotency_conformance::reserve_request;
+    use tower_idempotency_core::TransactionalReservation;
+
+    let h = harness(single(), Script::default()).await;
+    let scope = Scope::new(SCOPE);
+    let request = || {
+        reserve_request(
+            &scope,
+            &IdempotencyKey::new("k-mixed").unwrap(),
+            &Fingerprint::from_stored("sha256:mixed"),
+        )
+    };
+    let response = |status: u16| StoredResponse {
+        status,
+        headers: Default::default(),
+        body: Some(bytes::Bytes::from_static(b"{}")),
+    };
+    let TransactionalReservation::Acquired {
+        lease: single_lease,
+        transaction,
+        ..
+    } = h
+        .store
+        .reserve_single_commit(request(), Duration::from_secs(5))
+        .await
+        .unwrap()
+    else {
+        panic!("a new key");
+    };
+    assert_eq!(h.rows("k-mixed").await, 0, "the reservation wrote nothing");
+
+    let Reservation::Acquired { lease, .. } = h.store.reserve(request()).await.unwrap() else {
+        panic!("the default path sees no record and takes the key");
+    };
+    h.store.complete(&lease, response(201)).await.unwrap();
+
+    let refused = transaction.complete(response(202)).await.unwrap_err();
+    assert!(
+        matches!(refused, StoreError::LeaseLost { .. }),
+        "{refused:?}"
+    );
+    let kept = h.operation("k-mixed").await.unwrap();
+    assert_eq!(kept.id, lease.operation_id);
+    assert_ne!(kept.id, single_lease.operation_id);
+    assert_eq!(kept.response.unwrap().status, 201);
+    assert_eq!(h.rows("k-mixed").await, 1);
+}

@@ -95,6 +95,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_lean_record.sql",
         sql: include_str!("../migrations/0014_lean_record.sql"),
     },
+    Migration {
+        version: 15,
+        name: "0015_insert_completed.sql",
+        sql: include_str!("../migrations/0015_insert_completed.sql"),
+    },
 ];
 
 /// Advisory lock key for migrating `schema`: a fixed tag mixed with an FNV-1a hash of the

@@ -2,9 +2,11 @@
 //! pooled statement) and the transactional one (the same statement on the connection that
 //! then holds the operation's transaction, with `BEGIN` behind it in the same round trip).
 
+use std::time::SystemTime;
 use tokio_postgres::types::ToSql;
+
 use tower_idempotency_core::{
-    ApprovalId, Lease, LeaseId, OperationId, OperationState, Reservation, ReserveRequest,
+    ApprovalId, Lease, LeaseId, Operation, OperationId, OperationState, Reservation, ReserveRequest,
 };
 use uuid::Uuid;
 
@@ -164,6 +166,108 @@ impl<'a> ReserveParams<'a> {
             lease,
             takeover,
         }
+    }
+}
+
+/// What the completion of a new key's operation on the single-commit path writes besides
+/// the completion's own values: the record its reservation did not write (see
+/// `OperationQueries::reserve_deferred`).
+#[derive(Debug)]
+pub(crate) struct NewRecord {
+    fingerprint: Vec<u8>,
+    method: String,
+    route: String,
+    retention: i64,
+    unknown_retention: i64,
+}
+
+impl NewRecord {
+    /// The values of `OperationQueries::complete_new_in_transaction`: the completion's
+    /// `$1`–`$9`, then the record's.
+    pub(crate) fn params<'b>(
+        &'b self,
+        completion: [&'b (dyn ToSql + Sync); 9],
+    ) -> [&'b (dyn ToSql + Sync); 14] {
+        let [
+            scope,
+            key,
+            id,
+            lease,
+            status,
+            headers,
+            body,
+            bytes,
+            delivered,
+        ] = completion;
+        [
+            scope,
+            key,
+            id,
+            lease,
+            status,
+            headers,
+            body,
+            bytes,
+            delivered,
+            &self.fingerprint,
+            &self.method,
+            &self.route,
+            &self.retention,
+            &self.unknown_retention,
+        ]
+    }
+}
+
+impl ReserveParams<'_> {
+    /// Whether a scope holding `records` records of `bytes` bytes takes a new one (the
+    /// quota's test in `reserve_new`).
+    pub(crate) fn under_quota(&self, (records, bytes): (i64, i64)) -> bool {
+        records < self.max_records && bytes <= self.max_bytes
+    }
+
+    /// The record of this call's new operation, for its completion to write.
+    pub(crate) fn new_record(&self) -> NewRecord {
+        NewRecord {
+            fingerprint: self.fingerprint.clone(),
+            method: self.method.to_owned(),
+            route: self.route.to_owned(),
+            retention: self.retention,
+            unknown_retention: self.unknown_retention,
+        }
+    }
+
+    /// This call's new operation as `reserve_new` would have written it, reserved at
+    /// `db_now` by the database's clock, and its lease: the single-commit path's new key,
+    /// whose record only its completion writes.
+    pub(crate) fn deferred(
+        &self,
+        request: &ReserveRequest,
+        db_now: SystemTime,
+    ) -> (Operation, Lease) {
+        let lease = self.proposed_lease(request);
+        let lease_end = db_now + request.lease;
+        let operation = Operation {
+            id: lease.operation_id,
+            scope: request.scope.clone(),
+            key: request.key.clone(),
+            fingerprint: request.fingerprint.clone(),
+            method: request.method.clone(),
+            route: request.route.clone(),
+            state: OperationState::InProgress,
+            attempts: 1,
+            created_at: db_now,
+            dispatched_at: (!request.marks_dispatch).then_some(db_now),
+            completed_at: None,
+            lease_expires_at: Some(lease_end),
+            expires_at: Some(lease_end + request.unknown_retention),
+            retention: request.retention,
+            response: None,
+            delivered: false,
+            delivered_at: None,
+            approval: None,
+            replays: 0,
+        };
+        (operation, lease)
     }
 }
 

@@ -41,7 +41,7 @@ use crate::reservation::{ReserveParams, settles};
 use crate::row::{self, OperationRow};
 use crate::single::Holder;
 use crate::sql::{Queries, Usage};
-use crate::transaction::{PostgresTransaction, Reserved, Single};
+use crate::transaction::{Deferred, PostgresTransaction, Reserved, Single};
 use crate::usage::{self, UsageBatch, UsageCache};
 use tower_idempotency_core::replay_cache::ReplayCache;
 
@@ -167,8 +167,10 @@ impl TransactionStore for PostgresStore {
 
     /// The single-commit path (`single.rs`, `docs/transactional.md`): with a free place in
     /// the transaction budget, `BEGIN`, the key's advisory lock (waiting at most `wait` for
-    /// a concurrent transaction holding it) and the new-key reservation in one round trip,
-    /// the reservation left uncommitted in the operation's transaction.
+    /// a concurrent transaction holding it) and a look at the key in one round trip; a new
+    /// key's record is then written once, completed, by the completion before its
+    /// `COMMIT` — the reservation writes nothing (the advisory lock stands in for the
+    /// record until the commit).
     ///
     /// Everything else reserves as [`reserve_transaction`](Self::reserve_transaction) does,
     /// its reservation committed first: a key whose row settles the request (a replay, a
@@ -197,21 +199,34 @@ impl TransactionStore for PostgresStore {
             None => self.inner.transactions.acquire().await?,
         };
         let proposal = self.new_key_proposal(&request);
-        let (sql, params) = (
-            &self.inner.queries.operations.reserve_new,
-            &proposal.new_key_params()[..],
-        );
         let reserved = PostgresTransaction::reserve_single(
             &self.inner.executor,
             &self.inner.queries,
             (&request, &proposal),
-            (sql, params),
             permit,
             (self.inner.usage_batch.clone(), wait),
         )
         .await?;
         let (Reserved { row, usage }, transaction) = match reserved {
             Single::Row(reserved) => *reserved,
+            Single::Deferred(deferred) => {
+                let Deferred {
+                    transaction,
+                    db_now,
+                    usage,
+                } = *deferred;
+                if let Some(usage) = usage {
+                    self.inner.usage.read(&request.scope, usage);
+                }
+                self.inner.recent.remember(&request.scope, &request.key);
+                let (operation, lease) = proposal.deferred(&request, db_now);
+                return Ok(TransactionalReservation::Acquired {
+                    operation,
+                    transaction: Box::new(transaction.owned_by(lease.clone())),
+                    lease,
+                    takeover: false,
+                });
+            }
             // A new key of a scope at its quota: the plain path purges and decides.
             Single::NoRow => return self.reserve_then_wait_for_a_place(request).await,
             Single::Busy => {

@@ -36,7 +36,7 @@ use crate::completion::{Completion, completed};
 use crate::config::StatementMode;
 use crate::executor::classify::{from_pg, lease_lost};
 use crate::executor::{Executor, execute_on, prepare, typed};
-use crate::reservation::ReserveParams;
+use crate::reservation::{NewRecord, ReserveParams};
 use crate::row::{self, OperationRow};
 use crate::single;
 use crate::sql::Queries;
@@ -65,6 +65,9 @@ pub struct PostgresTransaction {
     /// On the single-commit path: a new key's record, counted in `usage` only once it
     /// committed (a rollback leaves no record to count).
     new_record: bool,
+    /// On the single-commit path, a new key whose reservation wrote nothing: the record
+    /// the completion inserts (`OperationQueries::complete_new_in_transaction`).
+    deferred: Option<NewRecord>,
 }
 
 impl fmt::Debug for PostgresTransaction {
@@ -98,6 +101,7 @@ impl PostgresTransaction {
                     usage: None,
                     single: false,
                     new_record: false,
+                    deferred: None,
                 };
                 transaction
                     .connection()?
@@ -143,6 +147,7 @@ impl PostgresTransaction {
                     usage,
                     single: false,
                     new_record: false,
+                    deferred: None,
                 };
                 let (rows, begun) = {
                     let client = transaction.connection()?;
@@ -189,21 +194,23 @@ impl PostgresTransaction {
 
     /// The single-commit path (`single.rs`): checks out a connection and sends, in one round
     /// trip, `BEGIN`, the prologue (the lock wait bounded by `wait`, the idle bound set to
-    /// the lease, the key's advisory lock, the published operation), the reservation
-    /// statement `sql`, and the reset of `lock_timeout` (the handler's own statements wait
-    /// as the session says). The reservation is written inside the transaction and commits
-    /// with it.
+    /// the lease, the key's advisory lock, the published operation), the look at the key
+    /// (`OperationQueries::reserve_deferred`, after the lock, so that it sees whatever a
+    /// transaction that held the key committed), and the reset of `lock_timeout` (the
+    /// handler's own statements wait as the session says). Nothing is written: a new key's
+    /// record is inserted by the completion, in the same transaction.
     ///
     /// A concurrent transaction holding the key makes the prologue wait, at most `wait`:
     /// then [`Single::Busy`], the connection back in the pool after its `ROLLBACK`.
-    /// Otherwise the reservation's row, with the connection inside the open transaction
-    /// (the caller gives it back with [`not_needed`](Self::not_needed) unless it won), or
-    /// [`Single::NoRow`].
+    /// Otherwise a live row of the key, with the connection inside the open transaction
+    /// (the caller gives it back with [`not_needed`](Self::not_needed)); a new key under
+    /// its scope's quota, [`Single::Deferred`], the transaction its own; or
+    /// [`Single::NoRow`] — an expired row to replace, or a scope at its quota — for the
+    /// plain path to decide.
     pub(crate) async fn reserve_single(
         executor: &Executor,
         queries: &Arc<Queries>,
         (request, proposal): (&ReserveRequest, &ReserveParams<'_>),
-        (sql, params): (&str, &[&(dyn ToSql + Sync)]),
         permit: OwnedSemaphorePermit,
         (usage, wait): (Option<Arc<UsageBatch>>, Duration),
     ) -> Result<Single> {
@@ -224,6 +231,9 @@ impl PostgresTransaction {
             &method,
         ];
         let prologue_sql = queries.single.prologue.as_str();
+        let check_quota = proposal.check_quota;
+        let params: [&(dyn ToSql + Sync); 3] = [&scope, &key, &check_quota];
+        let sql = queries.operations.reserve_deferred.as_str();
         // The wait for a concurrent transaction is PostgreSQL's (`lock_timeout`), inside
         // this call: its bound grows by it.
         let bound = executor.query_timeout.saturating_add(wait);
@@ -239,17 +249,18 @@ impl PostgresTransaction {
                 usage,
                 single: true,
                 new_record: false,
+                deferred: None,
             };
             let (begun, locked, rows, reset) = {
                 let client = transaction.connection()?;
-                let (prologue, reserve) = match executor.statements {
+                let (prologue, probe) = match executor.statements {
                     StatementMode::Prepared => (
                         Update::Prepared(prepare(client, prologue_sql).await?),
                         Update::Prepared(prepare(client, sql).await?),
                     ),
                     StatementMode::Unnamed => (
                         Update::Unnamed(typed(&prologue_params)?),
-                        Update::Unnamed(typed(params)?),
+                        Update::Unnamed(typed(&params)?),
                     ),
                 };
                 // Polled in this order, each sends its messages on its first poll.
@@ -262,8 +273,8 @@ impl PostgresTransaction {
                     }
                 };
                 let query = async {
-                    match &reserve {
-                        Update::Prepared(statement) => client.query(statement, params).await,
+                    match &probe {
+                        Update::Prepared(statement) => client.query(statement, &params).await,
                         Update::Unnamed(typed) => client.query_typed(sql, typed).await,
                     }
                 };
@@ -283,23 +294,46 @@ impl PostgresTransaction {
                 }
                 return Err(from_pg(error));
             }
-            let rows = match rows {
-                Ok(rows) => rows,
-                Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                    // The key's row is locked by a transaction that took no advisory lock
-                    // (a reservation-first transaction completing, a take-over).
-                    transaction.roll_back().await?;
-                    return Ok(Single::Busy);
-                }
-                Err(error) => return Err(from_pg(error)),
-            };
+            let rows = rows.map_err(from_pg)?;
             reset.map_err(from_pg)?;
-            let Some(row) = rows.first().map(Reserved::read).transpose()? else {
+            let Some(row) = rows.first() else {
+                return Err(StoreError::Backend(
+                    "the key's look-up returned no row".into(),
+                ));
+            };
+            let usage = if check_quota {
+                Some((
+                    row::get::<i64>(row, "scope_records")?,
+                    row::get::<i64>(row, "scope_bytes")?,
+                ))
+            } else {
+                None
+            };
+            if row::get::<Option<uuid::Uuid>>(row, "operation_id")?.is_some() {
+                if !row::get::<bool>(row, "live")? {
+                    // Expired: the plain reservation replaces it.
+                    transaction.not_needed();
+                    return Ok(Single::NoRow);
+                }
+                let reserved = Reserved {
+                    row: row::operation(row)?,
+                    usage,
+                };
+                return Ok(Single::Row(Box::new((reserved, transaction))));
+            }
+            if usage.is_some_and(|usage| !proposal.under_quota(usage)) {
+                // The plain path purges the scope's expired rows and decides.
                 transaction.not_needed();
                 return Ok(Single::NoRow);
-            };
-            transaction.new_record = proposal.won(&row.row);
-            Ok(Single::Row(Box::new((row, transaction))))
+            }
+            let db_now = row::get(row, "probe_now")?;
+            transaction.new_record = true;
+            transaction.deferred = Some(proposal.new_record());
+            Ok(Single::Deferred(Box::new(Deferred {
+                transaction,
+                db_now,
+                usage,
+            })))
         };
         match tokio::time::timeout(bound, reserving).await {
             Ok(result) => result,
@@ -367,12 +401,21 @@ impl PostgresTransaction {
         let lease = self.lease.clone();
         let completion = Completion::new(&lease, &response);
         let sql = Arc::clone(&self.queries);
-        let rows = self
-            .commit_with(
-                &sql.operations.complete_in_transaction,
-                &completion.params(),
-            )
-            .await?;
+        let rows = match self.deferred.take() {
+            Some(record) => {
+                let delivered = false;
+                let params = record.params(completion.delivered_params(&delivered));
+                self.commit_with(&sql.operations.complete_new_in_transaction, &params)
+                    .await?
+            }
+            None => {
+                self.commit_with(
+                    &sql.operations.complete_in_transaction,
+                    &completion.params(),
+                )
+                .await?
+            }
+        };
         completion.counted(self.usage.as_deref(), &lease.scope);
         self.count_new_record(&lease.scope);
         let row = rows
@@ -391,11 +434,20 @@ impl PostgresTransaction {
         let lease = self.lease.clone();
         let completion = Completion::new(&lease, &response);
         let sql = Arc::clone(&self.queries);
-        self.commit_with(
-            &sql.operations.complete_delivered_in_transaction,
-            &completion.delivered_params(&delivered),
-        )
-        .await?;
+        match self.deferred.take() {
+            Some(record) => {
+                let params = record.params(completion.delivered_params(&delivered));
+                self.commit_with(&sql.operations.complete_new_in_transaction, &params)
+                    .await?
+            }
+            None => {
+                self.commit_with(
+                    &sql.operations.complete_delivered_in_transaction,
+                    &completion.delivered_params(&delivered),
+                )
+                .await?
+            }
+        };
         completion.counted(self.usage.as_deref(), &lease.scope);
         self.count_new_record(&lease.scope);
         Ok(delivered)
@@ -494,12 +546,24 @@ impl Reserved {
     }
 }
 
+/// A new key on the single-commit path: its transaction, open, with the record for its
+/// completion to write; the database clock at the look-up; the scope's counts when the
+/// look-up read them.
+pub(crate) struct Deferred {
+    pub(crate) transaction: PostgresTransaction,
+    pub(crate) db_now: std::time::SystemTime,
+    pub(crate) usage: Option<(i64, i64)>,
+}
+
 /// The answer of [`PostgresTransaction::reserve_single`].
 pub(crate) enum Single {
-    /// The reservation statement's row, with the transaction still open.
+    /// The key's live row, with the transaction still open.
     Row(Box<(Reserved, PostgresTransaction)>),
-    /// The statement returned no row (a new key of a scope at its quota); the transaction
-    /// is rolled back.
+    /// A new key under its scope's quota: the operation is this call's, its record written
+    /// by the completion.
+    Deferred(Box<Deferred>),
+    /// For the plain path to decide (an expired row, a scope at its quota); the
+    /// transaction is rolled back.
     NoRow,
     /// Another transaction held the key for longer than the wait; rolled back.
     Busy,

@@ -3,7 +3,9 @@
 //! sealer chains and signs them (alone or racing another sealer), and the export verifies
 //! and proves offline; a journal switched off writes nothing.
 
-use tower_idempotency_core::{ApprovalStore, DecisionJournal, DispatchStore, TransactionStore};
+use tower_idempotency_core::{
+    ApprovalStore, DecisionJournal, DispatchStore, TransactionStore, TransactionalReservation,
+};
 
 use std::time::Duration;
 
@@ -561,8 +563,10 @@ async fn the_journal_is_off_until_configured_and_its_unsealed_age_is_visible() {
 }
 
 /// The hot statements through `store`, on keys `{tag}-…`: a completion with its delivery in
-/// the same write, a completion then a delivery mark, and a transaction's completion.
-async fn hot_path(store: &PostgresStore, scope: &Scope, tag: &str) -> [OperationId; 3] {
+/// the same write, a completion then a delivery mark, a transaction's completion, and on
+/// the single-commit path a new key's record written by its completion, without and with
+/// its delivery.
+async fn hot_path(store: &PostgresStore, scope: &Scope, tag: &str) -> [OperationId; 5] {
     let first = acquire(store, scope, &format!("{tag}-delivered")).await;
     store
         .complete_delivered(&first, response(201), true)
@@ -577,7 +581,32 @@ async fn hot_path(store: &PostgresStore, scope: &Scope, tag: &str) -> [Operation
     let third = acquire(store, scope, &format!("{tag}-tx")).await;
     let transaction = store.begin_transaction(&third).await.unwrap();
     transaction.complete(response(202)).await.unwrap();
-    [first.operation_id, second.operation_id, third.operation_id]
+    let single = |key: String| async move {
+        match store
+            .reserve_single_commit(request(scope, &key), Duration::from_secs(5))
+            .await
+            .unwrap()
+        {
+            TransactionalReservation::Acquired {
+                lease, transaction, ..
+            } => (lease.operation_id, transaction),
+            _ => panic!("{key}: a new key"),
+        }
+    };
+    let (fourth, transaction) = single(format!("{tag}-single")).await;
+    transaction.complete(response(203)).await.unwrap();
+    let (fifth, transaction) = single(format!("{tag}-single-delivered")).await;
+    transaction
+        .complete_delivered(response(204), true)
+        .await
+        .unwrap();
+    [
+        first.operation_id,
+        second.operation_id,
+        third.operation_id,
+        fourth,
+        fifth,
+    ]
 }
 
 /// The pending events of `operation` as the sealer reads them, without the event's own
@@ -618,23 +647,27 @@ async fn the_hot_statements_journal_inline_and_other_sessions_through_the_trigge
     let scope = Scope::new("acme");
     let by_statement = hot_path(&inline, &scope, "inline").await;
     let by_trigger = hot_path(&triggered, &scope, "trigger").await;
-    for (ours, theirs) in by_statement.iter().zip(&by_trigger) {
+    for ((ours, theirs), count) in by_statement.iter().zip(&by_trigger).zip([3, 3, 2, 2, 3]) {
         let events = pending_of(&client, *ours).await;
         assert_eq!(events, pending_of(&client, *theirs).await);
         assert!(events[0].starts_with("accepted|acme|"), "{events:?}");
-        assert_eq!(events.len(), if *ours == by_statement[2] { 2 } else { 3 });
+        assert_eq!(events.len(), count, "{events:?}");
     }
 
     // No trigger function may run for the store's hot statements from here on.
     client
         .batch_execute(
             "CREATE OR REPLACE FUNCTION idempotency_audit_operation() RETURNS trigger \
+             LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the audit trigger ran'; END $$; \
+             CREATE OR REPLACE FUNCTION idempotency_audit_inserted_completed() \
+             RETURNS trigger \
              LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the audit trigger ran'; END $$",
         )
         .await
         .unwrap();
-    let [first, ..] = hot_path(&inline, &scope, "again").await;
+    let [first, .., single] = hot_path(&inline, &scope, "again").await;
     assert_eq!(pending_of(&client, first).await.len(), 3);
+    assert_eq!(pending_of(&client, single).await.len(), 3);
     // Another session (an administrator's psql) cannot change a record without its
     // trigger: here the trigger refuses, so the change is refused.
     let refused = client

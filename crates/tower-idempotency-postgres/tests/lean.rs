@@ -320,7 +320,9 @@ async fn every_released_schema_migrates_with_nothing_lost() {
     use tower_idempotency_postgres::{MIGRATIONS, PostgresJournal, PostgresJournalConfig};
 
     let last = MIGRATIONS.last().unwrap().version;
-    assert_eq!(last, 14);
+    assert_eq!(last, 15);
+    // The schemas before the lean record (0014); from 0014 on, the fixture's rows would be
+    // written in its columns, and 0015 adds a trigger and changes no row.
     for base in 1..=13 {
         let database = pg::test_database().await;
         let client = at_schema(&database, base).await;
@@ -582,7 +584,7 @@ async fn the_record_row_is_lean() {
         ..PostgresStoreConfig::new(database.url())
     })
     .unwrap();
-    assert_eq!(store.migrate().await.unwrap(), [14]);
+    assert_eq!(store.migrate().await.unwrap(), [14, 15]);
     let (migrated, migrated_row) =
         column_sizes(&client, "0b7e3c1a-5d2f-4e8a-9c6b-1f2e3d4c5b6a").await;
     // The same shape written by the store.

@@ -184,6 +184,31 @@ impl Journal {
         )
     }
 
+    /// `, journaled AS (…)`: for the record the CTE `done` inserted completed (a new key on
+    /// the single-commit path, whose reservation wrote nothing), `accepted` at the
+    /// transaction's start (the reservation's time), then `completed` with its status, then
+    /// `delivered` when the same write recorded the delivery — the events the reservation
+    /// and the completion journal on every other path, in the same order.
+    pub(super) fn accepted_and_completed(&self) -> String {
+        let Some(p) = &self.pending else {
+            return String::new();
+        };
+        let f = &self.fingerprint_text;
+        format!(
+            ", journaled AS (INSERT INTO {p} \
+                 (at, kind, scope, operation_id, idempotency_key, fingerprint, method, route, \
+                  status) \
+             SELECT CASE WHEN e.n = 0 THEN now() ELSE clock_timestamp() END, e.kind, d.scope, \
+                 d.operation_id, d.idempotency_key, {f}(d.fingerprint), \
+                 CASE WHEN e.n = 0 THEN d.method END, CASE WHEN e.n = 0 THEN d.route END, \
+                 CASE WHEN e.n = 1 THEN d.response_status END \
+             FROM done AS d \
+             CROSS JOIN (VALUES (0, 'accepted'), (1, 'completed'), (2, 'delivered')) AS e(n, kind) \
+             WHERE e.n < 2 OR d.delivered \
+             ORDER BY d.operation_id, e.n)"
+        )
+    }
+
     /// The delivery-marking `update` (its row filter ending in [`mark`](Self::mark)), with
     /// `delivered` journaled for every row it marked. Executed, it counts the rows marked.
     pub(super) fn delivered(&self, update: &str) -> String {

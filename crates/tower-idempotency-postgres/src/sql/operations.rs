@@ -26,6 +26,13 @@ pub(crate) struct OperationQueries {
     /// [`reserve_new`](Self::reserve_new) committed asynchronously, for a transactional
     /// route (as [`reserve_before_transaction`](Self::reserve_before_transaction)).
     pub(crate) reserve_new_before_transaction: String,
+    /// The single-commit path's look at a key (`single.rs`), sent after its advisory lock,
+    /// writing nothing: one row always, the key's row if it has one (any state, expired
+    /// ones included, `live` saying which) and, when `$3` says to check the quota, the
+    /// scope's counts (`scope_records`, `scope_bytes`), with the database clock
+    /// (`probe_now`). A new key's record is written by its completion
+    /// ([`complete_new_in_transaction`](Self::complete_new_in_transaction)).
+    pub(crate) reserve_deferred: String,
     pub(crate) get: String,
     pub(crate) get_by_id: String,
     pub(crate) complete: String,
@@ -36,6 +43,15 @@ pub(crate) struct OperationQueries {
     /// [`complete_in_transaction`](Self::complete_in_transaction) as
     /// [`complete_delivered`](Self::complete_delivered) is `complete`.
     pub(crate) complete_delivered_in_transaction: String,
+    /// The completion of a new key's operation on the single-commit path, whose record was
+    /// not written at its reservation ([`reserve_deferred`](Self::reserve_deferred)): the
+    /// completed record inserted, with its `accepted` and `completed` (and `delivered`)
+    /// events, before the `COMMIT` in the same round trip. A row that took the key
+    /// meanwhile (a reservation that took no advisory lock) makes it fail as a fenced-out
+    /// completion does, so the `COMMIT` rolls the attempt back. Parameters: `$1`–`$9` of
+    /// [`complete_delivered`](Self::complete_delivered), then `$10` the fingerprint (stored
+    /// form), `$11` method, `$12` route, `$13` retention and `$14` unknown retention (µs).
+    pub(crate) complete_new_in_transaction: String,
     pub(crate) release: String,
     pub(crate) abandon: String,
     pub(crate) extend_lease: String,
@@ -129,6 +145,15 @@ impl OperationQueries {
             reserve_before_transaction: reserve(t, u, ASYNCHRONOUS_COMMIT),
             reserve_new: reserve_new(t, u, "NULL::text", j, usage),
             reserve_new_before_transaction: reserve_new(t, u, ASYNCHRONOUS_COMMIT, j, usage),
+            reserve_deferred: format!(
+                "SELECT e.*, q.records AS scope_records, q.bytes AS scope_bytes, \
+                     now() AS probe_now \
+                 FROM (SELECT coalesce(sum(s.records), 0)::bigint AS records, \
+                           coalesce(sum(s.bytes), 0)::bigint AS bytes \
+                       FROM {u} AS s WHERE s.scope = $1 AND $3::boolean) AS q \
+                 LEFT JOIN (SELECT {COLUMNS}, NOT {EXPIRED} AS live FROM {t} AS o \
+                            WHERE o.scope = $1 AND o.idempotency_key = $2) AS e ON true"
+            ),
             get: format!(
                 "SELECT {COLUMNS} FROM {t} AS o WHERE o.scope = $1 AND o.idempotency_key = $2 AND NOT {EXPIRED}"
             ),
@@ -157,6 +182,7 @@ impl OperationQueries {
                 count_completion(u, usage),
                 j.completed()
             ),
+            complete_new_in_transaction: complete_new_in_transaction(t, u, j, usage),
             release: format!(
                 "WITH gone AS (DELETE FROM {t} AS o WHERE {FENCE} RETURNING o.stored_bytes) {}",
                 count_usage(
@@ -598,6 +624,44 @@ fn complete_in_transaction(t: &str, u: &str, journal: &Journal, usage: Usage) ->
         complete_update(t, journal),
         count_completion(u, usage),
         journal.completed()
+    )
+}
+
+/// [`OperationQueries::complete_new_in_transaction`]: the record a new key's reservation
+/// did not write, inserted completed (created, dispatched and completed at the
+/// transaction's start, which is its reservation's time), failing by division by zero —
+/// as [`complete_in_transaction`] does when fenced out — when a row holds the key.
+fn complete_new_in_transaction(t: &str, u: &str, journal: &Journal, usage: Usage) -> String {
+    // The record and its bytes, both new (the single-commit path counts in batches, so this
+    // is for completeness: `PostgresStore::reserve_single_commit`).
+    let counted = match usage {
+        Usage::Batched => String::new(),
+        Usage::InStatement => format!(
+            ", counted AS ({})",
+            count_usage(
+                u,
+                &format!("SELECT $1::text, {}, 1, $8::bigint FROM done", slot("$3")),
+            )
+        ),
+    };
+    format!(
+        "WITH done AS ( \
+             INSERT INTO {t} AS o (scope, idempotency_key, operation_id, fingerprint, method, \
+                 route, state, attempts, retention_us, unknown_retention_us, created_at, \
+                 expires_at, dispatched_at, response_status, response_headers, response_body, \
+                 stored_bytes, completed_at, delivered, delivered_at) \
+             SELECT $1::text, $2::text, $3::uuid, $10::bytea, $11::text, $12::text, \
+                 'completed', 1, $13::bigint, $14::bigint, now(), now() + {retention}, now(), \
+                 $5::integer, $6::bytea, $7::bytea, $8::bigint, now(), $9::boolean, \
+                 CASE WHEN $9::boolean THEN now() END \
+             WHERE $4::uuid IS NOT NULL{mark} \
+             ON CONFLICT (scope, idempotency_key) DO NOTHING \
+             RETURNING {COMPLETED_COLUMNS}){counted}{journaled} \
+         SELECT done.*, 1 / (SELECT count(*) FROM done) AS fenced \
+         FROM (VALUES (1)) AS one LEFT JOIN done ON true",
+        retention = micros("$13"),
+        mark = journal.mark(),
+        journaled = journal.accepted_and_completed(),
     )
 }
 
