@@ -43,7 +43,7 @@ pub struct RedisStoreConfig {
     /// (default 1 s).
     pub wait_timeout: Duration,
     /// What one scope may hold (live records and bytes), refused atomically with the
-    /// reservation. Default as the memory store's: 1 000 000 records, 256 MiB.
+    /// reservation. Default: 1 000 000 records (as the memory store), 256 MiB.
     pub scope_quota: ScopeQuota,
     /// `false` (the default): [`RedisStore::connect`](crate::RedisStore::connect) refuses a
     /// server whose `maxmemory-policy` is not `noeviction` (an evicted in-progress record
@@ -57,7 +57,8 @@ pub struct RedisStoreConfig {
     pub replay_cache: usize,
 }
 
-/// The memory store's default per-scope quota (half its default 512 MiB budget).
+/// The default per-scope quota: 1 000 000 records, as the memory store's, and 256 MiB (the
+/// memory store's default is 1 GiB, half its 2 GiB budget).
 const DEFAULT_QUOTA: ScopeQuota = ScopeQuota {
     max_records: 1_000_000,
     max_bytes: 256 << 20,
