@@ -185,6 +185,8 @@ pub struct Approval {
 /// let cursor: ApprovalCursor = "1700000000123456000-67e5504410b1426f9247bb680e5fe0c8".parse().unwrap();
 /// assert_eq!(cursor.to_string().parse::<ApprovalCursor>().unwrap(), cursor);
 /// assert!("not a cursor".parse::<ApprovalCursor>().is_err());
+/// // A time past the year 9999 is no cursor.
+/// assert!("100000000000000000000000-67e5504410b1426f9247bb680e5fe0c8".parse::<ApprovalCursor>().is_err());
 /// ```
 ///
 /// [`Store::list_approvals`]: crate::ApprovalStore::list_approvals
@@ -221,6 +223,9 @@ impl fmt::Display for ApprovalCursor {
     }
 }
 
+/// 10000-01-01T00:00:00Z in seconds since the epoch: a cursor's time is before it.
+const LAST_CURSOR_SECS: u64 = 253_402_300_800;
+
 /// A string that is not an [`ApprovalCursor`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("not an approvals cursor (use the `next_cursor` of the previous page)")]
@@ -237,6 +242,11 @@ impl FromStr for ApprovalCursor {
         }
         let nanos: u128 = nanos.parse().map_err(|_| InvalidCursor)?;
         let secs = u64::try_from(nanos / 1_000_000_000).map_err(|_| InvalidCursor)?;
+        // No approval was requested after the year 9999; a later time is no cursor, and a
+        // store's encoding of it (microseconds in an `i64`, as PostgreSQL's) could overflow.
+        if secs >= LAST_CURSOR_SECS {
+            return Err(InvalidCursor);
+        }
         let since = Duration::new(secs, (nanos % 1_000_000_000) as u32);
         let requested_at = SystemTime::UNIX_EPOCH
             .checked_add(since)

@@ -799,34 +799,82 @@ impl ApprovalStore for RedisStore {
     ) -> Result<Vec<Approval>> {
         let keys = self.keys(scope);
         let set = keys.approvals();
-        let answer = self
-            .run(&scripts::APPROVALS, &[&set], &[keys.base().as_bytes()])
-            .await?;
-        let Some((now, rest)) = answer.split_first() else {
-            return Ok(Vec::new());
-        };
-        let now = micros(now)?;
+        // Read a bounded page at a time (`approvals.lua`), in the listing's order, from the
+        // cursor's time on; approvals already passed — the cursor's, and those at the
+        // boundary time a page ends on, read again by the next — are skipped by `seen`.
+        let mut from = after.map_or_else(
+            || "-inf".to_owned(),
+            |cursor| {
+                cursor
+                    .requested_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |since| since.as_micros())
+                    .to_string()
+            },
+        );
+        let mut page = APPROVALS_PAGE;
+        let mut seen = after;
         let mut approvals = Vec::new();
-        for packed in rest {
-            let Some(record) = Stored::unpack(packed) else {
-                continue;
+        loop {
+            let answer = self
+                .run(
+                    &scripts::APPROVALS,
+                    &[&set],
+                    &[
+                        keys.base().as_bytes(),
+                        from.as_bytes(),
+                        page.to_string().as_bytes(),
+                    ],
+                )
+                .await?;
+            let [now, read, last, records @ ..] = &answer[..] else {
+                return Err(
+                    RedisStoreError::Corrupt("an approvals page without its head".into()).into(),
+                );
             };
-            if record.scope() != Some(scope.as_str()) {
-                continue;
-            }
-            if let Some(approval) = record.read_approval(now)? {
-                let listed = state.is_none_or(|state| approval.state == state);
-                let later = after.is_none_or(|after| after.precedes(&approval));
-                if listed && later {
+            let now = micros(now)?;
+            for packed in records {
+                let Some(record) = Stored::unpack(packed) else {
+                    continue;
+                };
+                if record.scope() != Some(scope.as_str()) {
+                    continue;
+                }
+                let Some(approval) = record.read_approval(now)? else {
+                    continue;
+                };
+                if !seen.is_none_or(|seen| seen.precedes(&approval)) {
+                    continue;
+                }
+                seen = Some(ApprovalCursor::after(&approval));
+                if state.is_none_or(|state| approval.state == state) {
                     approvals.push(approval);
+                    if approvals.len() == limit {
+                        return Ok(approvals);
+                    }
                 }
             }
+            let read: usize = std::str::from_utf8(read)
+                .ok()
+                .and_then(|read| read.parse().ok())
+                .unwrap_or(0);
+            if read < page {
+                return Ok(approvals);
+            }
+            let last = String::from_utf8_lossy(last).into_owned();
+            if last == from {
+                // One request time fills the page: read more of it at once.
+                page = page.saturating_mul(2);
+            } else {
+                from = last;
+                page = APPROVALS_PAGE;
+            }
         }
-        approvals.sort_by_key(|approval| (approval.requested_at, approval.id));
-        approvals.truncate(limit);
-        Ok(approvals)
     }
 }
+
+/// How many entries of a scope's approval set one page of `list_approvals` reads.
+const APPROVALS_PAGE: usize = 256;
 
 /// `at + by`, or about a century after `at` when that overflows (a timeout or a lease of
 /// `Duration::MAX`).

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod approvals;
 mod cli;
 mod conformance;
 mod durability;

@@ -13,9 +13,12 @@ use tower_idempotency_core::metrics::{
 };
 
 /// Most routes a layer keeps series for. Routes are templates (a handful per service);
-/// past this many (a service labelled by raw paths) a request's series is made for it
-/// alone, and its handles resolved when it is counted.
+/// past this many (a service labelled by raw paths) every new route is counted under
+/// [`OTHER_ROUTE`].
 const CACHED_ROUTES: usize = 1024;
+
+/// The `http.route` label of every route met after the first [`CACHED_ROUTES`].
+pub(crate) const OTHER_ROUTE: &str = "_other";
 
 /// Route → the series of each of its methods.
 type RouteMap = HashMap<Box<str>, Vec<(&'static str, Arc<DecisionMetrics>)>>;
@@ -84,27 +87,35 @@ impl LayerMetrics {
         approvals: impl FnOnce() -> bool,
     ) -> Arc<DecisionMetrics> {
         let method = method_label(method);
-        let find = |routes: &RouteMap| {
+        let find = |routes: &RouteMap, route: &str| {
             routes
                 .get(route)
                 .and_then(|methods| methods.iter().find(|(m, _)| *m == method))
                 .map(|(_, series)| Arc::clone(series))
         };
-        if let Some(series) = find(&self.routes.read().unwrap_or_else(PoisonError::into_inner)) {
+        if let Some(series) = find(
+            &self.routes.read().unwrap_or_else(PoisonError::into_inner),
+            route,
+        ) {
             return series;
         }
         let mut routes = self.routes.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(series) = find(&routes) {
+        // Past the cap, a new route is counted under `OTHER_ROUTE`: a service that labels by
+        // raw paths (no `MatchedPath`) cannot grow the label set, or the map, per request.
+        let route = if routes.len() < CACHED_ROUTES || routes.contains_key(route) {
+            route
+        } else {
+            OTHER_ROUTE
+        };
+        if let Some(series) = find(&routes, route) {
             return series;
         }
         let series = Arc::new(route_series(method, route));
-        if routes.len() < CACHED_ROUTES || routes.contains_key(route) {
-            series.register(reachable(approvals()));
-            routes
-                .entry(Box::from(route))
-                .or_default()
-                .push((method, Arc::clone(&series)));
-        }
+        series.register(reachable(approvals()));
+        routes
+            .entry(Box::from(route))
+            .or_default()
+            .push((method, Arc::clone(&series)));
         series
     }
 
@@ -144,5 +155,30 @@ pub(crate) fn method_label(method: &Method) -> &'static str {
         "HEAD" => "HEAD",
         "OPTIONS" => "OPTIONS",
         _ => "_OTHER",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_past_the_cap_share_one_series() {
+        let metrics = LayerMetrics::new([]);
+        let first = metrics.route(&Method::POST, "/v1/route-0", || false);
+        for n in 1..CACHED_ROUTES {
+            metrics.route(&Method::POST, &format!("/v1/route-{n}"), || false);
+        }
+        let again = metrics.route(&Method::POST, "/v1/route-0", || false);
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "a cached route keeps its series"
+        );
+        let past = metrics.route(&Method::POST, "/v1/past-1", || false);
+        let other = metrics.route(&Method::POST, "/v1/past-2", || false);
+        assert!(Arc::ptr_eq(&past, &other), "both are `_other`");
+        let routes = metrics.routes.read().unwrap();
+        assert_eq!(routes.len(), CACHED_ROUTES + 1);
+        assert!(routes.contains_key(OTHER_ROUTE));
     }
 }

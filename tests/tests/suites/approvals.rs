@@ -950,6 +950,8 @@ async fn the_listing_pages_with_a_cursor_bounded_in_count_and_bytes() {
         "12-zz",
         "-",
         "99999999999999999999999999999-00000000000000000000000000000000",
+        // A time a store cannot encode (past the year 9999).
+        "100000000000000000000000-00000000000000000000000000000000",
     ] {
         acme.approver
             .get(&format!("/approvals?cursor={bad}"))
