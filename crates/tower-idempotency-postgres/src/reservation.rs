@@ -188,33 +188,17 @@ impl NewRecord {
         &'b self,
         completion: [&'b (dyn ToSql + Sync); 9],
     ) -> [&'b (dyn ToSql + Sync); 14] {
-        let [
-            scope,
-            key,
-            id,
-            lease,
-            status,
-            headers,
-            body,
-            bytes,
-            delivered,
-        ] = completion;
-        [
-            scope,
-            key,
-            id,
-            lease,
-            status,
-            headers,
-            body,
-            bytes,
-            delivered,
+        let record: [&'b (dyn ToSql + Sync); 5] = [
             &self.fingerprint,
             &self.method,
             &self.route,
             &self.retention,
             &self.unknown_retention,
-        ]
+        ];
+        let mut params = [record[0]; 14];
+        params[..9].copy_from_slice(&completion);
+        params[9..].copy_from_slice(&record);
+        params
     }
 }
 

@@ -400,22 +400,7 @@ impl PostgresTransaction {
     async fn complete_and_commit(&mut self, response: StoredResponse) -> Result<Operation> {
         let lease = self.lease.clone();
         let completion = Completion::new(&lease, &response);
-        let sql = Arc::clone(&self.queries);
-        let rows = match self.deferred.take() {
-            Some(record) => {
-                let delivered = false;
-                let params = record.params(completion.delivered_params(&delivered));
-                self.commit_with(&sql.operations.complete_new_in_transaction, &params)
-                    .await?
-            }
-            None => {
-                self.commit_with(
-                    &sql.operations.complete_in_transaction,
-                    &completion.params(),
-                )
-                .await?
-            }
-        };
+        let rows = self.commit_completion(&completion, None).await?;
         completion.counted(self.usage.as_deref(), &lease.scope);
         self.count_new_record(&lease.scope);
         let row = rows
@@ -433,24 +418,44 @@ impl PostgresTransaction {
     ) -> Result<bool> {
         let lease = self.lease.clone();
         let completion = Completion::new(&lease, &response);
+        self.commit_completion(&completion, Some(delivered)).await?;
+        completion.counted(self.usage.as_deref(), &lease.scope);
+        self.count_new_record(&lease.scope);
+        Ok(delivered)
+    }
+
+    /// Commits with the completion: the insert of a new key's record on the single-commit
+    /// path (its delivery `delivered`, if given), else the fenced completion — with the
+    /// delivery when `delivered` is given, returning the completed row when it is not.
+    async fn commit_completion(
+        &mut self,
+        completion: &Completion<'_>,
+        delivered: Option<bool>,
+    ) -> Result<Vec<tokio_postgres::Row>> {
         let sql = Arc::clone(&self.queries);
-        match self.deferred.take() {
-            Some(record) => {
-                let params = record.params(completion.delivered_params(&delivered));
-                self.commit_with(&sql.operations.complete_new_in_transaction, &params)
-                    .await?
-            }
+        if let Some(record) = self.deferred.take() {
+            let delivered = delivered.unwrap_or(false);
+            let params = record.params(completion.delivered_params(&delivered));
+            return self
+                .commit_with(&sql.operations.complete_new_in_transaction, &params)
+                .await;
+        }
+        match delivered {
             None => {
+                self.commit_with(
+                    &sql.operations.complete_in_transaction,
+                    &completion.params(),
+                )
+                .await
+            }
+            Some(delivered) => {
                 self.commit_with(
                     &sql.operations.complete_delivered_in_transaction,
                     &completion.delivered_params(&delivered),
                 )
-                .await?
+                .await
             }
-        };
-        completion.counted(self.usage.as_deref(), &lease.scope);
-        self.count_new_record(&lease.scope);
-        Ok(delivered)
+        }
     }
 
     /// Sends `sql` (a fenced completion that fails when its fence matches no row) and
