@@ -7,29 +7,34 @@
 //! work is wrapped: waiting for, replaying or refusing a duplicate protects no effect and
 //! is cancelled with its client.
 //!
-//! Every detached task is counted in a [`Detached`] (one per layer) and in the
-//! [`DETACHED`](tower_idempotency_core::metrics::DETACHED) gauge while it runs; the layer
-//! refuses to reserve while the count is at its bound.
+//! Every detached task is counted in a [`Detached`] (one per layer), under its scope, and
+//! in the [`DETACHED`](tower_idempotency_core::metrics::DETACHED) gauge while it runs; the
+//! layer refuses to reserve while the count is at its bound, or the scope's at its share.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
 use metrics::Gauge;
 use tokio::runtime::Handle;
+use tower_idempotency_core::Scope;
 use tower_idempotency_core::metrics as names;
 
 /// The number of tasks detached by one layer and still running.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Detached(Arc<Counted>);
 
-/// The tasks running now, and the gauge handle they are counted in.
+/// The tasks running now, in all and by scope, and the gauge handle they are counted in.
 #[derive(Debug, Default)]
 struct Counted {
     running: AtomicUsize,
+    /// Written only when a task detaches or ends (a client that left), read only when the
+    /// total is past a scope's share: a request whose client stays never takes the lock.
+    by_scope: Mutex<HashMap<Scope, usize>>,
     gauge: OnceLock<Gauge>,
 }
 
@@ -37,6 +42,18 @@ impl Detached {
     /// Tasks running now.
     pub(crate) fn count(&self) -> usize {
         self.0.running.load(Ordering::Acquire)
+    }
+
+    /// Tasks of `scope` running now.
+    pub(crate) fn count_of(&self, scope: &Scope) -> usize {
+        self.by_scope().get(scope).copied().unwrap_or(0)
+    }
+
+    fn by_scope(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, usize>> {
+        self.0
+            .by_scope
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Counts the tasks in `gauge` (the layer's resolved handle) from now on.
@@ -51,19 +68,31 @@ impl Detached {
             .get_or_init(|| metrics::gauge!(names::DETACHED))
     }
 
-    fn start(&self) -> DetachedTask {
+    fn start(&self, scope: Option<Scope>) -> DetachedTask {
+        if let Some(scope) = &scope {
+            *self.by_scope().entry(scope.clone()).or_default() += 1;
+        }
         self.0.running.fetch_add(1, Ordering::AcqRel);
         self.gauge().increment(1.0);
-        DetachedTask(self.clone())
+        DetachedTask(self.clone(), scope)
     }
 }
 
 /// Counts one detached task while it lives, however it ends (finishes, panics, or is
 /// dropped unrun by a runtime shutting down).
-struct DetachedTask(Detached);
+struct DetachedTask(Detached, Option<Scope>);
 
 impl Drop for DetachedTask {
     fn drop(&mut self) {
+        if let Some(scope) = &self.1 {
+            let mut by_scope = self.0.by_scope();
+            if let Some(count) = by_scope.get_mut(scope) {
+                *count -= 1;
+                if *count == 0 {
+                    by_scope.remove(scope);
+                }
+            }
+        }
         (self.0).0.running.fetch_sub(1, Ordering::AcqRel);
         self.0.gauge().decrement(1.0);
     }
@@ -101,8 +130,9 @@ where
     /// The runtime the future was created in, read then rather than at drop: a future may
     /// be dropped on a thread outside any runtime.
     runtime: Option<Handle>,
-    /// Where a detached task is counted.
+    /// Where a detached task is counted, and under which scope.
     detached: Detached,
+    scope: Option<Scope>,
     /// Set when the future is detached.
     left: Option<ClientLeft>,
 }
@@ -119,8 +149,15 @@ where
             inner: Some(Box::pin(future)),
             runtime: Handle::try_current().ok(),
             detached: detached.clone(),
+            scope: None,
             left: None,
         }
+    }
+
+    /// Counts the task, if it is ever detached, under `scope` too.
+    pub(crate) fn in_scope(mut self, scope: &Scope) -> Self {
+        self.scope = Some(scope.clone());
+        self
     }
 
     /// Sets `left` if the future is ever detached.
@@ -175,7 +212,7 @@ where
             // On a runtime that is shutting down the task is dropped unrun, as a spawned
             // task would have been.
             Some(runtime) => {
-                let task = self.detached.start();
+                let task = self.detached.start(self.scope.take());
                 drop(runtime.spawn(async move {
                     let _task = task;
                     unfinished.await

@@ -347,21 +347,17 @@ where
         lease: policy.lease,
     };
     let reexecute = matches!(policy.unknown_outcome, UnknownOutcomePolicy::Reexecute);
+    let scope = request.scope.clone();
     let mut attempt = Attempt::new(request, waits, reexecute);
     loop {
-        // Checked before every reservation: past the bound nothing is reserved, so a
-        // refused request leaves nothing behind.
-        if shared.detached.count() >= shared.max_detached {
+        // Checked before every reservation: past the bound, or past the scope's share of
+        // it, nothing is reserved, so a refused request leaves nothing behind.
+        if let Some(limit) = detached_limit(&shared, &scope) {
             tracing::warn!(
-                limit = shared.max_detached,
+                limit,
                 "too many detached requests; refusing before reserving"
             );
-            return Ok(refuse(
-                &shared,
-                Rejection::DetachedLimit {
-                    limit: shared.max_detached,
-                },
-            ));
+            return Ok(refuse(&shared, Rejection::DetachedLimit { limit }));
         }
         let left = ClientLeft::default();
         // Boxed as it is made, and wrapped in the box: the (large) round is moved once.
@@ -372,7 +368,9 @@ where
             left.clone(),
         ));
         let round = tally.clone().scope(round).instrument(Span::current());
-        let round = DetachOnDrop::new(round, &shared.detached).watched_by(&left);
+        let round = DetachOnDrop::new(round, &shared.detached)
+            .in_scope(&scope)
+            .watched_by(&left);
         let operation = match round.await {
             Ok(Round::Answered(answer)) => return answer,
             Ok(Round::Existing(operation, returned, asked)) => {
@@ -563,6 +561,21 @@ fn replay<ResB: Body>(
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     *response.headers_mut() = headers;
     Ok(response)
+}
+
+/// The part of the layer's detached bound one scope may hold: an eighth (at least one), so
+/// that one account whose clients leave slow requests cannot take the bound from the others.
+const SCOPE_SHARE_OF_DETACHED: usize = 8;
+
+/// The bound a new reservation of `scope` would pass, if any: the layer's
+/// (`with_max_detached`), or the scope's share of it.
+fn detached_limit(shared: &Shared, scope: &Scope) -> Option<usize> {
+    let running = shared.detached.count();
+    if running >= shared.max_detached {
+        return Some(shared.max_detached);
+    }
+    let share = (shared.max_detached / SCOPE_SHARE_OF_DETACHED).max(1);
+    (running >= share && shared.detached.count_of(scope) >= share).then_some(share)
 }
 
 #[cfg(test)]

@@ -302,7 +302,9 @@ impl IdempotencyLayer {
     /// [body limit](IdempotencyLayer::with_body_limit)) and the handler's state, so the
     /// memory they can hold is about `max × body limit` plus what the handlers keep. While
     /// this many are running, new guarded requests are refused with
-    /// `503 detached-limit` (and `Retry-After`) before anything is reserved. Requests that
+    /// `503 detached-limit` (and `Retry-After`) before anything is reserved; so are a
+    /// scope's once it holds an eighth of them (at least one), so that one account whose
+    /// clients leave slow requests cannot take the bound from the others. Requests that
     /// only wait for, replay or are refused on an existing record never detach: they are
     /// cancelled with their client. The bound is checked before each reservation, so the
     /// count can pass it by the requests that already hold a reservation when their

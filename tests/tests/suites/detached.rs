@@ -172,3 +172,53 @@ async fn past_the_detached_bound_requests_are_refused_before_reserving() {
     assert_eq!(accepted.status, 201, "{}", accepted.text());
     assert_eq!(app.layer.detached(), 0);
 }
+
+/// One account may hold an eighth of the bound (at least one) in detached requests: past
+/// its share its own new requests are refused before reserving, while another account's
+/// are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_account_past_its_share_of_the_detached_bound_leaves_room_for_others() {
+    // A bound of 16: a share of 2.
+    let app = gated(16).await;
+    let greedy = new_account();
+    let greedy_client = app.server.client(&greedy);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let key = new_key();
+        let connection = send_and_hold(&app.server, &greedy, &key).await;
+        greedy_client
+            .until_state(&key, "in_progress", DEADLINE)
+            .await;
+        drop(connection);
+        held.push(key);
+    }
+    until_detached(&app.layer, 2).await;
+
+    let fresh = new_key();
+    let refused = greedy_client.post("/v1/things", Some(&fresh), BODY).await;
+    refused.assert_problem(503, "detached-limit");
+    greedy_client
+        .operation(&fresh)
+        .await
+        .assert_problem(404, "operation-not-found");
+
+    // Another account is admitted meanwhile, and served.
+    let other = app.server.client(&new_account());
+    let other_key = new_key();
+    let served = other.spawn_post("/v1/things", Some(&other_key), BODY);
+    other.until_state(&other_key, "in_progress", DEADLINE).await;
+    assert_eq!(app.layer.detached(), 2, "admitted while the share was held");
+    // The gate lets the waiting handlers through in the order they came.
+    app.gate.add_permits(3);
+    let served = served.await.unwrap();
+    assert_eq!(served.status, 201, "{}", served.text());
+
+    // Once the greedy account's detached requests finish, it has its share again.
+    for key in &held {
+        greedy_client.until_state(key, "completed", DEADLINE).await;
+    }
+    until_detached(&app.layer, 0).await;
+    app.gate.add_permits(1);
+    let accepted = greedy_client.post("/v1/things", Some(&fresh), BODY).await;
+    assert_eq!(accepted.status, 201, "{}", accepted.text());
+}
