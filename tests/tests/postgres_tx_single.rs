@@ -13,7 +13,7 @@ use http::{Method, StatusCode};
 use integration_tests::app::eventually;
 use tokio::sync::Notify;
 use tower_idempotency::{CommitPath, ConfigError, IdempotencyLayer, OperationState, RoutePolicy};
-use tower_idempotency_postgres::{PostgresStore, StatementMode};
+use tower_idempotency_postgres::{PostgresStore, PostgresStoreConfig, StatementMode};
 
 use crate::tx_things::{Harness, Script, send};
 
@@ -375,4 +375,78 @@ async fn a_key_taken_meanwhile_by_the_default_path_rolls_the_single_commit_attem
     assert_ne!(kept.id, single_lease.operation_id);
     assert_eq!(kept.response.unwrap().status, 201);
     assert_eq!(h.rows("k-mixed").await, 1);
+}
+
+/// A duplicate of a running single-commit operation finds the key's lock held and answers
+/// the running operation at once, without waiting on the lock: it holds neither a pooled
+/// connection nor a place of the transaction budget while the caller waits for the
+/// outcome, so a burst of retries of one key cannot take the budget from other accounts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_of_a_running_operation_hold_no_place_of_the_budget() {
+    use tower_idempotency::{Fingerprint, IdempotencyKey, Scope, StoredResponse, TransactionStore};
+    use tower_idempotency_conformance::reserve_request;
+    use tower_idempotency_core::TransactionalReservation;
+
+    let database = integration_tests::pg::test_database().await;
+    let store = PostgresStore::from_config(&PostgresStoreConfig {
+        max_connections: 4,
+        transaction_connections: Some(2),
+        ..PostgresStoreConfig::new(database.url())
+    })
+    .unwrap();
+    store.migrate().await.unwrap();
+    let request = |scope: &str, key: &str| {
+        reserve_request(
+            &Scope::new(scope),
+            &IdempotencyKey::new(key).unwrap(),
+            &Fingerprint::from_stored("sha256:budget"),
+        )
+    };
+    let response = || StoredResponse {
+        status: 201,
+        headers: Default::default(),
+        body: Some(bytes::Bytes::from_static(b"{}")),
+    };
+    let TransactionalReservation::Acquired {
+        operation,
+        transaction,
+        ..
+    } = store
+        .reserve_single_commit(request("acct_a", "k-burst"), Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!("a new key");
+    };
+    for _ in 0..6 {
+        let duplicate = tokio::time::timeout(
+            Duration::from_secs(10),
+            store.reserve_single_commit(request("acct_a", "k-burst"), Duration::from_secs(30)),
+        )
+        .await
+        .expect("answered without waiting for the running operation")
+        .unwrap();
+        let TransactionalReservation::Existing(running) = duplicate else {
+            panic!("the running operation");
+        };
+        assert_eq!(
+            (running.id, running.state),
+            (operation.id, OperationState::InProgress)
+        );
+        assert_eq!(store.open_transactions(), 1, "the duplicate holds no place");
+    }
+    // The other place is another account's.
+    let TransactionalReservation::Acquired {
+        transaction: other, ..
+    } = store
+        .reserve_single_commit(request("acct_b", "k-other"), Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!("a new key");
+    };
+    assert_eq!(store.open_transactions(), 2);
+    other.complete(response()).await.unwrap();
+    transaction.complete(response()).await.unwrap();
+    assert_eq!(store.open_transactions(), 0);
 }

@@ -7,9 +7,12 @@
 //! round trip:
 //!
 //! - a transaction-scoped advisory lock on a 64-bit key derived from the store's schema and
-//!   `(scope, key)`: a concurrent reservation of the key waits on it (bounded by its own
-//!   `lock_timeout`, the rest of its route's wait), and PostgreSQL releases it with the
-//!   transaction — at `COMMIT`, at `ROLLBACK`, or when the session dies;
+//!   `(scope, key)`, taken without waiting: a concurrent reservation of the key that finds
+//!   it held rolls its own transaction back at once and answers the running operation, so
+//!   that a duplicate never holds a connection and a place of the transaction budget while
+//!   it waits (the layer waits for it through `Store::wait`, which polls); PostgreSQL
+//!   releases the lock with the transaction — at `COMMIT`, at `ROLLBACK`, or when the
+//!   session dies;
 //! - the session's `application_name`, set for the transaction only, to `ti1 <operation id>
 //!   <lease end in ms since the epoch> <method>`: what the status route and a waiting
 //!   duplicate read (through `pg_locks` and `pg_stat_activity`, [`SingleQueries::holder`])
@@ -38,11 +41,12 @@ const METHOD_CHARS: usize = 12;
 /// The statements of the single-commit path of one store.
 #[derive(Debug, Clone)]
 pub(crate) struct SingleQueries {
-    /// Sent after `BEGIN`, before the reservation: `$1` the `lock_timeout` (ms, never 0),
-    /// `$2` the `idle_in_transaction_session_timeout` (ms, the lease), `$3` scope, `$4` key,
-    /// `$5` the proposed operation id (32 hex digits), `$6` the lease (ms), `$7` the method.
-    /// The settings come first in the target list, which PostgreSQL evaluates in order, so
-    /// the advisory lock's wait is already bounded.
+    /// Sent after `BEGIN`, before the look-up: `$1` the
+    /// `idle_in_transaction_session_timeout` (ms, the lease), `$2` scope, `$3` key, `$4` the
+    /// proposed operation id (32 hex digits), `$5` the lease (ms), `$6` the method. One row:
+    /// `published`, not null when the key's advisory lock was free and is now this
+    /// transaction's (the operation then published in `application_name`); null when
+    /// another transaction holds it. PostgreSQL evaluates the target list in order.
     pub(crate) prologue: String,
     /// The session holding the advisory lock of `$1` scope, `$2` key, if any: its
     /// `application_name`, when its transaction started, and the database clock.
@@ -61,18 +65,17 @@ fn lock_key(schema: &str, scope: &str, key: &str) -> String {
 impl SingleQueries {
     /// `schema` is a validated identifier (spliced as a literal into the lock key).
     pub(crate) fn new(schema: &str) -> Self {
-        let prologue_key = lock_key(schema, "$3::text", "$4::text");
+        let prologue_key = lock_key(schema, "$2::text", "$3::text");
         let holder_key = lock_key(schema, "$1::text", "$2::text");
         let probe_key = lock_key(schema, "$1::text", "$2::text");
         Self {
             probe: format!("SELECT pg_try_advisory_xact_lock({probe_key}) AS free"),
             prologue: format!(
-                "SELECT set_config('lock_timeout', $1::text, true), \
-                 set_config('idle_in_transaction_session_timeout', $2::text, true), \
-                 pg_advisory_xact_lock({prologue_key}), \
-                 set_config('application_name', '{TAG} ' || $5::text || ' ' || \
-                   (floor(extract(epoch FROM clock_timestamp()) * 1000) + $6::bigint)::bigint::text \
-                   || ' ' || $7::text, true)"
+                "SELECT set_config('idle_in_transaction_session_timeout', $1::text, true), \
+                 CASE WHEN pg_try_advisory_xact_lock({prologue_key}) THEN \
+                   set_config('application_name', '{TAG} ' || $4::text || ' ' || \
+                     (floor(extract(epoch FROM clock_timestamp()) * 1000) + $5::bigint)::bigint::text \
+                     || ' ' || $6::text, true) END AS published"
             ),
             holder: format!(
                 "SELECT a.application_name, a.xact_start, now() AS db_now \

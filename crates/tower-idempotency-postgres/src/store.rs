@@ -166,8 +166,10 @@ impl TransactionStore for PostgresStore {
     }
 
     /// The single-commit path (`single.rs`, `docs/transactional.md`): with a free place in
-    /// the transaction budget, `BEGIN`, the key's advisory lock (waiting at most `wait` for
-    /// a concurrent transaction holding it) and a look at the key in one round trip; a new
+    /// the transaction budget, `BEGIN`, the key's advisory lock (taken without waiting: a
+    /// key another transaction holds is answered at once with its running operation, which
+    /// the caller waits for through [`Store::wait`], so `_wait` is not used here) and a
+    /// look at the key in one round trip; a new
     /// key's record is then written once, completed, by the completion before its
     /// `COMMIT` — the reservation writes nothing (the advisory lock stands in for the
     /// record until the commit).
@@ -183,7 +185,7 @@ impl TransactionStore for PostgresStore {
     async fn reserve_single_commit(
         &self,
         request: ReserveRequest,
-        wait: Duration,
+        _wait: Duration,
     ) -> Result<TransactionalReservation> {
         if let Some(operation) = self.settled(&request).await? {
             return Ok(TransactionalReservation::Existing(operation));
@@ -191,9 +193,10 @@ impl TransactionStore for PostgresStore {
         if request.approval.is_some() || self.inner.usage_batch.is_none() {
             return self.reserve_transaction_unsettled(request).await;
         }
-        // The reservation is written in the transaction, so it needs its place first: a
-        // full budget is waited for (at most `wait_timeout`, then `503 store-unavailable`).
-        // Replays found above never wait.
+        // The operation's transaction needs its place first: a full budget is waited for
+        // (at most `wait_timeout`, then `503 store-unavailable`). Replays found above never
+        // wait; a duplicate of a running operation holds its place only for the one round
+        // trip that finds the key's lock held.
         let permit = match self.inner.transactions.try_acquire() {
             Some(permit) => permit,
             None => self.inner.transactions.acquire().await?,
@@ -204,7 +207,7 @@ impl TransactionStore for PostgresStore {
             &self.inner.queries,
             (&request, &proposal),
             permit,
-            (self.inner.usage_batch.clone(), wait),
+            self.inner.usage_batch.clone(),
         )
         .await?;
         let (Reserved { row, usage }, transaction) = match reserved {
@@ -230,8 +233,8 @@ impl TransactionStore for PostgresStore {
             // A new key of a scope at its quota: the plain path purges and decides.
             Single::NoRow => return self.reserve_then_wait_for_a_place(request).await,
             Single::Busy => {
-                // Still running at the end of the wait: answered with the running
-                // operation. Gone meanwhile: its outcome is committed, or nothing is.
+                // Still running: answered with the running operation. Gone meanwhile: its
+                // outcome is committed, or nothing is.
                 if let Some(operation) = self.held(&request).await? {
                     return Ok(TransactionalReservation::Existing(operation));
                 }

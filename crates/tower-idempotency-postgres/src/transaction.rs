@@ -18,7 +18,6 @@ use std::ops::Deref;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Waker};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Object};
@@ -193,15 +192,15 @@ impl PostgresTransaction {
     }
 
     /// The single-commit path (`single.rs`): checks out a connection and sends, in one round
-    /// trip, `BEGIN`, the prologue (the lock wait bounded by `wait`, the idle bound set to
-    /// the lease, the key's advisory lock, the published operation), the look at the key
-    /// (`OperationQueries::reserve_deferred`, after the lock, so that it sees whatever a
-    /// transaction that held the key committed), and the reset of `lock_timeout` (the
-    /// handler's own statements wait as the session says). Nothing is written: a new key's
+    /// trip, `BEGIN`, the prologue (the idle bound set to the lease, the key's advisory
+    /// lock taken without waiting, the published operation) and the look at the key
+    /// (`OperationQueries::reserve_deferred`, a statement of its own, so that it sees
+    /// whatever a transaction that held the key committed). Nothing is written: a new key's
     /// record is inserted by the completion, in the same transaction.
     ///
-    /// A concurrent transaction holding the key makes the prologue wait, at most `wait`:
-    /// then [`Single::Busy`], the connection back in the pool after its `ROLLBACK`.
+    /// A concurrent transaction holding the key: [`Single::Busy`] at once, the connection
+    /// back in the pool after its `ROLLBACK` (the caller answers the running operation,
+    /// and a duplicate waits for it without a connection or a place of the budget).
     /// Otherwise a live row of the key, with the connection inside the open transaction
     /// (the caller gives it back with [`not_needed`](Self::not_needed)); a new key under
     /// its scope's quota, [`Single::Deferred`], the transaction its own; or
@@ -212,31 +211,20 @@ impl PostgresTransaction {
         queries: &Arc<Queries>,
         (request, proposal): (&ReserveRequest, &ReserveParams<'_>),
         permit: OwnedSemaphorePermit,
-        (usage, wait): (Option<Arc<UsageBatch>>, Duration),
+        usage: Option<Arc<UsageBatch>>,
     ) -> Result<Single> {
         let lease = proposal.proposed_lease(request);
-        let lock_timeout = single::setting_ms(wait);
         let idle = single::setting_ms(request.lease);
         let (scope, key) = (request.scope.as_str(), request.key.as_str());
         let operation = lease.operation_id.as_uuid().simple().to_string();
         let lease_ms = single::lease_ms(request.lease);
         let method = single::short_method(&request.method);
-        let prologue_params: [&(dyn ToSql + Sync); 7] = [
-            &lock_timeout,
-            &idle,
-            &scope,
-            &key,
-            &operation,
-            &lease_ms,
-            &method,
-        ];
+        let prologue_params: [&(dyn ToSql + Sync); 6] =
+            [&idle, &scope, &key, &operation, &lease_ms, &method];
         let prologue_sql = queries.single.prologue.as_str();
         let check_quota = proposal.check_quota;
         let params: [&(dyn ToSql + Sync); 3] = [&scope, &key, &check_quota];
         let sql = queries.operations.reserve_deferred.as_str();
-        // The wait for a concurrent transaction is PostgreSQL's (`lock_timeout`), inside
-        // this call: its bound grows by it.
-        let bound = executor.query_timeout.saturating_add(wait);
         let reserving = async {
             // Built before anything is sent, so that a failure, or the timeout dropping
             // this future, closes the connection instead of pooling it mid-transaction.
@@ -251,7 +239,7 @@ impl PostgresTransaction {
                 new_record: false,
                 deferred: None,
             };
-            let (begun, locked, rows, reset) = {
+            let (begun, locked, rows) = {
                 let client = transaction.connection()?;
                 let (prologue, probe) = match executor.statements {
                     StatementMode::Prepared => (
@@ -278,24 +266,19 @@ impl PostgresTransaction {
                         Update::Unnamed(typed) => client.query_typed(sql, typed).await,
                     }
                 };
-                tokio::join!(
-                    client.batch_execute("BEGIN"),
-                    locking,
-                    query,
-                    client.batch_execute("SET LOCAL lock_timeout TO DEFAULT")
-                )
+                tokio::join!(client.batch_execute("BEGIN"), locking, query)
             };
             begun.map_err(from_pg)?;
-            if let Err(error) = locked {
-                if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-                    // Another transaction holds the key past this request's wait.
-                    transaction.roll_back().await?;
-                    return Ok(Single::Busy);
-                }
-                return Err(from_pg(error));
-            }
+            let published: Option<String> = match locked.map_err(from_pg)?.first() {
+                Some(row) => row::get(row, "published")?,
+                None => None,
+            };
             let rows = rows.map_err(from_pg)?;
-            reset.map_err(from_pg)?;
+            if published.is_none() {
+                // Another transaction holds the key.
+                transaction.roll_back().await?;
+                return Ok(Single::Busy);
+            }
             let Some(row) = rows.first() else {
                 return Err(StoreError::Backend(
                     "the key's look-up returned no row".into(),
@@ -335,7 +318,7 @@ impl PostgresTransaction {
                 usage,
             })))
         };
-        match tokio::time::timeout(bound, reserving).await {
+        match tokio::time::timeout(executor.query_timeout, reserving).await {
             Ok(result) => result,
             Err(_) => Err(crate::executor::classify::timed_out("reserve")),
         }
