@@ -792,7 +792,7 @@ async fn rows_from_before_the_lifecycle_migration_read_as_dispatched() {
     let store = PostgresStore::from_config(&PostgresStoreConfig::new(db.url())).unwrap();
     assert_eq!(
         store.migrate().await.unwrap(),
-        [6, 7, 8, 9, 10, 11, 12, 13, 14]
+        [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     );
     for (key, state) in [
         ("lapsed", OperationState::Unknown),
