@@ -35,6 +35,30 @@ async fn acquire_transaction<S: Store>(
     }
 }
 
+/// A fresh key's single-commit reservation, which must be acquired (`what` says why).
+async fn acquire_single<S: Store>(
+    check: &str,
+    store: &S,
+    request: ReserveRequest,
+    what: &str,
+) -> (Operation, Box<dyn OperationTransaction>) {
+    match must(
+        check,
+        "reserve_single_commit",
+        transactions(store)
+            .reserve_single_commit(request, LONG)
+            .await,
+    ) {
+        TransactionalReservation::Acquired {
+            operation,
+            takeover: false,
+            transaction,
+            ..
+        } => (operation, transaction),
+        other => panic!("{check}: {what}, got {other:?}"),
+    }
+}
+
 fn existing(check: &str, reservation: Result<TransactionalReservation>) -> Operation {
     match must(check, "reserve_transaction", reservation) {
         TransactionalReservation::Existing(operation) => operation,
@@ -227,21 +251,13 @@ pub async fn reserve_transaction_commit_is_fenced<S: Store>(store: &S) {
 pub async fn reserve_single_commit_acquires_once_waits_and_replays<S: Store + Clone>(store: &S) {
     const CHECK: &str = "reserve_single_commit_acquires_once_waits_and_replays";
     let fixture = Fixture::new();
-    let (operation, _, transaction) = match must(
+    let (operation, transaction) = acquire_single(
         CHECK,
-        "reserve_single_commit",
-        transactions(store)
-            .reserve_single_commit(fixture.request(), LONG)
-            .await,
-    ) {
-        TransactionalReservation::Acquired {
-            operation,
-            lease,
-            takeover: false,
-            transaction,
-        } => (operation, lease, transaction),
-        other => panic!("{CHECK}: a fresh key must be acquired, got {other:?}"),
-    };
+        store,
+        fixture.request(),
+        "a fresh key must be acquired",
+    )
+    .await;
     assert_eq!(operation.state, OperationState::InProgress, "{CHECK}");
     let mut tasks = JoinSet::new();
     for _ in 0..4 {
@@ -313,37 +329,23 @@ pub async fn reserve_single_commit_acquires_once_waits_and_replays<S: Store + Cl
 
     // Aborted: nothing is kept, and the key is acquired afresh.
     let other = Fixture::new();
-    let TransactionalReservation::Acquired {
-        operation: first,
-        transaction,
-        ..
-    } = must(
+    let (first, transaction) = acquire_single(
         CHECK,
-        "reserve_single_commit",
-        transactions(store)
-            .reserve_single_commit(other.request(), LONG)
-            .await,
+        store,
+        other.request(),
+        "a fresh key must be acquired",
     )
-    else {
-        panic!("{CHECK}: a fresh key must be acquired");
-    };
+    .await;
     must(CHECK, "abort", transaction.abort().await);
     let kept = must(CHECK, "get", store.get(&other.scope, &other.key).await);
     assert!(kept.is_none(), "{CHECK}: an aborted reservation: {kept:?}");
-    let TransactionalReservation::Acquired {
-        operation: again,
-        transaction,
-        ..
-    } = must(
+    let (again, transaction) = acquire_single(
         CHECK,
-        "reserve_single_commit",
-        transactions(store)
-            .reserve_single_commit(other.request(), LONG)
-            .await,
+        store,
+        other.request(),
+        "the released key must be acquired again",
     )
-    else {
-        panic!("{CHECK}: the released key must be acquired again");
-    };
+    .await;
     assert_ne!(again.id, first.id, "{CHECK}: a new operation");
     must(
         CHECK,
