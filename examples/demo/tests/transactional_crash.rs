@@ -17,6 +17,17 @@ async fn get_json(http: &reqwest::Client, demo: &DemoProcess, account: &str, pat
     reply.json()
 }
 
+/// The status route's answer for `key`.
+async fn status_of(http: &reqwest::Client, demo: &DemoProcess, account: &str, key: &str) -> Value {
+    get_json(
+        http,
+        demo,
+        account,
+        &format!("/operations?idempotency_key={key}"),
+    )
+    .await
+}
+
 async fn count(db: &tokio_postgres::Client, query: &str) -> i64 {
     db.query_one(query, &[]).await.unwrap().get(0)
 }
@@ -131,13 +142,7 @@ async fn a_demo_killed_mid_handler_leaves_nothing_and_the_retry_executes_once() 
     assert_eq!(notifications[0]["ticket_id"], ticket_id);
     assert_eq!(notifications[0]["attempts"], 1);
 
-    let status = get_json(
-        &http,
-        &demo,
-        &account,
-        &format!("/operations?idempotency_key={key}"),
-    )
-    .await;
+    let status = status_of(&http, &demo, &account, &key).await;
     assert_eq!(status["state"], "completed");
     assert_eq!(status["attempts"], 2, "the crashed attempt and the retry");
 }
@@ -210,13 +215,7 @@ async fn a_single_commit_demo_killed_mid_handler_leaves_nothing_and_the_retry_ex
         0,
         "the reservation is not committed"
     );
-    let running = get_json(
-        &http,
-        &doomed,
-        &account,
-        &format!("/operations?idempotency_key={key}"),
-    )
-    .await;
+    let running = status_of(&http, &doomed, &account, &key).await;
     assert_eq!(running["state"], "in_progress", "{running}");
     let crashed_id = running["operation_id"].clone();
     doomed.kill();
@@ -241,13 +240,7 @@ async fn a_single_commit_demo_killed_mid_handler_leaves_nothing_and_the_retry_ex
         1,
         "exactly one notification effect"
     );
-    let status = get_json(
-        &http,
-        &demo,
-        &account,
-        &format!("/operations?idempotency_key={key}"),
-    )
-    .await;
+    let status = status_of(&http, &demo, &account, &key).await;
     assert_eq!(status["state"], "completed");
     assert_eq!(
         status["attempts"], 1,
