@@ -61,11 +61,9 @@ pub struct PostgresTransaction {
     /// The single-commit path: the reservation was written inside this transaction
     /// (`single.rs`), so a rollback leaves nothing to release and nothing renews the lease.
     single: bool,
-    /// On the single-commit path: a new key's record, counted in `usage` only once it
-    /// committed (a rollback leaves no record to count).
-    new_record: bool,
     /// On the single-commit path, a new key whose reservation wrote nothing: the record
-    /// the completion inserts (`OperationQueries::complete_new_in_transaction`).
+    /// the completion inserts (`OperationQueries::complete_new_in_transaction`), counted in
+    /// `usage` only once it committed (a rollback leaves no record to count).
     deferred: Option<NewRecord>,
 }
 
@@ -99,7 +97,6 @@ impl PostgresTransaction {
                     permit: Some(permit),
                     usage: None,
                     single: false,
-                    new_record: false,
                     deferred: None,
                 };
                 transaction
@@ -145,7 +142,6 @@ impl PostgresTransaction {
                     permit: Some(permit),
                     usage,
                     single: false,
-                    new_record: false,
                     deferred: None,
                 };
                 let (rows, begun) = {
@@ -236,7 +232,6 @@ impl PostgresTransaction {
                 permit: Some(permit),
                 usage,
                 single: true,
-                new_record: false,
                 deferred: None,
             };
             let (begun, locked, rows) = {
@@ -310,7 +305,6 @@ impl PostgresTransaction {
                 return Ok(Single::NoRow);
             }
             let db_now = row::get(row, "probe_now")?;
-            transaction.new_record = true;
             transaction.deferred = Some(proposal.new_record());
             Ok(Single::Deferred(Box::new(Deferred {
                 transaction,
@@ -385,7 +379,6 @@ impl PostgresTransaction {
         let completion = Completion::new(&lease, &response);
         let rows = self.commit_completion(&completion, None).await?;
         completion.counted(self.usage.as_deref(), &lease.scope);
-        self.count_new_record(&lease.scope);
         let row = rows
             .first()
             .ok_or_else(|| StoreError::Backend("complete returned no row".into()))?;
@@ -403,7 +396,6 @@ impl PostgresTransaction {
         let completion = Completion::new(&lease, &response);
         self.commit_completion(&completion, Some(delivered)).await?;
         completion.counted(self.usage.as_deref(), &lease.scope);
-        self.count_new_record(&lease.scope);
         Ok(delivered)
     }
 
@@ -419,9 +411,13 @@ impl PostgresTransaction {
         if let Some(record) = self.deferred.take() {
             let delivered = delivered.unwrap_or(false);
             let params = record.params(completion.delivered_params(&delivered));
-            return self
+            let rows = self
                 .commit_with(&sql.operations.complete_new_in_transaction, &params)
-                .await;
+                .await?;
+            if let Some(batch) = &self.usage {
+                batch.add(&self.lease.scope, 1, 0);
+            }
+            return Ok(rows);
         }
         match delivered {
             None => {
@@ -493,13 +489,6 @@ impl PostgresTransaction {
             .map_err(from_pg)?;
         self.finished();
         Ok(())
-    }
-
-    /// A new key's record reserved on the single-commit path, counted once committed.
-    fn count_new_record(&self, scope: &Scope) {
-        if let (true, Some(batch)) = (self.new_record, &self.usage) {
-            batch.add(scope, 1, 0);
-        }
     }
 
     /// `COMMIT` or `ROLLBACK` went through: the connection goes back to the pool.
