@@ -67,9 +67,8 @@ impl SingleQueries {
     pub(crate) fn new(schema: &str) -> Self {
         let prologue_key = lock_key(schema, "$2::text", "$3::text");
         let holder_key = lock_key(schema, "$1::text", "$2::text");
-        let probe_key = lock_key(schema, "$1::text", "$2::text");
         Self {
-            probe: format!("SELECT pg_try_advisory_xact_lock({probe_key}) AS free"),
+            probe: format!("SELECT pg_try_advisory_xact_lock({holder_key}) AS free"),
             prologue: format!(
                 "SELECT set_config('idle_in_transaction_session_timeout', $1::text, true), \
                  CASE WHEN pg_try_advisory_xact_lock({prologue_key}) THEN \
@@ -101,12 +100,12 @@ pub(crate) fn setting_ms(duration: Duration) -> String {
     ms.to_string()
 }
 
-/// The lease in whole milliseconds, as the prologue's `$6`.
+/// The lease in whole milliseconds, as the prologue's `$5`.
 pub(crate) fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
-/// The method as the prologue's `$7` keeps it.
+/// The method as the prologue's `$6` keeps it.
 pub(crate) fn short_method(method: &str) -> String {
     method
         .chars()

@@ -950,6 +950,13 @@ impl PostgresStore {
         if free {
             return Ok(None);
         }
+        self.lock_holder(scope, key).await
+    }
+
+    /// The session holding the key's advisory lock, read from `pg_locks` and
+    /// `pg_stat_activity` without probing the lock first: for a caller that just found it
+    /// held.
+    async fn lock_holder(&self, scope: &Scope, key: &IdempotencyKey) -> Result<Option<Holder>> {
         let rows = (self.inner.executor)
             .query(
                 "get",
@@ -963,11 +970,12 @@ impl PostgresStore {
         }
     }
 
-    /// [`holder`](Self::holder) as the request's view of the running operation (its own
-    /// fingerprint and route: only the uncommitted row has the original's).
+    /// The running single-commit operation of a key whose advisory lock the request just
+    /// found held ([`lock_holder`](Self::lock_holder)), as the request's view of it (its
+    /// own fingerprint and route: only the uncommitted transaction has the original's).
     async fn held(&self, request: &ReserveRequest) -> Result<Option<Operation>> {
         Ok(self
-            .holder(&request.scope, &request.key)
+            .lock_holder(&request.scope, &request.key)
             .await?
             .map(|holder| {
                 holder.operation(

@@ -58,12 +58,11 @@ pub struct PostgresTransaction {
     /// Where the completion's bytes are counted once committed, when the store counts in
     /// batches (`usage.rs`); `None`: the completion statement counts them.
     usage: Option<Arc<UsageBatch>>,
-    /// The single-commit path: the reservation was written inside this transaction
-    /// (`single.rs`), so a rollback leaves nothing to release and nothing renews the lease.
-    single: bool,
-    /// On the single-commit path, a new key whose reservation wrote nothing: the record
-    /// the completion inserts (`OperationQueries::complete_new_in_transaction`), counted in
-    /// `usage` only once it committed (a rollback leaves no record to count).
+    /// On the single-commit path (`single.rs`), a new key whose reservation wrote nothing:
+    /// the record the completion inserts (`OperationQueries::complete_new_in_transaction`),
+    /// counted in `usage` only once it committed (a rollback leaves no record to count).
+    /// The only way that path hands a transaction out, so its presence is the path: a
+    /// rollback leaves nothing to release and nothing renews the lease.
     deferred: Option<NewRecord>,
 }
 
@@ -96,7 +95,6 @@ impl PostgresTransaction {
                     client: Some(executor.client().await?),
                     permit: Some(permit),
                     usage: None,
-                    single: false,
                     deferred: None,
                 };
                 transaction
@@ -141,7 +139,6 @@ impl PostgresTransaction {
                     client: Some(executor.client().await?),
                     permit: Some(permit),
                     usage,
-                    single: false,
                     deferred: None,
                 };
                 let (rows, begun) = {
@@ -231,7 +228,6 @@ impl PostgresTransaction {
                 client: Some(executor.client().await?),
                 permit: Some(permit),
                 usage,
-                single: true,
                 deferred: None,
             };
             let (begun, locked, rows) = {
@@ -270,8 +266,9 @@ impl PostgresTransaction {
             };
             let rows = rows.map_err(from_pg)?;
             if published.is_none() {
-                // Another transaction holds the key.
-                transaction.roll_back().await?;
+                // Another transaction holds the key; nothing was written, so the
+                // `ROLLBACK` is sent and not waited for.
+                transaction.not_needed();
                 return Ok(Single::Busy);
             }
             let Some(row) = rows.first() else {
@@ -312,10 +309,7 @@ impl PostgresTransaction {
                 usage,
             })))
         };
-        match tokio::time::timeout(executor.query_timeout, reserving).await {
-            Ok(result) => result,
-            Err(_) => Err(crate::executor::classify::timed_out("reserve")),
-        }
+        executor.bounded("reserve", reserving).await
     }
 
     /// The reservation was won but its transaction could not begin: released (on a pooled
@@ -542,7 +536,7 @@ pub(crate) enum Single {
     /// For the plain path to decide (an expired row, a scope at its quota); the
     /// transaction is rolled back.
     NoRow,
-    /// Another transaction held the key for longer than the wait; rolled back.
+    /// Another transaction holds the key; rolled back.
     Busy,
 }
 
@@ -596,7 +590,7 @@ impl OperationTransaction for PostgresTransaction {
         let executor = self.executor.clone();
         let queries = Arc::clone(&self.queries);
         let lease = self.lease.clone();
-        let single = self.single;
+        let single = self.deferred.is_some();
         if let Err(error) = executor.bounded("rollback", self.roll_back()).await {
             tracing::warn!(error = %error, "ROLLBACK failed; closing the connection instead");
         }
@@ -614,7 +608,7 @@ impl OperationTransaction for PostgresTransaction {
 
     /// `false` on the single-commit path: the record is inside the transaction.
     fn renews_lease(&self) -> bool {
-        !self.single
+        self.deferred.is_none()
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {

@@ -145,8 +145,8 @@ impl Engine {
         let request = attempt.request();
         let reserved = match self.store.transactions().filter(|_| mode.transactional) {
             Some(transactions) if mode.commit_path == CommitPath::Single => {
-                // A duplicate waits for the original's transaction inside the store, at
-                // most what is left of this attempt's wait.
+                // A store may make a duplicate wait for the original's transaction, at
+                // most what is left of this attempt's wait (or answer it running at once).
                 let wait = attempt
                     .in_progress_deadline
                     .saturating_duration_since(Instant::now());

@@ -337,11 +337,14 @@ pub trait TransactionStore: Store {
     /// [`CommitPath::Single`] path: the reservation written inside the operation's
     /// transaction, committed with the handler's writes and the completion in one commit.
     ///
-    /// A concurrent reservation of the same key waits for that transaction at most `wait`
-    /// and then answers as the record then stands: the completed record (a replay), the
-    /// key acquired afresh (the transaction rolled back), or, still running at the end of
-    /// `wait`, [`TransactionalReservation::Existing`] with an `in_progress` record whose
-    /// lease end is the `Retry-After` its caller answers with. The acquired transaction's
+    /// A concurrent reservation of the same key may wait for that transaction, at most
+    /// `wait`, and then answers as the record then stands: the completed record (a replay),
+    /// the key acquired afresh (the transaction rolled back), or, still running,
+    /// [`TransactionalReservation::Existing`] with an `in_progress` record whose lease end
+    /// is the `Retry-After` its caller answers with; the caller then waits for it as for any
+    /// running operation ([`Store::wait`](crate::Store::wait)). A store may also answer
+    /// that at once, without waiting (the PostgreSQL store does, so that a waiting
+    /// duplicate holds none of its transaction connections). The acquired transaction's
     /// [`OperationTransaction::renews_lease`] is `false` when the record is not visible to
     /// other sessions (nothing can renew it).
     ///
