@@ -93,11 +93,17 @@ impl LayerMetrics {
                 .and_then(|methods| methods.iter().find(|(m, _)| *m == method))
                 .map(|(_, series)| Arc::clone(series))
         };
-        if let Some(series) = find(
-            &self.routes.read().unwrap_or_else(PoisonError::into_inner),
-            route,
-        ) {
-            return series;
+        {
+            let routes = self.routes.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(series) = find(&routes, route) {
+                return series;
+            }
+            // Past the cap a new route is `OTHER_ROUTE`'s, found without the write lock.
+            if routes.len() >= CACHED_ROUTES
+                && let Some(series) = find(&routes, OTHER_ROUTE)
+            {
+                return series;
+            }
         }
         let mut routes = self.routes.write().unwrap_or_else(PoisonError::into_inner);
         // Past the cap, a new route is counted under `OTHER_ROUTE`: a service that labels by
