@@ -857,7 +857,7 @@ impl ApprovalStore for RedisStore {
             let read: usize = std::str::from_utf8(read)
                 .ok()
                 .and_then(|read| read.parse().ok())
-                .unwrap_or(0);
+                .ok_or_else(|| RedisStoreError::Corrupt("an approvals page's count".into()))?;
             if read < page {
                 return Ok(approvals);
             }
