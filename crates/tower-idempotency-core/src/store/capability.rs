@@ -342,7 +342,7 @@ pub trait TransactionStore: Store {
     /// the key acquired afresh (the transaction rolled back), or, still running,
     /// [`TransactionalReservation::Existing`] with an `in_progress` record whose lease end
     /// is the `Retry-After` its caller answers with; the caller then waits for it as for any
-    /// running operation ([`Store::wait`](crate::Store::wait)). A store may also answer
+    /// running operation ([`Store::wait`]). A store may also answer
     /// that at once, without waiting (the PostgreSQL store does, so that a waiting
     /// duplicate holds none of its transaction connections). The acquired transaction's
     /// [`OperationTransaction::renews_lease`] is `false` when the record is not visible to
